@@ -1,0 +1,125 @@
+"""CLI plumbing shared by every invoke task: one definition of the spec flags, one error-to-exit mapping."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import PipelineError
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # python parameter name (invoke shows it with dashes)
+    field: str | None  # resolve_spec override name; None: handled specially
+    help: str
+    default: Any = None
+
+
+def _spec_help(field: str) -> str:
+    from .spec import SECTIONS
+
+    for cls in SECTIONS.values():
+        if field in cls.model_fields:
+            return cls.model_fields[field].description or field
+    return field
+
+
+def _flag(name: str, field: str | None = None, help: str | None = None, default: Any = None) -> Flag:
+    field = name if field is None else field
+    return Flag(name, field, help or _spec_help(field), default)
+
+
+# Every task that takes a build spec takes exactly these flags (values arrive as strings; pydantic coerces).
+SPEC_FLAGS: tuple[Flag, ...] = (
+    Flag("model", "model", "registry model name (llama-70b, llama-8b, llama-3b, llama-1b, tiny-llama, ...)"),
+    _flag("precision"),
+    _flag("kv_cache"),
+    _flag("tp"),
+    _flag("pp"),
+    _flag("gpu"),
+    _flag("gpu_count"),
+    _flag("draft"),
+    _flag("draft_len"),
+    _flag("draft_precision"),
+    _flag("max_batch", "max_batch_size"),
+    _flag("max_input_len"),
+    _flag("max_seq_len"),
+    _flag("max_num_tokens"),
+    _flag("tokens_per_block"),
+    _flag("calib_data"),
+    _flag("calib_size"),
+    _flag("calib_seq_len"),
+    _flag("max_ppl_delta", "max_ppl_delta_pct"),
+    _flag("mem_fraction", "kv_cache_free_gpu_mem_fraction"),
+    _flag("gpu_price", "gpu_price_per_hour"),
+    Flag("target", "target", "runtime: trtllm (GPU engines) or reference (CPU PyTorch backend)"),
+    Flag("spec", None, "YAML file with a whole spec; flags override it"),
+    Flag("models_file", None, "extra model registry YAML (entries override the packaged ones)"),
+    Flag("no_kv_reuse", None, "disable KV-cache reuse (prefix caching)", False),
+    Flag("no_chunked_context", None, "disable chunked context", False),
+    Flag("no_quality_gate", None, "record but do not enforce the calibration quality gate", False),
+    Flag("no_multiple_profiles", None, "build a single TensorRT optimization profile", False),
+)
+SPEC_HELP = {f.name: f.help for f in SPEC_FLAGS}
+
+
+def spec_from_flags(values: dict[str, Any]):
+    """Resolve a validated `BuildSpec` from the spec flags' values."""
+    from .spec import resolve_spec
+
+    overrides = {f.field: values.get(f.name) for f in SPEC_FLAGS if f.field}
+    if values.get("no_kv_reuse"):
+        overrides["enable_kv_cache_reuse"] = False
+    if values.get("no_chunked_context"):
+        overrides["enable_chunked_context"] = False
+    if values.get("no_quality_gate"):
+        overrides["quality_gate"] = False
+    if values.get("no_multiple_profiles"):
+        overrides["multiple_profiles"] = False
+    return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
+
+
+def exit_on_error(fn: Callable) -> Callable:
+    """Map `PipelineError` to one line on stderr and its exit code (2); never a traceback for user errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PipelineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+
+    return wrapper
+
+
+def with_spec(fn: Callable) -> Callable:
+    """Give a task every spec flag: the body receives `spec` (a validated BuildSpec) plus its own parameters.
+
+    The body's signature is `(c, spec, <own params>)`; the exposed signature is `(c, <own params>, <spec flags>)`.
+    """
+    own = list(inspect.signature(fn).parameters.values())
+    ctx, own = own[0], [p for p in own[1:] if p.name != "spec"]
+    names = {p.name for p in own}
+    extra = [
+        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+        for f in SPEC_FLAGS
+        if f.name not in names
+    ]
+
+    @exit_on_error
+    def wrapper(c, **kwargs):
+        flag_values = {f.name: kwargs.pop(f.name, f.default) for f in SPEC_FLAGS if f.name not in names}
+        spec = spec_from_flags(flag_values)
+        for w in spec.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        return fn(c, spec, **kwargs)
+
+    functools.update_wrapper(wrapper, fn)
+    del wrapper.__wrapped__  # invoke must see the new signature, not the body's
+    wrapper.__signature__ = inspect.Signature([ctx, *own, *extra])
+    return wrapper

@@ -1,0 +1,297 @@
+"""The typed build spec: one pydantic model per concern, resolved from the registry, a YAML file and CLI flags.
+
+`resolve_spec(...)` is the only way in; it validates field types (pydantic) and then every coherence rule
+(`pipeline.validate`), raising `SpecError` with one line naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import SpecError
+from .gpus import GPUS
+from .registry import ModelEntry, get_model
+
+Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
+KVCache = Literal["fp8", "int8", "bf16", "fp16"]
+GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
+Target = Literal["trtllm", "reference"]
+
+_Strict = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class QuantizationSpec(BaseModel):
+    model_config = _Strict
+
+    precision: Precision = Field("fp8", description="weight/activation precision")
+    kv_cache: KVCache | None = Field(
+        None, description="KV-cache dtype (default: fp8 for fp8/w4a8_awq, else the compute dtype)"
+    )
+    calib_data: str | None = Field(None, description="calibration text: .jsonl with {'text': ...} or plain text")
+    calib_size: int | None = Field(None, gt=0, description="calibration samples (default: per model, 512)")
+    calib_seq_len: int | None = Field(None, gt=0, description="calibration max sequence length")
+    calib_batch_size: int = Field(1, gt=0, description="calibration batch size")
+    calib_seed: int = Field(0, description="seed of the calibration sample selection")
+    awq_block_size: Literal[64, 128] = Field(128, description="INT4/W4A8 AWQ group size")
+    max_ppl_delta_pct: float | None = Field(None, gt=0, description="quality gate: max perplexity increase, %")
+    quality_gate: bool = Field(True, description="fail calibration when the quality gate trips")
+
+    @property
+    def compute_dtype(self) -> str:
+        return "fp16" if self.precision == "fp16" else "bf16"
+
+    @property
+    def kv(self) -> str:
+        """The resolved KV-cache dtype."""
+        if self.kv_cache:
+            return self.kv_cache
+        return "fp8" if self.precision in ("fp8", "w4a8_awq") else self.compute_dtype
+
+
+class ParallelSpec(BaseModel):
+    model_config = _Strict
+
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, le=64, description="pipeline-parallel size")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+class EngineLimits(BaseModel):
+    model_config = _Strict
+
+    max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
+    max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
+    max_seq_len: int | None = Field(None, gt=0, description="max prompt+output tokens (default: per model)")
+    max_num_tokens: int | None = Field(None, gt=0, description="max tokens per engine step (default: derived)")
+    opt_num_tokens: int | None = Field(None, gt=0, description="optimal tokens per step (no multiple_profiles)")
+    tokens_per_block: Literal[8, 16, 32, 64, 128] = Field(32, description="paged KV-cache tokens per block")
+    multiple_profiles: bool = Field(True, description="build several TensorRT optimization profiles")
+    context_fmha: bool = Field(True, description="fused attention in the context phase")
+    max_beam_width: int = Field(1, ge=1, le=8, description="max beam width")
+
+
+class SpeculationSpec(BaseModel):
+    model_config = _Strict
+
+    draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
+    draft_len: int | None = Field(None, description="draft tokens per step K, 1..8 (default: registry's)")
+    draft_precision: Precision | None = Field(None, description="draft precision (default: the target's)")
+    max_batch_for_speculation: int = Field(8, gt=0, description="warn above this batch size (speculation hurts)")
+
+
+class ServingSpec(BaseModel):
+    model_config = _Strict
+
+    kv_cache_free_gpu_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="KV pool share of free GPU memory (default 0.9; 0.7 with a draft)"
+    )
+    draft_kv_cache_free_gpu_mem_fraction: float = Field(0.2, gt=0, le=1, description="the draft's KV share")
+    max_tokens_in_paged_kv_cache: int | None = Field(None, gt=0, description="cap on KV-cache tokens")
+    enable_kv_cache_reuse: bool = Field(True, description="prefix caching (needs paged context FMHA)")
+    enable_chunked_context: bool = Field(True, description="chunked prefill (needs paged context FMHA)")
+    decoupled: bool = Field(True, description="streaming responses from the ensemble")
+    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
+        "guaranteed_no_evict", description="in-flight batcher scheduling policy"
+    )
+
+    def target_fraction(self, speculative: bool) -> float:
+        if self.kv_cache_free_gpu_mem_fraction is not None:
+            return self.kv_cache_free_gpu_mem_fraction
+        return 0.7 if speculative else 0.9
+
+
+class HardwareSpec(BaseModel):
+    model_config = _Strict
+
+    gpu: GPUName = Field("h100-sxm", description="target GPU")
+    gpu_count: int = Field(8, ge=1, description="GPUs on one host")
+    gpu_price_per_hour: float = Field(3.5, gt=0, description="USD per GPU-hour for cost figures")
+
+
+class BuildSpec(BaseModel):
+    """A whole, resolved build. `model`/`draft_model` are registry entries; everything else is the recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelEntry
+    draft_model: ModelEntry | None = None
+    target: Target = "trtllm"
+    quantization: QuantizationSpec = QuantizationSpec()
+    parallelism: ParallelSpec = ParallelSpec()
+    limits: EngineLimits = EngineLimits()
+    speculation: SpeculationSpec = SpeculationSpec()
+    serving: ServingSpec = ServingSpec()
+    hardware: HardwareSpec = HardwareSpec()
+    models_file: str | None = None
+    warnings: list[str] = Field(default_factory=list, exclude=True)
+
+    # Resolved values (defaults filled from the registry). -------------------------------------------------------
+    @property
+    def max_batch_size(self) -> int:
+        return self.limits.max_batch_size or self.model.limits.max_batch_size
+
+    @property
+    def max_input_len(self) -> int:
+        return self.limits.max_input_len or self.model.limits.max_input_len
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.limits.max_seq_len or self.model.limits.max_seq_len
+
+    @property
+    def draft_len(self) -> int:
+        if not self.draft_model:
+            return 0
+        return self.speculation.draft_len or self.model.default_draft_len
+
+    @property
+    def draft_precision(self) -> str:
+        return self.speculation.draft_precision or self.quantization.precision
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Tokens per engine step: at least one full prompt and every sequence's K+1 speculative tokens."""
+        floor = self.max_batch_size * (self.draft_len + 1)
+        return max(self.limits.max_num_tokens or max(8192, self.max_input_len), floor)
+
+    @property
+    def calib_size(self) -> int:
+        return self.quantization.calib_size or self.model.calibration.calib_size
+
+    @property
+    def calib_seq_len(self) -> int:
+        return self.quantization.calib_seq_len or self.model.calibration.calib_seq_len
+
+    @property
+    def max_ppl_delta_pct(self) -> float:
+        return self.quantization.max_ppl_delta_pct or self.model.calibration.max_ppl_delta_pct
+
+    def summary(self) -> str:
+        """One line describing the resolved spec."""
+        q = self.quantization
+        parts = [
+            f"{self.model.name} ({self.model.repo_id}@{self.model.revision})",
+            f"precision={q.precision} kv={q.kv}",
+            f"tp={self.parallelism.tp} pp={self.parallelism.pp}",
+            f"gpu={self.hardware.gpu}",
+            f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
+            f"target={self.target}",
+        ]
+        if self.draft_model:
+            parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision})")
+        parts.append(f"kv_reuse={'on' if self.serving.enable_kv_cache_reuse else 'off'}")
+        return "ok: " + " ".join(parts)
+
+    def fingerprint(self, *fields: str) -> str:
+        """sha256 over the named top-level fields (a stage's explicit cache-key factors)."""
+        data = self.model_dump(mode="json", include=set(fields) if fields else None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution: YAML file + flat overrides (CLI flags) -> BuildSpec.
+
+SECTIONS = {
+    "quantization": QuantizationSpec,
+    "parallelism": ParallelSpec,
+    "limits": EngineLimits,
+    "speculation": SpeculationSpec,
+    "serving": ServingSpec,
+    "hardware": HardwareSpec,
+}
+
+
+def _load_spec_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"spec file {p} does not exist; pass an existing YAML file to --spec") from None
+    except yaml.YAMLError:
+        raise SpecError(f"spec file {p} is not valid YAML; fix its syntax") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"spec file {p} must be a YAML mapping (model:, quantization:, parallelism:, ...)")
+    unknown = set(raw) - set(SECTIONS) - {"model", "target", "models_file"}
+    if unknown:
+        valid = ", ".join(["model", "target", "models_file", *SECTIONS])
+        raise SpecError(f"spec file {p}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {valid}")
+    return raw
+
+
+def _field_section(name: str) -> str | None:
+    for section, cls in SECTIONS.items():
+        if name in cls.model_fields:
+            return section
+    return None
+
+
+def _pydantic_error(exc: ValidationError) -> SpecError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    value = err.get("input")
+    return SpecError(f"{loc}={value!r}: {err['msg']}")
+
+
+def resolve_spec(
+    *,
+    spec_file: str | Path | None = None,
+    models_file: str | Path | None = None,
+    validate: bool = True,
+    **overrides: Any,
+) -> BuildSpec:
+    """Build and validate a spec from an optional YAML file and flat overrides (None values are ignored).
+
+    Overrides use field names of the sections (`precision`, `tp`, `draft`, `gpu`, ...) plus `model` and `target`.
+
+    Raises:
+        SpecError: a field has a bad value, a model is unknown, or a coherence rule is violated.
+    """
+    data: dict[str, Any] = _load_spec_file(spec_file) if spec_file else {}
+    models_file = overrides.pop("models_file", None) or models_file or data.get("models_file")
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in ("model", "target"):
+            data[key] = value
+            continue
+        section = _field_section(key)
+        if section is None:
+            raise SpecError(f"unknown spec option '{key}'")
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise SpecError(f"spec section '{section}' must be a mapping")
+        data[section][key] = value
+    model_name = data.pop("model", None)
+    if not model_name:
+        raise SpecError("no model given; pass --model NAME (see `invoke check --help` or pipeline/models.yaml)")
+    if not isinstance(model_name, str):
+        raise SpecError(f"model must be a registry name, got {model_name!r}")
+    entry = get_model(model_name, models_file=models_file)
+    try:
+        spec = BuildSpec(
+            model=entry,
+            models_file=str(models_file) if models_file else None,
+            **{k: v for k, v in data.items() if k != "models_file"},
+        )
+    except ValidationError as exc:
+        raise _pydantic_error(exc) from None
+    draft = spec.speculation.draft
+    if draft:
+        name = entry.default_draft if draft == "auto" else draft
+        if not name:
+            raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
+        spec.draft_model = get_model(name, models_file=models_file)
+    if validate:
+        from .validate import validate_spec
+
+        spec.warnings = validate_spec(spec)
+    return spec

@@ -1,0 +1,44 @@
+"""What TensorRT-LLM 1.2.1 derives from a precision recipe (FACTS §3).
+
+Shared by the validator (fail before any GPU time) and the compile planner (exact trtllm-build flags), so the
+two can never disagree.
+"""
+
+from __future__ import annotations
+
+# precision -> quant_algo written by ModelOpt's TensorRT-LLM export (checkpoint config.json).
+QUANT_ALGO: dict[str, str | None] = {
+    "bf16": None,
+    "fp16": None,
+    "fp8": "FP8",
+    "int4_awq": "W4A16_AWQ",
+    "w4a8_awq": "W4A8_AWQ",
+    "int8_sq": "W8A8_SQ_PER_CHANNEL",
+}
+
+# kv cache dtype -> kv_cache_quant_algo (None: KV stored in the compute dtype).
+KV_QUANT_ALGO: dict[str, str | None] = {"fp8": "FP8", "int8": "INT8", "bf16": None, "fp16": None}
+
+# quant_algos whose engines may use FP8 context FMHA (and so keep paged context FMHA with an FP8 KV cache).
+FP8_FMHA_QUANT_ALGOS = frozenset({"FP8", "W4A8_AWQ", "NVFP4"})
+
+
+def needs_fp8_hardware(precision: str, kv_cache: str) -> bool:
+    """FP8 weights/activations or an FP8 KV cache need SM >= 89."""
+    return precision in ("fp8", "w4a8_awq") or kv_cache == "fp8"
+
+
+def fp8_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = True) -> bool:
+    """Whether `--use_fp8_context_fmha enable` is allowed (and chosen): FP8-family quant with an FP8 KV cache."""
+    return context_fmha and QUANT_ALGO[precision] in FP8_FMHA_QUANT_ALGOS and kv_cache == "fp8"
+
+
+def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: bool = True) -> str | None:
+    """Why paged context FMHA (KV reuse, chunked context, draft-target) is impossible, or None when it is allowed."""
+    if not context_fmha:
+        return "context_fmha is disabled"
+    if kv_cache == "int8":
+        return "an INT8 KV cache disables paged context FMHA"
+    if kv_cache == "fp8" and QUANT_ALGO[precision] not in FP8_FMHA_QUANT_ALGOS:
+        return f"precision {precision} with an FP8 KV cache disables FP8 and so paged context FMHA"
+    return None
