@@ -151,7 +151,8 @@ class BuildSpec(BaseModel):
     def draft_len(self) -> int:
         if not self.draft_model:
             return 0
-        return self.speculation.draft_len or self.model.default_draft_len
+        k = self.speculation.draft_len
+        return self.model.default_draft_len if k is None else k
 
     @property
     def draft_precision(self) -> str:
