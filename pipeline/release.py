@@ -1,0 +1,306 @@
+"""Versioned, reproducible release artifacts: engines (or checkpoint), Triton repo, tokenizer, manifests, release.json.
+
+The tarball is deterministic: `release.json` first, then every directory and file in sorted order, with fixed
+mtime/uid/gid/owner names, normalised modes, and a gzip header without a file name or time. Two releases built from
+the same stage outputs therefore have the same sha256, which is written next to the tarball (`sha256sum -c` format).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .artifacts import MANIFEST, output_root, read_manifest, safe_join, sha256_file
+from .errors import PipelineError
+
+if TYPE_CHECKING:
+    from .spec import BuildSpec
+
+RELEASE_JSON = "release.json"
+RELEASE_FORMAT = 1
+# 1980-01-01T00:00:00Z: a fixed, plausible timestamp for every tar entry (tar warns about 1970 dates).
+FIXED_MTIME = 315532800
+RELEASES_DIR = "releases"
+
+
+class ReleaseError(PipelineError):
+    """A release cannot be assembled from the current stage outputs."""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    name: str
+    tarball: Path
+    sha256: str
+    sha256_file: Path
+    document: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collecting files.
+
+
+def _walk(source: Path) -> list[Path]:
+    """Every file and directory below `source` (sorted); symlinks are refused (they would not verify)."""
+    out = []
+    for p in sorted(source.rglob("*")):
+        if p.is_symlink():
+            raise ReleaseError(f"{p} is a symlink; releases hold regular files only, copy the target in its place")
+        if p.name.startswith(".tmp-") or p.name.startswith(".old-") or p.suffix == ".lock":
+            continue
+        out.append(p)
+    return out
+
+
+def collect_files(components: dict[str, Path]) -> dict[str, Path]:
+    """Map release-relative paths to source files for `components` (arc dir -> source dir or file)."""
+    files: dict[str, Path] = {}
+    for arc, source in sorted(components.items()):
+        source = Path(source)
+        if source.is_file():
+            files[arc] = source
+            continue
+        if not source.is_dir():
+            raise ReleaseError(f"release component {arc} is missing ({source}); run `invoke build` first")
+        for p in _walk(source):
+            if p.is_file():
+                files[f"{arc}/{p.relative_to(source).as_posix()}"] = p
+    if RELEASE_JSON in files:
+        raise ReleaseError(f"a component provides a top-level {RELEASE_JSON}; rename it")
+    return files
+
+
+def hash_table(files: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    return {rel: {"sha256": sha256_file(src), "size": src.stat().st_size} for rel, src in sorted(files.items())}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Deterministic tarball.
+
+
+class _HashingWriter(io.RawIOBase):
+    """Write-through file wrapper that hashes what passes through it (avoids re-reading a large tarball)."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self.sha.update(b)
+        return self._raw.write(b)
+
+
+def _tarinfo(name: str, *, size: int = 0, directory: bool = False, executable: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if directory:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        info.size = size
+        info.mode = 0o755 if executable else 0o644
+    return info
+
+
+def _dirs_of(paths: list[str]) -> list[str]:
+    dirs = set()
+    for rel in paths:
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add("/".join(parts[:i]))
+    return sorted(dirs)
+
+
+def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path], compresslevel: int = 6) -> str:
+    """Write the deterministic tar.gz atomically; return its sha256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+    entries = sorted([(d, None) for d in _dirs_of(list(files))] + list(files.items()), key=lambda e: e[0])
+    try:
+        with open(tmp, "wb") as raw:
+            hashing = _HashingWriter(raw)
+            with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0, compresslevel=compresslevel) as gz:
+                with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    tar.addfile(_tarinfo(prefix, directory=True))
+                    tar.addfile(_tarinfo(f"{prefix}/{RELEASE_JSON}", size=len(document)), io.BytesIO(document))
+                    for rel, src in entries:
+                        name = f"{prefix}/{rel}"
+                        if src is None:
+                            tar.addfile(_tarinfo(name, directory=True))
+                            continue
+                        size = src.stat().st_size
+                        executable = bool(src.stat().st_mode & 0o111)
+                        with open(src, "rb") as f:
+                            tar.addfile(_tarinfo(name, size=size, executable=executable), f)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return hashing.sha.hexdigest()
+
+
+def release_document(metadata: dict[str, Any], files: dict[str, dict[str, Any]]) -> bytes:
+    """The canonical bytes of release.json (sorted keys, no timestamps)."""
+    doc = {"format": RELEASE_FORMAT, **metadata, "files": files}
+    return (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def pack_release(
+    *,
+    name: str,
+    components: dict[str, Path],
+    metadata: dict[str, Any],
+    output_dir: Path,
+    compresslevel: int = 6,
+) -> ReleaseResult:
+    """Assemble `<output_dir>/<name>.tar.gz` (+ `.sha256`) from component dirs and release metadata."""
+    files = collect_files(components)
+    table = hash_table(files)
+    document = release_document({"name": name, **metadata}, table)
+    tarball = Path(output_dir) / f"{name}.tar.gz"
+    digest = write_tarball(tarball, prefix=name, document=document, files=files, compresslevel=compresslevel)
+    sha_path = tarball.with_name(tarball.name + ".sha256")
+    tmp = sha_path.with_name(f".tmp-{sha_path.name}")
+    tmp.write_text(f"{digest}  {tarball.name}\n")
+    os.replace(tmp, sha_path)
+    return ReleaseResult(name, tarball, digest, sha_path, json.loads(document))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# From a spec: locate the stage outputs through their manifests.
+
+
+def _manifest_or_none(path: Path | None) -> dict[str, Any] | None:
+    return read_manifest(path) if path is not None and Path(path).is_dir() else None
+
+
+def _pick(manifest: dict[str, Any] | None, *keys: str) -> Any:
+    """First present key of a stage manifest (stages name things slightly differently)."""
+    if not manifest:
+        return None
+    for key in keys:
+        if key in manifest and manifest[key] is not None:
+            return manifest[key]
+    return None
+
+
+def release_name(spec: BuildSpec, build_id: str, version: str) -> str:
+    prefix = f"{spec.model.name}-{spec.quantization.precision}-"
+    base = build_id if build_id.startswith(prefix) else prefix + build_id
+    return f"{base}-v{version}"
+
+
+def release_metadata(
+    spec: BuildSpec,
+    *,
+    build_id: str,
+    version: str,
+    components: dict[str, Path],
+    manifests: dict[str, dict[str, Any] | None],
+) -> dict[str, Any]:
+    """release.json fields other than the file table: spec, revisions, toolchain, GPU, quality, planner figures."""
+    from .planner import plan
+
+    engine = manifests.get("engine")
+    calib = manifests.get("checkpoint")
+    download = manifests.get("download")
+    draft_download = manifests.get("draft_download")
+
+    def revision(entry, m):
+        if entry is None:
+            return None
+        return {
+            "repo_id": entry.repo_id,
+            "requested": entry.revision,
+            "resolved": _pick(m, "sha", "resolved_revision", "commit", "revision"),
+        }
+
+    toolchain = _pick(engine, "toolchain", "versions")
+    gpu = _pick(engine, "gpu", "gpu_arch")
+    return {
+        "version": version,
+        "build_id": build_id,
+        "target": spec.target,
+        "spec": spec.model_dump(mode="json"),
+        "summary": spec.summary(),
+        "revisions": {"model": revision(spec.model, download), "draft": revision(spec.draft_model, draft_download)},
+        "toolchain": toolchain,
+        "gpu": gpu if gpu is not None else {"planned": spec.hardware.gpu, "built_on": None},
+        "quality_gate": _pick(calib, "quality_gate", "quality"),
+        "plan": plan(spec).as_dict(),
+        "components": {arc: sorted(_component_manifests(arc, src)) for arc, src in sorted(components.items())},
+        "stage_keys": {k: (m or {}).get("key") for k, m in sorted(manifests.items()) if m},
+    }
+
+
+def _component_manifests(arc: str, source: Path) -> list[str]:
+    source = Path(source)
+    if source.is_file():
+        return []
+    return [f"{arc}/{p.relative_to(source).as_posix()}" for p in source.rglob(MANIFEST)]
+
+
+def release(
+    spec: BuildSpec,
+    *,
+    output: str | Path | None = None,
+    version: str | None = None,
+    compresslevel: int = 6,
+) -> ReleaseResult:
+    """Package the finished build of `spec` as a release tarball under the output tree.
+
+    Raises:
+        ReleaseError: a stage output the release needs is missing (run `invoke build` first).
+        PipelineError: `output` escapes the output tree.
+    """
+    from . import __version__
+    from .stages import locate_outputs
+
+    version = version or __version__
+    out = locate_outputs(spec)
+    if out.build_id is None:
+        raise ReleaseError(f"no finished build for {spec.model.name} {spec.quantization.precision}; run `invoke build`")
+    root = output_root()
+    components: dict[str, Path] = {}
+    engines_rel = f"engines/{out.build_id}"
+    if spec.target == "trtllm":
+        for name, path in (("engine", out.engine), ("draft_engine", out.draft_engine)):
+            if path is not None:
+                components[f"{engines_rel}/{name}"] = path
+        if "engines/" + out.build_id + "/engine" not in components:
+            raise ReleaseError(f"engine for build {out.build_id} is missing; run `invoke build --target trtllm`")
+    else:
+        for name, path in (("checkpoint", out.checkpoint), ("draft_checkpoint", out.draft_checkpoint)):
+            if path is not None:
+                components[f"{engines_rel}/{name}"] = path
+        if f"{engines_rel}/checkpoint" not in components:
+            raise ReleaseError(f"checkpoint for build {out.build_id} is missing; run `invoke build`")
+    if out.triton_repo is None:
+        raise ReleaseError("the Triton model repository is missing; run `invoke build` (package stage)")
+    components["triton_repo"] = out.triton_repo
+    if out.tokenizer is not None:
+        components["tokenizer"] = out.tokenizer
+    for arc, path in components.items():
+        if read_manifest(path) is None and arc != "tokenizer":
+            raise ReleaseError(f"{path} has no {MANIFEST}: an unfinished stage output; re-run `invoke build`")
+    name = release_name(spec, out.build_id, version)
+    out_dir = safe_join(root, str(output)) if output else safe_join(root, RELEASES_DIR)
+    metadata = release_metadata(
+        spec, build_id=out.build_id, version=version, components=components, manifests=out.manifests
+    )
+    return pack_release(name=name, components=components, metadata=metadata, output_dir=out_dir,
+                        compresslevel=compresslevel)

@@ -1,0 +1,126 @@
+"""Release packing: deterministic tarballs from fabricated stage outputs (no real engines here)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifacts import file_table, write_manifest
+from pipeline.errors import PipelineError
+from pipeline.release import FIXED_MTIME, RELEASE_JSON, ReleaseError, pack_release
+
+
+def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:
+    """Fabricated stage outputs shaped like the real ones (tiny fake files, real manifests)."""
+    build = root / "engines" / "tiny-llama-fp8-0123456789ab"
+    comps = {}
+    if engine:
+        e = build / "engine"
+        e.mkdir(parents=True)
+        (e / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {}, "build_config": {}}))
+        (e / "rank0.engine").write_bytes(os.urandom(4096))
+        write_manifest(e, {"key": "k-engine", "toolchain": {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48",
+                                                           "sm": 90}, "files": file_table(e)})
+        comps[f"engines/{build.name}/engine"] = e
+    ck = build / "checkpoint"
+    (ck / "tokenizer").mkdir(parents=True)
+    (ck / "config.json").write_text('{"architecture": "LlamaForCausalLM"}')
+    (ck / "rank0.safetensors").write_bytes(os.urandom(2048))
+    (ck / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
+    write_manifest(ck, {"key": "k-ckpt", "quality_gate": {"ppl_delta_pct": 0.1}, "files": file_table(ck)})
+    comps[f"engines/{build.name}/checkpoint"] = ck
+    repo = root / "triton_repo"
+    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"):
+        (repo / model / "1").mkdir(parents=True)
+        (repo / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    (repo / "preprocessing" / "1" / "model.py").write_text("# python model\n")
+    os.chmod(repo / "preprocessing" / "1" / "model.py", 0o755)
+    write_manifest(repo, {"key": "k-repo", "files": file_table(repo)})
+    comps["triton_repo"] = repo
+    return comps
+
+
+def test_two_releases_from_same_fabricated_inputs_have_identical_sha256(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    meta = {"version": "0.1.0", "spec": {"model": "tiny-llama"}}
+    a = pack_release(name="rel", components=comps, metadata=meta, output_dir=tmp_path / "a")
+    # Touch every source file (new mtimes, other modes) between the two releases: the tarball must not change.
+    time.sleep(0.01)
+    for p in (tmp_path / "out").rglob("*"):
+        if p.is_file():
+            os.utime(p, (time.time() + 100, time.time() + 100))
+    b = pack_release(name="rel", components=comps, metadata=meta, output_dir=tmp_path / "b")
+    assert a.sha256 == b.sha256
+    assert a.tarball.read_bytes() == b.tarball.read_bytes()
+    assert hashlib.sha256(a.tarball.read_bytes()).hexdigest() == a.sha256
+    assert a.sha256_file.read_text() == f"{a.sha256}  rel.tar.gz\n"
+
+
+def test_tarball_entries_are_normalised_and_sorted(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
+    raw = r.tarball.read_bytes()
+    assert raw[4:8] == b"\0\0\0\0"  # gzip header mtime 0
+    assert not raw[3] & 0x08  # FNAME flag unset: no file name in the header
+    with tarfile.open(r.tarball) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names[:2] == ["rel", f"rel/{RELEASE_JSON}"]
+    assert names[2:] == sorted(names[2:])
+    for m in members:
+        assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (FIXED_MTIME, 0, 0, "", "")
+        assert m.mode in (0o644, 0o755)
+    modes = {m.name: m.mode for m in members}
+    assert modes["rel/triton_repo/preprocessing/1/model.py"] == 0o755
+    assert modes["rel/triton_repo/ensemble/config.pbtxt"] == 0o644
+
+
+def test_release_json_lists_sha256_of_every_file_including_manifests(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    r = pack_release(name="rel", components=comps, metadata={"version": "9"}, output_dir=tmp_path / "r")
+    with tarfile.open(r.tarball) as tar:
+        doc = json.loads(tar.extractfile(f"rel/{RELEASE_JSON}").read())
+        files = {m.name[len("rel/"):]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    files.pop(RELEASE_JSON)
+    assert set(doc["files"]) == set(files)
+    assert "triton_repo/manifest.json" in doc["files"]
+    for rel, content in files.items():
+        assert doc["files"][rel] == {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content)}
+    assert doc["format"] == 1 and doc["version"] == "9" and doc["name"] == "rel"
+
+
+def test_missing_component_is_refused_without_partial_tarball(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    comps["engines/x/draft_engine"] = tmp_path / "nope"
+    with pytest.raises(ReleaseError, match="missing"):
+        pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
+    assert not any((tmp_path / "r").glob("*")) if (tmp_path / "r").exists() else True
+
+
+def test_symlink_in_component_is_refused(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    (comps["triton_repo"] / "link").symlink_to("/etc/passwd")
+    with pytest.raises(ReleaseError, match="symlink"):
+        pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
+
+
+def test_release_gzip_stream_is_plain_gzip(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
+    with gzip.open(r.tarball) as g:
+        assert g.read(3) == b"rel"  # first tar header name
+
+
+def test_release_output_outside_tree_refused(tmp_path, monkeypatch):
+    from pipeline.artifacts import safe_join
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    with pytest.raises(PipelineError, match="escapes"):
+        safe_join(tmp_path, "../elsewhere")

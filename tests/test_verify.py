@@ -1,0 +1,122 @@
+"""verify: hashes of tarballs, unpacked releases and Triton repos; toolchain/GPU refusal (fabricated inputs)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from pipeline.artifacts import file_table, write_manifest
+from pipeline.errors import VerifyError
+from pipeline.release import pack_release
+from pipeline.verify import HashMismatchError, HostInfo, HostMismatchError, verify
+from test_release import fabricate_build
+
+MATCHING_HOST = HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=90)
+
+
+@pytest.fixture
+def fabricated_release(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    return pack_release(name="rel", components=comps, metadata={"version": "1"}, output_dir=tmp_path / "r")
+
+
+def _flip_byte(path, offset=-100):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _unpack(tarball, dest):
+    with tarfile.open(tarball) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / "rel"
+
+
+def test_fabricated_release_tarball_verifies_then_fails_after_one_byte_flip(fabricated_release, tmp_path):
+    report = verify(fabricated_release.tarball, host=MATCHING_HOST)
+    assert report.ok and report.kind == "tarball" and report.files_checked > 10 and report.host_checked
+    _flip_byte(fabricated_release.tarball)
+    with pytest.raises(VerifyError) as exc:
+        verify(fabricated_release.tarball, host=MATCHING_HOST)
+    assert exc.value.exit_code == 2
+
+
+def test_fabricated_unpacked_release_detects_changed_missing_and_extra_files(fabricated_release, tmp_path):
+    root = _unpack(fabricated_release.tarball, tmp_path / "x")
+    assert verify(root, host=MATCHING_HOST).ok
+    engine = next(root.rglob("rank0.engine"))
+    _flip_byte(engine, 10)
+    (root / "triton_repo" / "ensemble" / "config.pbtxt").unlink()
+    (root / "triton_repo" / "extra.txt").write_text("x")
+    with pytest.raises(HashMismatchError) as exc:
+        verify(root, host=MATCHING_HOST)
+    problems = exc.value.report.mismatches
+    assert any("rank0.engine: sha256" in p for p in problems)
+    assert any("ensemble/config.pbtxt: missing" in p for p in problems)
+    assert any("extra.txt: not in the release" in p for p in problems)
+    assert exc.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "host, needle",
+    [
+        (HostInfo(tensorrt_llm="1.3.0", tensorrt="10.14.1.48", sm=90), "TensorRT-LLM: engine built with 1.2.1, host has 1.3.0"),
+        (HostInfo(tensorrt_llm="1.2.1", tensorrt="10.13.3.9", sm=90), "TensorRT: engine built with 10.14.1.48"),
+        (HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=80), "SM 9.0, host GPU is SM 8.0"),
+    ],
+)
+def test_fabricated_engine_toolchain_or_arch_mismatch_refused(fabricated_release, tmp_path, host, needle):
+    for target in (fabricated_release.tarball, _unpack(fabricated_release.tarball, tmp_path / "x")):
+        with pytest.raises(HostMismatchError) as exc:
+            verify(target, host=host)
+        assert needle in str(exc.value)
+        assert exc.value.exit_code == 2
+
+
+def test_unknown_host_skips_host_check_with_a_note(fabricated_release):
+    report = verify(fabricated_release.tarball, host=HostInfo())
+    assert report.ok and not report.host_checked
+    assert any("skipped" in n for n in report.notes)
+
+
+def test_sha256_sidecar_mismatch_is_reported(fabricated_release):
+    fabricated_release.sha256_file.write_text("0" * 64 + "  rel.tar.gz\n")
+    with pytest.raises(HashMismatchError, match="rel.tar.gz: sha256"):
+        verify(fabricated_release.tarball, host=MATCHING_HOST)
+
+
+def test_fabricated_triton_repo_with_manifests_and_engine_path(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    repo, engine = comps["triton_repo"], next(v for k, v in comps.items() if k.endswith("/engine"))
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text(
+        'name: "tensorrt_llm"\nparameters: {\n  key: "gpt_model_path"\n  value: { string_value: "%s" }\n}\n' % engine
+    )
+    write_manifest(repo, {"key": "k", "files": file_table(repo)})
+    report = verify(repo, host=MATCHING_HOST)
+    assert report.kind == "triton_repo" and report.host_checked and report.engines[0]["tensorrt_llm"] == "1.2.1"
+    with pytest.raises(HostMismatchError):
+        verify(repo, host=HostInfo(sm=89))
+    _flip_byte(engine / "rank0.engine", 5)
+    with pytest.raises(HashMismatchError, match="rank0.engine"):
+        verify(repo, host=MATCHING_HOST)
+
+
+def test_not_a_release_is_refused(tmp_path):
+    with pytest.raises(VerifyError, match="does not exist"):
+        verify(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VerifyError, match="neither release.json"):
+        verify(tmp_path / "empty")
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    with pytest.raises(VerifyError, match="not a readable release tarball"):
+        verify(bad)
+    plain = tmp_path / "plain.tar"
+    with tarfile.open(plain, "w") as tar:
+        f = tmp_path / "f.txt"
+        f.write_text(json.dumps({}))
+        tar.add(f, "x/f.txt")
+    with pytest.raises(VerifyError, match="has no release.json"):
+        verify(plain)
