@@ -1,0 +1,608 @@
+"""Benchmark a running Triton repo: concurrency sweep, TTFT, time per output token, tok/s, p50/p99, $ per 1M tokens.
+
+Requests go over gRPC streaming (one stream per concurrent client) to the ensemble — or to the BLS model for
+draft-target speculation — so the time to first token is the arrival of the first streamed response. Token counts
+come from the `num_output_tokens` output when the repo exports it, else one token per streamed response, else the
+repo's tokenizer. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
+(`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks`/`kv_cache_alloc_total_blocks`) or
+Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
+every level is bounded by a request count and a time budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import re
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import PipelineError
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+SHARED_PREFIX = (
+    "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
+)
+QUESTIONS = (
+    "Explain what a key-value cache does during text generation.",
+    "Why does quantization to eight-bit floating point reduce memory traffic?",
+    "Describe how a draft model speeds up decoding.",
+    "What limits the throughput of a memory-bound decoder?",
+    "How does batching many requests change latency and throughput?",
+    "What is tensor parallelism and when is it needed?",
+    "Why should an engine be rebuilt for a different GPU architecture?",
+    "What does a model repository contain for a serving system?",
+)
+
+
+class BenchError(PipelineError):
+    """The benchmark cannot run (server unreachable, not local, model missing, bad options)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics (pure).
+
+
+@dataclass
+class RequestSample:
+    ok: bool
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    reused_blocks: int | None = None
+    total_blocks: int | None = None
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (decode speed seen by one request)."""
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); None for no values."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def cost_per_1m_tokens(tokens_per_s: float, *, gpus: int, price_per_gpu_hour: float) -> float | None:
+    """USD per 1M output tokens at a sustained rate (FACTS §7)."""
+    if tokens_per_s <= 0:
+        return None
+    return gpus * price_per_gpu_hour / 3600.0 / tokens_per_s * 1e6
+
+
+def ratio(num: Iterable[int | None], den: Iterable[int | None]) -> float | None:
+    n = [x for x in num if x is not None]
+    d = [x for x in den if x is not None]
+    if not d or sum(d) <= 0:
+        return None
+    return sum(n) / sum(d)
+
+
+@dataclass
+class LevelStats:
+    concurrency: int
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p99: float | None
+    latency_ms_p50: float | None
+    latency_ms_p99: float | None
+    cost_per_1m_output_tokens_usd: float | None
+    acceptance_rate: float | None
+    prefix_cache_hit_ratio: float | None
+    first_error: str | None = None
+
+
+def summarize(
+    concurrency: int, samples: list[RequestSample], wall_s: float, *, gpus: int, price_per_gpu_hour: float
+) -> LevelStats:
+    ok = [s for s in samples if s.ok]
+    tokens = sum(s.output_tokens for s in ok)
+    tok_s = tokens / wall_s if wall_s > 0 else 0.0
+
+    def ms(v: float | None) -> float | None:
+        return round(v * 1000.0, 3) if v is not None else None
+
+    cost = cost_per_1m_tokens(tok_s, gpus=gpus, price_per_gpu_hour=price_per_gpu_hour)
+    errors = [s for s in samples if not s.ok]
+    return LevelStats(
+        concurrency=concurrency,
+        requests=len(samples),
+        errors=len(errors),
+        wall_s=round(wall_s, 4),
+        output_tokens=tokens,
+        output_tokens_per_s=round(tok_s, 3),
+        requests_per_s=round(len(ok) / wall_s, 4) if wall_s > 0 else 0.0,
+        ttft_ms_p50=ms(percentile((s.ttft_s for s in ok), 50)),
+        ttft_ms_p99=ms(percentile((s.ttft_s for s in ok), 99)),
+        tpot_ms_p50=ms(percentile((s.tpot_s for s in ok), 50)),
+        tpot_ms_p99=ms(percentile((s.tpot_s for s in ok), 99)),
+        latency_ms_p50=ms(percentile((s.latency_s for s in ok), 50)),
+        latency_ms_p99=ms(percentile((s.latency_s for s in ok), 99)),
+        cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
+        acceptance_rate=_round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok))),
+        prefix_cache_hit_ratio=_round(ratio((s.reused_blocks for s in ok), (s.total_blocks for s in ok))),
+        first_error=errors[0].error if errors else None,
+    )
+
+
+def _round(v: float | None, n: int = 4) -> float | None:
+    return round(v, n) if v is not None else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics endpoint.
+
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+([-+0-9.eE]+|NaN|[+-]?Inf)\s*$")
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text -> {(name, labels): value}."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels or ""))
+        try:
+            out[(name, pairs)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def kv_block_counters(metrics: dict[tuple[str, frozenset], float]) -> dict[str, float]:
+    """Sum of `nv_trt_llm_kv_cache_block_metrics` by kv_cache_block_type over models."""
+    out: dict[str, float] = {}
+    for (name, labels), value in metrics.items():
+        if name != "nv_trt_llm_kv_cache_block_metrics":
+            continue
+        kind = dict(labels).get("kv_cache_block_type")
+        if kind:
+            out[kind] = out.get(kind, 0.0) + value
+    return out
+
+
+def metrics_hit_ratio(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Prefix-cache hit ratio over a run from the backend's KV block counters, when it exports reuse and misses."""
+    if "cache_hit_rate" in after and "reused" not in after:
+        return after["cache_hit_rate"]
+    miss_key = next((k for k in ("missed", "alloc_new", "new") if k in after), None)
+    if "reused" not in after or miss_key is None:
+        return None
+    reused = after["reused"] - before.get("reused", 0.0)
+    missed = after[miss_key] - before.get(miss_key, 0.0)
+    total = reused + missed
+    return reused / total if total > 0 else None
+
+
+def scrape_metrics(url: str, timeout: float = 5.0) -> dict[tuple[str, frozenset], float] | None:
+    check_local(url)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return parse_metrics(r.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report.
+
+
+@dataclass
+class BenchReport:
+    url: str
+    model: str
+    streaming: bool
+    max_tokens: int
+    requests_per_level: int
+    gpus: int
+    gpu_price_per_hour: float
+    levels: list[LevelStats] = field(default_factory=list)
+    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_source: str = "n/a"
+    acceptance_rate: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_report(r: BenchReport) -> str:
+    """Text table: one row per concurrency level, then the run-wide figures."""
+    head = ("conc", "reqs", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "e2e p50/p99 ms", "$/1M tok")
+    rows = [head]
+    for lv in r.levels:
+        rows.append(
+            (
+                str(lv.concurrency),
+                str(lv.requests),
+                str(lv.errors),
+                _fmt(lv.output_tokens_per_s),
+                f"{_fmt(lv.ttft_ms_p50)}/{_fmt(lv.ttft_ms_p99)}",
+                f"{_fmt(lv.tpot_ms_p50, '.2f')}/{_fmt(lv.tpot_ms_p99, '.2f')}",
+                f"{_fmt(lv.latency_ms_p50)}/{_fmt(lv.latency_ms_p99)}",
+                _fmt(lv.cost_per_1m_output_tokens_usd, ".4f"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    acc = _fmt(r.acceptance_rate * 100 if r.acceptance_rate is not None else None) + (
+        "%" if r.acceptance_rate is not None else ""
+    )
+    hit = _fmt(r.prefix_cache_hit_ratio * 100 if r.prefix_cache_hit_ratio is not None else None) + (
+        "%" if r.prefix_cache_hit_ratio is not None else ""
+    )
+    lines += [
+        "",
+        f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
+        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h",
+        f"speculation acceptance rate: {acc}",
+        f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source})",
+    ]
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+def plot_report(r: BenchReport, path: Path) -> Path | None:
+    """Latency (p50 e2e) vs throughput PNG; None when matplotlib is not installed (it is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    xs = [lv.output_tokens_per_s for lv in r.levels]
+    ys = [lv.latency_ms_p50 or 0.0 for lv in r.levels]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(xs, ys, marker="o")
+    for lv, x, y in zip(r.levels, xs, ys):
+        ax.annotate(f"c={lv.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("output tokens/s")
+    ax.set_ylabel("p50 end-to-end latency (ms)")
+    ax.set_title(f"{r.model}: latency vs throughput")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runner.
+
+
+def check_local(url: str) -> None:
+    host = re.sub(r"^[a-z]+://", "", url).split("/")[0]
+    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    if host not in LOCAL_HOSTS:
+        raise BenchError(f"bench only talks to 127.0.0.1, not {host!r}; run it on the serving host")
+
+
+def prompts(n: int) -> list[str]:
+    """Deterministic prompts sharing a system prefix (so prefix caching has something to reuse)."""
+    return [SHARED_PREFIX + QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+
+
+@dataclass
+class _ModelInfo:
+    name: str
+    inputs: dict[str, str]  # name -> datatype
+    outputs: set[str]
+    decoupled: bool
+
+
+def _model_info(client, model: str) -> _ModelInfo:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        meta = client.get_model_metadata(model, as_json=True)
+        cfg = client.get_model_config(model, as_json=True)["config"]
+    except InferenceServerException as exc:
+        raise BenchError(f"model '{model}' is not served here ({exc.message()}); pass --model-name") from None
+    decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+    inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
+    return _ModelInfo(model, inputs, {o["name"] for o in meta.get("outputs", [])}, decoupled)
+
+
+def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name: str, value, dtype: str):
+        arr = np.array([[value]], dtype=object if dtype == "BYTES" else None)
+        if dtype != "BYTES":
+            arr = arr.astype({"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}[dtype])
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
+
+    if "text_input" not in info.inputs or "max_tokens" not in info.inputs:
+        raise BenchError(f"model '{info.name}' has no text_input/max_tokens inputs; benchmark the ensemble or BLS")
+    out = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32")]
+    optional = {"stream": stream, "temperature": 0.0, "top_k": 1, "return_num_output_tokens": True,
+                "return_perf_metrics": True, "exclude_input_in_output": True}
+    for name, value in optional.items():
+        if name in info.inputs:
+            out.append(tensor(name, value, info.inputs[name]))
+    return out
+
+
+def _scalar(result, name: str) -> Any:
+    try:
+        arr = result.as_numpy(name)
+    except Exception:
+        return None
+    if arr is None or arr.size == 0:
+        return None
+    return arr.reshape(-1)[0]
+
+
+def _text(result) -> str:
+    v = _scalar(result, "text_output")
+    if v is None:
+        return ""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+class _Worker:
+    """One gRPC client with its own stream; sends requests one after another."""
+
+    def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None):
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(url)
+        self.info = info
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self.tokenizer = tokenizer
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((time.perf_counter(), result, error)))
+
+    def close(self) -> None:
+        try:
+            self.client.stop_stream(cancel_requests=True)
+        finally:
+            self.client.close()
+
+    def request(self, prompt: str, max_tokens: int, rid: str) -> RequestSample:
+        inputs = _build_inputs(self.info, prompt, max_tokens, self.stream)
+        t0 = time.perf_counter()
+        self.client.async_stream_infer(self.info.name, inputs, request_id=rid, enable_empty_final_response=True)
+        sample = RequestSample(ok=False)
+        texts: list[str] = []
+        chunks = 0
+        counted: int | None = None
+        deadline = t0 + self.timeout_s
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                sample.error = f"timed out after {self.timeout_s:.0f}s"
+                return sample
+            try:
+                t, result, error = self.responses.get(timeout=left)
+            except queue.Empty:
+                continue
+            if error is not None:
+                sample.error = str(error)
+                sample.latency_s = t - t0
+                return sample
+            response = result.get_response()
+            params = response.parameters
+            final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
+            if response.outputs:
+                text = _text(result)
+                if text:
+                    if sample.ttft_s is None:
+                        sample.ttft_s = t - t0
+                    texts.append(text)
+                    chunks += 1
+                n = _scalar(result, "num_output_tokens")
+                if n is not None:
+                    counted = int(n) if not self.stream else (counted or 0) + int(n)
+                for attr, name in (("reused_blocks", "kv_cache_reused_blocks"),
+                                   ("total_blocks", "kv_cache_alloc_total_blocks"),
+                                   ("accepted_draft_tokens", "total_accepted_draft_tokens"),
+                                   ("draft_tokens", "total_draft_tokens")):
+                    v = _scalar(result, name)
+                    if v is not None:
+                        setattr(sample, attr, int(v))
+            if final:
+                sample.latency_s = t - t0
+                break
+        if counted is not None and counted > 0:
+            sample.output_tokens = counted
+        elif self.stream and chunks:
+            sample.output_tokens = chunks
+        elif self.tokenizer is not None:
+            sample.output_tokens = len(self.tokenizer.encode("".join(texts), add_special_tokens=False).ids)
+        else:
+            sample.output_tokens = chunks
+        if not self.stream:
+            sample.ttft_s = None  # one response: the first token is not observable
+        if sample.draft_tokens == 0:
+            sample.draft_tokens = sample.accepted_draft_tokens = None
+        if sample.total_blocks == 0:
+            sample.total_blocks = sample.reused_blocks = None
+        sample.ok = True
+        return sample
+
+
+def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer) -> tuple:
+    workers = [_Worker(url, info, stream, timeout_s, tokenizer) for _ in range(concurrency)]
+    texts = prompts(n_requests)
+    samples: list[RequestSample] = []
+    lock = threading.Lock()
+    next_idx = [0]
+    start = time.perf_counter()
+
+    def run(w: _Worker, wid: int) -> None:
+        while True:
+            with lock:
+                i = next_idx[0]
+                if i >= n_requests or time.perf_counter() - start > budget_s:
+                    return
+                next_idx[0] += 1
+            s = w.request(texts[i], max_tokens, f"bench-{concurrency}-{i}")
+            with lock:
+                samples.append(s)
+            if not s.ok:
+                return
+
+    threads = [threading.Thread(target=run, args=(w, i), daemon=True) for i, w in enumerate(workers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=budget_s + timeout_s + 5)
+    finally:
+        for w in workers:
+            w.close()
+    return samples, time.perf_counter() - start
+
+
+def load_tokenizer(tokenizer_dir: str | Path | None):
+    """A `tokenizers.Tokenizer` for counting tokens of non-streamed outputs (None when unavailable)."""
+    if not tokenizer_dir:
+        return None
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def tokenizer_dir_of(repo: str | Path) -> str | None:
+    """The `tokenizer_dir` parameter of a repo's preprocessing model, if any."""
+    for cfg in sorted(Path(repo).glob("*/config.pbtxt")):
+        m = re.search(r'key:\s*"tokenizer_dir"\s*value:\s*\{\s*string_value:\s*"([^"]+)"', cfg.read_text())
+        if m:
+            p = Path(m.group(1))
+            return str(p if p.is_absolute() else (cfg.parent / p))
+    return None
+
+
+def run_bench(
+    *,
+    grpc_url: str,
+    metrics_url: str | None = None,
+    model: str | None = None,
+    concurrency: Iterable[int] = (1, 2, 4),
+    requests_per_level: int = 8,
+    max_tokens: int = 32,
+    stream: bool | None = None,
+    level_budget_s: float = 60.0,
+    request_timeout_s: float = 120.0,
+    gpus: int = 1,
+    gpu_price_per_hour: float = 3.5,
+    tokenizer_dir: str | Path | None = None,
+    warmup: bool = True,
+) -> BenchReport:
+    """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
+
+    Args:
+        model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`.
+        stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
+            draft-target BLS does not stream).
+
+    Raises:
+        BenchError: non-local URL, unreachable server, missing model, bad options.
+    """
+    import tritonclient.grpc as grpcclient
+
+    check_local(grpc_url)
+    levels = sorted({int(c) for c in concurrency})
+    if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
+        raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        try:
+            live = client.is_server_ready()
+        except Exception:
+            live = False
+        if not live:
+            raise BenchError(f"no ready Triton server at {grpc_url}; start one with `invoke serve`")
+        if model is None:
+            names = {m["name"] for m in client.get_model_repository_index(as_json=True).get("models", [])}
+            model = "tensorrt_llm_bls" if "tensorrt_llm_bls" in names else "ensemble"
+        info = _model_info(client, model)
+    finally:
+        client.close()
+    if stream is None:
+        stream = info.decoupled and model != "tensorrt_llm_bls"
+    if stream and not info.decoupled:
+        raise BenchError(f"model '{model}' is not decoupled, so it cannot stream; pass --no-stream")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    report = BenchReport(grpc_url, model, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour)
+    if warmup:
+        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer)
+    before = scrape_metrics(metrics_url) if metrics_url else None
+    all_samples: list[RequestSample] = []
+    for c in levels:
+        samples, wall = _level(
+            grpc_url, info, stream, c, requests_per_level, max_tokens, level_budget_s, request_timeout_s, tokenizer
+        )
+        all_samples += samples
+        report.levels.append(summarize(c, samples, wall, gpus=gpus, price_per_gpu_hour=gpu_price_per_hour))
+    after = scrape_metrics(metrics_url) if metrics_url else None
+    ok = [s for s in all_samples if s.ok]
+    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    per_request = ratio((s.reused_blocks for s in ok), (s.total_blocks for s in ok))
+    if per_request is not None:
+        report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
+    elif after is not None:
+        hit = metrics_hit_ratio(kv_block_counters(before or {}), kv_block_counters(after))
+        if hit is not None:
+            report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(hit), "metrics endpoint"
+        else:
+            report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
+    if not stream:
+        report.notes.append("non-streaming model: TTFT/TPOT are not observable (n/a)")
+    if report.acceptance_rate is None and model == "tensorrt_llm_bls":
+        report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
+    errors = sum(lv.errors for lv in report.levels)
+    if errors:
+        first = next(lv.first_error for lv in report.levels if lv.first_error)
+        report.notes.append(f"{errors} request(s) failed; first error: {first}")
+    return report
+
+
+def write_json(report: BenchReport, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return path

@@ -1,0 +1,119 @@
+"""bench: statistics, cost, metrics parsing and the report (pure); a real server run lives in test_bench_server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bench import (
+    BenchError,
+    BenchReport,
+    RequestSample,
+    check_local,
+    cost_per_1m_tokens,
+    format_report,
+    kv_block_counters,
+    metrics_hit_ratio,
+    parse_metrics,
+    percentile,
+    plot_report,
+    prompts,
+    summarize,
+    write_json,
+)
+
+
+def test_percentile_matches_numpy_linear():
+    np = pytest.importorskip("numpy")
+    xs = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert percentile([], 50) is None
+    assert percentile([4.0], 99) == 4.0
+
+
+def test_cost_per_1m_tokens_formula():
+    # 8 GPUs at $3.50/h producing 10,000 tok/s: 8*3.5/3600/10000*1e6 = $0.7778
+    assert cost_per_1m_tokens(10_000, gpus=8, price_per_gpu_hour=3.5) == pytest.approx(0.77778, rel=1e-4)
+    assert cost_per_1m_tokens(0, gpus=1, price_per_gpu_hour=3.5) is None
+
+
+def test_summarize_level():
+    samples = [
+        RequestSample(ok=True, latency_s=1.0, ttft_s=0.1, output_tokens=10, reused_blocks=1, total_blocks=4,
+                      accepted_draft_tokens=6, draft_tokens=8),
+        RequestSample(ok=True, latency_s=2.0, ttft_s=0.2, output_tokens=19, reused_blocks=3, total_blocks=4,
+                      accepted_draft_tokens=2, draft_tokens=8),
+        RequestSample(ok=False, error="boom"),
+    ]
+    lv = summarize(2, samples, wall_s=2.0, gpus=1, price_per_gpu_hour=3.6)
+    assert (lv.requests, lv.errors, lv.output_tokens, lv.first_error) == (3, 1, 29, "boom")
+    assert lv.output_tokens_per_s == pytest.approx(14.5)
+    assert lv.ttft_ms_p50 == pytest.approx(150.0)
+    assert lv.tpot_ms_p50 == pytest.approx(100.0)  # both requests: 0.9/9 and 1.8/18 s per token
+    assert lv.latency_ms_p99 == pytest.approx(1990.0)
+    assert lv.cost_per_1m_output_tokens_usd == pytest.approx(3.6 / 3600 / 14.5 * 1e6, rel=1e-3)
+    assert lv.acceptance_rate == pytest.approx(0.5)
+    assert lv.prefix_cache_hit_ratio == pytest.approx(0.5)
+
+
+def test_tpot_needs_ttft_and_two_tokens():
+    assert RequestSample(ok=True, latency_s=1.0, ttft_s=None, output_tokens=5).tpot_s is None
+    assert RequestSample(ok=True, latency_s=1.0, ttft_s=0.5, output_tokens=1).tpot_s is None
+
+
+METRICS = """\
+# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="reused",model="tensorrt_llm",version="1"} %d
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="missed",model="tensorrt_llm",version="1"} %d
+nv_inference_count{model="ensemble",version="1"} 12
+"""
+
+
+def test_metrics_hit_ratio_from_counters_delta():
+    before = kv_block_counters(parse_metrics(METRICS % (10, 30)))
+    after = kv_block_counters(parse_metrics(METRICS % (40, 40)))
+    assert after["tokens_per"] == 64
+    assert metrics_hit_ratio(before, after) == pytest.approx(30 / 40)
+
+
+def test_metrics_without_reuse_counters_is_none():
+    m = parse_metrics('nv_inference_count{model="ensemble",version="1"} 12\n')
+    assert kv_block_counters(m) == {}
+    assert metrics_hit_ratio({}, {}) is None
+    only_reused = {"reused": 5.0}
+    assert metrics_hit_ratio({}, only_reused) is None
+
+
+def test_only_loopback_is_allowed():
+    for ok in ("127.0.0.1:8001", "localhost:8001", "http://127.0.0.1:8002/metrics", "[::1]:8001"):
+        check_local(ok)
+    for bad in ("10.0.0.1:8001", "example.com:8001", "http://example.com/metrics"):
+        with pytest.raises(BenchError, match="127.0.0.1"):
+            check_local(bad)
+
+
+def test_prompts_share_a_prefix_and_are_deterministic():
+    ps = prompts(10)
+    assert ps == prompts(10) and len(set(ps)) == 8
+    assert all(p.startswith(ps[0][:50]) for p in ps)
+
+
+def test_report_table_json_and_optional_plot(tmp_path):
+    lv = summarize(1, [RequestSample(ok=True, latency_s=0.5, ttft_s=0.05, output_tokens=8)], 0.5, gpus=1,
+                   price_per_gpu_hour=3.5)
+    r = BenchReport("127.0.0.1:1", "ensemble", True, 8, 1, 1, 3.5, levels=[lv])
+    text = format_report(r)
+    assert "TTFT p50/p99 ms" in text and "prefix-cache hit ratio: n/a" in text and "acceptance rate: n/a" in text
+    data = json.loads(write_json(r, tmp_path / "b.json").read_text())
+    assert data["levels"][0]["output_tokens_per_s"] == 16.0
+    png = plot_report(r, tmp_path / "b.png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert png is None
+    else:
+        assert png.read_bytes()[:4] == b"\x89PNG"
