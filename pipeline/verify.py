@@ -87,27 +87,22 @@ class HostMismatchError(VerifyError):
 
 
 def probe_host() -> HostInfo:
-    """This host's TensorRT-LLM/TensorRT versions and GPU SM, via the compile stage's toolchain probe if present.
+    """This host's TensorRT-LLM/TensorRT versions and GPU SM, without importing tensorrt_llm.
 
-    Falls back to package metadata (no import of tensorrt_llm, which needs a driver) and `nvidia-smi`.
+    Uses the compile stage's host probe (package metadata + nvidia-smi/NVML) when available, else the same
+    sources directly; the TensorRT version comes from package metadata.
     """
     try:
-        from .compile import probe_toolchain  # type: ignore[attr-defined]
+        from .compile.preflight import probe_host as compile_probe
     except ImportError:
-        probe_toolchain = None
-    if probe_toolchain is not None:
-        try:
-            tc = probe_toolchain()
-        except Exception:  # a broken probe must not hide the hash check
-            tc = None
-        if tc is not None:
-            get = tc.get if isinstance(tc, dict) else lambda k, d=None: getattr(tc, k, d)
-            sm = get("sm", None) or get("gpu_sm", None)
-            return HostInfo(get("tensorrt_llm", None), get("tensorrt", None), int(sm) if sm else None)
-    return _fallback_probe()
+        return _fallback_probe()
+    probe = compile_probe()
+    fallback = _fallback_probe(query_gpu=False)
+    sm = probe.gpus[0].sm if probe.gpus else None
+    return HostInfo(probe.trtllm_version if probe.trtllm_installed else None, fallback.tensorrt, sm)
 
 
-def _fallback_probe() -> HostInfo:
+def _fallback_probe(*, query_gpu: bool = True) -> HostInfo:
     import importlib.metadata as md
     import shutil
     import subprocess
@@ -121,7 +116,7 @@ def _fallback_probe() -> HostInfo:
         return None
 
     sm = None
-    if shutil.which("nvidia-smi"):
+    if query_gpu and shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
