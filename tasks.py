@@ -39,3 +39,23 @@ def plan(c, spec, input_len=None, output_len=None, json_=False):
         output_len=int(output_len) if output_len else None,
     )
     print(json.dumps(result.as_dict(), indent=2) if json_ else format_plan(result))
+
+
+@task(
+    name="compile",
+    auto_shortflags=False,
+    help=_help(
+        dry_run="print the trtllm-build plan (argv, expected outputs, GPU memory) and exit; works on any machine",
+        checkpoint_dir="target TensorRT-LLM checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)",
+        draft_checkpoint_dir="draft checkpoint dir (default: the calibrate stage's draft checkpoint)",
+        force="rebuild even when the engine manifest's key is current",
+        json="print the plan / engine manifest as JSON",
+    ),
+)
+@with_spec
+def compile_engines(c, spec, dry_run=False, checkpoint_dir=None, draft_checkpoint_dir=None, force=False, json_=False):
+    """Compile TensorRT-LLM 1.2.1 engines (target + draft) for SM 90 from the exported checkpoint(s)."""
+    from pipeline.compile.cli import compile_command
+
+    compile_command(spec, dry_run=dry_run, checkpoint_dir=checkpoint_dir, draft_checkpoint_dir=draft_checkpoint_dir,
+                    force=force, as_json=json_)

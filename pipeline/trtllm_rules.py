@@ -42,3 +42,36 @@ def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: b
     if kv_cache == "fp8" and QUANT_ALGO[precision] not in FP8_FMHA_QUANT_ALGOS:
         return f"precision {precision} with an FP8 KV cache disables FP8 and so paged context FMHA"
     return None
+
+
+# --- Added for the compile stage (pipeline/compile): values trtllm-build 1.2.1 is given explicitly. -------------
+# Read from NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py, tensorrt_llm/builder.py (build(), BuildConfig) and
+# tensorrt_llm/plugin/plugin.py (PluginConfig); see pipeline/compile/flags.py for commits.
+
+TRTLLM_VERSION = "1.2.1"  # the pinned release: the last one with trtllm-build (FACTS §1)
+
+# compute dtype of the spec -> TensorRT-LLM dtype string written in the checkpoint config.json ("dtype").
+TRTLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
+
+# precision -> --gemm_plugin. The GEMM plugin covers non-quantized GEMMs only (except FP8, which has its own FP8
+# GEMM plugin); INT4/W4A8-AWQ and INT8-SQ GEMMs get their quantized plugins automatically from the checkpoint's
+# quant_algo, so those recipes pass the compute dtype for the remaining 16-bit GEMMs (lm_head).
+GEMM_PLUGIN: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp8": "fp8",
+    "int4_awq": "bfloat16",
+    "w4a8_awq": "bfloat16",
+    "int8_sq": "bfloat16",
+}
+
+
+def gemm_plugin(precision: str, compute_dtype: str = "bf16") -> str:
+    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype)."""
+    value = GEMM_PLUGIN[precision]
+    return TRTLLM_DTYPE[compute_dtype] if value in TRTLLM_DTYPE.values() else value
+
+
+def paged_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = True) -> bool:
+    """Whether `--use_paged_context_fmha enable` survives build(): allowed unless a blocker applies."""
+    return paged_context_fmha_blocker(precision, kv_cache, context_fmha=context_fmha) is None

@@ -1,0 +1,148 @@
+"""Engine manifests, the compile stage key, and the draft/target tokenizer check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import MANIFEST, file_table, read_manifest, sha256_file, stage_key
+from ..errors import CompileError
+from .plan import EnginePlan
+
+STAGE = "compile"
+STAGE_VERSION = 1
+TOKENIZER_DIR = "tokenizer"
+# tokenizer.json sections that decide token ids (chat templates and other tokenizer_config.json fields do not).
+_TOKENIZER_ID_SECTIONS = ("model", "added_tokens", "normalizer", "pre_tokenizer")
+
+
+def _sha_json(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tokenizer_fingerprint(ckpt_dir: Path) -> dict[str, str]:
+    """Fingerprint of the token-id mapping exported with a checkpoint (`<ckpt>/tokenizer/`).
+
+    tokenizer.json: sha256 over its model (vocab, merges), added_tokens, normalizer and pre_tokenizer sections;
+    sentencepiece: sha256 of tokenizer.model.
+
+    Raises:
+        CompileError: no tokenizer was exported with the checkpoint.
+    """
+    tdir = Path(ckpt_dir) / TOKENIZER_DIR
+    tj, sp = tdir / "tokenizer.json", tdir / "tokenizer.model"
+    if tj.is_file():
+        try:
+            data = json.loads(tj.read_text())
+        except json.JSONDecodeError:
+            raise CompileError(f"{tj} is not valid JSON; re-export the checkpoint") from None
+        return {"file": "tokenizer.json", "sha256": _sha_json({k: data.get(k) for k in _TOKENIZER_ID_SECTIONS})}
+    if sp.is_file():
+        return {"file": "tokenizer.model", "sha256": sha256_file(sp)}
+    raise CompileError(
+        f"checkpoint {ckpt_dir} has no tokenizer ({tdir}/tokenizer.json or tokenizer.model); "
+        "re-run `invoke calibrate`, which exports the tokenizer with the checkpoint"
+    )
+
+
+def check_same_tokenizer(target_ckpt: Path, draft_ckpt: Path) -> dict[str, Any]:
+    """Compare the tokenizer files of the two checkpoints; raise before any compile when they differ."""
+    t, d = tokenizer_fingerprint(target_ckpt), tokenizer_fingerprint(draft_ckpt)
+    if t != d:
+        raise CompileError(
+            f"draft checkpoint {draft_ckpt} has a different tokenizer than the target {target_ckpt} "
+            f"({d['file']} {d['sha256'][:12]} vs {t['file']} {t['sha256'][:12]}); draft-target speculation needs "
+            "one shared tokenizer: choose a draft of the same family"
+        )
+    return {"equal": True, "file": t["file"], "sha256": t["sha256"]}
+
+
+def checkpoint_identity(ckpt_dir: Path) -> dict[str, Any]:
+    """The checkpoint manifest's key (calibrate stage) and the manifest's own hash.
+
+    A checkpoint exported outside the pipeline (no manifest.json) is identified by config.json plus the names and
+    sizes of its files — enough to notice a different export without hashing many GB of weights.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    if manifest and manifest.get("key"):
+        return {"path": str(ckpt_dir), "key": manifest["key"], "manifest_sha256": sha256_file(ckpt_dir / MANIFEST)}
+    files = {p.name: p.stat().st_size for p in sorted(ckpt_dir.iterdir()) if p.is_file()}
+    config = (ckpt_dir / "config.json").read_text()
+    return {"path": str(ckpt_dir), "key": _sha_json({"config": config, "files": files}), "manifest_sha256": None,
+            "key_source": "config.json + file sizes (no calibrate manifest)"}
+
+
+def compile_key(plan: EnginePlan, *, checkpoint_key: str, toolchain: dict[str, Any],
+                draft_key: str | None = None) -> str:
+    """Stage key: the plan, the checkpoint it reads, the toolchain versions and the GPU architecture."""
+    return stage_key({
+        "stage": STAGE,
+        "stage_version": STAGE_VERSION,
+        "plan": plan.key_factors(),
+        "checkpoint": checkpoint_key,
+        "toolchain": {k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda")},
+        "arch": {"sm": toolchain.get("sm"), "gpu": toolchain.get("gpu_name")},
+        "draft": draft_key,
+    })
+
+
+def build_config_hash(engine_config: dict[str, Any]) -> str:
+    return _sha_json(engine_config["build_config"])
+
+
+def engine_manifest(
+    engine_dir: Path,
+    plan: EnginePlan,
+    *,
+    key: str,
+    engine_config: dict[str, Any],
+    toolchain: dict[str, Any],
+    checkpoint: dict[str, Any],
+    draft: dict[str, Any] | None = None,
+    build_seconds: float | None = None,
+    log_path: Path | None = None,
+) -> dict[str, Any]:
+    """The manifest.json content of a verified engine directory (files hashed as they are now)."""
+    engine_dir = Path(engine_dir)
+    return {
+        "stage": STAGE,
+        "stage_version": STAGE_VERSION,
+        "key": key,
+        "role": plan.role,
+        "model": plan.model,
+        "precision": plan.precision,
+        "kv_cache": plan.kv_cache,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "world_size": plan.world_size,
+        "engine_version": engine_config["version"],
+        "toolchain": {k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")},
+        "gpu": {"name": toolchain.get("gpu_name"), "sm": toolchain.get("sm"), "count": toolchain.get("gpu_count")},
+        "argv": plan.argv,  # as run, with the final engine directory
+        "planned_build_config": plan.expected_build_config,
+        "build_config_sha256": build_config_hash(engine_config),
+        "files": file_table(engine_dir),
+        "checkpoint": checkpoint,
+        "draft": draft,
+        "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
+        "log": str(log_path) if log_path else None,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def draft_record(draft_dir: Path, tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """How a target manifest records its draft engine: path, key, manifest hash, tokenizer equality."""
+    m = read_manifest(draft_dir)
+    if not m:
+        raise CompileError(f"draft engine {draft_dir} has no manifest.json; compile the draft first")
+    return {
+        "path": str(draft_dir),
+        "model": m.get("model"),
+        "key": m["key"],
+        "manifest_sha256": sha256_file(Path(draft_dir) / MANIFEST),
+        "tokenizer": tokenizer,
+    }
