@@ -59,3 +59,112 @@ def compile_engines(c, spec, dry_run=False, checkpoint_dir=None, draft_checkpoin
 
     compile_command(spec, dry_run=dry_run, checkpoint_dir=checkpoint_dir, draft_checkpoint_dir=draft_checkpoint_dir,
                     force=force, as_json=json_)
+
+
+# --- build / release / verify / bench (issue 7) ------------------------------------------------------------------
+@task(
+    auto_shortflags=False,
+    help=_help(
+        until="last stage to run: check, download, calibrate, compile, package",
+        from_="first stage to run; earlier stages must already be current (they are located, not run)",
+        force="rebuild this stage and every stage after it even when current",
+        json="print the build report as JSON on stdout (progress stays on stderr)",
+        offline="download: use only the local cache",
+        update="download: re-resolve a branch revision to its newest commit",
+        verify_download="download: re-hash every cached file",
+        revision="download: model revision (branch, tag or commit) overriding the registry's",
+        endpoint="download: Hugging Face Hub endpoint URL",
+    ),
+)
+@with_spec
+def build(c, spec, until=None, from_=None, force=None, json_=False, offline=False, update=False,
+          verify_download=False, revision=None, endpoint=None):
+    """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops."""
+    from pipeline.build import BuildOptions, build as run_build
+
+    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, revision=revision,
+                        endpoint=endpoint)
+    report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        output="directory for the tarball, inside the output tree (default releases/)",
+        version="release version (default: the pipeline's version)",
+        json="print release.json's summary as JSON",
+    ),
+)
+@with_spec
+def release(c, spec, output=None, version=None, json_=False):
+    """Pack a finished build as a deterministic, versioned release tarball + .sha256 (run `invoke build` first)."""
+    from pipeline.release import release as make_release
+
+    r = make_release(spec, output=output, version=version)
+    if json_:
+        doc = {k: v for k, v in r.document.items() if k != "files"}
+        print(json.dumps({"tarball": str(r.tarball), "sha256": r.sha256, "files": len(r.document["files"]),
+                          "release": doc}, indent=2))
+    else:
+        print(f"ok: {r.tarball} sha256 {r.sha256} ({len(r.document['files'])} files)")
+
+
+@task(
+    positional=["path"],
+    auto_shortflags=False,
+    help={
+        "path": "release .tar.gz, unpacked release dir, or Triton model repository",
+        "skip_host": "check hashes only, not the host's TensorRT-LLM/TensorRT/GPU against the engines",
+        "json": "print the verification report as JSON",
+    },
+)
+def verify(c, path, skip_host=False, json_=False):
+    """Check every sha256 of a release or repo and refuse engines built for another toolchain/GPU (exit 2)."""
+    from pipeline.cli import exit_on_error
+    from pipeline.verify import verify as run_verify
+
+    report = exit_on_error(run_verify)(path, check_host=not skip_host)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        host = "host matches" if report.host_checked else "host not checked"
+        print(f"ok: {report.kind} {path}: {report.files_checked} files verified; {host}")
+        for note in report.notes:
+            print(f"note: {note}")
+
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        url="gRPC address of a running server (127.0.0.1:PORT); default: start tritonserver on the build's repo",
+        metrics_url="Triton metrics URL (http://127.0.0.1:PORT/metrics) for the prefix-cache hit ratio",
+        repo="model repository to serve (default: the build's Triton repo)",
+        model_name="model to call (default: tensorrt_llm_bls when served, else ensemble)",
+        concurrency="comma-separated concurrency levels (default 1,2,4)",
+        requests="requests per concurrency level (default 8)",
+        max_tokens="output tokens per request (default 32)",
+        no_stream="send non-streaming requests (TTFT not measurable)",
+        budget="seconds per concurrency level before no new requests are sent (default 60)",
+        json="write the report as JSON to this file",
+        plot="write a latency-vs-throughput PNG to this file (needs matplotlib)",
+    ),
+)
+@with_spec
+def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concurrency="1,2,4", requests=8,
+          max_tokens=32, no_stream=False, budget=60, json_=None, plot=None):
+    """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens."""
+    from pipeline.bench import bench_spec, format_report, parse_levels, plot_report, write_json
+
+    report = bench_spec(
+        spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name, concurrency=parse_levels(concurrency),
+        requests_per_level=int(requests), max_tokens=int(max_tokens), stream=False if no_stream else None,
+        level_budget_s=float(budget),
+    )
+    print(format_report(report))
+    if json_:
+        print(f"json: {write_json(report, json_)}")
+    if plot:
+        png = plot_report(report, plot)
+        print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")

@@ -606,3 +606,48 @@ def write_json(report: BenchReport, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return path
+
+
+def parse_levels(text: str | Iterable[int]) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (BenchError on anything else)."""
+    if not isinstance(text, str):
+        return [int(x) for x in text]
+    try:
+        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: expected comma-separated integers like 1,2,4,8") from None
+    if not levels or min(levels) < 1:
+        raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
+    return levels
+
+
+def bench_spec(
+    spec,
+    *,
+    url: str | None = None,
+    metrics_url: str | None = None,
+    repo: str | Path | None = None,
+    ready_timeout_s: float = 300.0,
+    **kwargs: Any,
+) -> BenchReport:
+    """Benchmark the deployment of `spec`: a running server at `url`, or start tritonserver on its repo first.
+
+    Cost figures use the spec's $/GPU-hour and world size (TP×PP). Without `url` the repo is `repo` or the
+    build's Triton repo (`invoke build` first); the server is started on free 127.0.0.1 ports and stopped after.
+    """
+    gpus = spec.parallelism.world_size
+    price = spec.hardware.gpu_price_per_hour
+    if url:
+        check_local(url)
+        return run_bench(grpc_url=url, metrics_url=metrics_url, gpus=gpus, gpu_price_per_hour=price,
+                         tokenizer_dir=tokenizer_dir_of(repo) if repo else None, **kwargs)
+    from .serve import TritonServer
+
+    if repo is None:
+        from .build import locate_outputs
+
+        repo = locate_outputs(spec).triton_repo
+    with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
+                      ready_timeout_s=ready_timeout_s) as server:
+        return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, gpus=gpus,
+                         gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir_of(repo), **kwargs)

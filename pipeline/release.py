@@ -268,7 +268,7 @@ def release(
         PipelineError: `output` escapes the output tree.
     """
     from . import __version__
-    from .stages import locate_outputs
+    from .build import locate_outputs
 
     version = version or __version__
     out = locate_outputs(spec)

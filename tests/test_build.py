@@ -1,0 +1,72 @@
+"""build: stage ranges, fail-fast validation before any I/O, CLI exit codes (the real chain: test_e2e_release)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import STAGES, BuildError, build, stage_range
+from pipeline.errors import CompileError
+from pipeline.spec import resolve_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_stage_range_defaults_and_bounds():
+    assert stage_range(until=None, from_stage=None, force=None, target="trtllm") == list(STAGES)
+    assert stage_range(until="calibrate", from_stage=None, force=None, target="reference") == [
+        "check", "download", "calibrate"]
+    assert stage_range(until=None, from_stage="package", force="package", target="reference") == ["package"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(until="deploy"), "--until 'deploy' is not a stage"),
+        (dict(from_stage="package", until="download"), "--from package comes after --until download"),
+        (dict(force="download", from_stage="calibrate"), "--force download is outside"),
+        (dict(force="compile", target="reference"), "--force compile: target=reference has no compile stage"),
+    ],
+)
+def test_stage_range_errors(kwargs, needle):
+    args = dict(until=None, from_stage=None, force=None, target="trtllm") | kwargs
+    with pytest.raises(BuildError, match=needle):
+        stage_range(**args)
+
+
+def test_impossible_trtllm_build_fails_in_check_before_any_output(tmp_path, monkeypatch):
+    """On a host without TensorRT-LLM/GPU a trtllm build stops at the preflight; nothing is written."""
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    from pipeline.compile.preflight import probe_host
+
+    if probe_host().trtllm_installed:
+        pytest.skip("TensorRT-LLM is installed here: the preflight may pass")
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    with pytest.raises(CompileError, match="compiling needs an H100-class GPU"):
+        build(spec, progress=lines.append)
+    assert time.perf_counter() - t0 < 1.0
+    assert lines == ["[1/5] check: validating spec and GPU/toolchain preflight ..."]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def invoke(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_cli_rejects_invalid_spec_and_bad_stage_with_exit_2(tmp_path):
+    import os
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
+    r = invoke("build", "--model", "llama-70b", "--precision", "fp8", "--gpu", "a100", env=env)
+    assert r.returncode == 2 and r.stderr.startswith("error: hardware.gpu=a100") and "Traceback" not in r.stderr
+    r = invoke("build", "--model", "tiny-llama", "--target", "reference", "--until", "deploy", env=env)
+    assert r.returncode == 2 and "--until 'deploy' is not a stage" in r.stderr
+    assert not (tmp_path / "out").exists()
