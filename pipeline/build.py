@@ -254,9 +254,7 @@ def _package(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
     path = Path(getattr(res, "path", res))
     out.triton_repo = path
     out.manifests["triton_repo"] = getattr(res, "manifest", None) or read_manifest(path)
-    status = getattr(res, "status", None)
-    if status not in ("cached", "built"):
-        status = "built"
+    status = "cached" if getattr(res, "reused", False) else "built"
     return StageOutcome("package", status, 0.0, paths={"triton_repo": str(path)},
                         keys={"triton_repo": (out.manifests["triton_repo"] or {}).get("key")})
 

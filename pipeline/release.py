@@ -291,7 +291,9 @@ def release(
             raise ReleaseError(f"checkpoint for build {out.build_id} is missing; run `invoke build`")
     if out.triton_repo is None:
         raise ReleaseError("the Triton model repository is missing; run `invoke build` (package stage)")
-    components["triton_repo"] = out.triton_repo
+    # Keep the output-tree layout (triton_repo/<name>/ beside engines/<build-id>/): the repo's gpt_model_path is
+    # relative (../../../engines/...), so an unpacked release is itself a valid PIPELINE_ROOT.
+    components[f"triton_repo/{Path(out.triton_repo).name}"] = out.triton_repo
     if out.tokenizer is not None:
         components["tokenizer"] = out.tokenizer
     for arc, path in components.items():

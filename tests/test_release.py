@@ -36,14 +36,14 @@ def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:
     (ck / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
     write_manifest(ck, {"key": "k-ckpt", "quality_gate": {"ppl_delta_pct": 0.1}, "files": file_table(ck)})
     comps[f"engines/{build.name}/checkpoint"] = ck
-    repo = root / "triton_repo"
+    repo = root / "triton_repo" / build.name
     for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"):
         (repo / model / "1").mkdir(parents=True)
         (repo / model / "config.pbtxt").write_text(f'name: "{model}"\n')
     (repo / "preprocessing" / "1" / "model.py").write_text("# python model\n")
     os.chmod(repo / "preprocessing" / "1" / "model.py", 0o755)
     write_manifest(repo, {"key": "k-repo", "files": file_table(repo)})
-    comps["triton_repo"] = repo
+    comps[f"triton_repo/{build.name}"] = repo
     return comps
 
 
@@ -78,8 +78,8 @@ def test_tarball_entries_are_normalised_and_sorted(tmp_path):
         assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (FIXED_MTIME, 0, 0, "", "")
         assert m.mode in (0o644, 0o755)
     modes = {m.name: m.mode for m in members}
-    assert modes["rel/triton_repo/preprocessing/1/model.py"] == 0o755
-    assert modes["rel/triton_repo/ensemble/config.pbtxt"] == 0o644
+    assert modes["rel/triton_repo/tiny-llama-fp8-0123456789ab/preprocessing/1/model.py"] == 0o755
+    assert modes["rel/triton_repo/tiny-llama-fp8-0123456789ab/ensemble/config.pbtxt"] == 0o644
 
 
 def test_release_json_lists_sha256_of_every_file_including_manifests(tmp_path):
@@ -90,7 +90,7 @@ def test_release_json_lists_sha256_of_every_file_including_manifests(tmp_path):
         files = {m.name[len("rel/"):]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     files.pop(RELEASE_JSON)
     assert set(doc["files"]) == set(files)
-    assert "triton_repo/manifest.json" in doc["files"]
+    assert "triton_repo/tiny-llama-fp8-0123456789ab/manifest.json" in doc["files"]
     for rel, content in files.items():
         assert doc["files"][rel] == {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content)}
     assert doc["format"] == 1 and doc["version"] == "9" and doc["name"] == "rel"
@@ -106,7 +106,7 @@ def test_missing_component_is_refused_without_partial_tarball(tmp_path):
 
 def test_symlink_in_component_is_refused(tmp_path):
     comps = fabricate_build(tmp_path / "out")
-    (comps["triton_repo"] / "link").symlink_to("/etc/passwd")
+    (comps["triton_repo/tiny-llama-fp8-0123456789ab"] / "link").symlink_to("/etc/passwd")
     with pytest.raises(ReleaseError, match="symlink"):
         pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
 

@@ -48,8 +48,9 @@ def test_fabricated_unpacked_release_detects_changed_missing_and_extra_files(fab
     assert verify(root, host=MATCHING_HOST).ok
     engine = next(root.rglob("rank0.engine"))
     _flip_byte(engine, 10)
-    (root / "triton_repo" / "ensemble" / "config.pbtxt").unlink()
-    (root / "triton_repo" / "extra.txt").write_text("x")
+    repo = next((root / "triton_repo").iterdir())
+    (repo / "ensemble" / "config.pbtxt").unlink()
+    (repo / "extra.txt").write_text("x")
     with pytest.raises(HashMismatchError) as exc:
         verify(root, host=MATCHING_HOST)
     problems = exc.value.report.mismatches
@@ -87,11 +88,14 @@ def test_sha256_sidecar_mismatch_is_reported(fabricated_release):
         verify(fabricated_release.tarball, host=MATCHING_HOST)
 
 
-def test_fabricated_triton_repo_with_manifests_and_engine_path(tmp_path):
+@pytest.mark.parametrize("relative", [True, False])
+def test_fabricated_triton_repo_with_manifests_and_engine_path(tmp_path, relative):
     comps = fabricate_build(tmp_path / "out")
-    repo, engine = comps["triton_repo"], next(v for k, v in comps.items() if k.endswith("/engine"))
+    repo = next(v for k, v in comps.items() if k.startswith("triton_repo/"))
+    engine = next(v for k, v in comps.items() if k.endswith("/engine"))
+    path = f"../../../engines/{engine.parent.name}/engine" if relative else str(engine)
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(
-        'name: "tensorrt_llm"\nparameters: {\n  key: "gpt_model_path"\n  value: { string_value: "%s" }\n}\n' % engine
+        'name: "tensorrt_llm"\nparameters: {\n  key: "gpt_model_path"\n  value: { string_value: "%s" }\n}\n' % path
     )
     write_manifest(repo, {"key": "k", "files": file_table(repo)})
     report = verify(repo, host=MATCHING_HOST)
