@@ -307,8 +307,9 @@ def plan_compile(
             )
         draft_ckpt = _checkpoint(spec, Path(draft_checkpoint_dir), spec.draft_model, role="draft",
                                  precision=spec.draft_precision, allow_derived=allow_derived)
+        draft_out = Path(draft_output_dir) if draft_output_dir else output_dir.parent / "draft_engine"
         draft = _engine_plan(spec, draft_ckpt, spec.draft_model, role="draft", precision=spec.draft_precision,
-                             output_dir=Path(draft_output_dir) if draft_output_dir else output_dir.parent / "draft_engine")
+                             output_dir=draft_out)
     elif draft_checkpoint_dir is not None:
         raise CompileError("--draft-checkpoint-dir was given but the spec has no draft; pass --draft NAME too")
     memory = plan_memory(spec).as_dict()

@@ -75,7 +75,7 @@ def _trtllm_version() -> tuple[bool, str | None]:
 
 
 def parse_nvidia_smi(text: str) -> list[GPUInfo]:
-    """Parse `nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits`."""
+    """Parse `nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version` CSV (noheader, nounits)."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -97,7 +97,7 @@ def _query_gpus() -> tuple[list[GPUInfo], str | None]:
             r = subprocess.run(
                 [exe, "--query-gpu=index,name,compute_cap,memory.total,driver_version",
                  "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=20,
+                check=False, capture_output=True, text=True, timeout=20,
             )
         except subprocess.TimeoutExpired:
             return [], "nvidia-smi timed out"
@@ -179,7 +179,8 @@ _VERSION_PROBE = (
 def import_toolchain(timeout: float = 600) -> dict[str, str]:
     """Import tensorrt_llm in a subprocess and return its, TensorRT's and CUDA's versions."""
     try:
-        r = subprocess.run([sys.executable, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([sys.executable, "-c", _VERSION_PROBE], check=False, capture_output=True, text=True,
+                           timeout=timeout)
     except subprocess.TimeoutExpired:
         raise CompileError(f"importing tensorrt_llm took over {timeout:.0f} s; check the installation") from None
     if r.returncode != 0:

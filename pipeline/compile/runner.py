@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TextIO
 
 from ..errors import CompileError
 
@@ -46,16 +47,20 @@ def run_trtllm_build(
     *,
     log_path: Path,
     env: dict[str, str] | None = None,
-    echo: TextIO | None = sys.stdout,
+    echo: TextIO | bool | None = True,
     cwd: Path | None = None,
 ) -> float:
     """Run `argv` (a planned `trtllm-build ...`), streaming output to `echo` and `log_path`. Returns seconds.
+
+    `echo`: True streams to the current sys.stdout, a file object streams there, None/False only logs.
 
     Raises:
         CompileError: the command is missing, exits non-zero, or is interrupted (message: argv, log, log tail).
     """
     import time
 
+    if echo is True:
+        echo = sys.stdout
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -90,7 +95,7 @@ def run_trtllm_build(
                 log.write(line)
                 log.flush()
                 tail.append(line.rstrip("\n"))
-                if echo is not None:
+                if echo:
                     echo.write(line)
                     echo.flush()
             rc = proc.wait()

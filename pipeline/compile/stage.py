@@ -1,4 +1,4 @@
-"""`run_compile`: plan → tokenizer check → preflight → (cached?) → build into a temp dir → verify → manifest → rename."""
+"""`run_compile`: plan → tokenizer check → preflight → cached? → build in a temp dir → verify → manifest → rename."""
 
 from __future__ import annotations
 

@@ -1,0 +1,252 @@
+"""Golden compile plans (exact trtllm-build argv per engine), derived values, the 1.2.1 flag set, rejections.
+
+Checkpoint configs are FABRICATED by the tests (tests/compile_fixtures.py): the planner reads config.json only.
+"""
+
+from __future__ import annotations
+
+import pytest
+from compile_fixtures import write_fabricated_checkpoint
+
+from pipeline.compile import plan_compile
+from pipeline.compile.flags import ACCEPTED, ENABLE_DISABLE_FLAGS, check_argv
+from pipeline.compile.plan import CHECKPOINT_PLACEHOLDER as CKPT
+from pipeline.compile.plan import OUTPUT_PLACEHOLDER as OUT
+from pipeline.errors import CompileError, SpecError
+from pipeline.spec import resolve_spec
+
+
+@pytest.fixture(autouse=True)
+def _tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+
+
+def _plan(tmp_path, spec, *, tp=1, pp=1, draft_tp=None, vocab=128256, draft_vocab=None):
+    q = spec.quantization
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-target-ckpt", precision=q.precision, kv_cache=q.kv,
+                                       tp=tp, pp=pp, vocab_size=vocab)
+    draft_ckpt = None
+    if spec.draft_model:
+        draft_ckpt = write_fabricated_checkpoint(
+            tmp_path / "fabricated-draft-ckpt", precision=spec.draft_precision, kv_cache=q.kv,
+            tp=draft_tp or tp, pp=pp, vocab_size=draft_vocab or vocab)
+    return plan_compile(spec, checkpoint_dir=ckpt, output_dir=tmp_path / "b" / "engine", draft_checkpoint_dir=draft_ckpt)
+
+
+def _common(batch, inp, seq, tokens, gemm, paged, fp8, workers, *, draft_len=None):
+    o = {
+        "--checkpoint_dir": CKPT, "--output_dir": OUT, "--max_batch_size": str(batch), "--max_input_len": str(inp),
+        "--max_seq_len": str(seq), "--max_num_tokens": str(tokens), "--max_beam_width": "1",
+        "--kv_cache_type": "paged", "--tokens_per_block": "32", "--gemm_plugin": gemm,
+        "--gpt_attention_plugin": "bfloat16", "--context_fmha": "enable", "--use_paged_context_fmha": paged,
+        "--use_fp8_context_fmha": fp8, "--remove_input_padding": "enable", "--multiple_profiles": "enable",
+        "--workers": str(workers), "--output_timing_cache": f"{OUT}/timing.cache",
+    }
+    if draft_len:
+        o["--speculative_decoding_mode"] = "draft_tokens_external"
+        o["--max_draft_len"] = str(draft_len)
+    else:
+        o["--max_draft_len"] = "0"
+    return o
+
+
+def test_golden_llama70b_fp8_fp8kv_tp4(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="fp8", kv_cache="fp8", tp=4)
+    plan = _plan(tmp_path, spec, tp=4)
+    assert plan.draft is None
+    t = plan.target
+    assert t.options == _common(64, 4096, 8192, 8192, "fp8", "enable", "enable", 4)
+    assert t.rank_files == ["rank0.engine", "rank1.engine", "rank2.engine", "rank3.engine"]
+    assert t.world_size == 4 and t.expected_build_config["max_seq_len"] == 8192
+    assert t.expected_build_config["plugin_config"]["use_fp8_context_fmha"] is True
+    assert t.argv[:3] == ["trtllm-build", "--checkpoint_dir", str(tmp_path / "fabricated-target-ckpt")]
+    assert t.argv[t.argv.index("--output_timing_cache") + 1] == str(tmp_path / "b" / "engine" / "timing.cache")
+    assert plan.memory["weights_gib_per_gpu"] == pytest.approx(67.7 / 4, rel=0.03)
+
+
+def test_golden_llama70b_int4_awq_bf16kv(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="int4_awq", kv_cache="bf16", tp=2)
+    t = _plan(tmp_path, spec, tp=2).target
+    # INT4-AWQ GEMMs use the weight-only groupwise plugin automatically; --gemm_plugin covers the 16-bit lm_head.
+    assert t.options == _common(64, 4096, 8192, 8192, "bfloat16", "enable", "disable", 2)
+    assert t.rank_files == ["rank0.engine", "rank1.engine"]
+
+
+def test_golden_llama8b_fp8_with_llama1b_draft_k5(tmp_path):
+    spec = resolve_spec(model="llama-8b", precision="fp8", draft="llama-1b", draft_len=5, max_batch_size=4)
+    plan = _plan(tmp_path, spec)
+    # target: --max_seq_len S, build() adds K -> engine S+K; draft: given S+K explicitly (no speculative mode).
+    assert plan.target.options == _common(4, 4096, 8192, 8192, "fp8", "enable", "enable", 1, draft_len=5)
+    assert plan.target.expected_build_config["max_seq_len"] == 8197
+    assert plan.target.expected_build_config["speculative_decoding_mode"] == 2  # IntFlag DRAFT_TOKENS_EXTERNAL
+    assert plan.draft.options == _common(4, 4096, 8197, 8192, "fp8", "enable", "enable", 1)
+    assert plan.draft.expected_build_config["max_seq_len"] == 8197
+    assert plan.draft.expected_build_config["max_draft_len"] == 0
+    assert plan.draft.output_dir == str(tmp_path / "b" / "draft_engine")
+    assert [p.role for p in plan.engines] == ["draft", "target"]
+
+
+def test_golden_tiny_llama_fp8_with_tiny_draft(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft")
+    plan = _plan(tmp_path, spec, vocab=1024)
+    # max_num_tokens 8192 is clipped to max_seq_len * max_batch_size as check_max_num_tokens() would.
+    assert plan.target.options == _common(8, 256, 512, 4096, "fp8", "enable", "enable", 1, draft_len=4)
+    assert plan.draft.options == _common(8, 256, 516, 4128, "fp8", "enable", "enable", 1)
+    assert plan.target.expected_build_config["max_seq_len"] == 516
+    text = plan.format()
+    assert text.count("trtllm-build --checkpoint_dir") == 2 and "estimated GPU memory" in text
+
+
+def test_every_golden_argv_uses_only_accepted_flags(tmp_path):
+    specs = [
+        resolve_spec(model="llama-70b", precision="fp8", kv_cache="fp8", tp=4),
+        resolve_spec(model="llama-70b", precision="int4_awq", kv_cache="bf16", tp=2),
+        resolve_spec(model="llama-8b", precision="fp8", draft="llama-1b", draft_len=5),
+        resolve_spec(model="llama-70b", precision="int4_awq", kv_cache="fp8", enable_kv_cache_reuse=False,
+                     enable_chunked_context=False),
+        resolve_spec(model="llama-8b", precision="int8_sq", kv_cache="bf16"),
+        resolve_spec(model="llama-8b", precision="fp16", multiple_profiles=False),
+    ]
+    for i, spec in enumerate(specs):
+        tp = spec.parallelism.tp
+        plan = _plan(tmp_path / str(i), spec, tp=tp)
+        for p in plan.engines:
+            check_argv(p.argv)
+            flags = [a for a in p.argv if a.startswith("--")]
+            assert set(flags) <= set(ACCEPTED) and len(flags) == len(set(flags))
+            for flag in set(flags) & ENABLE_DISABLE_FLAGS:
+                assert p.argv[p.argv.index(flag) + 1] in ("enable", "disable")
+
+
+def test_int4_with_fp8_kv_plans_paged_context_fmha_off(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="int4_awq", kv_cache="fp8", enable_kv_cache_reuse=False,
+                        enable_chunked_context=False)
+    t = _plan(tmp_path, spec).target
+    assert t.options["--use_paged_context_fmha"] == "disable" and t.options["--use_fp8_context_fmha"] == "disable"
+
+
+def test_fp8_with_bf16_kv_plans_fp8_context_fmha_off(tmp_path):
+    t = _plan(tmp_path, resolve_spec(model="llama-8b", precision="fp8", kv_cache="bf16")).target
+    assert t.options["--use_paged_context_fmha"] == "enable" and t.options["--use_fp8_context_fmha"] == "disable"
+
+
+def test_fp16_recipe_uses_float16_plugins(tmp_path):
+    spec = resolve_spec(model="llama-8b", precision="fp16", multiple_profiles=False)
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-ckpt", precision="fp16", kv_cache="fp16",
+                                       dtype="float16")
+    t = plan_compile(spec, checkpoint_dir=ckpt, output_dir=tmp_path / "e").target
+    assert t.options["--gemm_plugin"] == "float16" and t.options["--gpt_attention_plugin"] == "float16"
+    # without multiple profiles the plan passes opt_num_tokens explicitly (build() would default it)
+    assert t.options["--multiple_profiles"] == "disable" and t.options["--opt_num_tokens"] == "128"
+
+
+def test_speculative_floor_raises_max_num_tokens(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft", max_num_tokens=16)
+    plan = _plan(tmp_path, spec, vocab=1024)
+    assert plan.target.options["--max_num_tokens"] == str(8 * (4 + 1))  # max_batch_size x (K+1)
+    assert plan.draft.options["--max_num_tokens"] == "40"  # spec.max_num_tokens already holds the floor
+
+
+def test_max_num_tokens_at_least_tokens_per_block(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", max_num_tokens=16)
+    assert _plan(tmp_path, spec, vocab=1024).target.options["--max_num_tokens"] == "32"  # check_max_num_tokens()
+
+
+def test_workers_capped_by_gpu_count(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, gpu_count=4)
+    assert _plan(tmp_path, spec, tp=4).target.options["--workers"] == "4"
+
+
+# --- the flag-set checker ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, match", [
+    (["trtllm-build", "--max_output_len", "256"], "has no option '--max_output_len'"),
+    (["trtllm-build", "--use_custom_all_reduce", "enable"], "has no option"),
+    (["trtllm-build", "--auto_parallel", "2"], "has no option"),
+    (["trtllm-build", "--use_paged_context_fmha", "true"], "not one of enable, disable"),
+    (["trtllm-build", "--gemm_plugin", "int4"], "not one of auto"),
+    (["trtllm-build", "--kv_cache_type", "blocked"], "not one of continuous, paged, disabled"),
+    (["trtllm-build", "--speculative_decoding_mode", "draft_target"], "not one of draft_tokens_external"),
+    (["trtllm-build", "--max_batch_size", "eight"], "needs an integer"),
+    (["trtllm-build", "--workers"], "needs a value"),
+    (["trtllm-build", "--workers", "1", "--workers", "2"], "given twice"),
+    (["python", "--workers", "1"], "must start with trtllm-build"),
+])
+def test_check_argv_rejects(argv, match):
+    with pytest.raises(CompileError, match=match):
+        check_argv(argv)
+
+
+def test_check_argv_accepts_aliases_and_store_true():
+    check_argv(["trtllm-build", "--max_decoder_seq_len", "4", "--strip_plan", "--lora_dir", "a", "b",
+                "--log_level", "info", "--reduce_fusion", "enable", "--use_fused_mlp", "disable"])
+
+
+# --- checkpoint problems ---------------------------------------------------------------------------------------
+
+def test_missing_checkpoint_config_names_calibrate(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8")
+    with pytest.raises(CompileError, match=r"does not exist; run `invoke calibrate`"):
+        plan_compile(spec, checkpoint_dir=tmp_path / "nope", output_dir=tmp_path / "e")
+
+
+def test_dry_run_plans_from_spec_without_checkpoint(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
+    plan = plan_compile(spec, checkpoint_dir=tmp_path / "nope", output_dir=tmp_path / "e", allow_derived=True)
+    assert plan.target.checkpoint_derived and plan.target.world_size == 4
+    assert "not exported yet" in plan.format()
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"tp": 2}, r"mapped tp=2 pp=1 .* re-export with --tp 1"),
+    ({"precision": "int4_awq"}, r"quant_algo=W4A16_AWQ, but the spec asks for fp8"),
+    ({"kv_cache": "bf16"}, r"kv_cache_quant_algo=None, but the spec asks for kv_cache=fp8"),
+    ({"vocab_size": 32000}, r"vocab_size=32000, but tiny-llama has 1024"),
+])
+def test_checkpoint_not_matching_spec_rejected(tmp_path, kw, match):
+    args = {"precision": "fp8", "kv_cache": "fp8", "vocab_size": 1024} | kw
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-ckpt", **args)
+    with pytest.raises(CompileError, match=match):
+        plan_compile(resolve_spec(model="tiny-llama", precision="fp8"), checkpoint_dir=ckpt, output_dir=tmp_path / "e")
+
+
+def test_draft_needs_draft_checkpoint(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft")
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-ckpt", precision="fp8", kv_cache="fp8", vocab_size=1024)
+    with pytest.raises(CompileError, match="no draft checkpoint was given"):
+        plan_compile(spec, checkpoint_dir=ckpt, output_dir=tmp_path / "e")
+
+
+def test_reference_target_has_no_engines(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(CompileError, match="has no TensorRT-LLM engines"):
+        plan_compile(spec, checkpoint_dir=tmp_path, output_dir=tmp_path / "e")
+
+
+# --- every FACTS §3 combination that trtllm-build 1.2.1 cannot honour is rejected by resolve_spec ---------------
+
+REJECTED = [
+    ({"model": "llama-8b", "precision": "fp8", "gpu": "a100"}, r"SM 8.0 has no FP8"),
+    ({"model": "llama-8b", "precision": "bf16", "kv_cache": "fp8", "gpu": "a100"}, r"SM 8.0 has no FP8"),
+    ({"model": "llama-70b", "precision": "int4_awq", "kv_cache": "fp8"}, r"disables FP8 and so paged context FMHA"),
+    ({"model": "llama-70b", "precision": "int8_sq", "kv_cache": "fp8"}, r"disables FP8 and so paged context FMHA"),
+    ({"model": "llama-70b", "precision": "int4_awq", "kv_cache": "fp8", "draft": "llama-1b", "enable_kv_cache_reuse": False,
+          "enable_chunked_context": False}, r"need\(s\) it.*|draft-target speculation"),
+    ({"model": "llama-8b", "precision": "int8_sq", "kv_cache": "int8"}, r"INT8 KV cache disables paged context FMHA"),
+    ({"model": "llama-8b", "precision": "fp8", "context_fmha": False}, r"context_fmha is disabled"),
+    ({"model": "llama-8b", "precision": "fp8", "opt_num_tokens": 256}, r"cannot be combined with multiple_profiles"),
+    ({"model": "tiny-llama", "precision": "fp8", "draft": "llama-1b"}, r"must share one tokenizer"),
+    ({"model": "llama-70b", "precision": "fp8", "tp": 8, "pp": 2}, r"tp×pp=16 exceeds hardware.gpu_count=8"),
+    ({"model": "tiny-llama", "precision": "fp8", "draft": "tiny-llama-draft", "max_seq_len": 1024},
+     r"max_seq_len=1024 \+ draft_len 4 exceeds"),
+    ({"model": "llama-8b", "precision": "fp8", "draft": "llama-1b", "draft_len": 9}, r"draft_len=9: must be within 1..8"),
+    ({"model": "llama-8b", "precision": "fp8", "draft": "llama-1b", "max_beam_width": 2}, r"needs 1"),
+]
+
+
+@pytest.mark.parametrize("kw, match", REJECTED, ids=[m for _, m in REJECTED])
+def test_facts_section3_rejections(kw, match):
+    with pytest.raises(SpecError, match=match) as info:
+        resolve_spec(**kw)
+    assert "\n" not in str(info.value)
