@@ -424,12 +424,12 @@ class _Worker:
             params = response.parameters
             final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
             if response.outputs:
-                text = _text(result)
-                if text:
-                    if sample.ttft_s is None:
-                        sample.ttft_s = t - t0
-                    texts.append(text)
-                    chunks += 1
+                # Every streamed response carries the next token(s), even when its text is empty (a partial UTF-8
+                # sequence of a byte-level tokenizer), so each one counts.
+                if sample.ttft_s is None:
+                    sample.ttft_s = t - t0
+                texts.append(_text(result))
+                chunks += 1
                 n = _scalar(result, "num_output_tokens")
                 if n is not None:
                     counted = int(n) if not self.stream else (counted or 0) + int(n)
