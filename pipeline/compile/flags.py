@@ -170,18 +170,3 @@ def check_argv(argv: list[str]) -> None:
                     f"trtllm-build option {flag}={value!r} is not one of {', '.join(spec.choices)}"
                 )
 
-
-def argv_options(argv: list[str]) -> dict[str, str | None]:
-    """`--flag value` pairs of a (checked) argv as {flag_name: value}; store_true flags map to None."""
-    check_argv(argv)
-    out: dict[str, str | None] = {}
-    i = 1
-    while i < len(argv):
-        spec = ACCEPTED[argv[i]]
-        if spec.kind == "store_true":
-            out[spec.name] = None
-            i += 1
-        else:
-            out[spec.name] = argv[i + 1]
-            i += 2
-    return out

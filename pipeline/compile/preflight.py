@@ -163,8 +163,10 @@ def check_host(probe: HostProbe, *, gpu: str, workers: int) -> None:
     """Raise the one-line preflight error when `probe` shows problems."""
     problems = host_problems(probe, gpu=gpu, workers=workers)
     if problems:
+        sm = GPUS[gpu].sm
+        kind = "an H100-class GPU" if sm == 90 else f"a {gpu} GPU"
         raise CompileError(
-            f"compiling needs an H100-class GPU (SM {GPUS[gpu].sm / 10:.1f}) with TensorRT-LLM {TRTLLM_VERSION}, "
+            f"compiling needs {kind} (SM {sm / 10:.1f}) with TensorRT-LLM {TRTLLM_VERSION}, "
             f"but {'; '.join(problems)}; {CPU_STAGES_HINT}"
         )
 
