@@ -125,6 +125,12 @@ def verify(c, path, skip_host=False, json_=False):
     from pipeline.cli import exit_on_error
     from pipeline.verify import verify as run_verify
 
+    if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
+        import sys
+
+        print(f"error: {path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
+              "(help: invoke --help verify)", file=sys.stderr)
+        raise SystemExit(2)
     report = exit_on_error(run_verify)(path, check_host=not skip_host)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
