@@ -156,3 +156,50 @@ def test_runner_failure_reports_argv_log_and_tail(tmp_path):
 def test_runner_missing_executable(tmp_path):
     with pytest.raises(CompileError, match="trtllm-build was not found on PATH; install TensorRT-LLM 1.2.1"):
         run_trtllm_build([str(tmp_path / "no-bin" / "trtllm-build")], log_path=tmp_path / "l.log")
+
+
+_KILLED_BUILD = """
+import sys
+from pathlib import Path
+from pipeline.artifacts import atomic_dir
+from pipeline.compile.runner import run_trtllm_build
+final = Path(sys.argv[1])
+with atomic_dir(final) as tmp:
+    (tmp / "rank0.engine").write_bytes(b"partial")
+    run_trtllm_build([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"],
+                     log_path=final.parent / "engine.build.log", echo=None)
+"""
+
+
+def test_killed_build_publishes_nothing(tmp_path):
+    """SIGTERM during the (plain Python) child: the child is stopped and no engine dir or temp dir remains."""
+    import signal
+
+    final = tmp_path / "engines" / "b" / "engine"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, str(final)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = final.parent / "engine.build.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "trtllm-build was interrupted by signal" in err
+    assert not final.exists()
+    assert sorted(p.name for p in final.parent.iterdir()) == ["engine.build.log"]
+
+
+@pytest.mark.skipif(not CPU_HOST, reason="this host has TensorRT-LLM and a GPU driver")
+def test_run_compile_on_cpu_host_stops_at_preflight(tmp_path, monkeypatch):
+    from pipeline.compile import run_compile
+    from pipeline.spec import resolve_spec
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft")
+    t = write_fabricated_checkpoint(tmp_path / "fabricated-t", precision="fp8", kv_cache="fp8", vocab_size=1024)
+    d = write_fabricated_checkpoint(tmp_path / "fabricated-d", precision="fp8", kv_cache="fp8", vocab_size=1024)
+    with pytest.raises(CompileError, match="compiling needs an H100-class GPU"):
+        run_compile(spec, checkpoint_dir=t, output_dir=tmp_path / "b" / "engine", draft_checkpoint_dir=d)
+    assert not (tmp_path / "b").exists()
