@@ -55,19 +55,24 @@ TRTLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
 
 # precision -> --gemm_plugin. The GEMM plugin covers non-quantized GEMMs only (except FP8, which has its own FP8
 # GEMM plugin); INT4/W4A8-AWQ and INT8-SQ GEMMs get their quantized plugins automatically from the checkpoint's
-# quant_algo, so those recipes pass the compute dtype for the remaining 16-bit GEMMs (lm_head).
+# quant_algo, so those recipes pass the compute dtype for the remaining 16-bit GEMMs (lm_head). FP8: NVIDIA's
+# performance guide recommends the GEMM plugin disabled, and `--gemm_plugin fp8` only for small batches (<= 4),
+# which is also what TensorRT-LLM's own benchmark build helper does.
+FP8_GEMM_PLUGIN_MAX_BATCH = 4
 GEMM_PLUGIN: dict[str, str] = {
     "bf16": "bfloat16",
     "fp16": "float16",
-    "fp8": "fp8",
+    "fp8": "disable",
     "int4_awq": "bfloat16",
     "w4a8_awq": "bfloat16",
     "int8_sq": "bfloat16",
 }
 
 
-def gemm_plugin(precision: str, compute_dtype: str = "bf16") -> str:
-    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype)."""
+def gemm_plugin(precision: str, compute_dtype: str = "bf16", *, max_batch_size: int | None = None) -> str:
+    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype; FP8 at batch <= 4: fp8)."""
+    if precision == "fp8" and max_batch_size is not None and max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH:
+        return "fp8"
     value = GEMM_PLUGIN[precision]
     return TRTLLM_DTYPE[compute_dtype] if value in TRTLLM_DTYPE.values() else value
 

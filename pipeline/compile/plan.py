@@ -12,6 +12,8 @@ them (sources in pipeline/compile/flags.py):
 - FP8 context FMHA needs quant_algo in {FP8, W4A8_AWQ, NVFP4}; with paged context FMHA and an FP8 KV cache it is
   forced on, with a non-FP8 KV cache forced off; paged context FMHA is dropped for INT8 KV and for FP8 KV with
   other quant_algos (`pipeline.trtllm_rules`, shared with the validator).
+- `--gemm_plugin` per precision (`trtllm_rules.gemm_plugin`): the compute dtype for 16-bit GEMMs, `fp8` for FP8 only
+  at max_batch_size <= 4, else disabled (NVIDIA's performance guide); quantized GEMM plugins follow quant_algo.
 - trtllm-build always builds a strongly typed network (`strongly_typed: True` in build.py), not only for FP8.
 """
 
@@ -168,7 +170,7 @@ def _engine_plan(
     paged_ctx = paged_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
     fp8_ctx = fp8_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
     dtype = ckpt.dtype
-    gemm = gemm_plugin(precision, q.compute_dtype)
+    gemm = gemm_plugin(precision, q.compute_dtype, max_batch_size=spec.max_batch_size)
     if gemm in ("bfloat16", "float16") and gemm != dtype:
         gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
     workers = max(1, min(ckpt.world_size, spec.hardware.gpu_count))
@@ -218,7 +220,7 @@ def _engine_plan(
         "speculative_decoding_mode": SPECULATIVE_MODE_VALUE["draft_tokens_external" if speculative else "none"],
         "strongly_typed": True,
         "plugin_config": {
-            "gemm_plugin": gemm,
+            "gemm_plugin": None if gemm == "disable" else gemm,  # PluginConfig stores "disable" as None
             "gpt_attention_plugin": dtype,
             "context_fmha": lim.context_fmha,
             "use_paged_context_fmha": paged_ctx,
