@@ -84,7 +84,11 @@ def build(c, spec, until=None, from_=None, force=None, json_=False, offline=Fals
 
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, revision=revision,
                         endpoint=endpoint)
-    report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
 
@@ -174,3 +178,19 @@ def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concu
     if plot:
         png = plot_report(report, plot)
         print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
+
+
+@task(auto_shortflags=False, help=_help(force="rebuild even when the checkpoint for these inputs exists"))
+@with_spec
+def calibrate(c, spec, force=False):
+    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints."""
+    from pipeline.calibrate import run_calibrate
+
+    roles = ["target"] + (["draft"] if spec.draft_model else [])
+    for role in roles:
+        res = run_calibrate(spec, role=role, force=bool(force))
+        q = res.manifest.get("quality") or {}
+        print(
+            f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
+            f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
+        )

@@ -1,0 +1,8 @@
+"""Calibrate stage: ModelOpt post-training quantization, quality gate, TP/PP-sharded TensorRT-LLM checkpoint export.
+
+`run_calibrate(spec, role=...)` is the entry point; heavy imports (torch, modelopt, transformers) happen inside it.
+"""
+
+from .stage import StageResult, run_calibrate
+
+__all__ = ["StageResult", "run_calibrate"]

@@ -1,0 +1,321 @@
+"""The calibrate stage: source model -> ModelOpt PTQ -> quality gate -> engines/<build-id>/checkpoint (+ manifest).
+
+Output layout: `engines/<model>-<precision>-<hash12>/checkpoint/` with TensorRT-LLM's `config.json`,
+`rank{i}.safetensors` (i < tp*pp), `tokenizer/` and `manifest.json`. The hash is the stage key over exactly the
+inputs that change the checkpoint: source revision, recipe, calibration-sample fingerprint, tp/pp, toolchain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from ..artifacts import atomic_dir, engines_dir, file_table, read_manifest, stage_key, stage_lock, write_manifest
+from ..errors import CalibrationError
+from ..registry import ModelEntry
+from ..spec import BuildSpec
+from ..trtllm_rules import KV_QUANT_ALGO
+from . import data, recipes
+
+STAGE_VERSION = 1
+EVAL_SAMPLES = 16  # held-out sequences for the quality gate
+EVAL_MAX_SEQ_LEN = 256
+EVAL_MAX_LOGITS = 1 << 26  # cap on stored reference log-probs (tokens x vocab floats)
+ROUNDTRIP_SAMPLES = 2
+AWQ_DEFAULT_CALIB_CAP = 32  # TensorRT-LLM's quantize script caps AWQ calibration at 32 samples
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+Role = Literal["target", "draft"]
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """`path` = engines/<build-id>/checkpoint; `status` is "built" or "cached" (a no-op re-run)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    build_id: str
+    status: str = "built"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    role: str
+    entry: ModelEntry
+    precision: str
+    kv: str
+    awq_block_size: int
+    tp: int
+    pp: int
+    calib_size: int
+    calib_seq_len: int
+    batch_size: int
+    seed: int
+    threshold: float
+    enforce: bool
+    export_dtype: str
+
+
+def _plan(spec: BuildSpec, role: Role) -> _Plan:
+    q = spec.quantization
+    if role == "target":
+        entry, precision = spec.model, q.precision
+    elif role == "draft":
+        if spec.draft_model is None:
+            raise CalibrationError("role='draft' but the spec has no draft model; pass --draft NAME")
+        entry, precision = spec.draft_model, spec.draft_precision
+    else:
+        raise CalibrationError(f"role={role!r}: use 'target' or 'draft'")
+    size = q.calib_size or entry.calibration.calib_size
+    if precision in recipes.AWQ and q.calib_size is None:
+        size = min(size, AWQ_DEFAULT_CALIB_CAP)
+    return _Plan(
+        role=role, entry=entry, precision=precision, kv=q.kv, awq_block_size=q.awq_block_size,
+        tp=spec.parallelism.tp, pp=spec.parallelism.pp, calib_size=size,
+        calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len, batch_size=q.calib_batch_size,
+        seed=q.calib_seed, threshold=q.max_ppl_delta_pct or entry.calibration.max_ppl_delta_pct,
+        enforce=q.quality_gate, export_dtype="float16" if precision == "fp16" else "bfloat16",
+    )
+
+
+def toolchain() -> dict[str, str]:
+    """Versions that change the exported checkpoint (read from package metadata, no imports)."""
+    out = {"python": platform.python_version()}
+    for dist, key in (("torch", "torch"), ("nvidia-modelopt", "modelopt"), ("transformers", "transformers")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = "absent"
+    return out
+
+
+def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[Path, str]:
+    """(local HF dir, source revision id): the download stage's result, or a given directory."""
+    if source_dir is None:
+        try:
+            from ..download import download_model
+        except ImportError:  # pragma: no cover - the download stage ships with the package
+            if entry.source != "generated":
+                raise CalibrationError("the download stage is not available; pass source_dir") from None
+            from ..tinymodel import ensure_tiny_model
+
+            source_dir = ensure_tiny_model(entry.name)
+        else:
+            res = download_model(entry)
+            return Path(res.path), str(res.sha)
+    src = Path(source_dir)
+    if not (src / "config.json").is_file():
+        raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")
+    m = read_manifest(src)
+    if m and (m.get("sha") or m.get("key")):
+        return src, str(m.get("sha") or m.get("key"))
+    files = file_table(src)
+    return src, stage_key(files)
+
+
+def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
+    cfg = json.loads((src / "config.json").read_text())
+    archs = cfg.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise CalibrationError(
+            f"{entry.name}: architecture {archs or cfg.get('model_type')} is not supported by this stage; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    a = entry.architecture
+    for key, want in (("hidden_size", a.hidden_size), ("num_hidden_layers", a.num_layers),
+                      ("vocab_size", a.vocab_size), ("num_key_value_heads", a.num_kv_heads)):
+        if key in cfg and cfg[key] != want:
+            raise CalibrationError(
+                f"{entry.name}: source config {key}={cfg[key]} differs from the registry's {want}; "
+                "fix the registry entry or the source"
+            )
+    return cfg
+
+
+def _gate_from_manifest(manifest: dict[str, Any], plan: _Plan) -> None:
+    q = manifest.get("quality") or {}
+    delta = q.get("ppl_delta_pct")
+    if plan.enforce and delta is not None and not delta <= plan.threshold:
+        raise CalibrationError(
+            f"quality gate failed for {plan.entry.name} {plan.precision}: the existing checkpoint's held-out "
+            f"perplexity {q.get('ppl_base'):.4f} -> {q.get('ppl_quant'):.4f} ({delta:+.3f} % > {plan.threshold:g} %); "
+            "raise --max-ppl-delta or pass --no-quality-gate"
+        )
+
+
+def run_calibrate(
+    spec: BuildSpec, *, role: Role = "target", force: bool = False, source_dir: str | Path | None = None
+) -> StageResult:
+    """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint.
+
+    Args:
+        spec: a validated build spec.
+        role: "target" (spec.model at its precision) or "draft" (spec.draft_model at spec.draft_precision).
+        force: rebuild even when the existing output's key matches.
+        source_dir: a local HF model directory; default: `download_model(entry)`.
+
+    Raises:
+        CalibrationError: bad calibration data, unsupported architecture, failed quality gate, export or
+            round-trip mismatch. Nothing is left under the final output name on failure.
+    """
+    plan = _plan(spec, role)
+    src, source_sha = _resolve_source(plan.entry, source_dir)
+    _check_architecture(src, plan.entry)
+    texts, source = data.load_texts(spec.quantization.calib_data)
+    encode = data.tokenizer_fn(src)
+    calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
+    factors = {
+        "stage": "calibrate", "version": STAGE_VERSION,
+        "model": {"name": plan.entry.name, "repo_id": plan.entry.repo_id, "sha": source_sha},
+        "recipe": {"precision": plan.precision, "kv_cache": plan.kv, "export_dtype": plan.export_dtype,
+                   "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
+                   "calib_batch_size": plan.batch_size},
+        "calibration": calib.fingerprint,
+        "parallelism": {"tp": plan.tp, "pp": plan.pp},
+        "toolchain": toolchain(),
+    }
+    key = stage_key(factors)
+    build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"
+    final = engines_dir() / build_id / "checkpoint"
+
+    def cached() -> StageResult | None:
+        m = read_manifest(final) if final.is_dir() else None
+        if force or not m or m.get("key") != key:
+            return None
+        _gate_from_manifest(m, plan)
+        return StageResult(final, m, build_id, "cached")
+
+    if (hit := cached()) is not None:
+        return hit
+    with stage_lock(final):
+        if (hit := cached()) is not None:
+            return hit
+        with atomic_dir(final) as tmp:
+            manifest = _build(plan, src, calib, texts, encode, tmp)
+            manifest.update(key=key, build_id=build_id, factors=factors, role=role,
+                            model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
+                            argv=sys.argv)
+            manifest["files"] = file_table(tmp)
+            write_manifest(tmp, manifest)
+    return StageResult(final, manifest, build_id, "built")
+
+
+def _peak_memory(device) -> dict[str, int]:
+    import torch
+
+    out = {"host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if device.type == "cuda":
+        out["cuda_max_allocated_bytes"] = int(
+            sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+        )
+    return out
+
+
+def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encode, tmp: Path) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from ..checkpoint import load_checkpoint_as_hf
+    from . import export as exp
+    from . import quality
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    export_dtype = getattr(torch, plan.export_dtype)
+    load_kwargs: dict[str, Any] = {"dtype": export_dtype if cuda else torch.float32}
+    if cuda:
+        load_kwargs["device_map"] = "auto" if torch.cuda.device_count() > 1 else "cuda"
+    model = AutoModelForCausalLM.from_pretrained(str(src), **load_kwargs).eval()
+    if not cuda:
+        model.to(device)
+    timings["load_s"] = time.perf_counter() - t0
+
+    eval_len = min(plan.calib_seq_len, EVAL_MAX_SEQ_LEN)
+    eval_n = max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (eval_len * model.config.vocab_size)))
+    heldout = data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
+    t = time.perf_counter()
+    ref = quality.reference_logprobs(model, heldout.samples, device)
+    timings["reference_s"] = time.perf_counter() - t
+
+    cfg = recipes.quant_config(plan.precision, plan.kv, awq_block_size=plan.awq_block_size)
+    t = time.perf_counter()
+    if cfg is not None:
+        import modelopt.torch.quantization as mtq
+
+        batches = [calib.samples[i : i + plan.batch_size] for i in range(0, len(calib.samples), plan.batch_size)]
+
+        def forward_loop(m) -> None:
+            with torch.no_grad():
+                for b in tqdm(batches, desc=f"calibrate {plan.entry.name} {plan.precision}", unit="batch",
+                              disable=None, file=sys.stderr):
+                    m(torch.tensor(b, dtype=torch.long, device=device))
+
+        mtq.quantize(model, cfg, forward_loop)
+    timings["calibrate_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=export_dtype)
+    quant_algo, kv_algo = recipes.expected_algos(plan.precision, plan.kv)
+    trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
+    timings["export_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold)
+    timings["quality_s"] = time.perf_counter() - t
+    what = f"{plan.entry.name} {plan.precision}/KV {plan.kv}"
+    quality.gate(report, enforce=plan.enforce, what=what)
+
+    t = time.perf_counter()
+    loaded = load_checkpoint_as_hf(tmp)
+    rt_samples = heldout.samples[:ROUNDTRIP_SAMPLES]
+    if cfg is not None and KV_QUANT_ALGO[plan.kv]:
+        import modelopt.torch.quantization as mtq
+
+        with mtq.set_quantizer_by_cfg_context(exported, recipes.KV_QUANTIZERS_OFF):
+            rt = quality.roundtrip(loaded, exported, rt_samples, device)
+    else:
+        rt = quality.roundtrip(loaded, exported, rt_samples, device)
+    timings["roundtrip_s"] = time.perf_counter() - t
+    if not rt["passed"]:
+        raise CalibrationError(
+            f"round-trip check failed for {what}: the exported checkpoint re-loaded on CPU differs from the "
+            f"quantized model (max relative logit error {rt['max_rel_logit_err']:.3g}, top-1 agreement "
+            f"{rt['top1_agreement']:.3f}); the export or sharding is broken — re-run with --force or report it"
+        )
+    tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
+    timings["total_s"] = time.perf_counter() - t0
+    return {
+        "stage": "calibrate",
+        "recipe": {
+            "precision": plan.precision, "kv_cache": plan.kv, "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
+            "quant_algo": quant_algo, "kv_cache_quant_algo": kv_algo, "export_dtype": plan.export_dtype,
+            "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
+        },
+        "calibration": {
+            "source": calib.source, "fingerprint": calib.fingerprint, "samples": len(calib.samples),
+            "requested_samples": plan.calib_size, "seq_len": plan.calib_seq_len, "tokens": calib.tokens,
+            "batch_size": plan.batch_size, "seed": plan.seed,
+        },
+        "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
+        "checkpoint": {"quantization": trt_cfg.get("quantization"), "mapping": trt_cfg.get("mapping"),
+                       "dtype": trt_cfg.get("dtype"), "tokenizer_files": tok_files},
+        "quality": {**report.as_dict(), "enforced": plan.enforce, "heldout_fingerprint": heldout.fingerprint},
+        "roundtrip": rt,
+        "toolchain": toolchain(),
+        "device": {"type": device.type, "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+                   "count": torch.cuda.device_count() if cuda else os.cpu_count()},
+        "timings": timings,
+        "peak_memory": _peak_memory(device),
+    }
