@@ -220,16 +220,18 @@ def release_metadata(
     download = manifests.get("download")
     draft_download = manifests.get("draft_download")
 
-    def revision(entry, m):
+    def revision(entry, m, ckpt):
         if entry is None:
             return None
-        return {
-            "repo_id": entry.repo_id,
-            "requested": entry.revision,
-            "resolved": _pick(m, "sha", "resolved_revision", "commit", "revision"),
-        }
+        resolved = _pick(m, "sha", "resolved_revision", "commit")
+        if resolved is None and isinstance((ckpt or {}).get("model"), dict):
+            resolved = ckpt["model"].get("sha")  # the calibrate stage records the source it quantized
+        return {"repo_id": entry.repo_id, "requested": entry.revision, "resolved": resolved}
 
-    toolchain = _pick(engine, "toolchain", "versions")
+    toolchain = {
+        "engine": _pick(engine, "toolchain", "versions"),
+        "calibrate": _pick(calib, "toolchain") or ((calib or {}).get("factors") or {}).get("toolchain"),
+    }
     gpu = _pick(engine, "gpu", "gpu_arch")
     return {
         "version": version,
@@ -237,7 +239,10 @@ def release_metadata(
         "target": spec.target,
         "spec": spec.model_dump(mode="json"),
         "summary": spec.summary(),
-        "revisions": {"model": revision(spec.model, download), "draft": revision(spec.draft_model, draft_download)},
+        "revisions": {
+            "model": revision(spec.model, download, calib),
+            "draft": revision(spec.draft_model, draft_download, manifests.get("draft_checkpoint")),
+        },
         "toolchain": toolchain,
         "gpu": gpu if gpu is not None else {"planned": spec.hardware.gpu, "built_on": None},
         "quality_gate": _pick(calib, "quality_gate", "quality"),
@@ -275,25 +280,26 @@ def release(
     if out.build_id is None:
         raise ReleaseError(f"no finished build for {spec.model.name} {spec.quantization.precision}; run `invoke build`")
     root = output_root()
-    components: dict[str, Path] = {}
-    engines_rel = f"engines/{out.build_id}"
     if spec.target == "trtllm":
-        for name, path in (("engine", out.engine), ("draft_engine", out.draft_engine)):
-            if path is not None:
-                components[f"{engines_rel}/{name}"] = path
-        if "engines/" + out.build_id + "/engine" not in components:
-            raise ReleaseError(f"engine for build {out.build_id} is missing; run `invoke build --target trtllm`")
+        dirs = {"engine": out.engine, "draft_engine": out.draft_engine}
     else:
-        for name, path in (("checkpoint", out.checkpoint), ("draft_checkpoint", out.draft_checkpoint)):
-            if path is not None:
-                components[f"{engines_rel}/{name}"] = path
-        if f"{engines_rel}/checkpoint" not in components:
-            raise ReleaseError(f"checkpoint for build {out.build_id} is missing; run `invoke build`")
-    if out.triton_repo is None:
-        raise ReleaseError("the Triton model repository is missing; run `invoke build` (package stage)")
-    # Keep the output-tree layout (triton_repo/<name>/ beside engines/<build-id>/): the repo's gpt_model_path is
+        dirs = {"checkpoint": out.checkpoint, "draft_checkpoint": out.draft_checkpoint}
+    dirs["triton_repo"] = out.triton_repo
+    required = ("engine" if spec.target == "trtllm" else "checkpoint", "triton_repo")
+    for role in required:
+        if dirs.get(role) is None:
+            raise ReleaseError(f"the {role.replace('_', ' ')} of build {out.build_id} is missing; run `invoke build`")
+    # Keep the output-tree layout (engines/<build-id>/..., triton_repo/<name>/): the repository's gpt_model_path is
     # relative (../../../engines/...), so an unpacked release is itself a valid PIPELINE_ROOT.
-    components[f"triton_repo/{Path(out.triton_repo).name}"] = out.triton_repo
+    components: dict[str, Path] = {}
+    for role, path in dirs.items():
+        if path is None:
+            continue
+        try:
+            arc = Path(path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            raise ReleaseError(f"{path} is outside the output tree {root}; set PIPELINE_ROOT to the build's") from None
+        components[arc] = Path(path)
     if out.tokenizer is not None:
         components["tokenizer"] = out.tokenizer
     for arc, path in components.items():
