@@ -100,6 +100,33 @@ def find_gpu_tritonserver() -> Path | None:
     return Path(which) if which else None
 
 
+def launch_repo(repo: Path) -> Path:
+    """The repository to hand to tritonserver: `repo` itself, or (when a `tensorrtllm` model has a relative
+    `gpt_model_path`, which the C++ backend would resolve against the server's cwd) a copy under
+    cache_dir()/launch with those paths made absolute. Python (reference) models resolve relative paths themselves.
+    """
+    import re
+
+    repo = Path(repo).resolve()
+    pattern = re.compile(r'(key: "gpt_model_path"\s*value: \{ string_value: ")([^"]*)(")')
+    rewrites = {}
+    for cfg in repo.glob("*/config.pbtxt"):
+        text = cfg.read_text()
+        if 'backend: "tensorrtllm"' not in text:
+            continue
+        match = pattern.search(text)
+        if match and match.group(2) and not Path(match.group(2)).is_absolute():
+            absolute = (cfg.parent / match.group(2)).resolve()
+            rewrites[cfg.parent.name] = pattern.sub(lambda m: m.group(1) + str(absolute) + m.group(3), text)
+    if not rewrites:
+        return repo
+    dest = cache_dir() / "launch" / f"{repo.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(repo, dest)
+    for model, text in rewrites.items():
+        (dest / model / "config.pbtxt").write_text(text)
+    return dest
+
+
 @dataclass
 class ServerCommand:
     """The exact argv/env a server is started with (built before anything runs; testable without a server)."""
@@ -180,6 +207,9 @@ def build_command(
     ld = [p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p]
     env["LD_LIBRARY_PATH"] = ":".join(ld)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    # The reference backend imports pipeline.checkpoint: make this source tree importable by the Python stubs.
+    src_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = ":".join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
     argv = [
         str(dist / "bin" / "tritonserver"),
         *common,
@@ -210,7 +240,9 @@ class TritonServer:
     world_size: int = 1
     log_verbose: int = 0
     shm_prefix: str = field(default_factory=lambda: f"tripipe-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
+    validate: bool = True
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _launch: Path | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
 
     # URLs -------------------------------------------------------------------------------------------------------
@@ -241,8 +273,13 @@ class TritonServer:
         self.metrics_port = self.metrics_port or free_port(self.host)
         if len({self.http_port, self.grpc_port, self.metrics_port}) != 3:
             raise ServeError("http, grpc and metrics ports must differ")
+        if self.validate:
+            from .triton.validate import validate_repo
+
+            validate_repo(repo)
+        self._launch = launch_repo(repo)
         cmd = build_command(
-            repo,
+            self._launch,
             http_port=self.http_port,
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
@@ -328,6 +365,9 @@ class TritonServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._launch is not None and self._launch != Path(self.repo).resolve():
+            shutil.rmtree(self._launch, ignore_errors=True)
+        self._launch = None
         return code
 
     def __enter__(self) -> "TritonServer":

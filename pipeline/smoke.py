@@ -1,0 +1,204 @@
+"""Smoke test of a served model repository: HTTP generate through the ensemble, gRPC streaming through the
+ensemble, and (with speculation) the BLS draft-target route checked against the target's own greedy output.
+
+`run_smoke(repo=...)` starts a server on the repository (and stops it), or talks to a running one
+(`http_url`/`grpc_url`). It prints answers, latency, tokens/s and the acceptance rate, and raises `ServeError`
+on any failure (the CLI turns that into a non-zero exit).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ServeError
+
+DEFAULT_PROMPT = "The quick brown fox"
+
+
+@dataclass
+class SmokeResult:
+    """One route's outcome."""
+
+    route: str
+    text: str
+    latency_s: float
+    tokens: int
+    ttft_s: float | None = None
+    acceptance_rate: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+    def line(self) -> str:
+        parts = [f"{self.route}: {self.latency_s * 1000:.0f} ms", f"{self.tokens} tokens",
+                 f"{self.tokens_per_s:.1f} tok/s"]
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s * 1000:.0f} ms")
+        if self.acceptance_rate is not None:
+            parts.append(f"acceptance {self.acceptance_rate:.2f}")
+        return " | ".join(parts) + f"\n    {self.text!r}"
+
+
+def http_generate(http_url: str, model: str, payload: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    """POST /v2/models/<model>/generate (Triton's generate extension); returns the JSON response."""
+    req = urllib.request.Request(
+        f"http://{http_url}/v2/models/{model}/generate", data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise ServeError(f"HTTP generate on {model} failed: {exc.code} {exc.read().decode(errors='replace')}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServeError(f"HTTP generate on {model} failed: {exc}; is the server up at {http_url}?") from None
+
+
+def _text(value: Any) -> str:
+    return value[0] if isinstance(value, list) else str(value)
+
+
+def count_tokens(repo: Path | None, text: str) -> int:
+    """Tokens of `text` with the repository's own tokenizer (falls back to whitespace words)."""
+    if repo is not None and (Path(repo) / "postprocessing" / "tokenizer").is_dir():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(Path(repo) / "postprocessing" / "tokenizer"))
+        return len(tok.encode(text, add_special_tokens=False))
+    return len(text.split())
+
+
+def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra: Any) -> tuple[list[str], float,
+                                                                                                 float]:
+    """Stream one request over gRPC; returns (text chunks, time to first chunk, total seconds)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+
+    def callback(result=None, error=None):  # tritonclient calls it with keyword args result, error
+        responses.put((result, error))
+
+    inputs = []
+
+    def add(name: str, value: np.ndarray, dtype: str) -> None:
+        t = grpcclient.InferInput(name, list(value.shape), dtype)
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+
+    add("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES")
+    add("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32")
+    add("stream", np.array([[True]], dtype=bool), "BOOL")
+    for name, value in extra.items():
+        arr = np.array([[value]])
+        dtype = {"b": "BOOL", "i": "INT32", "u": "UINT64", "f": "FP32"}[arr.dtype.kind]
+        arr = arr.astype({"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[dtype])
+        add(name, arr, dtype)
+    chunks: list[str] = []
+    ttft = None
+    client = grpcclient.InferenceServerClient(url=grpc_url)
+    try:
+        client.start_stream(callback=callback)
+        t0 = time.perf_counter()
+        client.async_stream_infer(model, inputs, request_id="smoke-stream", enable_empty_final_response=True)
+        while True:
+            try:
+                result, error = responses.get(timeout=300)
+            except queue.Empty:
+                raise ServeError(f"gRPC stream on {model}: no response within 300 s") from None
+            if error is not None:
+                raise ServeError(f"gRPC stream on {model} failed: {error}")
+            out = result.as_numpy("text_output")
+            if out is not None and out.size:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                chunks.append(out.reshape(-1)[0].decode())
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        total = time.perf_counter() - t0
+    finally:
+        client.stop_stream()
+        client.close()
+    return chunks, ttft if ttft is not None else total, total
+
+
+def _models(http_url: str) -> set[str]:
+    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
+
+
+def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prompt: str = DEFAULT_PROMPT,
+                 max_tokens: int = 24, num_draft_tokens: int | None = None,
+                 out: Callable[[str], None] = print) -> list[SmokeResult]:
+    """Run every route against a live server; raises ServeError on the first failure."""
+    models = _models(http_url)
+    if "ensemble" not in models:
+        raise ServeError(f"no ready 'ensemble' model on {http_url} (ready: {', '.join(sorted(models)) or 'none'})")
+    results = []
+    http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
+    greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0}
+    t0 = time.perf_counter()
+    resp = http_generate(http_url, "ensemble", greedy)
+    latency = time.perf_counter() - t0
+    text = _text(resp.get("text_output", ""))
+    if not text.strip():
+        raise ServeError(f"HTTP generate through the ensemble returned no text: {resp}")
+    results.append(SmokeResult("http ensemble (greedy)", text, latency, count_tokens(repo, text)))
+    out(results[-1].line())
+
+    chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens)
+    if not chunks:
+        raise ServeError("gRPC streaming through the ensemble produced no tokens")
+    streamed = "".join(chunks)
+    results.append(SmokeResult("grpc ensemble (stream)", streamed, total, len(chunks), ttft_s=ttft,
+                               extra={"responses": len(chunks)}))
+    out(results[-1].line())
+
+    if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
+        payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1}
+        if num_draft_tokens:
+            payload["num_draft_tokens"] = num_draft_tokens
+        http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
+        t0 = time.perf_counter()
+        resp = http_generate(http_url, "tensorrt_llm_bls", payload)
+        latency = time.perf_counter() - t0
+        spec_text = _text(resp.get("text_output", ""))
+        rate = float(_text(resp.get("acceptance_rate", 0.0)))
+        res = SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
+                          acceptance_rate=rate,
+                          extra={"accepted": resp.get("total_accepted_draft_tokens"),
+                                 "proposed": resp.get("total_draft_tokens")})
+        results.append(res)
+        out(res.line())
+        if spec_text != text:
+            raise ServeError(f"draft-target output differs from target-only greedy output: {spec_text!r} != {text!r}")
+        out("    draft-target output == target-only greedy output")
+    return results
+
+
+def run_smoke(repo: Path | None = None, *, http_url: str | None = None, grpc_url: str | None = None,
+              prompt: str = DEFAULT_PROMPT, max_tokens: int = 24, num_draft_tokens: int | None = None,
+              ready_timeout_s: float = 300.0, out: Callable[[str], None] = print) -> list[SmokeResult]:
+    """Smoke-test `repo` (starting and always stopping a server) or a running server (`http_url` + `grpc_url`)."""
+    if http_url and grpc_url:
+        return smoke_server(http_url, grpc_url, repo=repo, prompt=prompt, max_tokens=max_tokens,
+                            num_draft_tokens=num_draft_tokens, out=out)
+    if repo is None:
+        raise ServeError("give a repository (--repo) or a running server (--http-url and --grpc-url)")
+    from .serve import TritonServer
+
+    with TritonServer(Path(repo), ready_timeout_s=ready_timeout_s) as server:
+        out(f"server up on http {server.http_url}, grpc {server.grpc_url} (log {server.log_file})")
+        return smoke_server(server.http_url, server.grpc_url, repo=Path(repo), prompt=prompt,
+                            max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, out=out)

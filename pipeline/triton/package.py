@@ -1,0 +1,372 @@
+"""The package stage: render the Triton model repository of a build from the packaged templates, validate it, and
+publish it atomically under `triton_repo/`.
+
+Layout (`<output>/<name>/`, default output = `pipeline.artifacts.triton_repo_dir()`; `<name>` is the build id
+`<model>-<precision>-<hash12>` for `--target trtllm` and `<build-id>-reference` for `--target reference`):
+
+    preprocessing/   config.pbtxt, 1/model.py, tokenizer/      (python; the build's tokenizer, copied)
+    tensorrt_llm/    config.pbtxt, 1/[model.py]                  (tensorrtllm backend, or python for reference)
+    postprocessing/  config.pbtxt, 1/model.py, tokenizer/
+    ensemble/        config.pbtxt, 1/                            (text in, text out, streaming)
+    tensorrt_llm_draft/, tensorrt_llm_bls/                       (only with speculation)
+    manifest.json
+
+`gpt_model_path` is written *relative to the model's directory* (e.g. `../../../engines/<id>/engine`), so the
+repository and `engines/` move together. The reference backend resolves it itself; for the C++ `tensorrtllm`
+backend `pipeline.serve` launches from a copy whose paths are made absolute (`launch_repo`), and
+`rewrite_engine_paths` (`invoke serve --engine-dir`) points a repository at engines stored elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import atomic_dir, file_table, is_current, read_manifest, stage_key, triton_repo_dir, write_manifest
+from ..errors import PackageError
+from .render import render, templates_root
+from .validate import MAX_MEMORY_FRACTION_SUM, validate_repo
+
+TEMPLATE_VERSION = 1
+DRAFT_TOKENS_EXTERNAL = 2  # SpeculativeDecodingMode IntFlag value in an engine's config.json
+_TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                       "chat_template*", "*.tiktoken")
+_QUEUE = {"max_queue_delay_microseconds": 0, "max_queue_size": 0}
+
+
+@dataclass
+class PackageResult:
+    """A published repository: `.path`, its `.manifest`, and whether it was already current (`.reused`)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    reused: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LLMSource:
+    """What one tensorrt_llm model serves: an engine dir (trtllm) or a checkpoint dir (reference), and limits."""
+
+    path: Path
+    max_batch_size: int
+    max_beam_width: int
+    world_size: int
+    kv_reuse_ok: bool
+    key: str
+    max_draft_len: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+def _dir_key(path: Path) -> str:
+    """The stage key of a pipeline output (its manifest), else a hash of config.json + file sizes."""
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest and manifest.get("key"):
+        return str(manifest["key"])
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(f"{p.relative_to(path)}:{p.stat().st_size}".encode())
+            if p.name == "config.json":
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def read_engine_source(engine_dir: Path) -> LLMSource:
+    """Limits of a TensorRT-LLM 1.2 engine, from its own config.json (never re-typed)."""
+    engine_dir = Path(engine_dir)
+    try:
+        cfg = json.loads((engine_dir / "config.json").read_text())
+        build = cfg["build_config"]
+        mapping = cfg["pretrained_config"].get("mapping", {})
+    except FileNotFoundError:
+        raise PackageError(f"engine dir {engine_dir} has no config.json; run `invoke compile` first") from None
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise PackageError(f"{engine_dir}/config.json is not a TensorRT-LLM engine config ({exc})") from None
+    world = int(mapping.get("world_size", int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))))
+    missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise PackageError(f"engine dir {engine_dir} lacks {', '.join(missing)}; the build did not finish")
+    plugin = build.get("plugin_config", {})
+    paged = str(build.get("kv_cache_type", "PAGED")).upper() in ("PAGED", "1", "KVCACHETYPE.PAGED")
+    return LLMSource(
+        path=engine_dir,
+        max_batch_size=int(build["max_batch_size"]),
+        max_beam_width=int(build.get("max_beam_width", 1)),
+        world_size=world,
+        kv_reuse_ok=paged and bool(plugin.get("use_paged_context_fmha", False)),
+        key=_dir_key(engine_dir),
+        max_draft_len=int(build.get("max_draft_len", 0) or 0),
+    )
+
+
+def read_checkpoint_source(ckpt_dir: Path, spec) -> LLMSource:
+    """A checkpoint served by the reference backend: TRT-LLM checkpoint (config.json + rank*.safetensors) or HF."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        cfg = json.loads((ckpt_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise PackageError(f"checkpoint dir {ckpt_dir} has no config.json; run `invoke calibrate` first") from None
+    if "architectures" not in cfg and not list(ckpt_dir.glob("rank*.safetensors")):
+        raise PackageError(f"{ckpt_dir} has no rank*.safetensors; not an exported TensorRT-LLM checkpoint")
+    return LLMSource(
+        path=ckpt_dir,
+        max_batch_size=spec.max_batch_size,
+        max_beam_width=1,
+        world_size=1,
+        kv_reuse_ok=True,
+        key=_dir_key(ckpt_dir),
+    )
+
+
+def find_tokenizer(*candidates: Path | None) -> Path:
+    for c in candidates:
+        if c is None:
+            continue
+        for d in (Path(c) / "tokenizer", Path(c)):
+            if (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file():
+                return d
+    names = ", ".join(str(c) for c in candidates if c)
+    raise PackageError(f"no tokenizer (tokenizer.json) found in {names} or their tokenizer/; pass --tokenizer-dir")
+
+
+def _tokenizer_files(src: Path) -> list[Path]:
+    files = sorted({p for pat in _TOKENIZER_PATTERNS for p in src.glob(pat) if p.is_file()})
+    if not files:
+        raise PackageError(f"{src} holds no tokenizer files; pass --tokenizer-dir")
+    return files
+
+
+def _tokenizer_hash(src: Path) -> str:
+    h = hashlib.sha256()
+    for p in _tokenizer_files(src):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- values
+def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
+                spec, kv_reuse: bool, chunked: bool, reference_dtype: str) -> dict[str, Any]:
+    return {
+        "model_name": name,
+        "triton_backend": "python" if target == "reference" else "tensorrtllm",
+        "triton_max_batch_size": src.max_batch_size,
+        "decoupled_mode": decoupled,
+        **_QUEUE,
+        "max_beam_width": src.max_beam_width,
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": rel_path,
+        "batch_scheduler_policy": spec.serving.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": fraction,
+        "max_tokens_in_paged_kv_cache": spec.serving.max_tokens_in_paged_kv_cache,
+        "enable_kv_cache_reuse": kv_reuse,
+        "enable_chunked_context": chunked,
+        "exclude_input_in_output": True,
+        "normalize_log_probs": True,
+        "decoding_mode": "",
+        "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        "tokens_per_block": spec.limits.tokens_per_block,
+        "reference_dtype": reference_dtype,
+    }
+
+
+def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSource | None) -> tuple[dict, list]:
+    """model name -> template values for every model of the repository, plus warnings."""
+    warnings: list[str] = []
+    speculative = draft is not None
+    fraction = spec.serving.target_fraction(speculative)
+    draft_fraction = spec.serving.draft_kv_cache_free_gpu_mem_fraction
+    if speculative and fraction + draft_fraction > MAX_MEMORY_FRACTION_SUM + 1e-9:
+        raise PackageError(f"KV memory fractions target {fraction} + draft {draft_fraction} > "
+                           f"{MAX_MEMORY_FRACTION_SUM}; lower --mem-fraction")
+    kv_reuse = spec.serving.enable_kv_cache_reuse and llm.kv_reuse_ok
+    chunked = spec.serving.enable_chunked_context and llm.kv_reuse_ok
+    if spec.serving.enable_kv_cache_reuse and not llm.kv_reuse_ok:
+        warnings.append("engine built without paged context FMHA: KV-cache reuse and chunked context stay off")
+    if target == "trtllm" and speculative and llm.max_draft_len < spec.draft_len:
+        raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
+                           "rebuild the target with --speculative_decoding_mode draft_tokens_external")
+    ref_dtype = "float64" if spec.model.source == "generated" else "float32"
+    batch = llm.max_batch_size
+
+    def rel(p: Path, model: str) -> str:
+        return os.path.relpath(Path(p).resolve(), (repo / model).resolve())
+
+    values: dict[str, dict[str, Any]] = {
+        "preprocessing": {"triton_max_batch_size": batch, **_QUEUE, "tokenizer_dir": "tokenizer",
+                          "add_special_tokens": True, "preprocessing_instance_count": 1},
+        "postprocessing": {"triton_max_batch_size": batch, "tokenizer_dir": "tokenizer",
+                           "skip_special_tokens": True, "postprocessing_instance_count": 1},
+        "tensorrt_llm": _llm_values("tensorrt_llm", target, llm, rel(llm.path, "tensorrt_llm"),
+                                    decoupled=spec.serving.decoupled, fraction=fraction, spec=spec,
+                                    kv_reuse=kv_reuse, chunked=chunked, reference_dtype=ref_dtype),
+        "ensemble": {"triton_max_batch_size": batch, "tensorrt_llm_model_name": "tensorrt_llm"},
+    }
+    if draft is not None:
+        values["tensorrt_llm_draft"] = _llm_values(
+            "tensorrt_llm_draft", target, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
+            fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
+            chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok, reference_dtype=ref_dtype)
+        values["tensorrt_llm_bls"] = {
+            "triton_max_batch_size": batch, "decoupled_mode": False, "accumulate_tokens": False,
+            "tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
+            "default_num_draft_tokens": spec.draft_len, "bls_instance_count": 1,
+        }
+    return values, warnings
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def templates_hash() -> str:
+    root = templates_root()
+    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, tokenizer: Path) -> None:
+    """Render every model of `values` into `dest` (which must exist and be empty)."""
+    root = templates_root()
+    for model, vals in values.items():
+        template = "tensorrt_llm" if model == "tensorrt_llm_draft" else model
+        src = root / template
+        out = dest / model
+        (out / "1").mkdir(parents=True)
+        text = (src / "config.pbtxt").read_text()
+        (out / "config.pbtxt").write_text(render(text, vals, name=f"{template}/config.pbtxt"))
+        python = model != "ensemble" and not (template == "tensorrt_llm" and target == "trtllm")
+        if python:
+            shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
+        if model in ("preprocessing", "postprocessing"):
+            (out / "tokenizer").mkdir()
+            for f in _tokenizer_files(tokenizer):
+                shutil.copy2(f, out / "tokenizer" / f.name)
+
+
+def repo_name(build_id: str, target: str) -> str:
+    return build_id if target == "trtllm" else f"{build_id}-reference"
+
+
+def package_repo(
+    spec,
+    *,
+    target: str | None = None,
+    build_id: str | None = None,
+    output: Path | None = None,
+    engine_dir: Path | None = None,
+    draft_engine_dir: Path | None = None,
+    checkpoint_dir: Path | None = None,
+    draft_checkpoint_dir: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    force: bool = False,
+) -> PackageResult:
+    """Render, validate and publish the repository of `spec` for `target` ("trtllm" | "reference").
+
+    trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
+    (+ `draft_checkpoint_dir`). The result lands at `<output>/<repo_name(build_id, target)>` (output defaults to
+    `triton_repo_dir()`); the same inputs again are a no-op reading the manifest only.
+
+    Raises:
+        PackageError: missing/invalid inputs, or the rendered repository fails validation (nothing is published).
+    """
+    target = target or spec.target
+    if target not in ("trtllm", "reference"):
+        raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    speculative = spec.draft_model is not None
+    if target == "trtllm":
+        if engine_dir is None:
+            raise PackageError("--target trtllm needs the engine dir (engines/<build-id>/engine); run `invoke compile`")
+        llm = read_engine_source(Path(engine_dir))
+        draft = None
+        if speculative:
+            if draft_engine_dir is None:
+                draft_engine_dir = Path(engine_dir).parent / "draft_engine"
+            draft = read_engine_source(Path(draft_engine_dir))
+        tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir)
+        build_id = build_id or Path(engine_dir).resolve().parent.name
+    else:
+        if checkpoint_dir is None:
+            raise PackageError("--target reference needs the checkpoint dir; run `invoke calibrate`")
+        llm = read_checkpoint_source(Path(checkpoint_dir), spec)
+        draft = None
+        if speculative:
+            if draft_checkpoint_dir is None:
+                raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
+            draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
+        tok = find_tokenizer(tokenizer_dir, checkpoint_dir)
+        resolved = Path(checkpoint_dir).resolve()
+        build_id = build_id or (resolved.parent.name if resolved.name == "checkpoint" else resolved.name)
+    if draft is not None:
+        draft_tok = None
+        try:
+            draft_tok = find_tokenizer(draft.path if target == "reference" else draft.path.parent / "checkpoint")
+        except PackageError:
+            pass
+        if draft_tok is not None and _tokenizer_hash(draft_tok) != _tokenizer_hash(tok):
+            raise PackageError(f"draft tokenizer {draft_tok} differs from the target's {tok}; draft and target must "
+                               "share the vocabulary")
+    out_root = Path(output) if output else triton_repo_dir()
+    final = out_root / repo_name(build_id, target)
+    values, warnings = plan_values(spec, target=target, repo=final, llm=llm, draft=draft)
+    factors = {
+        "stage": "package",
+        "target": target,
+        "templates": templates_hash(),
+        "values": values,
+        "sources": {"llm": llm.key, "draft": draft.key if draft else None},
+        "tokenizer": _tokenizer_hash(tok),
+    }
+    key = stage_key(factors)
+    if not force and is_current(final, key):
+        return PackageResult(final, read_manifest(final), reused=True, warnings=warnings)
+    with atomic_dir(final) as tmp:
+        write_repo(tmp, values, target=target, tokenizer=tok)
+        summary = validate_repo(tmp)
+        manifest = {
+            "key": key,
+            "stage": "package",
+            "target": target,
+            "build_id": build_id,
+            "spec": spec.summary(),
+            "models": sorted(summary.models),
+            "speculation": {"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
+            "sources": {
+                "llm": str(llm.path.resolve()),
+                "draft": str(draft.path.resolve()) if draft else None,
+                "tokenizer": str(tok.resolve()),
+            },
+            "gpt_model_path": {m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
+            "world_size": llm.world_size,
+            "kv_cache_reuse": values["tensorrt_llm"]["enable_kv_cache_reuse"],
+            "warnings": warnings,
+            "files": file_table(tmp),
+        }
+        write_manifest(tmp, manifest)
+    return PackageResult(final, manifest, reused=False, warnings=warnings)
+
+
+def rewrite_engine_paths(repo: Path, *, engine_dir: Path, draft_engine_dir: Path | None = None) -> None:
+    """Point `tensorrt_llm` (and `tensorrt_llm_draft`) of `repo` at absolute engine dirs (`serve --engine-dir`)."""
+    import re
+
+    targets = {"tensorrt_llm": engine_dir, "tensorrt_llm_draft": draft_engine_dir}
+    for model, path in targets.items():
+        cfg = Path(repo) / model / "config.pbtxt"
+        if path is None or not cfg.is_file():
+            continue
+        read_engine_source(Path(path))
+        text = cfg.read_text()
+        pattern = re.compile(r'(key: "gpt_model_path"\s*value: \{ string_value: ")[^"]*(")')
+        new, n = pattern.subn(lambda m: m.group(1) + str(Path(path).resolve()) + m.group(2), text)
+        if n != 1:
+            raise PackageError(f"{cfg}: gpt_model_path parameter not found; re-run `invoke package`")
+        tmp = cfg.with_suffix(".pbtxt.tmp")
+        tmp.write_text(new)
+        os.replace(tmp, cfg)
+    validate_repo(repo)
