@@ -423,13 +423,15 @@ class _Worker:
             response = result.get_response()
             params = response.parameters
             final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
-            if response.outputs:
-                # Every streamed response carries the next token(s), even when its text is empty (a partial UTF-8
-                # sequence of a byte-level tokenizer), so each one counts.
+            text = _text(result) if response.outputs else ""
+            # Every streamed response carries the next token, even when its text is empty (a partial UTF-8 sequence
+            # of a byte-level tokenizer); only an empty *final* response is bookkeeping, not a token.
+            if response.outputs and (text or not final):
                 if sample.ttft_s is None:
                     sample.ttft_s = t - t0
-                texts.append(_text(result))
+                texts.append(text)
                 chunks += 1
+            if response.outputs:
                 n = _scalar(result, "num_output_tokens")
                 if n is not None:
                     counted = int(n) if not self.stream else (counted or 0) + int(n)

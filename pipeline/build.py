@@ -309,6 +309,8 @@ def build(
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     outcomes.append(oc)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
+    if "calibrate" in chain and "calibrate" not in run:
+        _require_checkpoints(spec)
     i = 1
     with stage_lock(engines_dir() / f".build-{spec.fingerprint()[:16]}"):
         for stage in chain:
@@ -351,8 +353,26 @@ def _doing(stage: str, spec: BuildSpec) -> str:
     }[stage]
 
 
+def _require_checkpoints(spec: BuildSpec) -> None:
+    """Refuse --from past calibrate when no checkpoint exists at all for this model/precision (checked before any
+    download; the calibrate stage has no check-only call, so a stale checkpoint is caught after its no-op test)."""
+    roles = [("target", spec.model, spec.quantization.precision)]
+    if spec.draft_model is not None:
+        roles.append(("draft", spec.draft_model, spec.draft_precision))
+    for role, entry, precision in roles:
+        if not any(engines_dir().glob(f"{entry.name}-{precision}-*/checkpoint/{MANIFEST}")):
+            raise BuildError(
+                f"no calibrated {role} checkpoint for {entry.name} {precision} under {engines_dir()}; "
+                "run `invoke build` (without --from) first"
+            )
+
+
 def _calibrate_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
-    """--from after calibrate: the calibrate outputs must already be current (calibrate is a no-op then)."""
+    """Calibrate outputs for a stage run with --from: they must already be current (calibrate is then a no-op).
+
+    The calibrate stage has no check-only call, so a build with no checkpoint at all for this model/precision is
+    refused up front; a stale one would be rebuilt by the call and is then refused.
+    """
     oc = _calibrate(spec, out, force=False)
     if oc.status != "cached":
         raise BuildError("--from skips calibrate, but its output was not current (it had to be rebuilt); drop --from")
@@ -360,6 +380,9 @@ def _calibrate_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
 
 
 def _compile_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
+    engine = engines_dir() / str(out.build_id) / "engine"
+    if read_manifest(engine) is None:
+        raise BuildError(f"no engine at {engine}; run `invoke build` without --from first")
     oc = _compile(spec, out, force=False)
     if oc.status != "cached":
         raise BuildError("--from skips compile, but the engine was not current (it had to be rebuilt); drop --from")
@@ -367,9 +390,7 @@ def _compile_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
 
 
 def locate_outputs(spec: BuildSpec) -> BuildOutputs:
-    """The outputs of a finished build of `spec` (every stage must be current; nothing is built or downloaded)."""
-    report = build(spec, from_stage="package", until="package", progress=None,
-                   options=BuildOptions(offline=True))
-    if report.stages and report.stages[-1].status != "cached":
-        raise BuildError("the Triton repository was not current; run `invoke build` before `invoke release`")
-    return report.outputs
+    """The outputs of a finished build of `spec`: download, calibrate and compile must be current (nothing is
+    downloaded or calibrated); the package stage is re-run, which is a no-op unless its templates changed."""
+    return build(spec, from_stage="package", until="package", progress=None,
+                 options=BuildOptions(offline=True)).outputs

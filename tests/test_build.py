@@ -70,3 +70,25 @@ def test_cli_rejects_invalid_spec_and_bad_stage_with_exit_2(tmp_path):
     r = invoke("build", "--model", "tiny-llama", "--target", "reference", "--until", "deploy", env=env)
     assert r.returncode == 2 and "--until 'deploy' is not a stage" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_from_past_calibrate_without_any_checkpoint_is_refused_before_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    t0 = time.perf_counter()
+    with pytest.raises(BuildError, match="no calibrated target checkpoint for tiny-llama fp8"):
+        build(spec, from_stage="package", progress=None)
+    assert time.perf_counter() - t0 < 1.0
+    assert not (tmp_path / "cache").exists()  # nothing downloaded or generated
+
+
+def test_release_without_a_build_is_refused(tmp_path, monkeypatch):
+    from pipeline.release import release
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(BuildError, match="run `invoke build`"):
+        release(spec)
+    assert not (tmp_path / "out" / "releases").exists()
