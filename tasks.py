@@ -194,3 +194,79 @@ def calibrate(c, spec, force=False):
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
             f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
         )
+
+
+# --- package / serve / smoke (issue 6) -----------------------------------------------------------------------------
+from pipeline.triton.cli import with_optional_spec  # noqa: E402  (light: no heavy imports)
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        output="parent directory of the repository (default triton_repo/); the repo is <output>/<build-id>[-reference]",
+        engine_dir="trtllm: target engine dir (default: the compile stage's engines/<build-id>/engine)",
+        draft_engine_dir="trtllm: draft engine dir (default: <engine-dir>/../draft_engine)",
+        checkpoint_dir="reference: target checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)",
+        draft_checkpoint_dir="reference: draft checkpoint dir (default: the calibrate stage's draft checkpoint)",
+        tokenizer_dir="tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)",
+        force="rewrite the repository even when its manifest key is current",
+    ),
+)
+@with_spec
+def package(c, spec, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
+            draft_checkpoint_dir=None, tokenizer_dir=None, force=False):
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference."""
+    from pipeline.triton.cli import package_command
+
+    package_command(spec, output=output, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir,
+                    checkpoint_dir=checkpoint_dir, draft_checkpoint_dir=draft_checkpoint_dir,
+                    tokenizer_dir=tokenizer_dir, force=bool(force))
+
+
+_SERVE_HELP = dict(
+    repo="model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)",
+    http_port="HTTP port on 127.0.0.1 (default: a free port)",
+    grpc_port="gRPC port on 127.0.0.1 (default: a free port)",
+    metrics_port="metrics port on 127.0.0.1 (default: a free port)",
+    ready_timeout="seconds to wait for readiness (default 300)",
+)
+
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        **_SERVE_HELP,
+        engine_dir="trtllm: point tensorrt_llm at this engine dir (rewrites gpt_model_path) before serving",
+        draft_engine_dir="trtllm: point tensorrt_llm_draft at this engine dir",
+    ),
+)
+@with_optional_spec
+def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300,
+          engine_dir=None, draft_engine_dir=None):
+    """Run tritonserver on the repository (127.0.0.1) until Ctrl-C; SIGTERM shutdown."""
+    from pipeline.triton.cli import serve_command
+
+    serve_command(spec, repo=repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                  ready_timeout=float(ready_timeout), engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        repo=_SERVE_HELP["repo"],
+        http_url="HTTP address of a running server (127.0.0.1:PORT); with --grpc-url no server is started",
+        grpc_url="gRPC address of a running server (127.0.0.1:PORT)",
+        prompt="prompt text",
+        max_tokens="output tokens per request (default 24)",
+        num_draft_tokens="draft tokens per step for the BLS route (default: the repo's K)",
+        ready_timeout="seconds to wait for readiness (default 300)",
+    ),
+)
+@with_optional_spec
+def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=24, num_draft_tokens=None,
+          ready_timeout=300):
+    """Start a server (unless given), HTTP generate + gRPC streaming via the ensemble, BLS draft-target; non-zero exit on failure."""
+    from pipeline.triton.cli import smoke_command
+
+    smoke_command(spec, repo=repo, http_url=http_url, grpc_url=grpc_url, prompt=prompt,
+                  max_tokens=int(max_tokens), num_draft_tokens=int(num_draft_tokens) if num_draft_tokens else None,
+                  ready_timeout=float(ready_timeout))

@@ -1,0 +1,146 @@
+"""Bodies of `invoke package`, `invoke serve` and `invoke smoke` (tasks.py stays thin wiring)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from ..cli import SPEC_FLAGS, exit_on_error, spec_from_flags
+from ..errors import PackageError, ServeError
+
+
+def with_optional_spec(fn: Callable) -> Callable:
+    """Like `pipeline.cli.with_spec`, but the spec is resolved only when --model or --spec is given (else None):
+    `serve`/`smoke` take either a repository path (--repo) or the spec of a finished build."""
+    own = list(inspect.signature(fn).parameters.values())
+    ctx, own = own[0], [p for p in own[1:] if p.name != "spec"]
+    names = {p.name for p in own}
+    extra = [
+        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+        for f in SPEC_FLAGS
+        if f.name not in names
+    ]
+
+    @exit_on_error
+    def wrapper(c, **kwargs):
+        flags = {f.name: kwargs.pop(f.name, f.default) for f in SPEC_FLAGS if f.name not in names}
+        spec = spec_from_flags(flags) if (flags.get("model") or flags.get("spec")) else None
+        for w in spec.warnings if spec else ():
+            print(f"warning: {w}", file=sys.stderr)
+        return fn(c, spec, **kwargs)
+
+    functools.update_wrapper(wrapper, fn)
+    del wrapper.__wrapped__
+    wrapper.__signature__ = inspect.Signature([ctx, *own, *extra])
+    return wrapper
+
+
+def _checkpoint(spec, role: str) -> tuple[Path, str | None]:
+    try:
+        from ..calibrate import run_calibrate
+    except ImportError:
+        raise PackageError("the calibrate stage is not available; pass --checkpoint-dir") from None
+    res = run_calibrate(spec, role=role)
+    return Path(res.path), getattr(res, "build_id", None)
+
+
+def package_command(spec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
+                    draft_checkpoint_dir=None, tokenizer_dir=None, force=False) -> Any:
+    """Locate the stage inputs (calibrate / compile outputs unless given), package, print one line."""
+    from .package import package_repo
+
+    build_id = None
+    if spec.target == "reference":
+        if checkpoint_dir is None:
+            checkpoint_dir, build_id = _checkpoint(spec, "target")
+        if spec.draft_model and draft_checkpoint_dir is None:
+            draft_checkpoint_dir, _ = _checkpoint(spec, "draft")
+    elif engine_dir is None:
+        from ..compile.cli import engine_dirs_for
+
+        ckpt, build_id = _checkpoint(spec, "target")
+        engine_dir, default_draft = engine_dirs_for(ckpt, spec)
+        draft_engine_dir = draft_engine_dir or (default_draft if spec.draft_model else None)
+        tokenizer_dir = tokenizer_dir or ckpt
+    res = package_repo(
+        spec, build_id=build_id, output=Path(output) if output else None,
+        engine_dir=Path(engine_dir) if engine_dir else None,
+        draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None,
+        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
+        draft_checkpoint_dir=Path(draft_checkpoint_dir) if draft_checkpoint_dir else None,
+        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, force=force,
+    )
+    for w in res.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    state = "current (no-op)" if res.reused else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest['models'])} (target {res.manifest['target']})")
+    return res
+
+
+def _repo_for(spec, repo) -> Path:
+    if repo:
+        return Path(repo)
+    if spec is None:
+        raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
+    from ..build import locate_outputs
+
+    path = locate_outputs(spec).triton_repo
+    if path is None:
+        raise ServeError("the build has no Triton repository yet; run `invoke package` (or `invoke build`)")
+    return Path(path)
+
+
+def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300.0,
+                  engine_dir=None, draft_engine_dir=None) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM), then stop the server cleanly."""
+    import signal
+    import time
+
+    from ..serve import TritonServer
+
+    path = _repo_for(spec, repo)
+    if engine_dir:
+        from .package import rewrite_engine_paths
+
+        rewrite_engine_paths(path, engine_dir=Path(engine_dir),
+                             draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None)
+    world = 1
+    if spec is not None and spec.target == "trtllm":
+        world = spec.parallelism.world_size
+    server = TritonServer(path, http_port=int(http_port) if http_port else None,
+                          grpc_port=int(grpc_port) if grpc_port else None,
+                          metrics_port=int(metrics_port) if metrics_port else None,
+                          ready_timeout_s=ready_timeout, world_size=world)
+    stop = {"flag": False}
+
+    def _term(*_):
+        stop["flag"] = True
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        server.start()
+        print(f"ok: serving {path}\n  http    {server.http_url}\n  grpc    {server.grpc_url}\n"
+              f"  metrics {server.metrics_url}\n  log     {server.log_file}\n(Ctrl-C to stop)", flush=True)
+        while not stop["flag"]:
+            if server._proc is None or server._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, old)
+    print("ok: server stopped")
+
+
+def smoke_command(spec, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=24,
+                  num_draft_tokens=None, ready_timeout=300.0) -> None:
+    from ..smoke import DEFAULT_PROMPT, run_smoke
+
+    path = None if (http_url and grpc_url and not repo) else _repo_for(spec, repo)
+    results = run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or DEFAULT_PROMPT,
+                        max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=ready_timeout)
+    print(f"ok: smoke passed ({len(results)} routes)")
