@@ -593,7 +593,7 @@ def run_bench(
         else:
             report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
     if not stream:
-        report.notes.append("non-streaming model: TTFT/TPOT are not observable (n/a)")
+        report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a); tokens counted by re-tokenizing the text")
     if report.acceptance_rate is None and model == "tensorrt_llm_bls":
         report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
     errors = sum(lv.errors for lv in report.levels)

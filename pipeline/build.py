@@ -334,7 +334,8 @@ def build(
                 detail = f" ({oc.detail})" if oc.detail else ""
                 say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
         if spec.target != "trtllm" and "compile" in run:
-            outcomes.append(StageOutcome("compile", "skipped", 0.0, detail="target reference: no engines"))
+            at = next((k for k, o in enumerate(outcomes) if o.stage == "package"), len(outcomes))
+            outcomes.insert(at, StageOutcome("compile", "skipped", 0.0, detail="target reference: no engines"))
     total = time.perf_counter() - t_start
     report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out)
     say(f"build {'unchanged' if report.noop else 'done'}: {out.build_id or '-'} in {total:.2f}s")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,7 @@ def _verify_tarball(path: Path, report: VerifyReport) -> tuple[dict[str, Any], d
                 hashes[rel] = h.hexdigest()
                 if keep:
                     small[rel] = bytes(buf)
-    except (tarfile.TarError, EOFError, OSError, json.JSONDecodeError) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise VerifyError(f"{path} is not a readable release tarball ({exc}); re-download or rebuild it") from None
     if doc is None:
         raise VerifyError(f"{path} has no {RELEASE_JSON}; it is not a release made by `invoke release`")

@@ -49,7 +49,7 @@ def reference_build(tmp_path_factory, tiny_models):
 def test_build_release_twice_verify_and_noop_rebuild(reference_build, tmp_path):
     root, env, report = reference_build["root"], reference_build["env"], reference_build["report"]
     # One progress line per stage with elapsed time, and the report names every stage.
-    assert [s["stage"] for s in report["stages"]] == ["check", "download", "calibrate", "package", "compile"]
+    assert [s["stage"] for s in report["stages"]] == ["check", "download", "calibrate", "compile", "package"]
     progress = [ln for ln in reference_build["stderr"].splitlines() if ln.startswith("[")]
     assert any(ln.startswith("[4/4] package: built") and ln.endswith("s") for ln in progress), progress
     build_id = report["build_id"]
