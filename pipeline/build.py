@@ -124,10 +124,7 @@ class BuildOptions:
 
 
 def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, located: bool) -> StageOutcome:
-    try:
-        from .download import download_model
-    except ImportError:  # TEMPORARY until the download stage lands: generated models only
-        download_model = _generated_only
+    from .download import download_model
 
     outcome = StageOutcome("download", "cached", 0.0)
     statuses = []
@@ -148,7 +145,8 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
         started = time.time_ns()
         res = download_model(entry, **kwargs)
         path = Path(res.path)
-        statuses.append(_status(path, started))
+        fetched = getattr(res, "status", None) in ("downloaded", "generated")
+        statuses.append("built" if fetched else _status(path, started))
         manifest = getattr(res, "manifest", None) or read_manifest(path)
         key = "download" if role == "model" else "draft_download"
         out.manifests[key] = manifest
@@ -164,18 +162,6 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
     return outcome
 
 
-def _generated_only(entry, **_: Any):
-    from types import SimpleNamespace
-
-    from .tinymodel import ensure_tiny_model
-
-    if entry.source != "generated":
-        raise BuildError(f"{entry.name}: the download stage is not installed; only generated models can be built")
-    path = ensure_tiny_model(entry.name)
-    m = read_manifest(path) or {}
-    return SimpleNamespace(path=path, sha=m.get("sha") or m.get("key"), manifest=m)
-
-
 def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
     from .calibrate import run_calibrate
 
@@ -188,13 +174,8 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
         res = run_calibrate(spec, role=role, force=force, source_dir=source)
         path = Path(res.path)
         manifest = getattr(res, "manifest", None) or read_manifest(path)
-        status = getattr(res, "status", None) or getattr(res, "cached", None)
-        if isinstance(status, bool):
-            statuses.append("cached" if status else "built")
-        elif isinstance(status, str) and status in ("cached", "built"):
-            statuses.append(status)
-        else:
-            statuses.append(_status(path, started))
+        status = getattr(res, "status", None)  # StageResult.status: "built" | "cached"
+        statuses.append(status if status in ("cached", "built") else _status(path, started))
         if role == "target":
             out.checkpoint, out.build_id = path, getattr(res, "build_id", None) or path.parent.name
             out.manifests["checkpoint"] = manifest
