@@ -46,7 +46,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, PIPELINE_ROOT=f"{tmp}/out", PIPELINE_CACHE=f"{tmp}/cache", HF_HUB_OFFLINE="1")
         first, report = run(spec, env)
-        print(f"peer: first build            {first:8.2f} s  ({', '.join(s['stage'] + '=' + s['status'] for s in report['stages'])})")
+        stages = ", ".join(f"{s['stage']}={s['status']}" for s in report["stages"])
+        print(f"peer: first build            {first:8.2f} s  ({stages})")
         before = manifests(Path(tmp))
         times = []
         for _ in range(args.n):

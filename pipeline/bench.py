@@ -18,9 +18,10 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import PipelineError
 
@@ -256,7 +257,7 @@ def format_report(r: BenchReport) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     acc = _fmt(r.acceptance_rate * 100 if r.acceptance_rate is not None else None) + (
         "%" if r.acceptance_rate is not None else ""
@@ -288,7 +289,7 @@ def plot_report(r: BenchReport, path: Path) -> Path | None:
     ys = [lv.latency_ms_p50 or 0.0 for lv in r.levels]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, ys, marker="o")
-    for lv, x, y in zip(r.levels, xs, ys):
+    for lv, x, y in zip(r.levels, xs, ys, strict=False):
         ax.annotate(f"c={lv.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4))
     ax.set_xlabel("output tokens/s")
     ax.set_ylabel("p50 end-to-end latency (ms)")
@@ -390,7 +391,9 @@ class _Worker:
         self.timeout_s = timeout_s
         self.tokenizer = tokenizer
         self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.responses.put((time.perf_counter(), result, error)))
+        self.client.start_stream(
+            callback=lambda result, error: self.responses.put((time.perf_counter(), result, error))
+        )
 
     def close(self) -> None:
         try:
@@ -593,7 +596,9 @@ def run_bench(
         else:
             report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
     if not stream:
-        report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a); tokens counted by re-tokenizing the text")
+        report.notes.append(
+            "non-streaming requests: TTFT/TPOT are not observable (n/a); tokens counted by re-tokenizing the text"
+        )
     if report.acceptance_rate is None and model == "tensorrt_llm_bls":
         report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
     errors = sum(lv.errors for lv in report.levels)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .artifacts import MANIFEST, engines_dir, read_manifest, stage_lock
 from .errors import PipelineError

@@ -292,7 +292,7 @@ def release(
     # Keep the output-tree layout (engines/<build-id>/..., triton_repo/<name>/): the repository's gpt_model_path is
     # relative (../../../engines/...), so an unpacked release is itself a valid PIPELINE_ROOT.
     components: dict[str, Path] = {}
-    for role, path in dirs.items():
+    for path in dirs.values():
         if path is None:
             continue
         try:

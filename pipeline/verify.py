@@ -189,7 +189,7 @@ def _engines_in_release(doc: dict[str, Any], files: dict[str, Any]) -> list[str]
     """Release-relative engine dirs (those holding rank*.engine)."""
     dirs = {rel.rsplit("/", 1)[0] for rel in files if re.search(r"(^|/)rank\d+\.engine$", rel)}
     for arc in (doc.get("components") or {}):
-        if arc.endswith("/engine") or arc.endswith("/draft_engine"):
+        if arc.endswith(("/engine", "/draft_engine")):
             dirs.add(arc)
     return sorted(dirs)
 
@@ -236,7 +236,7 @@ def _verify_tarball(path: Path, report: VerifyReport) -> tuple[dict[str, Any], d
                     continue
                 f = tar.extractfile(member)
                 h = hashlib.sha256()
-                keep = rel == RELEASE_JSON or rel.endswith("/" + MANIFEST) or rel.endswith("/config.json")
+                keep = rel == RELEASE_JSON or rel.endswith(("/" + MANIFEST, "/config.json"))
                 buf = bytearray()
                 while chunk := f.read(_CHUNK):
                     h.update(chunk)

@@ -6,12 +6,12 @@ import json
 import tarfile
 
 import pytest
+from test_release import fabricate_build
 
 from pipeline.artifacts import file_table, write_manifest
 from pipeline.errors import VerifyError
 from pipeline.release import pack_release
 from pipeline.verify import HashMismatchError, HostInfo, HostMismatchError, verify
-from test_release import fabricate_build
 
 MATCHING_HOST = HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=90)
 
@@ -63,7 +63,8 @@ def test_fabricated_unpacked_release_detects_changed_missing_and_extra_files(fab
 @pytest.mark.parametrize(
     "host, needle",
     [
-        (HostInfo(tensorrt_llm="1.3.0", tensorrt="10.14.1.48", sm=90), "TensorRT-LLM: engine built with 1.2.1, host has 1.3.0"),
+        (HostInfo(tensorrt_llm="1.3.0", tensorrt="10.14.1.48", sm=90),
+         "TensorRT-LLM: engine built with 1.2.1, host has 1.3.0"),
         (HostInfo(tensorrt_llm="1.2.1", tensorrt="10.13.3.9", sm=90), "TensorRT: engine built with 10.14.1.48"),
         (HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=80), "SM 9.0, host GPU is SM 8.0"),
     ],
