@@ -270,3 +270,26 @@ def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tok
     smoke_command(spec, repo=repo, http_url=http_url, grpc_url=grpc_url, prompt=prompt,
                   max_tokens=int(max_tokens), num_draft_tokens=int(num_draft_tokens) if num_draft_tokens else None,
                   ready_timeout=float(ready_timeout))
+
+
+@task(
+    auto_shortflags=False,
+    help=_help(
+        revision="branch, tag or commit overriding the registry's (target model only)",
+        update="re-resolve the branch/tag to its current commit instead of the locked one (models.lock.json)",
+        offline="no network: reuse a previous download, fail clearly when there is none",
+        verify="re-hash every file against the Hub's oids (corrupt files are fetched again)",
+        endpoint="Hub URL (default: HF_ENDPOINT or https://huggingface.co); the token comes from HF_TOKEN/hf auth login",
+    ),
+)
+@with_spec
+def download(c, spec, revision=None, update=False, offline=False, verify=False, endpoint=None):
+    """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path."""
+    from pipeline.download import download_model
+
+    for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
+        res = download_model(entry, revision=revision if i == 0 else None, update=update, offline=offline,
+                             verify=verify, endpoint=endpoint)
+        m = res.manifest
+        print(f"{entry.name}: {m['source']} {entry.repo_id}@{res.sha[:12]} {len(m['files'])} files "
+              f"{m['total_bytes'] / 1e6:.1f} MB [{res.status}] -> {res.path}")

@@ -1,0 +1,494 @@
+"""Checkpoint acquisition: pinned, verified Hugging Face Hub downloads (and generated tiny models, same interface).
+
+A branch or tag resolves to a commit SHA once and is written to the revision lock file (`models.lock.json` in the
+output tree); later runs use the locked SHA unless `update=True`. Files are fetched with huggingface_hub's
+`snapshot_download` into a hidden staging directory (interrupted downloads resume from there), every file is checked
+against the Hub's oids (sha256 for LFS files, git blob sha1 otherwise), corrupt files are re-fetched, `config.json`
+is cross-checked against the registry, and only then is the directory renamed to
+`cache_dir()/downloads/<org>--<name>/<sha>/` with a `manifest.json`. A finished download is re-used after a
+size/mtime check (no network, no hashing) unless `verify=True`. The token is never logged or written anywhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .artifacts import cache_dir, output_root, read_manifest, sha256_file, stage_key, stage_lock, write_manifest
+from .errors import DownloadError
+from .registry import Architecture, ModelEntry
+
+# Files a later stage uses (top level of the repo only).
+ALLOW_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+MAX_WORKERS = 8
+LOCK_FILE_NAME = "models.lock.json"
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_ATTEMPTS = 3  # fetch rounds: resume after a dropped connection / re-fetch corrupt files
+
+
+@dataclass
+class DownloadResult:
+    """A local HF-format model directory and the manifest that identifies it."""
+
+    path: Path
+    sha: str
+    manifest: dict[str, Any]
+    status: str  # "cached" (nothing fetched), "downloaded", "generated"
+    refetched: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Revision lock file
+
+
+def lock_file_path() -> Path:
+    """Default revision lock file: `<output root>/models.lock.json` (commit it to pin every model)."""
+    return output_root() / LOCK_FILE_NAME
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"version": 1, "models": {}}
+    except json.JSONDecodeError:
+        raise DownloadError(f"revision lock file {path} is not valid JSON; fix or delete it") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+        raise DownloadError(f"revision lock file {path} has no 'models' mapping; fix or delete it")
+    return data
+
+
+def locked_sha(path: Path, entry: ModelEntry, revision: str) -> str | None:
+    """The locked commit of `entry` at the requested `revision`, if the lock file has one for the same repo."""
+    rec = read_lock(path)["models"].get(entry.name)
+    if isinstance(rec, dict) and rec.get("repo_id") == entry.repo_id and rec.get("revision") == revision:
+        sha = rec.get("sha")
+        return sha if isinstance(sha, str) and _SHA_RE.match(sha) else None
+    return None
+
+
+def write_lock(path: Path, entry: ModelEntry, revision: str, sha: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        data = read_lock(path)
+        data["models"][entry.name] = {"repo_id": entry.repo_id, "revision": revision, "sha": sha}
+        data["models"] = dict(sorted(data["models"].items()))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str, model: str) -> None:
+    """Raise `DownloadError` when a downloaded config.json disagrees with the registry's architecture numbers."""
+    if not config.get("architectures"):
+        raise DownloadError(f"{where}: config.json has no 'architectures'; this is not a causal-LM checkpoint")
+    heads = config.get("num_attention_heads")
+    expected = {
+        "num_hidden_layers": (arch.num_layers, config.get("num_hidden_layers")),
+        "hidden_size": (arch.hidden_size, config.get("hidden_size")),
+        "num_attention_heads": (arch.num_heads, heads),
+        "num_key_value_heads": (arch.num_kv_heads, config.get("num_key_value_heads", heads)),
+        "head_dim": (arch.head_dim, config.get("head_dim") or (config.get("hidden_size", 0) // (heads or 1))),
+        "intermediate_size": (arch.intermediate_size, config.get("intermediate_size")),
+        "vocab_size": (arch.vocab_size, config.get("vocab_size")),
+        "max_position_embeddings": (arch.max_position_embeddings, config.get("max_position_embeddings")),
+        "tie_word_embeddings": (arch.tie_word_embeddings, bool(config.get("tie_word_embeddings", False))),
+        "rope_theta": (arch.rope_theta, float(config.get("rope_theta", 10000.0))),
+    }
+    for key, (want, got) in expected.items():
+        if want != got:
+            raise DownloadError(
+                f"{where}: config.json {key}={got} does not match the registry's {want} for model '{model}'; "
+                "fix the registry entry (or --models-file) or the repo/revision"
+            )
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_file(path: Path, meta: dict[str, Any]) -> str | None:
+    """None when `path` matches the Hub's metadata, else a short reason."""
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if meta.get("size") is not None and size != meta["size"]:
+        return f"size {size} != {meta['size']}"
+    if meta.get("lfs_sha256"):
+        got = sha256_file(path)
+        return None if got == meta["lfs_sha256"] else f"sha256 {got[:12]}… != {meta['lfs_sha256'][:12]}…"
+    if meta.get("blob_id"):
+        got = _git_blob_sha1(path)
+        return None if got == meta["blob_id"] else f"git sha1 {got[:12]}… != {meta['blob_id'][:12]}…"
+    return None
+
+
+def _stat_table(root: Path, names: list[str]) -> dict[str, list[int]]:
+    return {n: [(root / n).stat().st_size, (root / n).stat().st_mtime_ns] for n in names}
+
+
+def _unchanged(root: Path, manifest: dict[str, Any]) -> bool:
+    """Cheap re-use check: every manifest file present with its recorded size and mtime."""
+    stats = manifest.get("stat") or {}
+    try:
+        return bool(stats) and all(
+            [(root / n).stat().st_size, (root / n).stat().st_mtime_ns] == list(v) for n, v in stats.items()
+        )
+    except OSError:
+        return False
+
+
+def _verify_table(root: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """name -> reason for every file whose sha256 differs from the manifest's (or that is missing)."""
+    bad = {}
+    for name, meta in files.items():
+        p = root / name
+        if not p.is_file():
+            bad[name] = "missing"
+        elif p.stat().st_size != meta["size"] or sha256_file(p) != meta["sha256"]:
+            bad[name] = "content differs from the manifest"
+    return bad
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Generated models
+
+
+def _download_generated(entry: ModelEntry, verify: bool) -> DownloadResult:
+    from . import tinymodel
+
+    path = tinymodel.ensure_tiny_model(entry.name)
+    status = "cached"
+    gen = read_manifest(path) or {}
+    if verify and _verify_table(path, gen.get("files", {})):
+        print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
+        with stage_lock(path):
+            shutil.rmtree(path, ignore_errors=True)
+        path = tinymodel.ensure_tiny_model(entry.name)
+        gen, status = read_manifest(path) or {}, "generated"
+    elif not _unchanged_sizes(path, gen.get("files", {})):
+        raise DownloadError(f"generated model {entry.name} in {path} is incomplete; re-run with --verify to rebuild it")
+    check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
+                       where=f"{entry.repo_id} (generated)", model=entry.name)
+    files = gen["files"]
+    sha = gen["key"][:40]
+    manifest = {
+        "key": stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v["sha256"] for k, v in files.items()}}),
+        "model": entry.name,
+        "repo_id": entry.repo_id,
+        "revision": entry.revision,
+        "sha": sha,
+        "source": "generated",
+        "generator_version": gen.get("generator_version"),
+        "files": files,
+        "total_bytes": sum(v["size"] for v in files.values()),
+    }
+    return DownloadResult(path=path, sha=sha, manifest=manifest, status=status)
+
+
+def _unchanged_sizes(root: Path, files: dict[str, dict[str, Any]]) -> bool:
+    try:
+        return bool(files) and all((root / n).stat().st_size == v["size"] for n, v in files.items())
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hub downloads
+
+
+def _repo_dir(repo_id: str) -> Path:
+    return cache_dir() / "downloads" / repo_id.replace("/", "--")
+
+
+def _select(siblings: list[Any], *, where: str) -> dict[str, dict[str, Any]]:
+    """Pick the files the pipeline needs from the Hub's sibling list; name -> {size, lfs_sha256, blob_id}."""
+    out = {}
+    for s in siblings or []:
+        name = s.rfilename
+        if "/" not in name and any(fnmatch.fnmatchcase(name, p) for p in ALLOW_PATTERNS):
+            out[name] = {
+                "size": s.lfs.size if s.lfs else s.size,
+                "lfs_sha256": s.lfs.sha256 if s.lfs else None,
+                "blob_id": s.blob_id,
+            }
+    missing = [n for n in ("config.json",) if n not in out]
+    if not any(n.endswith(".safetensors") for n in out):
+        missing.append("*.safetensors")
+    if not any(n in out for n in ("tokenizer.json", "tokenizer.model")):
+        missing.append("tokenizer.json")
+    if missing:
+        raise DownloadError(f"{where} has no {', '.join(missing)}; the pipeline needs safetensors weights, config "
+                            "and tokenizer files: pick a revision that has them")
+    return out
+
+
+class _HubErrors:
+    """Translate huggingface_hub/requests exceptions into one-line `DownloadError`s (never mentioning the token)."""
+
+    def __init__(self, entry: ModelEntry, revision: str, endpoint: str, have_token: bool):
+        self.entry, self.revision, self.endpoint, self.have_token = entry, revision, endpoint, have_token
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or isinstance(exc, DownloadError):
+            return False
+        import requests
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            OfflineModeIsEnabled,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        repo, url = self.entry.repo_id, f"{self.endpoint}/{self.entry.repo_id}"
+        if isinstance(exc, GatedRepoError):
+            msg = (f"{repo} is a gated repo and your Hugging Face token has no access to it; request access at {url}"
+                   if self.have_token else
+                   f"{repo} is a gated repo and no Hugging Face token was found; accept its license at {url}, "
+                   "then set HF_TOKEN or run `hf auth login`")
+        elif isinstance(exc, RevisionNotFoundError):
+            msg = (f"revision '{self.revision}' does not exist in {repo}; fix 'revision' in the registry or pass "
+                   "--revision with an existing branch, tag or commit")
+        elif isinstance(exc, RepositoryNotFoundError):
+            msg = (f"repo {repo} was not found on {self.endpoint} (or it is private); fix 'repo_id' in the registry"
+                   + ("" if self.have_token else " or set HF_TOKEN for a private repo"))
+        elif isinstance(exc, EntryNotFoundError):
+            msg = (f"a file listed in {repo}@{self.revision} could not be fetched (404: {_url_tail(exc)}); "
+                   "pin another revision or retry later")
+        elif isinstance(exc, OfflineModeIsEnabled):
+            msg = "HF_HUB_OFFLINE=1 forbids network access; pass --offline to use the cache or unset HF_HUB_OFFLINE"
+        elif isinstance(exc, (LocalEntryNotFoundError, requests.ConnectionError, requests.Timeout,
+                              requests.exceptions.ChunkedEncodingError)):
+            msg = (f"cannot reach {self.endpoint} to fetch {repo} ({type(exc).__name__}); check the network, or use "
+                   "--offline with a previous download; re-running resumes partial files")
+        elif isinstance(exc, HfHubHTTPError):
+            code = exc.response.status_code if exc.response is not None else "?"
+            msg = f"the Hub answered HTTP {code} for {repo}@{self.revision}; retry later or check the endpoint"
+        else:
+            return False
+        raise DownloadError(msg) from None
+
+
+def _url_tail(exc: Exception) -> str:
+    resp = getattr(exc, "response", None)
+    url = getattr(resp, "url", None) or ""
+    return url.rsplit("/", 1)[-1] or "?"
+
+
+def _clear_local_metadata(root: Path, name: str) -> None:
+    """Forget huggingface_hub's local_dir metadata for `name` so it is fetched again."""
+    for p in (root / name, root / ".cache" / "huggingface" / "download" / f"{name}.metadata"):
+        p.unlink(missing_ok=True)
+
+
+def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], staging: Path, *,
+                    endpoint: str, token: str | None, max_workers: int, errors: _HubErrors) -> list[str]:
+    """snapshot_download into `staging` until every file matches its oid; returns the names fetched again."""
+    import requests
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    refetched: list[str] = []
+    bad: dict[str, str] = {}
+    for attempt in range(1, _ATTEMPTS + 1):
+        with errors:
+            try:
+                snapshot_download(
+                    entry.repo_id, revision=sha, local_dir=staging, allow_patterns=sorted(files),
+                    endpoint=endpoint, token=token or False, max_workers=max_workers,
+                )
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                    LocalEntryNotFoundError):
+                if attempt == _ATTEMPTS:
+                    raise
+                print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
+                      file=sys.stderr)
+                continue
+        bad = {n: r for n, r in ((n, _check_file(staging / n, m)) for n, m in files.items()) if r}
+        if not bad:
+            return refetched
+        for name, reason in bad.items():
+            print(f"warning: {entry.repo_id}@{sha[:12]}/{name} failed verification ({reason}); fetching it again",
+                  file=sys.stderr)
+            _clear_local_metadata(staging, name)
+            refetched.append(name)
+    name, reason = next(iter(bad.items()))
+    raise DownloadError(f"{entry.repo_id}@{sha[:12]}/{name} still fails verification after {_ATTEMPTS} fetches "
+                        f"({reason}); the server or a proxy is serving corrupt data, retry later")
+
+
+def download_model(
+    entry: ModelEntry,
+    *,
+    revision: str | None = None,
+    update: bool = False,
+    offline: bool = False,
+    verify: bool = False,
+    endpoint: str | None = None,
+    token: str | None = None,
+    max_workers: int = MAX_WORKERS,
+    lock_file: Path | None = None,
+) -> DownloadResult:
+    """Acquire `entry`'s checkpoint as a verified local HF-format directory (generated models: the generator's).
+
+    Args:
+        entry: registry entry (repo id, requested revision, architecture to cross-check).
+        revision: branch, tag or commit overriding the registry's.
+        update: re-resolve a branch/tag to its current commit instead of using the lock file.
+        offline: no network; use a previous download (HF_HUB_OFFLINE=1 implies it).
+        verify: re-hash every file of an existing download (corrupt files are fetched again when online).
+        endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co).
+        token: Hub token (default: HF_TOKEN or the token saved by `hf auth login`); never logged or stored.
+        max_workers: parallel file downloads.
+        lock_file: revision lock file (default `<output root>/models.lock.json`).
+
+    Raises:
+        DownloadError: unreachable Hub, gated/missing repo, revision or file, corrupt data, config mismatch, or an
+            offline request for something not downloaded before.
+    """
+    if entry.source == "generated":
+        return _download_generated(entry, verify)
+
+    from huggingface_hub import constants
+
+    offline = offline or constants.HF_HUB_OFFLINE
+    if offline and update:
+        raise DownloadError("--update needs the network to re-resolve the revision; drop --offline")
+    requested = revision or entry.revision
+    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    lock_path = Path(lock_file) if lock_file else lock_file_path()
+    repo_dir = _repo_dir(entry.repo_id)
+
+    sha = requested if _SHA_RE.match(requested) else (None if update else locked_sha(lock_path, entry, requested))
+    if offline:
+        return _offline(entry, requested, sha, repo_dir, verify)
+
+    if sha is not None:  # pinned: a finished, unchanged download needs no network at all
+        final = repo_dir / sha
+        m = read_manifest(final) if final.is_dir() else None
+        if m and not verify and _unchanged(final, m):
+            return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+
+    from huggingface_hub import HfApi, get_token
+
+    token = token or get_token()
+    errors = _HubErrors(entry, requested, endpoint, have_token=bool(token))
+    api = HfApi(endpoint=endpoint, token=token or False)
+    with errors:
+        info = api.model_info(entry.repo_id, revision=sha or requested, files_metadata=True)
+    if sha is None:
+        sha = info.sha
+        if not sha or not _SHA_RE.match(sha):
+            raise DownloadError(f"{endpoint} returned no commit SHA for {entry.repo_id}@{requested}; retry later")
+        write_lock(lock_path, entry, requested, sha)
+    where = f"{entry.repo_id}@{sha[:12]}"
+    files = _select(info.siblings, where=where)
+
+    final = repo_dir / sha
+    staging = repo_dir / f".partial-{sha}"
+    with stage_lock(final):
+        m = read_manifest(final) if final.is_dir() else None
+        if m and not verify and _unchanged(final, m):
+            return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+        if m:
+            bad = {n: r for n, r in ((n, _check_file(final / n, meta)) for n, meta in files.items()) if r}
+            if not bad and set(m.get("files", {})) == set(files):
+                m["stat"] = _stat_table(final, sorted(files))
+                write_manifest(final, m)
+                return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+            for name, reason in bad.items():
+                print(f"warning: {where}/{name} in {final} failed verification ({reason}); fetching it again",
+                      file=sys.stderr)
+            shutil.rmtree(staging, ignore_errors=True)
+            os.replace(final, staging)
+            (staging / "manifest.json").unlink(missing_ok=True)
+            for name in bad:
+                _clear_local_metadata(staging, name)
+        elif final.exists():  # a directory without a manifest is not ours to trust
+            shutil.rmtree(final)
+        t0 = time.monotonic()
+        refetched = _fetch_verified(entry, sha, files, staging, endpoint=endpoint, token=token,
+                                    max_workers=max_workers, errors=errors)
+        check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
+                           model=entry.name)
+        shutil.rmtree(staging / ".cache", ignore_errors=True)
+        for extra in set(p.name for p in staging.iterdir()) - set(files):
+            p = staging / extra
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        names = sorted(files)
+        table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"]}
+                 for n in names}
+        manifest = {
+            "key": stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
+            "model": entry.name,
+            "repo_id": entry.repo_id,
+            "revision": requested,
+            "sha": sha,
+            "source": "hub",
+            "allow_patterns": list(ALLOW_PATTERNS),
+            "files": table,
+            "total_bytes": sum(t["size"] for t in table.values()),
+            "refetched": refetched,
+            "seconds": round(time.monotonic() - t0, 2),
+            "stat": _stat_table(staging, names),
+        }
+        write_manifest(staging, manifest)
+        os.replace(staging, final)
+    return DownloadResult(path=final, sha=sha, manifest=manifest, status="downloaded", refetched=refetched)
+
+
+def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path, verify: bool) -> DownloadResult:
+    """Re-use a previous download with no network; fail clearly when there is none or it is damaged."""
+    if sha is None:  # no lock entry: the newest finished download of the same requested revision
+        found = []
+        for d in repo_dir.glob("*") if repo_dir.is_dir() else []:
+            m = read_manifest(d) if d.is_dir() and _SHA_RE.match(d.name) else None
+            if m and m.get("revision") == requested:
+                found.append(((d / "manifest.json").stat().st_mtime_ns, d.name))
+        sha = max(found)[1] if found else None
+    final = repo_dir / sha if sha else None
+    m = read_manifest(final) if final is not None and final.is_dir() else None
+    if m is None:
+        raise DownloadError(f"offline: {entry.repo_id}@{requested} has not been downloaded to {cache_dir()}; "
+                            f"run `invoke download --model {entry.name}` with network access first")
+    if not _unchanged(final, m) or (verify and _verify_table(final, m["files"])):
+        raise DownloadError(f"offline: the download of {entry.repo_id}@{sha[:12]} in {final} is incomplete or "
+                            f"corrupt; re-run `invoke download --model {entry.name} --verify` with network access")
+    return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
