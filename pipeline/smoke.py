@@ -134,8 +134,11 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra
 
 def _models(http_url: str) -> set[str]:
     req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServeError(f"no Triton server answers at {http_url} ({exc}); start one with `invoke serve`") from None
 
 
 def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prompt: str = DEFAULT_PROMPT,
