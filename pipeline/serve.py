@@ -117,7 +117,7 @@ def launch_repo(repo: Path) -> Path:
         match = pattern.search(text)
         if match and match.group(2) and not Path(match.group(2)).is_absolute():
             absolute = (cfg.parent / match.group(2)).resolve()
-            rewrites[cfg.parent.name] = pattern.sub(lambda m: m.group(1) + str(absolute) + m.group(3), text)
+            rewrites[cfg.parent.name] = pattern.sub(lambda m, a=absolute: m.group(1) + str(a) + m.group(3), text)
     if not rewrites:
         return repo
     dest = cache_dir() / "launch" / f"{repo.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -263,7 +263,7 @@ class TritonServer:
         return self._proc.pid if self._proc else None
 
     # Lifecycle --------------------------------------------------------------------------------------------------
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         """Start the server and wait until it reports ready; raises ServeError (with the log's tail) otherwise."""
         repo = Path(self.repo)
         if not repo.is_dir():
@@ -293,7 +293,7 @@ class TritonServer:
             self.log_file = cache_dir() / "logs" / f"tritonserver-{self.shm_prefix.rstrip('-')}.log"
         self.log_file = Path(self.log_file)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_file, "ab")
+        self._log = open(self.log_file, "ab")  # noqa: SIM115 (held for the server's lifetime, closed in stop())
         self._proc = subprocess.Popen(
             cmd.argv, env=cmd.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -370,7 +370,7 @@ class TritonServer:
         self._launch = None
         return code
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:  # noqa: PYI034
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -161,7 +161,7 @@ def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, 
 
 
 def test_serve_engine_dir_rewrites_gpt_model_path(llama70b_engines, tmp_path):
-    target, draft = llama70b_engines
+    target, _draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     repo = package_repo(spec, engine_dir=target, output=tmp_path / "elsewhere").path
     moved = tmp_path / "moved-engines"
@@ -209,9 +209,12 @@ def test_reference_repo_uses_python_backend_with_the_same_contract(reference_rep
     assert (reference_repo / "tensorrt_llm_draft" / "1" / "model.py").is_file()
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     prod = validate_repo(package_repo(spec, engine_dir=llama70b_engines[0]).path)
+    def io(summary, model):
+        cfg = summary.models[model]
+        return [(t.name, t.data_type, list(t.dims)) for t in (*cfg.input, *cfg.output)]
+
     for model in ("tensorrt_llm", "tensorrt_llm_draft"):
-        io = lambda s: [(t.name, t.data_type, list(t.dims)) for t in (*s.models[model].input, *s.models[model].output)]  # noqa: E731
-        assert io(ref) == io(prod)
+        assert io(ref, model) == io(prod, model)
 
 
 def _break(repo: Path, model: str, old: str, new: str) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cli import SPEC_FLAGS, exit_on_error, spec_from_flags
 from ..errors import PackageError, ServeError
@@ -107,9 +108,10 @@ def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_po
 
         rewrite_engine_paths(path, engine_dir=Path(engine_dir),
                              draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None)
-    world = 1
-    if spec is not None and spec.target == "trtllm":
-        world = spec.parallelism.world_size
+    from ..artifacts import read_manifest
+
+    manifest = read_manifest(path) or {}
+    world = int(manifest.get("world_size", 1)) if manifest.get("target") == "trtllm" else 1
     server = TritonServer(path, http_port=int(http_port) if http_port else None,
                           grpc_port=int(grpc_port) if grpc_port else None,
                           metrics_port=int(metrics_port) if metrics_port else None,

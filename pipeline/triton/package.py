@@ -363,7 +363,7 @@ def rewrite_engine_paths(repo: Path, *, engine_dir: Path, draft_engine_dir: Path
         read_engine_source(Path(path))
         text = cfg.read_text()
         pattern = re.compile(r'(key: "gpt_model_path"\s*value: \{ string_value: ")[^"]*(")')
-        new, n = pattern.subn(lambda m: m.group(1) + str(Path(path).resolve()) + m.group(2), text)
+        new, n = pattern.subn(lambda m, p=path: m.group(1) + str(Path(p).resolve()) + m.group(2), text)
         if n != 1:
             raise PackageError(f"{cfg}: gpt_model_path parameter not found; re-run `invoke package`")
         tmp = cfg.with_suffix(".pbtxt.tmp")

@@ -4,9 +4,10 @@ must be used, nothing `${...}`-like may survive. (Never `string.Template.safe_su
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import PackageError
 

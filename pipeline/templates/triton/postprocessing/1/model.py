@@ -42,6 +42,6 @@ class TritonPythonModel:
                         texts.append(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special).encode())
                 out = np.array(texts, dtype=object).reshape(tokens.shape[0], tokens.shape[1])
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)]))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocessing: {exc}")))
         return responses

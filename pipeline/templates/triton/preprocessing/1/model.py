@@ -95,6 +95,6 @@ class TritonPythonModel:
                     pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), pad_id, dtype=np.int32)),
                 ]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-            except Exception as exc:  # one bad request must not fail the batch
+            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}")))
         return responses

@@ -266,8 +266,8 @@ class TritonPythonModel:
             for request in requests:
                 sender = request.get_response_sender()
                 try:
-                    self._serve(request, lambda r, final: sender.send(r, flags=final_flag if final else 0))
-                except Exception as exc:
+                    self._serve(request, lambda r, final, s=sender: s.send(r, flags=final_flag if final else 0))
+                except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
                     err = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.name}: {exc}"))
                     sender.send(err, flags=final_flag)
             return None
@@ -275,8 +275,8 @@ class TritonPythonModel:
         for request in requests:
             box = []
             try:
-                self._serve(request, lambda r, final: box.append(r))
+                self._serve(request, lambda r, final, b=box: b.append(r))
                 responses.append(box[-1])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.name}: {exc}")))
         return responses

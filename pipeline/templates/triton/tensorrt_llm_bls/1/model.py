@@ -173,7 +173,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 response = self._decode(request)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm_bls: {exc}"))
             if self.decoupled:
                 request.get_response_sender().send(response, flags=final)
