@@ -152,6 +152,7 @@ def build_command(
     """argv/env for `tritonserver` on `repo` (CPU bundle unless the repo needs the tensorrtllm backend)."""
     repo = Path(repo).resolve()
     env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # python models must not add __pycache__ to a hashed repository
     needs_trtllm = "tensorrtllm" in _repo_backends(repo)
     common = [
         f"--model-repository={repo}",

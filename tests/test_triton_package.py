@@ -321,3 +321,36 @@ def test_different_draft_tokenizer_is_refused(out_env):
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
     with pytest.raises(PackageError, match="share the vocabulary"):
         package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def _invoke(env_root: Path, *args: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PIPELINE_ROOT": str(env_root / "out"), "PIPELINE_CACHE": str(env_root / "cache")}
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=Path(__file__).resolve().parent.parent,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_invoke_package_trtllm_from_engine_dir(llama70b_engines, out_env):
+    target, _ = llama70b_engines
+    done = _invoke(out_env, "package", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft",
+                   "llama-1b", "--engine-dir", str(target))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok: ") and "tensorrt_llm_bls" in done.stdout
+    again = _invoke(out_env, "package", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft",
+                    "llama-1b", "--engine-dir", str(target))
+    assert "current (no-op)" in again.stdout
+
+
+def test_invoke_package_bad_engine_dir_is_one_line_exit_2(out_env):
+    done = _invoke(out_env, "package", "--model", "llama-8b", "--engine-dir", str(out_env / "missing"))
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: engine dir") and "invoke compile" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_invoke_serve_without_repo_or_spec_is_refused(out_env):
+    done = _invoke(out_env, "serve")
+    assert done.returncode == 2 and "--repo" in done.stderr
