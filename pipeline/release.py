@@ -249,6 +249,8 @@ def release_metadata(
         "plan": plan(spec).as_dict(),
         "components": {arc: sorted(_component_manifests(arc, src)) for arc, src in sorted(components.items())},
         "stage_keys": {k: (m or {}).get("key") for k, m in sorted(manifests.items()) if m},
+        # The download manifests live in the cache, not in a released directory: embed them.
+        "source_manifests": {"model": download, "draft": draft_download},
     }
 
 
