@@ -166,9 +166,9 @@ def run_calibrate(
             round-trip mismatch. Nothing is left under the final output name on failure.
     """
     plan = _plan(spec, role)
+    texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
     src, source_sha = _resolve_source(plan.entry, source_dir)
     _check_architecture(src, plan.entry)
-    texts, source = data.load_texts(spec.quantization.calib_data)
     encode = data.tokenizer_fn(src)
     calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
     factors = {
@@ -280,19 +280,20 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     t = time.perf_counter()
     loaded = load_checkpoint_as_hf(tmp)
     rt_samples = heldout.samples[:ROUNDTRIP_SAMPLES]
+    awq = plan.precision in recipes.AWQ
     if cfg is not None and KV_QUANT_ALGO[plan.kv]:
         import modelopt.torch.quantization as mtq
 
         with mtq.set_quantizer_by_cfg_context(exported, recipes.KV_QUANTIZERS_OFF):
-            rt = quality.roundtrip(loaded, exported, rt_samples, device)
+            rt = quality.roundtrip(loaded, exported, rt_samples, device, awq=awq)
     else:
-        rt = quality.roundtrip(loaded, exported, rt_samples, device)
+        rt = quality.roundtrip(loaded, exported, rt_samples, device, awq=awq)
     timings["roundtrip_s"] = time.perf_counter() - t
     if not rt["passed"]:
         raise CalibrationError(
             f"round-trip check failed for {what}: the exported checkpoint re-loaded on CPU differs from the "
             f"quantized model (max relative logit error {rt['max_rel_logit_err']:.3g}, top-1 agreement "
-            f"{rt['top1_agreement']:.3f}); the export or sharding is broken — re-run with --force or report it"
+            f"{rt['top1_agreement']:.3f}, perplexity differs {rt['ppl_rel_diff_pct']:.3g} %); the export or sharding is broken — re-run with --force or report it"
         )
     tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
     timings["total_s"] = time.perf_counter() - t0
