@@ -318,6 +318,119 @@ def _clear_local_metadata(root: Path, name: str) -> None:
         p.unlink(missing_ok=True)
 
 
+# Streaming verification: sha256 of every LFS file is computed while huggingface_hub writes it (its `http_get`
+# is wrapped once per process), so a fresh download needs no second pass over the bytes. A stream that does
+# anything unexpected (seek elsewhere, direct fd access, hf_transfer) is not trusted: the file is hashed from disk.
+_STREAMS: dict[str, tuple[str, int]] = {}  # abspath of a finished ".incomplete" file -> (sha256, bytes)
+_HASH_THREADS = 2
+
+
+class _HashingFile:
+    """File proxy that hashes what is written; `clean` stays True only for a plain sequential stream."""
+
+    def __init__(self, f: Any, resume_size: int):
+        self._f, self.name = f, f.name
+        self._h, self.size, self.clean = hashlib.sha256(), 0, True
+        if resume_size:  # resuming: hash the bytes already on disk first
+            with open(f.name, "rb") as r:
+                while self.size < resume_size and (chunk := r.read(min(1 << 20, resume_size - self.size))):
+                    self._h.update(chunk)
+                    self.size += len(chunk)
+            self.clean = self.size == resume_size
+
+    def write(self, data: bytes) -> int:
+        n = self._f.write(data)
+        self._h.update(data)
+        self.size += len(data)
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) == (0, 0):
+            self._h, self.size = hashlib.sha256(), 0
+        else:
+            self.clean = False
+        return self._f.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        if (self._f.tell() if size is None else size) != self.size:
+            self.clean = False
+        return self._f.truncate(size)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def __getattr__(self, name: str) -> Any:  # anything else may bypass the hash
+        self.clean = False
+        return getattr(self._f, name)
+
+
+def _install_stream_hashing() -> None:
+    from huggingface_hub import file_download
+
+    original = file_download.http_get
+    if getattr(original, "_pipeline_hashing", False):
+        return
+
+    def http_get(url, temp_file, *args, resume_size: int = 0, **kwargs):
+        if isinstance(temp_file, _HashingFile):  # the hub's own resume-retry recursion: same stream
+            return original(url, temp_file, *args, resume_size=resume_size, **kwargs)
+        stream = _HashingFile(temp_file, resume_size)
+        original(url, stream, *args, resume_size=resume_size, **kwargs)
+        if stream.clean:
+            _STREAMS[os.path.abspath(temp_file.name)] = (stream._h.hexdigest(), stream.size)
+
+    http_get._pipeline_hashing = True  # type: ignore[attr-defined]
+    file_download.http_get = http_get
+
+
+def _take_streams(staging: Path) -> dict[str, tuple[str, int]]:
+    """Pop the stream digests recorded under `staging`: etag (from '<hash>.<etag>.incomplete') -> (sha256, bytes)."""
+    prefix = os.path.abspath(staging) + os.sep
+    out = {}
+    for path in [p for p in list(_STREAMS) if p.startswith(prefix)]:
+        rec = _STREAMS.pop(path, None)
+        parts = os.path.basename(path).split(".")
+        if rec and len(parts) >= 3 and parts[-1] == "incomplete":
+            out[parts[-2]] = rec
+    return out
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _verify_staging(staging: Path, files: dict[str, dict[str, Any]], verified: dict[str, Any]) -> dict[str, str]:
+    """Check every file not yet verified (or changed since); stream digests first, else hash from disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams = _take_streams(staging)
+    bad, to_hash = {}, []
+    for name, meta in files.items():
+        key = _stat_key(staging / name)
+        if key is None:
+            bad[name] = "missing"
+        elif verified.get(name) == key:
+            continue
+        elif meta.get("size") is not None and key[1] != meta["size"]:
+            bad[name] = f"size {key[1]} != {meta['size']}"
+        elif meta.get("lfs_sha256") and streams.get(meta["lfs_sha256"]) == (meta["lfs_sha256"], key[1]):
+            verified[name] = key
+        else:
+            to_hash.append((name, key))
+    with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
+        reasons = list(pool.map(lambda nk: _check_file(staging / nk[0], files[nk[0]]), to_hash))
+    for (name, key), reason in zip(to_hash, reasons):
+        if reason:
+            bad[name] = reason
+        else:
+            verified[name] = key
+    return bad
+
+
 def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], staging: Path, *,
                     endpoint: str, token: str | None, max_workers: int, errors: _HubErrors) -> list[str]:
     """snapshot_download into `staging` until every file matches its oid; returns the names fetched again."""
@@ -325,8 +438,11 @@ def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    _install_stream_hashing()
+    _take_streams(staging)  # drop stale records of an earlier call
     refetched: list[str] = []
     bad: dict[str, str] = {}
+    verified: dict[str, Any] = {}
     for attempt in range(1, _ATTEMPTS + 1):
         with errors:
             try:
@@ -341,7 +457,7 @@ def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]
                 print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
                       file=sys.stderr)
                 continue
-        bad = {n: r for n, r in ((n, _check_file(staging / n, m)) for n, m in files.items()) if r}
+        bad = _verify_staging(staging, files, verified)
         if not bad:
             return refetched
         for name, reason in bad.items():
@@ -428,7 +544,7 @@ def download_model(
         if m and not verify and _unchanged(final, m):
             return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
         if m:
-            bad = {n: r for n, r in ((n, _check_file(final / n, meta)) for n, meta in files.items()) if r}
+            bad = _verify_staging(final, files, {})
             if not bad and set(m.get("files", {})) == set(files):
                 m["stat"] = _stat_table(final, sorted(files))
                 write_manifest(final, m)
@@ -488,7 +604,12 @@ def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path,
     if m is None:
         raise DownloadError(f"offline: {entry.repo_id}@{requested} has not been downloaded to {cache_dir()}; "
                             f"run `invoke download --model {entry.name}` with network access first")
-    if not _unchanged(final, m) or (verify and _verify_table(final, m["files"])):
+    unchanged = _unchanged(final, m)
+    if (verify or not unchanged) and _verify_table(final, m["files"]):
         raise DownloadError(f"offline: the download of {entry.repo_id}@{sha[:12]} in {final} is incomplete or "
                             f"corrupt; re-run `invoke download --model {entry.name} --verify` with network access")
+    if not unchanged:  # same bytes, new timestamps (copied cache): remember them
+        with stage_lock(final):
+            m["stat"] = _stat_table(final, sorted(m["files"]))
+            write_manifest(final, m)
     return DownloadResult(path=final, sha=sha, manifest=m, status="cached")

@@ -17,13 +17,14 @@ import hashlib
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".model", ".gguf")
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 
 
 @dataclass
@@ -67,12 +68,15 @@ class HubRepo:
 class LocalHub:
     """In-process Hub server. Use as a context manager; `.endpoint` is its URL."""
 
-    def __init__(self, *, tokens: set[str] | None = None):
+    def __init__(self, *, tokens: set[str] | None = None, link_bytes_per_s: float | None = None):
         self.repos: dict[str, HubRepo] = {}
         self.tokens = set(tokens or ())  # tokens with access to gated repos
         self.drop: dict[str, int] = {}
         self.corrupt: dict[str, int] = {}
         self.hide: set[str] = set()  # listed in the model info, but 404 EntryNotFound on download
+        self.ignore_range = False  # answer Range requests with the whole file (200), like some CDNs
+        self.link_bytes_per_s = link_bytes_per_s  # emulate a network link: aggregate rate over all connections
+        self._link_next = 0.0
         self.requests: list[tuple[str, str, str | None, bool]] = []  # (method, path, Range, had Authorization)
         self.bytes_served = 0
         self._lock = threading.Lock()
@@ -111,7 +115,7 @@ class LocalHub:
         Handler.hub = hub
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -125,6 +129,17 @@ class LocalHub:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def _pace(self, n: int) -> None:
+        """Sleep so that all connections together stay under `link_bytes_per_s`."""
+        if not self.link_bytes_per_s:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._link_next = max(self._link_next, now) + n / self.link_bytes_per_s
+            wait = self._link_next - now - n / self.link_bytes_per_s  # send this chunk at its slot's start
+        if wait > 0:
+            time.sleep(wait)
 
     def file_gets(self, name: str) -> list[str | None]:
         """Range headers of every GET of a file named `name` (None: whole file)."""
@@ -259,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "EntryNotFound", f"{name} does not exist on {rev}")
         start, end, status = 0, f.size, 200
         rng = self.headers.get("Range")
-        if rng and rng.startswith("bytes="):
+        if rng and rng.startswith("bytes=") and not self.hub.ignore_range:
             a, _, b = rng[len("bytes="):].partition("-")
             start = int(a) if a else 0
             end = min(int(b) + 1, f.size) if b else f.size
@@ -289,6 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
             if corrupt:
                 chunk = bytes(b ^ 0xFF for b in chunk[:64]) + chunk[64:]
                 corrupt = False
+            self.hub._pace(len(chunk))
             self.wfile.write(chunk)
             pos = stop
             with self.hub._lock:
@@ -308,7 +324,6 @@ def serve_directory(hub: LocalHub, repo_id: str, directory: Path, **kw) -> str:
 
 if __name__ == "__main__":  # python tests/hubserver.py DIR REPO_ID: serve a directory until Ctrl-C
     import sys
-    import time
 
     hub = LocalHub().start()
     print(serve_directory(hub, sys.argv[2], Path(sys.argv[1])), hub.endpoint, flush=True)

@@ -74,9 +74,15 @@ def _hub_requests(hub) -> int:
     return len(hub.requests)
 
 
-def test_download_pins_verifies_and_second_run_is_a_noop(hub, env):
+def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
+    import pipeline.download as dl
+
+    hashed_from_disk = []
+    check = dl._check_file
+    monkeypatch.setattr(dl, "_check_file", lambda path, meta: hashed_from_disk.append(path.name) or check(path, meta))
     sha = hub.add_commit("test-org/tiny", _files())
     res = download_model(_entry(), endpoint=hub.endpoint)
+    assert not [n for n in hashed_from_disk if n.endswith(".safetensors")]  # LFS files were hashed while streaming
     assert isinstance(res, DownloadResult) and res.status == "downloaded" and res.sha == sha
     assert res.path == env / "cache" / "downloads" / "test-org--tiny" / sha
     expected = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", SHARD1, SHARD2,
@@ -120,6 +126,15 @@ def test_resume_after_dropped_connection(hub, env, capsys):
     assert ranges[0] is None and len(ranges) == 2 and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
     assert int(ranges[1].split("=")[1].rstrip("-")) > 0  # resumed, not restarted
     assert "resuming" in capsys.readouterr().err
+
+
+def test_resume_against_a_server_that_ignores_range(hub, env):
+    hub.add_commit("test-org/tiny", _files())
+    hub.drop[SHARD1] = 1_400_000
+    hub.ignore_range = True  # the client must restart the file from byte 0 (and the stream hash with it)
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1] and res.refetched == []
+    assert len(hub.file_gets(SHARD1)) == 2
 
 
 def test_corrupt_file_is_reported_and_refetched(hub, env, capsys):
@@ -168,6 +183,12 @@ def test_offline_reuses_cache_without_network(hub, env):
     lock_file_path().unlink()  # even without the lock file, the cached download of 'main' is found
     off = download_model(_entry(), offline=True)
     assert off.path == res.path and off.status == "cached" and _hub_requests(hub) == before
+    os.utime(res.path / SHARD1, ns=(1, 1))  # copied cache: new mtime, same bytes -> hashed once, accepted
+    assert download_model(_entry(), offline=True).path == res.path
+    assert res.manifest["stat"][SHARD1] != json.loads((res.path / "manifest.json").read_text())["stat"][SHARD1]
+    (res.path / SHARD1).write_bytes(b"x" * len(_files()[SHARD1]))
+    with pytest.raises(DownloadError, match="incomplete or corrupt"):
+        download_model(_entry(), offline=True)
     with pytest.raises(DownloadError, match="--update needs the network"):
         download_model(_entry(), offline=True, update=True)
 
