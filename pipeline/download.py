@@ -565,7 +565,7 @@ def download_model(
         check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
                            model=entry.name)
         shutil.rmtree(staging / ".cache", ignore_errors=True)
-        for extra in set(p.name for p in staging.iterdir()) - set(files):
+        for extra in {p.name for p in staging.iterdir()} - set(files):
             p = staging / extra
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         names = sorted(files)

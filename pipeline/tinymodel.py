@@ -12,11 +12,21 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from .artifacts import atomic_dir, cache_dir, file_table, is_current, read_manifest, stage_key, stage_lock, write_manifest
+from .artifacts import (
+    atomic_dir,
+    cache_dir,
+    file_table,
+    is_current,
+    read_manifest,
+    stage_key,
+    stage_lock,
+    write_manifest,
+)
 from .errors import DownloadError
 
 GENERATOR_VERSION = "1"

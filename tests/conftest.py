@@ -19,9 +19,9 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ.pop("HF_TOKEN", None)
 os.environ.pop("HUGGING_FACE_HUB_TOKEN", None)
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 
 def _loopback_only_backend():

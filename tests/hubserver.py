@@ -106,7 +106,7 @@ class LocalHub:
         assert self._server is not None, "server not started"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def start(self) -> "LocalHub":
+    def start(self) -> LocalHub:
         hub = self
 
         class Handler(_Handler):
@@ -124,7 +124,7 @@ class LocalHub:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "LocalHub":
+    def __enter__(self) -> LocalHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
