@@ -25,7 +25,17 @@ from typing import Any
 
 from filelock import FileLock
 
-from .artifacts import cache_dir, output_root, read_manifest, sha256_file, stage_key, stage_lock, write_manifest
+from .artifacts import (
+    cache_dir,
+    is_current,
+    output_root,
+    read_manifest,
+    safe_join,
+    sha256_file,
+    stage_key,
+    stage_lock,
+    write_manifest,
+)
 from .errors import DownloadError
 from .registry import Architecture, ModelEntry
 
@@ -188,8 +198,9 @@ def _verify_table(root: Path, files: dict[str, dict[str, Any]]) -> dict[str, str
 def _download_generated(entry: ModelEntry, verify: bool) -> DownloadResult:
     from . import tinymodel
 
+    existed = is_current(tinymodel.model_dir(entry.name), tinymodel.generation_key(entry.name))
     path = tinymodel.ensure_tiny_model(entry.name)
-    status = "cached"
+    status = "cached" if existed else "generated"
     gen = read_manifest(path) or {}
     if verify and _verify_table(path, gen.get("files", {})):
         print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
@@ -228,8 +239,13 @@ def _unchanged_sizes(root: Path, files: dict[str, dict[str, Any]]) -> bool:
 # Hub downloads
 
 
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
 def _repo_dir(repo_id: str) -> Path:
-    return cache_dir() / "downloads" / repo_id.replace("/", "--")
+    if not _REPO_ID_RE.match(repo_id) or ".." in repo_id:
+        raise DownloadError(f"repo_id {repo_id!r} is not a Hub repo id ('org/name'); fix the registry entry")
+    return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
 
 
 def _select(siblings: list[Any], *, where: str) -> dict[str, dict[str, Any]]:

@@ -214,6 +214,7 @@ def test_hf_hub_offline_implies_offline(env, monkeypatch):
         ("config_mismatch", r"config\.json num_hidden_layers=7 does not match the registry's 4 for model 'hub-tiny'"),
         ("no_architectures", r"config\.json has no 'architectures'"),
         ("unreachable", r"cannot reach http://127\.0\.0\.1:9 to fetch test-org/tiny"),
+        ("bad_repo_id", r"repo_id '\.\./\.\./etc' is not a Hub repo id"),
     ],
 )
 def test_errors_are_one_line(hub, env, monkeypatch, case, message):
@@ -239,6 +240,8 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
         files = _files(**{"config.json": _config(architectures=None)})
     elif case == "unreachable":
         kw["endpoint"] = "http://127.0.0.1:9"
+    elif case == "bad_repo_id":
+        entry = _entry("../../etc")
     if "test-org/tiny" not in hub.repos and entry.repo_id == "test-org/tiny":
         hub.add_commit("test-org/tiny", files)
     with pytest.raises(DownloadError, match=message) as err:
@@ -264,6 +267,7 @@ def test_generated_model_goes_through_the_same_function(pipeline_env):
     for key in ("key", "model", "repo_id", "revision", "sha", "source", "files", "total_bytes"):
         assert key in res.manifest
     assert res.manifest["source"] == "generated" and res.manifest["repo_id"] == "local/tiny-llama"
+    assert res.status == "cached"  # the session fixture generated it already
     assert len(res.sha) == 40 and set(res.manifest["files"]) >= {"config.json", "model.safetensors"}
     assert download_model(get_model("tiny-llama"), verify=True).manifest == res.manifest
     assert not (pipeline_env / "out").exists()  # no lock file for generated models
