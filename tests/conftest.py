@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # --- Section: network isolation (owner: download / issue 3) -------------------------------------------------------
@@ -10,6 +12,7 @@ import tempfile
 # endpoint, offline mode, and a private HF_HOME so no real token or cache is ever used. Tests that talk to the
 # local Hub server (tests/hubserver.py) switch offline mode off explicitly for themselves.
 _HF_HOME = tempfile.mkdtemp(prefix="pipeline-test-hf-home-")
+atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 os.environ["HF_HOME"] = _HF_HOME
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens on the discard port: fails fast
 os.environ["HF_HUB_OFFLINE"] = "1"
