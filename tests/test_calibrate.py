@@ -169,7 +169,7 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     m = res.manifest
     assert m["key"] and m["roundtrip"]["passed"]
     if precision not in ("int4_awq", "w4a8_awq"):
-        assert m["roundtrip"]["max_rel_logit_err"] < 1e-3
+        assert m["roundtrip"]["max_rel_logit_err"] < 1e-2
     assert {"ppl_base", "ppl_quant", "ppl_delta_pct", "kl_mean", "top1_agreement"} <= set(m["quality"])
     assert m["recipe"]["quant_algo"] == QUANT_ALGO[precision] and m["parallelism"]["tp"] == tp
     assert set(m["toolchain"]) >= {"torch", "modelopt", "transformers"}
@@ -234,3 +234,25 @@ def test_unsupported_architecture(tmp_path, monkeypatch, tiny_models):
 def test_role_draft_without_draft_model():
     with pytest.raises(CalibrationError, match="no draft model"):
         run_calibrate(make_spec(precision="fp8"), role="draft")
+
+
+@pytest.mark.slow
+def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
+    """The task wiring end to end: download_model provides the source; the second run only reads manifests."""
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    args = [sys.executable, "-m", "invoke", "calibrate", "--model", "tiny-llama", "--precision", "fp8",
+            "--calib-size", "2", "--calib-seq-len", "32"]
+    first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.startswith("ok: target built: ") and "ppl" in first.stdout
+    ckpt = Path(first.stdout.split(": ")[2].split(" (")[0])
+    assert ckpt.is_relative_to(pipeline_env / "out" / "engines")
+    from pipeline.artifacts import read_manifest
+    from pipeline.download import download_model
+    from pipeline.registry import get_model
+
+    assert read_manifest(ckpt)["model"]["sha"] == download_model(get_model("tiny-llama")).sha
+    second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0 and second.stdout.startswith(f"ok: target cached: {ckpt} ")

@@ -7,6 +7,7 @@ inputs that change the checkpoint: source revision, recipe, calibration-sample f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -197,7 +198,8 @@ def run_calibrate(
     with stage_lock(final):
         if (hit := cached()) is not None:
             return hit
-        with atomic_dir(final) as tmp:
+        # ModelOpt prints progress to stdout; keep stdout for the stage's own result lines.
+        with atomic_dir(final) as tmp, contextlib.redirect_stdout(sys.stderr):
             manifest = _build(plan, src, calib, texts, encode, tmp)
             manifest.update(key=key, build_id=build_id, factors=factors, role=role,
                             model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
