@@ -25,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def bare(src: Path, samples: list[list[int]], precision: str, kv: str, out: Path) -> tuple[float, dict[str, float]]:
-    import torch
     import modelopt.torch.quantization as mtq
+    import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM
 
@@ -48,8 +48,14 @@ def bare(src: Path, samples: list[list[int]], precision: str, kv: str, out: Path
     phases["calibrate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     with torch.inference_mode():
-        export_tensorrt_llm_checkpoint(copy.deepcopy(model), "llama", torch.bfloat16, export_dir=out,
-                                       inference_tensor_parallel=1, inference_pipeline_parallel=1)
+        export_tensorrt_llm_checkpoint(
+            copy.deepcopy(model),
+            "llama",
+            torch.bfloat16,
+            export_dir=out,
+            inference_tensor_parallel=1,
+            inference_pipeline_parallel=1,
+        )
     phases["export_s"] = time.perf_counter() - t
     return time.perf_counter() - t0, phases
 
@@ -72,22 +78,29 @@ def main() -> None:
     from pipeline.download import download_model
     from pipeline.spec import resolve_spec
 
-    spec = resolve_spec(model=args.model, precision=args.precision, kv_cache=args.kv_cache,
-                        calib_size=args.calib_size, calib_seq_len=args.calib_seq_len,
-                        enable_kv_cache_reuse=False, enable_chunked_context=False)
+    spec = resolve_spec(
+        model=args.model,
+        precision=args.precision,
+        kv_cache=args.kv_cache,
+        calib_size=args.calib_size,
+        calib_seq_len=args.calib_seq_len,
+        enable_kv_cache_reuse=False,
+        enable_chunked_context=False,
+    )
     src = download_model(spec.model).path
     plan = _plan(spec, "target")
     texts, source = data.load_texts(None)
-    samples = data.pack(texts, data.tokenizer_fn(src), size=plan.calib_size, seq_len=plan.calib_seq_len,
-                        seed=plan.seed, source=source).samples
+    samples = data.pack(
+        texts, data.tokenizer_fn(src), size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source
+    ).samples
+    import modelopt.torch.export
     import modelopt.torch.quantization  # noqa: F401 - warm imports so neither side pays them
-    import modelopt.torch.export  # noqa: F401
     import transformers  # noqa: F401
 
     t_bare, t_ours, breakdown, bare_phases = [], [], {}, {}
     with contextlib.redirect_stdout(sys.stderr):
         for i in range(args.repeat):
-            for side in (("bare", "ours") if i % 2 == 0 else ("ours", "bare")):  # alternate: no order bias
+            for side in ("bare", "ours") if i % 2 == 0 else ("ours", "bare"):  # alternate: no order bias
                 if side == "bare":
                     tb, ph = bare(src, samples, plan.precision, plan.kv, work / f"bare{i}")
                     if not t_bare or tb < min(t_bare):
@@ -102,8 +115,10 @@ def main() -> None:
                     t_ours.append(to)
     b, o = min(t_bare), min(t_ours)
     features = sum(breakdown.get(k, 0.0) for k in ("reference_s", "quality_s", "roundtrip_s"))
-    print(f"model={args.model} precision={plan.precision} kv={plan.kv} calib={len(samples)}x{plan.calib_seq_len} "
-          f"repeat={args.repeat} (min of runs)")
+    print(
+        f"model={args.model} precision={plan.precision} kv={plan.kv} calib={len(samples)}x{plan.calib_seq_len} "
+        f"repeat={args.repeat} (min of runs)"
+    )
     print(f"bare modelopt quantize+export: {b:.2f} s")
     print(f"calibrate stage (all):         {o:.2f} s   ratio {o / b:.3f}  (goal <= 1.05)")
     print(f"  of which quality gate + round-trip: {features:.2f} s")

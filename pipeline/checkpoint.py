@@ -45,9 +45,9 @@ class CheckpointError(PipelineError):
 class _Linear:
     """One dequantized linear layer of one rank (weight in float32, optional activation quantization)."""
 
-    weight: "torch.Tensor"
-    act_scale: "torch.Tensor | None" = None
-    prequant: "torch.Tensor | None" = None
+    weight: torch.Tensor
+    act_scale: torch.Tensor | None = None
+    prequant: torch.Tensor | None = None
 
 
 @dataclass
@@ -55,9 +55,9 @@ class LoadedCheckpoint:
     """What `read_checkpoint` returns: the TRT-LLM config and merged full-precision HF tensors."""
 
     config: dict[str, Any]
-    state_dict: dict[str, "torch.Tensor"]
+    state_dict: dict[str, torch.Tensor]
     # HF linear module -> (activation kind "fp8"/"int8" or None, activation scale, pre-quant scale)
-    activation_quant: dict[str, tuple[str | None, "torch.Tensor | None", "torch.Tensor | None"]] = field(
+    activation_quant: dict[str, tuple[str | None, torch.Tensor | None, torch.Tensor | None]] = field(
         default_factory=dict
     )
 
@@ -80,7 +80,7 @@ def read_config(ckpt_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def _unpack_int4(packed: "torch.Tensor") -> "torch.Tensor":
+def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """ModelOpt's packing: int8 [out/2, in], low nibble = row 2j, high nibble = row 2j+1 (signed 4-bit)."""
     import torch
 
@@ -92,13 +92,13 @@ def _unpack_int4(packed: "torch.Tensor") -> "torch.Tensor":
     return out.reshape(-1, packed.shape[-1]).float()
 
 
-def _fp8_round(x: "torch.Tensor") -> "torch.Tensor":
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
     import torch
 
     return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
 
 
-def _dequant_linear(w: dict[str, "torch.Tensor"], algo: str | None, prefix: str) -> _Linear:
+def _dequant_linear(w: dict[str, torch.Tensor], algo: str | None, prefix: str) -> _Linear:
     """Dequantize one linear of one rank from its tensors (`weight`, `*_scaling_factor`)."""
     weight = w.get("weight")
     if weight is None:
@@ -130,7 +130,7 @@ def _dequant_linear(w: dict[str, "torch.Tensor"], algo: str | None, prefix: str)
     return _Linear(deq, act.float() if act is not None else None, pqs)
 
 
-def _split_layers(weights: dict[str, "torch.Tensor"]) -> tuple[dict[int, dict[str, "torch.Tensor"]], dict]:
+def _split_layers(weights: dict[str, torch.Tensor]) -> tuple[dict[int, dict[str, torch.Tensor]], dict]:
     layers: dict[int, dict[str, torch.Tensor]] = {}
     other = {}
     for name, t in weights.items():
@@ -142,12 +142,12 @@ def _split_layers(weights: dict[str, "torch.Tensor"]) -> tuple[dict[int, dict[st
     return layers, other
 
 
-def _linear_tensors(layer: dict[str, "torch.Tensor"], key: str) -> dict[str, "torch.Tensor"]:
+def _linear_tensors(layer: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
     pre = key + "."
-    return {k[len(pre):]: v for k, v in layer.items() if k.startswith(pre)}
+    return {k[len(pre) :]: v for k, v in layer.items() if k.startswith(pre)}
 
 
-def _merge(parts: list["torch.Tensor"], style: str) -> "torch.Tensor":
+def _merge(parts: list[torch.Tensor], style: str) -> torch.Tensor:
     import torch
 
     if len(parts) == 1:
@@ -155,7 +155,7 @@ def _merge(parts: list["torch.Tensor"], style: str) -> "torch.Tensor":
     return torch.cat(parts, dim=0 if style == "column" else 1)
 
 
-def _same(parts: list["torch.Tensor"], what: str) -> "torch.Tensor":
+def _same(parts: list[torch.Tensor], what: str) -> torch.Tensor:
     import torch
 
     for p in parts[1:]:
@@ -203,7 +203,10 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
             gid = offset + lid
             hf = f"model.layers.{gid}"
             layer_parts = [s[0][lid] for s in split]
-            for trt, hf_name in (("input_layernorm", "input_layernorm"), ("post_layernorm", "post_attention_layernorm")):
+            for trt, hf_name in (
+                ("input_layernorm", "input_layernorm"),
+                ("post_layernorm", "post_attention_layernorm"),
+            ):
                 sd[f"{hf}.{hf_name}.weight"] = _same(
                     [lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}"
                 )
@@ -211,8 +214,10 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
                 lins = [_dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
                 pqs = None
                 if lins[0].prequant is not None:
-                    pqs = _merge([x.prequant for x in lins], "column") if style == "row" else _same(
-                        [x.prequant for x in lins], f"layer {gid} {trt} prequant_scaling_factor"
+                    pqs = (
+                        _merge([x.prequant for x in lins], "column")
+                        if style == "row"
+                        else _same([x.prequant for x in lins], f"layer {gid} {trt} prequant_scaling_factor")
                     )
                 act = lins[0].act_scale
                 if act is not None:
@@ -245,7 +250,9 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
             sharded = cfg.get("use_parallel_embedding") and tp > 1
             dim = int(cfg.get("embedding_sharding_dim", 0))
             sd["model.embed_tokens.weight"] = (
-                torch.cat([e.float() for e in emb], dim=dim) if sharded else _same([e.float() for e in emb], "embedding")
+                torch.cat([e.float() for e in emb], dim=dim)
+                if sharded
+                else _same([e.float() for e in emb], "embedding")
             )
         if "transformer.ln_f.weight" in split[0][1]:
             sd["model.norm.weight"] = split[0][1]["transformer.ln_f.weight"].float()
@@ -253,7 +260,9 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
         if heads_[0] is not None:
             sd["lm_head.weight"] = torch.cat([h.float() for h in heads_], dim=0)
     if offset != int(cfg["num_hidden_layers"]):
-        raise CheckpointError(f"{ckpt_dir}: found {offset} layers across pp stages, config says {cfg['num_hidden_layers']}")
+        raise CheckpointError(
+            f"{ckpt_dir}: found {offset} layers across pp stages, config says {cfg['num_hidden_layers']}"
+        )
     for need in ("model.embed_tokens.weight", "model.norm.weight"):
         if need not in sd:
             raise CheckpointError(f"{ckpt_dir}: tensor for {need} is missing from every rank; re-export")
@@ -291,7 +300,7 @@ def hf_config_from(cfg: dict[str, Any]):
     )
 
 
-def _act_hook(kind: str, scale: "torch.Tensor", prequant: "torch.Tensor | None"):
+def _act_hook(kind: str, scale: torch.Tensor, prequant: torch.Tensor | None):
     """Forward pre-hook: pre-quant scale, then per-tensor FP8 (saturating) or INT8 fake quantization."""
     import torch
 
@@ -314,8 +323,8 @@ def _act_hook(kind: str, scale: "torch.Tensor", prequant: "torch.Tensor | None")
 
 
 def load_checkpoint_as_hf(
-    ckpt_dir: str | Path, *, dtype: "torch.dtype | None" = None, activation_quant: bool = True
-) -> "LlamaForCausalLM":
+    ckpt_dir: str | Path, *, dtype: torch.dtype | None = None, activation_quant: bool = True
+) -> LlamaForCausalLM:
     """Load an exported TensorRT-LLM checkpoint (all ranks merged, dequantized) as transformers' LlamaForCausalLM.
 
     Args:

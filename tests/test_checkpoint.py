@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
+from calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 from safetensors.torch import load_file, save_file
 
-from calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 from pipeline.checkpoint import CheckpointError, _unpack_int4, load_checkpoint_as_hf, read_checkpoint
 from pipeline.errors import CalibrationError, PipelineError
 
@@ -97,8 +97,14 @@ def test_stage_round_trip_fails_on_corrupted_scale(tiny_models, tmp_path, monkey
 def test_incomplete_or_foreign_checkpoints(tmp_path):
     with pytest.raises(CheckpointError, match="config.json does not exist"):
         read_checkpoint(tmp_path)
-    cfg = {"architecture": "LlamaForCausalLM", "num_hidden_layers": 1, "num_attention_heads": 8, "hidden_size": 256,
-           "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1}, "quantization": {"quant_algo": "FP8"}}
+    cfg = {
+        "architecture": "LlamaForCausalLM",
+        "num_hidden_layers": 1,
+        "num_attention_heads": 8,
+        "hidden_size": 256,
+        "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1},
+        "quantization": {"quant_algo": "FP8"},
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "rank0.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match="missing rank1.safetensors"):

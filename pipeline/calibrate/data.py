@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..errors import CalibrationError
 
@@ -44,7 +44,9 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
         return _bundled()[0], "bundled-corpus"
     p = Path(path).expanduser()
     if not p.is_file():
-        raise CalibrationError(f"calibration file {p} does not exist; pass an existing .jsonl or text file to --calib-data")
+        raise CalibrationError(
+            f"calibration file {p} does not exist; pass an existing .jsonl or text file to --calib-data"
+        )
     try:
         raw = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -57,16 +59,18 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError:
-                raise CalibrationError(f"{p}:{n}: not valid JSON; each line must be {{\"text\": \"...\"}}") from None
+                raise CalibrationError(f'{p}:{n}: not valid JSON; each line must be {{"text": "..."}}') from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise CalibrationError(f"{p}:{n}: expected an object with a string \"text\" field; fix that line")
+                raise CalibrationError(f'{p}:{n}: expected an object with a string "text" field; fix that line')
             if obj["text"].strip():
                 texts.append(obj["text"])
     else:
         blocks = [b.strip() for b in raw.split("\n\n")]
-        texts = [b for b in blocks if b] if len([b for b in blocks if b]) > 1 else [
-            ln.strip() for ln in raw.splitlines() if ln.strip()
-        ]
+        texts = (
+            [b for b in blocks if b]
+            if len([b for b in blocks if b]) > 1
+            else [ln.strip() for ln in raw.splitlines() if ln.strip()]
+        )
     if not texts:
         raise CalibrationError(f"calibration file {p} holds no text; add samples or drop --calib-data")
     digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -93,7 +97,9 @@ def tokenizer_fn(model_dir: Path) -> Callable[[str], list[int]]:
     return lambda text: auto(text)["input_ids"]
 
 
-def pack(texts: list[str], encode: Callable[[str], list[int]], *, size: int, seq_len: int, seed: int, source: str) -> TokenSet:
+def pack(
+    texts: list[str], encode: Callable[[str], list[int]], *, size: int, seq_len: int, seed: int, source: str
+) -> TokenSet:
     """Shuffle texts with `seed`, tokenize, pack into up to `size` samples of exactly `seq_len` tokens.
 
     When the texts hold fewer than `seq_len` tokens in all, the single (shorter) sample is used.

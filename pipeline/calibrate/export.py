@@ -11,8 +11,14 @@ from typing import Any
 from ..errors import CalibrationError
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "generation_config.json", "chat_template.jinja", "chat_template.json", "added_tokens.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "added_tokens.json",
 )
 
 
@@ -29,11 +35,17 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
     try:
         with torch.inference_mode():
             export_tensorrt_llm_checkpoint(
-                exported, "llama", dtype, export_dir=out_dir,
-                inference_tensor_parallel=tp, inference_pipeline_parallel=pp,
+                exported,
+                "llama",
+                dtype,
+                export_dir=out_dir,
+                inference_tensor_parallel=tp,
+                inference_pipeline_parallel=pp,
             )
     except (AssertionError, NotImplementedError, ValueError, RuntimeError) as exc:
-        raise CalibrationError(f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism") from None
+        raise CalibrationError(
+            f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
+        ) from None
     _snap_prequant_scales(exported, dtype)
     return exported
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CalibrationError
 
@@ -41,7 +42,7 @@ class QualityReport:
 EVAL_BATCH = 8
 
 
-def _batches(samples: list[list[int]], device) -> Iterable["torch.Tensor"]:
+def _batches(samples: list[list[int]], device) -> Iterable[torch.Tensor]:
     """Equal-length samples stacked into batches of up to EVAL_BATCH (a shorter sample goes alone)."""
     import torch
 
@@ -54,7 +55,7 @@ def _batches(samples: list[list[int]], device) -> Iterable["torch.Tensor"]:
         i = j
 
 
-def reference_logprobs(model, samples: list[list[int]], device) -> list["torch.Tensor"]:
+def reference_logprobs(model, samples: list[list[int]], device) -> list[torch.Tensor]:
     """Next-token log-probabilities of the unquantized model (float32, CPU), one tensor per sample."""
     import torch
 
@@ -65,7 +66,7 @@ def reference_logprobs(model, samples: list[list[int]], device) -> list["torch.T
     return out
 
 
-def compare(model, samples: list[list[int]], ref: list["torch.Tensor"], device, *, threshold_pct: float) -> QualityReport:
+def compare(model, samples: list[list[int]], ref: list[torch.Tensor], device, *, threshold_pct: float) -> QualityReport:
     """Perplexity of both models, relative delta (%), mean KL(base || quant) and top-1 agreement."""
     import torch
 
@@ -123,8 +124,16 @@ def roundtrip(loaded, reference, samples: list[list[int]], device, *, awq: bool 
     top1 = agree / max(n, 1)
     ppl_diff = abs(math.exp((nll_b - nll_a) / max(n - len(samples), 1)) - 1) * 100
     ok = (
-        math.isfinite(rel) and rel <= tol["max_rel_logit_err"] and top1 >= tol["min_top1"]
+        math.isfinite(rel)
+        and rel <= tol["max_rel_logit_err"]
+        and top1 >= tol["min_top1"]
         and ppl_diff <= tol["max_ppl_rel_diff_pct"]
     )
-    return {"max_rel_logit_err": rel, "top1_agreement": top1, "ppl_rel_diff_pct": ppl_diff, "tokens": n,
-            "passed": ok, "tolerance": tol}
+    return {
+        "max_rel_logit_err": rel,
+        "top1_agreement": top1,
+        "ppl_rel_diff_pct": ppl_diff,
+        "tokens": n,
+        "passed": ok,
+        "tolerance": tol,
+    }

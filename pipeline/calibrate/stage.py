@@ -78,11 +78,20 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
     if precision in recipes.AWQ and q.calib_size is None:
         size = min(size, AWQ_DEFAULT_CALIB_CAP)
     return _Plan(
-        role=role, entry=entry, precision=precision, kv=q.kv, awq_block_size=q.awq_block_size,
-        tp=spec.parallelism.tp, pp=spec.parallelism.pp, calib_size=size,
-        calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len, batch_size=q.calib_batch_size,
-        seed=q.calib_seed, threshold=q.max_ppl_delta_pct or entry.calibration.max_ppl_delta_pct,
-        enforce=q.quality_gate, export_dtype="float16" if precision == "fp16" else "bfloat16",
+        role=role,
+        entry=entry,
+        precision=precision,
+        kv=q.kv,
+        awq_block_size=q.awq_block_size,
+        tp=spec.parallelism.tp,
+        pp=spec.parallelism.pp,
+        calib_size=size,
+        calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len,
+        batch_size=q.calib_batch_size,
+        seed=q.calib_seed,
+        threshold=q.max_ppl_delta_pct or entry.calibration.max_ppl_delta_pct,
+        enforce=q.quality_gate,
+        export_dtype="float16" if precision == "fp16" else "bfloat16",
     )
 
 
@@ -130,8 +139,12 @@ def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     a = entry.architecture
-    for key, want in (("hidden_size", a.hidden_size), ("num_hidden_layers", a.num_layers),
-                      ("vocab_size", a.vocab_size), ("num_key_value_heads", a.num_kv_heads)):
+    for key, want in (
+        ("hidden_size", a.hidden_size),
+        ("num_hidden_layers", a.num_layers),
+        ("vocab_size", a.vocab_size),
+        ("num_key_value_heads", a.num_kv_heads),
+    ):
         if key in cfg and cfg[key] != want:
             raise CalibrationError(
                 f"{entry.name}: source config {key}={cfg[key]} differs from the registry's {want}; "
@@ -173,11 +186,16 @@ def run_calibrate(
     encode = data.tokenizer_fn(src)
     calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
     factors = {
-        "stage": "calibrate", "version": STAGE_VERSION,
+        "stage": "calibrate",
+        "version": STAGE_VERSION,
         "model": {"name": plan.entry.name, "repo_id": plan.entry.repo_id, "sha": source_sha},
-        "recipe": {"precision": plan.precision, "kv_cache": plan.kv, "export_dtype": plan.export_dtype,
-                   "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
-                   "calib_batch_size": plan.batch_size},
+        "recipe": {
+            "precision": plan.precision,
+            "kv_cache": plan.kv,
+            "export_dtype": plan.export_dtype,
+            "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
+            "calib_batch_size": plan.batch_size,
+        },
         "calibration": calib.fingerprint,
         "parallelism": {"tp": plan.tp, "pp": plan.pp},
         "toolchain": toolchain(),
@@ -201,9 +219,14 @@ def run_calibrate(
         # ModelOpt prints progress to stdout; keep stdout for the stage's own result lines.
         with atomic_dir(final) as tmp, contextlib.redirect_stdout(sys.stderr):
             manifest = _build(plan, src, calib, texts, encode, tmp)
-            manifest.update(key=key, build_id=build_id, factors=factors, role=role,
-                            model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
-                            argv=sys.argv)
+            manifest.update(
+                key=key,
+                build_id=build_id,
+                factors=factors,
+                role=role,
+                model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
+                argv=sys.argv,
+            )
             manifest["files"] = file_table(tmp)
             write_manifest(tmp, manifest)
     return StageResult(final, manifest, build_id, "built")
@@ -260,8 +283,13 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
 
         def forward_loop(m) -> None:
             with torch.no_grad():
-                for b in tqdm(batches, desc=f"calibrate {plan.entry.name} {plan.precision}", unit="batch",
-                              disable=None, file=sys.stderr):
+                for b in tqdm(
+                    batches,
+                    desc=f"calibrate {plan.entry.name} {plan.precision}",
+                    unit="batch",
+                    disable=None,
+                    file=sys.stderr,
+                ):
                     m(torch.tensor(b, dtype=torch.long, device=device))
 
         mtq.quantize(model, cfg, forward_loop)
@@ -302,23 +330,39 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     return {
         "stage": "calibrate",
         "recipe": {
-            "precision": plan.precision, "kv_cache": plan.kv, "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
-            "quant_algo": quant_algo, "kv_cache_quant_algo": kv_algo, "export_dtype": plan.export_dtype,
+            "precision": plan.precision,
+            "kv_cache": plan.kv,
+            "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
+            "quant_algo": quant_algo,
+            "kv_cache_quant_algo": kv_algo,
+            "export_dtype": plan.export_dtype,
             "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
         },
         "calibration": {
-            "source": calib.source, "fingerprint": calib.fingerprint, "samples": len(calib.samples),
-            "requested_samples": plan.calib_size, "seq_len": plan.calib_seq_len, "tokens": calib.tokens,
-            "batch_size": plan.batch_size, "seed": plan.seed,
+            "source": calib.source,
+            "fingerprint": calib.fingerprint,
+            "samples": len(calib.samples),
+            "requested_samples": plan.calib_size,
+            "seq_len": plan.calib_seq_len,
+            "tokens": calib.tokens,
+            "batch_size": plan.batch_size,
+            "seed": plan.seed,
         },
         "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
-        "checkpoint": {"quantization": trt_cfg.get("quantization"), "mapping": trt_cfg.get("mapping"),
-                       "dtype": trt_cfg.get("dtype"), "tokenizer_files": tok_files},
+        "checkpoint": {
+            "quantization": trt_cfg.get("quantization"),
+            "mapping": trt_cfg.get("mapping"),
+            "dtype": trt_cfg.get("dtype"),
+            "tokenizer_files": tok_files,
+        },
         "quality": {**report.as_dict(), "enforced": plan.enforce, "heldout_fingerprint": heldout.fingerprint},
         "roundtrip": rt,
         "toolchain": toolchain(),
-        "device": {"type": device.type, "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-                   "count": torch.cuda.device_count() if cuda else os.cpu_count()},
+        "device": {
+            "type": device.type,
+            "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+            "count": torch.cuda.device_count() if cuda else os.cpu_count(),
+        },
         "timings": timings,
         "peak_memory": _peak_memory(device),
     }
