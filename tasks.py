@@ -31,7 +31,8 @@ def check(c, spec):
 @with_spec
 def plan(c, spec, input_len=None, output_len=None, json_=False):
     """Plan memory fit, KV capacity, concurrency, decode throughput bound and $ per 1M output tokens."""
-    from pipeline.planner import format_plan, plan as make_plan
+    from pipeline.planner import format_plan
+    from pipeline.planner import plan as make_plan
 
     result = make_plan(
         spec,
@@ -80,7 +81,8 @@ def compile_engines(c, spec, dry_run=False, checkpoint_dir=None, draft_checkpoin
 def build(c, spec, until=None, from_=None, force=None, json_=False, offline=False, update=False,
           verify_download=False, revision=None, endpoint=None):
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops."""
-    from pipeline.build import BuildOptions, build as run_build
+    from pipeline.build import BuildOptions
+    from pipeline.build import build as run_build
 
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, revision=revision,
                         endpoint=endpoint)
@@ -197,7 +199,6 @@ def calibrate(c, spec, force=False):
 
 
 # --- package / serve / smoke (issue 6) -----------------------------------------------------------------------------
-from pipeline.triton.cli import with_optional_spec  # noqa: E402  (light: no heavy imports)
 
 @task(
     auto_shortflags=False,
@@ -239,7 +240,7 @@ _SERVE_HELP = dict(
         draft_engine_dir="trtllm: point tensorrt_llm_draft at this engine dir",
     ),
 )
-@with_optional_spec
+@with_spec(optional=True)
 def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300,
           engine_dir=None, draft_engine_dir=None):
     """Run tritonserver on the repository (127.0.0.1) until Ctrl-C; SIGTERM shutdown."""
@@ -261,7 +262,7 @@ def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None,
         ready_timeout="seconds to wait for readiness (default 300)",
     ),
 )
-@with_optional_spec
+@with_spec(optional=True)
 def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=24, num_draft_tokens=None,
           ready_timeout=300):
     """Start a server (unless given), HTTP generate + gRPC streaming via the ensemble, BLS draft-target; non-zero exit on failure."""

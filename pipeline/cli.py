@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import PipelineError
 
@@ -97,11 +98,15 @@ def exit_on_error(fn: Callable) -> Callable:
     return wrapper
 
 
-def with_spec(fn: Callable) -> Callable:
+def with_spec(fn: Callable | None = None, *, optional: bool = False) -> Callable:
     """Give a task every spec flag: the body receives `spec` (a validated BuildSpec) plus its own parameters.
 
     The body's signature is `(c, spec, <own params>)`; the exposed signature is `(c, <own params>, <spec flags>)`.
+    With `optional=True` the spec is resolved only when --model or --spec is given, else the body gets None
+    (`serve`/`smoke` take either a repository path or the spec of a finished build).
     """
+    if fn is None:
+        return functools.partial(with_spec, optional=optional)
     own = list(inspect.signature(fn).parameters.values())
     ctx, own = own[0], [p for p in own[1:] if p.name != "spec"]
     names = {p.name for p in own}
@@ -114,9 +119,11 @@ def with_spec(fn: Callable) -> Callable:
     @exit_on_error
     def wrapper(c, **kwargs):
         flag_values = {f.name: kwargs.pop(f.name, f.default) for f in SPEC_FLAGS if f.name not in names}
-        spec = spec_from_flags(flag_values)
-        for w in spec.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+        spec = None
+        if not optional or flag_values.get("model") or flag_values.get("spec"):
+            spec = spec_from_flags(flag_values)
+            for w in spec.warnings:
+                print(f"warning: {w}", file=sys.stderr)
         return fn(c, spec, **kwargs)
 
     functools.update_wrapper(wrapper, fn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .gpus import GIB, GPUS, GPU
+from .gpus import GIB, GPU, GPUS
 from .registry import Architecture
 from .spec import BuildSpec
 

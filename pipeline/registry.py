@@ -31,7 +31,7 @@ class Architecture(BaseModel):
     rope_theta: float = 10000.0
 
     @model_validator(mode="after")
-    def _heads(self) -> "Architecture":
+    def _heads(self) -> Architecture:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         return self

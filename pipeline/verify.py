@@ -90,45 +90,23 @@ class HostMismatchError(VerifyError):
 def probe_host() -> HostInfo:
     """This host's TensorRT-LLM/TensorRT versions and GPU SM, without importing tensorrt_llm.
 
-    Uses the compile stage's host probe (package metadata + nvidia-smi/NVML) when available, else the same
-    sources directly; the TensorRT version comes from package metadata.
+    TensorRT-LLM and the GPU come from the compile stage's probe (package metadata + nvidia-smi/NVML); the
+    TensorRT version from package metadata.
     """
-    try:
-        from .compile.preflight import probe_host as compile_probe
-    except ImportError:
-        return _fallback_probe()
-    probe = compile_probe()
-    fallback = _fallback_probe(query_gpu=False)
-    sm = probe.gpus[0].sm if probe.gpus else None
-    return HostInfo(probe.trtllm_version if probe.trtllm_installed else None, fallback.tensorrt, sm)
-
-
-def _fallback_probe(*, query_gpu: bool = True) -> HostInfo:
     import importlib.metadata as md
-    import shutil
-    import subprocess
 
-    def version(*names: str) -> str | None:
-        for n in names:
-            try:
-                return md.version(n)
-            except md.PackageNotFoundError:
-                continue
-        return None
+    from .compile.preflight import probe_host as compile_probe
 
-    sm = None
-    if query_gpu and shutil.which("nvidia-smi"):
+    probe = compile_probe()
+    tensorrt = None
+    for name in ("tensorrt", "tensorrt-cu13", "tensorrt_cu13"):
         try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10, check=True,
-            ).stdout.split()
-            if out:
-                major, _, minor = out[0].partition(".")
-                sm = int(major) * 10 + int(minor or 0)
-        except (subprocess.SubprocessError, ValueError, OSError):
-            sm = None
-    return HostInfo(version("tensorrt_llm", "tensorrt-llm"), version("tensorrt", "tensorrt-cu13", "tensorrt_cu13"), sm)
+            tensorrt = md.version(name)
+            break
+        except md.PackageNotFoundError:
+            continue
+    sm = probe.gpus[0].sm if probe.gpus else None
+    return HostInfo(probe.trtllm_version if probe.trtllm_installed else None, tensorrt, sm)
 
 
 # ---------------------------------------------------------------------------------------------------------------

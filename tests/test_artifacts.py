@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pipeline.artifacts import (
-    atomic_dir, file_table, is_current, read_manifest, safe_join, stage_key, write_manifest,
+    atomic_dir,
+    file_table,
+    is_current,
+    read_manifest,
+    safe_join,
+    stage_key,
+    write_manifest,
 )
 from pipeline.errors import PipelineError
 
@@ -23,10 +29,9 @@ def test_atomic_dir_success_replaces(tmp_path):
 
 def test_atomic_dir_failure_leaves_nothing(tmp_path):
     final = tmp_path / "out"
-    with pytest.raises(RuntimeError):
-        with atomic_dir(final) as tmp:
-            (tmp / "half.bin").write_bytes(b"x")
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), atomic_dir(final) as tmp:
+        (tmp / "half.bin").write_bytes(b"x")
+        raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -103,7 +103,9 @@ def test_cli_malformed_calib_file_exits_2(tmp_path):
 
 def test_pack_is_seeded_and_fingerprinted():
     texts = [f"text number {i} " * 5 for i in range(40)]
-    enc = lambda s: [ord(c) for c in s]
+    def enc(s):
+        return [ord(c) for c in s]
+
     a = data.pack(texts, enc, size=4, seq_len=16, seed=0, source="t")
     b = data.pack(texts, enc, size=4, seq_len=16, seed=0, source="t")
     c = data.pack(texts, enc, size=4, seq_len=16, seed=1, source="t")

@@ -92,9 +92,9 @@ def test_startup_imports_no_heavy_modules():
 
 
 def test_every_spec_task_shares_the_flags():
-    import tasks  # noqa: F401
     from invoke import Collection
 
+    import tasks
     from pipeline.cli import SPEC_FLAGS
 
     coll = Collection.from_module(tasks)

@@ -110,17 +110,10 @@ def toolchain() -> dict[str, str]:
 def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[Path, str]:
     """(local HF dir, source revision id): the download stage's result, or a given directory."""
     if source_dir is None:
-        try:
-            from ..download import download_model
-        except ImportError:  # pragma: no cover - the download stage ships with the package
-            if entry.source != "generated":
-                raise CalibrationError("the download stage is not available; pass source_dir") from None
-            from ..tinymodel import ensure_tiny_model
+        from ..download import download_model
 
-            source_dir = ensure_tiny_model(entry.name)
-        else:
-            res = download_model(entry)
-            return Path(res.path), str(res.sha)
+        res = download_model(entry)
+        return Path(res.path), str(res.sha)
     src = Path(source_dir)
     if not (src / "config.json").is_file():
         raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")

@@ -2,50 +2,18 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cli import SPEC_FLAGS, exit_on_error, spec_from_flags
-from ..errors import PackageError, ServeError
-
-
-def with_optional_spec(fn: Callable) -> Callable:
-    """Like `pipeline.cli.with_spec`, but the spec is resolved only when --model or --spec is given (else None):
-    `serve`/`smoke` take either a repository path (--repo) or the spec of a finished build."""
-    own = list(inspect.signature(fn).parameters.values())
-    ctx, own = own[0], [p for p in own[1:] if p.name != "spec"]
-    names = {p.name for p in own}
-    extra = [
-        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
-        for f in SPEC_FLAGS
-        if f.name not in names
-    ]
-
-    @exit_on_error
-    def wrapper(c, **kwargs):
-        flags = {f.name: kwargs.pop(f.name, f.default) for f in SPEC_FLAGS if f.name not in names}
-        spec = spec_from_flags(flags) if (flags.get("model") or flags.get("spec")) else None
-        for w in spec.warnings if spec else ():
-            print(f"warning: {w}", file=sys.stderr)
-        return fn(c, spec, **kwargs)
-
-    functools.update_wrapper(wrapper, fn)
-    del wrapper.__wrapped__
-    wrapper.__signature__ = inspect.Signature([ctx, *own, *extra])
-    return wrapper
+from ..errors import ServeError
 
 
 def _checkpoint(spec, role: str) -> tuple[Path, str | None]:
-    try:
-        from ..calibrate import run_calibrate
-    except ImportError:
-        raise PackageError("the calibrate stage is not available; pass --checkpoint-dir") from None
+    from ..calibrate import run_calibrate
+
     res = run_calibrate(spec, role=role)
-    return Path(res.path), getattr(res, "build_id", None)
+    return Path(res.path), res.build_id
 
 
 def package_command(spec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
