@@ -295,10 +295,7 @@ class _HubErrors:
 
         repo, url = self.entry.repo_id, f"{self.endpoint}/{self.entry.repo_id}"
         if isinstance(exc, GatedRepoError):
-            msg = (f"{repo} is a gated repo and your Hugging Face token has no access to it; request access at {url}"
-                   if self.have_token else
-                   f"{repo} is a gated repo and no Hugging Face token was found; accept its license at {url}, "
-                   "then set HF_TOKEN or run `hf auth login`")
+            msg = _gated_message(repo, url, self.have_token)
         elif isinstance(exc, RevisionNotFoundError):
             msg = (f"revision '{self.revision}' does not exist in {repo}; fix 'revision' in the registry or pass "
                    "--revision with an existing branch, tag or commit")
@@ -320,6 +317,13 @@ class _HubErrors:
         else:
             return False
         raise DownloadError(msg) from None
+
+
+def _gated_message(repo: str, url: str, have_token: bool) -> str:
+    if have_token:
+        return f"{repo} is a gated repo and your Hugging Face token has no access to it; request access at {url}"
+    return (f"{repo} is a gated repo and no Hugging Face token was found; accept its license at {url}, "
+            "then set HF_TOKEN or run `hf auth login`")
 
 
 def _url_tail(exc: Exception) -> str:
@@ -541,6 +545,8 @@ def download_model(
     from huggingface_hub import HfApi, get_token
 
     token = token or get_token()
+    if entry.gated and not token:  # the registry knows it is gated: fail before any request
+        raise DownloadError(_gated_message(entry.repo_id, f"{endpoint}/{entry.repo_id}", False))
     errors = _HubErrors(entry, requested, endpoint, have_token=bool(token))
     api = HfApi(endpoint=endpoint, token=token or False)
     with errors:

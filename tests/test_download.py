@@ -250,6 +250,16 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
     assert not list((env / "cache" / "downloads").glob("*/[0-9a-f]*"))  # nothing published under a final name
 
 
+def test_registry_gated_without_token_fails_before_any_request(hub, env, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    hub.add_commit("test-org/gated", _files(), gated=True)
+    with pytest.raises(DownloadError, match=r"test-org/gated is a gated repo and no Hugging Face token") as err:
+        download_model(_entry("test-org/gated", gated=True), endpoint=hub.endpoint)
+    assert "\n" not in str(err.value) and _hub_requests(hub) == 0
+    assert not (env / "cache" / "downloads").exists() and not lock_file_path().exists()
+
+
 def test_gated_repo_with_token_never_leaks_it(hub, env, capsys):
     hub.add_commit("test-org/gated", _files(), gated=True)
     res = download_model(_entry("test-org/gated"), endpoint=hub.endpoint, token=TOKEN)
