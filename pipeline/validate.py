@@ -112,7 +112,7 @@ def _check_limits(spec: BuildSpec, warnings: list[str]) -> None:
     if lim.multiple_profiles and lim.opt_num_tokens:
         raise SpecError(
             f"limits.opt_num_tokens={lim.opt_num_tokens} cannot be combined with multiple_profiles; "
-            "drop --opt-num-tokens or pass --no-multiple-profiles"
+            "drop limits.opt_num_tokens from the spec file or pass --no-multiple-profiles"
         )
     if lim.max_num_tokens and lim.max_num_tokens < spec.max_input_len and not spec.serving.enable_chunked_context:
         raise SpecError(
@@ -157,7 +157,8 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     if total > 0.95:
         raise SpecError(
             f"serving: target ({s.target_fraction(True)}) + draft ({s.draft_kv_cache_free_gpu_mem_fraction}) "
-            f"KV memory fractions sum to {total:.2f} > 0.95; lower --kv-cache-free-gpu-mem-fraction"
+            f"KV memory fractions sum to {total:.2f} > 0.95; lower --mem-fraction (or "
+            "serving.draft_kv_cache_free_gpu_mem_fraction in the spec file)"
         )
 
 
