@@ -31,13 +31,14 @@ def check(c, spec):
 @with_spec
 def plan(c, spec, input_len=None, output_len=None, json_=False):
     """Plan memory fit, KV capacity, concurrency, decode throughput bound and $ per 1M output tokens."""
+    from pipeline.cli import int_option
     from pipeline.planner import format_plan
     from pipeline.planner import plan as make_plan
 
     result = make_plan(
         spec,
-        input_len=int(input_len) if input_len else None,
-        output_len=int(output_len) if output_len else None,
+        input_len=int_option("input_len", input_len),
+        output_len=int_option("output_len", output_len),
     )
     print(json.dumps(result.as_dict(), indent=2) if json_ else format_plan(result))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PipelineError
+from .errors import PipelineError, SpecError
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,20 @@ def spec_from_flags(values: dict[str, Any]):
     if values.get("no_multiple_profiles"):
         overrides["multiple_profiles"] = False
     return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
+
+
+def int_option(name: str, value: Any, *, minimum: int = 1) -> int | None:
+    """A task's own integer option (invoke hands over strings): None stays None, bad values raise `SpecError`."""
+    if value is None or value == "":
+        return None
+    flag = "--" + name.replace("_", "-")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{flag}={value!r}: expected an integer >= {minimum}") from None
+    if number < minimum:
+        raise SpecError(f"{flag}={number}: must be >= {minimum}")
+    return number
 
 
 def exit_on_error(fn: Callable) -> Callable:

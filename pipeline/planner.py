@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
 from .registry import Architecture
 from .spec import BuildSpec
@@ -109,7 +110,17 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
     """Plan memory fit, KV capacity, concurrency, decode roofline and cost for a resolved spec."""
     gpu = GPUS[spec.hardware.gpu]
     tp, pp = spec.parallelism.tp, spec.parallelism.pp
+    if input_len is not None and not 0 < input_len <= spec.max_input_len:
+        raise SpecError(
+            f"plan: --input-len={input_len} must be within 1..max_input_len={spec.max_input_len}; "
+            "lower it or raise --max-input-len"
+        )
     input_len = input_len or min(1024, spec.max_input_len)
+    if output_len is not None and not 0 < output_len <= spec.max_seq_len - input_len:
+        raise SpecError(
+            f"plan: --output-len={output_len} must be within 1..{spec.max_seq_len - input_len} "
+            f"(max_seq_len={spec.max_seq_len} - input {input_len}); lower it or raise --max-seq-len"
+        )
     output_len = output_len or min(256, spec.max_seq_len - input_len)
     max_batch = spec.max_batch_size
     r = _per_gpu(spec, tp, pp, gpu, input_len, output_len, max_batch)

@@ -80,6 +80,17 @@ def test_plan_table():
     assert "concurrent requests @ 2000+500" in r.stdout and "cost per 1M output tokens" in r.stdout
 
 
+def test_plan_bad_lengths_exit_2_with_one_line():
+    for args, message in (
+        (("--input-len", "abc"), "error: --input-len='abc': expected an integer >= 1"),
+        (("--output-len", "-5"), "error: --output-len=-5: must be >= 1"),
+        (("--input-len", "100000"), "error: plan: --input-len=100000 must be within 1..max_input_len=4096"),
+    ):
+        r = invoke("plan", "--model", "llama-70b", "--precision", "fp8", *args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(message), r.stderr
+
+
 def test_startup_imports_no_heavy_modules():
     code = (
         "import sys, tasks; from pipeline.spec import resolve_spec; from pipeline.planner import plan; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.errors import SpecError
 from pipeline.gpus import GIB, GPUS
 from pipeline.planner import kv_bytes_per_token, plan, weight_bytes
 from pipeline.registry import get_model
@@ -81,3 +82,12 @@ def test_draft_adds_weights_and_kv():
 def test_max_tokens_in_paged_kv_cache_caps_pool():
     p = plan(resolve_spec(model="llama-8b", precision="fp8", max_tokens_in_paged_kv_cache=10000))
     assert p.kv_cache_tokens == 10000
+
+
+def test_lengths_beyond_the_engine_limits_are_rejected():
+    spec = resolve_spec(model="tiny-llama", precision="bf16")  # max_input_len 256, max_seq_len 512
+    with pytest.raises(SpecError, match=r"--input-len=300 must be within 1\.\.max_input_len=256"):
+        plan(spec, input_len=300)
+    with pytest.raises(SpecError, match=r"--output-len=400 must be within 1\.\.312 \(max_seq_len=512 - input 200\)"):
+        plan(spec, input_len=200, output_len=400)
+    assert plan(spec, input_len=256, output_len=256).output_len == 256
