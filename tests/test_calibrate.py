@@ -72,6 +72,11 @@ def test_bad_calibration_files(tmp_path, name, body, message):
         data.load_texts(p)
 
 
+def test_calibration_directory_is_named_as_such(tmp_path):
+    with pytest.raises(CalibrationError, match=r"is a directory; pass a \.jsonl or text file to --calib-data"):
+        data.load_texts(tmp_path)
+
+
 def test_missing_calibration_file_fails_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
     spec = make_spec(precision="fp8", calib_data=str(tmp_path / "nope.jsonl"))

@@ -43,6 +43,8 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
     if path is None:
         return _bundled()[0], "bundled-corpus"
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise CalibrationError(f"calibration path {p} is a directory; pass a .jsonl or text file to --calib-data")
     if not p.is_file():
         raise CalibrationError(
             f"calibration file {p} does not exist; pass an existing .jsonl or text file to --calib-data"
