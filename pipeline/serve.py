@@ -208,6 +208,9 @@ def build_command(
     ld = [p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p]
     env["LD_LIBRARY_PATH"] = ":".join(ld)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    # Idle OpenMP workers of the torch stubs sleep instead of spinning: on a small, busy host spinning workers
+    # compete with the stubs' health thread (see the reference tensorrt_llm model's thread settings).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # The reference backend imports pipeline.checkpoint: make this source tree importable by the Python stubs.
     src_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = ":".join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)

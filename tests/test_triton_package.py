@@ -149,6 +149,24 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
     assert "--load-model=tensorrt_llm" in cmd.argv and "--load-model=tensorrt_llm_draft" in cmd.argv
 
 
+def test_cpu_command_uses_pytriton_bundle_on_loopback(out_env, tmp_path, monkeypatch):
+    from pipeline.serve import build_command
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-")
+    assert cmd.flavour == "cpu-pytriton" and cmd.argv[0].endswith("pytriton/tritonserver/bin/tritonserver")
+    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                 "--backend-config=python,shm-region-prefix-name=p-"):
+        assert flag in cmd.argv
+    backends = Path(next(a for a in cmd.argv if a.startswith("--backend-directory=")).split("=", 1)[1])
+    assert (backends / "python" / "triton_python_backend_stub").is_file()
+    assert "nvidia_pytriton.libs" in cmd.env["LD_LIBRARY_PATH"]
+    assert cmd.env["OMP_WAIT_POLICY"] == "PASSIVE"  # idle torch workers must not starve the stubs' health thread
+
+
 def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, monkeypatch):
     from pipeline import serve
 

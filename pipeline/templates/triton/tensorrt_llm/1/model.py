@@ -73,7 +73,17 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        # Target and draft stubs share the host's cores with tritonserver and the other python models: half the
+        # usable cores each (1 on a 2-core host), one inter-op thread. Oversubscribed, they starve the stubs'
+        # 300 ms health thread, and Triton 2.51 fails a request with "Stub process '<model>' is not healthy" when a
+        # stub misses its ~1 s health window while the server waits for its response (python_backend r24.10,
+        # StubLauncher::ReceiveMessageFromStub; the window is hard-coded).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, min(4, cores // 2)))
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set in this process (parallel work has started)
+            pass
         config = json.loads(args["model_config"])
         self.name = config["name"]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
