@@ -59,7 +59,12 @@ def http_generate(http_url: str, model: str, payload: dict[str, Any], timeout: f
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        raise ServeError(f"HTTP generate on {model} failed: {exc.code} {exc.read().decode(errors='replace')}") from None
+        body = exc.read().decode(errors="replace")
+        hint = ""
+        if "is not healthy" in body:  # python_backend r24.10: a stub missed its ~1 s health heartbeat
+            hint = ("; Triton's Python backend reports a stub unhealthy when it crashed or was starved of CPU for "
+                    "about a second (a heavily loaded host): check the server log, then re-run on a less busy host")
+        raise ServeError(f"HTTP generate on {model} failed: {exc.code} {body}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise ServeError(f"HTTP generate on {model} failed: {exc}; is the server up at {http_url}?") from None
 
