@@ -96,6 +96,16 @@ class ModelEntry(BaseModel):
     limits: ModelLimits = ModelLimits()
     calibration: CalibrationDefaults = CalibrationDefaults()
 
+    @model_validator(mode="after")
+    def _fit_default_limits(self) -> ModelEntry:
+        """Limits an entry leaves unset never exceed its positions (a user entry may omit `limits:`)."""
+        lim, given, pos = self.limits, self.limits.model_fields_set, self.architecture.max_position_embeddings
+        seq = lim.max_seq_len if "max_seq_len" in given else min(lim.max_seq_len, pos)
+        inp = lim.max_input_len if "max_input_len" in given else min(lim.max_input_len, seq // 2)
+        if (seq, inp) != (lim.max_seq_len, lim.max_input_len):
+            object.__setattr__(self, "limits", lim.model_copy(update={"max_seq_len": seq, "max_input_len": inp}))
+        return self
+
 
 def _load_file(path: Path) -> dict[str, dict]:
     try:

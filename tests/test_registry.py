@@ -57,6 +57,19 @@ models:
     assert "llama-70b" in load_registry(f)
 
 
+def test_user_model_without_limits_gets_defaults_within_its_positions(tmp_path):
+    f = tmp_path / "models.yaml"
+    f.write_text(
+        "models:\n  short:\n    repo_id: acme/short\n    tokenizer_family: t\n"
+        "    architecture: {num_layers: 2, hidden_size: 256, num_heads: 8, num_kv_heads: 4, head_dim: 32,\n"
+        "                   intermediate_size: 512, vocab_size: 1024, max_position_embeddings: 1024}\n"
+    )
+    spec = resolve_spec(model="short", precision="bf16", models_file=f)
+    assert (spec.max_seq_len, spec.max_input_len, spec.max_batch_size) == (1024, 512, 64)
+    assert resolve_spec(model="short", precision="bf16", models_file=f, max_input_len=1000).max_input_len == 1000
+    assert get_model("llama-70b").limits.max_seq_len == 8192  # explicit limits are kept
+
+
 @pytest.mark.parametrize(
     "text, match",
     [
