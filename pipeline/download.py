@@ -520,6 +520,9 @@ def download_model(
             offline request for something not downloaded before.
     """
     if entry.source == "generated":
+        if revision not in (None, entry.revision):
+            raise DownloadError(f"--revision {revision}: {entry.name} is generated locally and has no Hub revisions; "
+                                "drop --revision")
         return _download_generated(entry, verify)
 
     from huggingface_hub import constants

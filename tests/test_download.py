@@ -281,6 +281,8 @@ def test_generated_model_goes_through_the_same_function(pipeline_env):
     assert len(res.sha) == 40 and set(res.manifest["files"]) >= {"config.json", "model.safetensors"}
     assert download_model(get_model("tiny-llama"), verify=True).manifest == res.manifest
     assert not (pipeline_env / "out").exists()  # no lock file for generated models
+    with pytest.raises(DownloadError, match=r"--revision v2: tiny-llama is generated locally"):
+        download_model(get_model("tiny-llama"), revision="v2")  # never silently ignored
 
 
 @pytest.mark.slow
