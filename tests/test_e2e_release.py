@@ -123,6 +123,17 @@ def test_build_release_twice_verify_and_noop_rebuild(reference_build, tmp_path):
         "check": "ok", "download": "cached", "calibrate": "cached", "package": "cached", "compile": "skipped"}
     assert manifest_mtimes(root) == before
 
+    # --force package redoes that stage only; a serving-only input (KV memory fraction) rebuilds only package.
+    ckpt = f"engines/{build_id}/checkpoint/manifest.json"
+    for extra in (["--force", "package"], ["--mem-fraction", "0.5"]):
+        r = invoke("build", *SPEC, *extra, "--json", env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rebuilt = json.loads(r.stdout)
+        assert not rebuilt["noop"] and rebuilt["build_id"] == build_id, extra
+        assert {s["stage"]: s["status"] for s in rebuilt["stages"]} == {
+            "check": "ok", "download": "cached", "calibrate": "cached", "package": "built", "compile": "skipped"}, extra
+        assert manifest_mtimes(root)[ckpt] == before[ckpt]
+
 
 def test_bench_against_reference_repo_on_real_tritonserver(reference_build, tmp_path):
     """The harness end to end on CPU: server started on the build's repo, a short sweep, table + JSON."""
