@@ -180,6 +180,11 @@ def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostI
         report.notes.append("host toolchain/GPU unknown (no TensorRT-LLM or GPU here): host check skipped")
         return
     report.host_checked = True
+    absent = [label for key, label in (("tensorrt_llm", "TensorRT-LLM"), ("tensorrt", "TensorRT"), ("sm", "GPU"))
+              if getattr(host, key) is None and any(rec.get(key) for rec in records)]
+    if absent:  # e.g. a GPU host verifying outside the serving image: say what was not compared
+        report.notes.append(f"no {', '.join(absent)} on this host: not compared with the engine "
+                            "(run verify inside the serving image)")
     for rec in records:
         for d in host_diff(rec, host):
             report.host_diff.append(f"{rec['path']}: {d}")

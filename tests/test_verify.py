@@ -83,6 +83,14 @@ def test_unknown_host_skips_host_check_with_a_note(fabricated_release):
     assert any("skipped" in n for n in report.notes)
 
 
+def test_partly_known_host_checks_what_it_has_and_notes_the_rest(fabricated_release):
+    report = verify(fabricated_release.tarball, host=HostInfo(sm=90))  # GPU visible, no TensorRT-LLM here
+    assert report.ok and report.host_checked
+    assert any("no TensorRT-LLM, TensorRT on this host: not compared" in n for n in report.notes)
+    with pytest.raises(HostMismatchError, match="host GPU is SM 8.0"):
+        verify(fabricated_release.tarball, host=HostInfo(sm=80))
+
+
 def test_sha256_sidecar_mismatch_is_reported(fabricated_release):
     fabricated_release.sha256_file.write_text("0" * 64 + "  rel.tar.gz\n")
     with pytest.raises(HashMismatchError, match="rel.tar.gz: sha256"):
