@@ -77,6 +77,19 @@ def collect_files(components: dict[str, Path]) -> dict[str, Path]:
     return files
 
 
+def collect_empty_dirs(components: dict[str, Path]) -> list[str]:
+    """Release-relative directories that hold no released file: Triton needs a model's version directory (e.g.
+    `ensemble/1/`, or `tensorrt_llm/1/` with the tensorrtllm backend) even when it is empty."""
+    out = []
+    for arc, source in sorted(components.items()):
+        source = Path(source)
+        if source.is_dir():
+            walked = _walk(source)
+            used = set(_dirs_of([p.relative_to(source).as_posix() for p in walked if p.is_file()]))
+            out += [f"{arc}/{rel}" for p in walked if p.is_dir() and (rel := p.relative_to(source).as_posix()) not in used]
+    return out
+
+
 def hash_table(files: dict[str, Path]) -> dict[str, dict[str, Any]]:
     return {rel: {"sha256": sha256_file(src), "size": src.stat().st_size} for rel, src in sorted(files.items())}
 
@@ -123,11 +136,13 @@ def _dirs_of(paths: list[str]) -> list[str]:
     return sorted(dirs)
 
 
-def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path], compresslevel: int = 6) -> str:
-    """Write the deterministic tar.gz atomically; return its sha256."""
+def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path], compresslevel: int = 6,
+                  empty_dirs: list[str] | tuple[str, ...] = ()) -> str:
+    """Write the deterministic tar.gz atomically (`empty_dirs`: extra directory entries); return its sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
-    entries = sorted([(d, None) for d in _dirs_of(list(files))] + list(files.items()), key=lambda e: e[0])
+    dirs = set(_dirs_of(list(files))) | set(empty_dirs)
+    entries = sorted([(d, None) for d in dirs] + list(files.items()), key=lambda e: e[0])
     try:
         with open(tmp, "wb") as raw:
             hashing = _HashingWriter(raw)
@@ -172,7 +187,8 @@ def pack_release(
     table = hash_table(files)
     document = release_document({"name": name, **metadata}, table)
     tarball = Path(output_dir) / f"{name}.tar.gz"
-    digest = write_tarball(tarball, prefix=name, document=document, files=files, compresslevel=compresslevel)
+    digest = write_tarball(tarball, prefix=name, document=document, files=files, compresslevel=compresslevel,
+                           empty_dirs=collect_empty_dirs(components))
     sha_path = tarball.with_name(tarball.name + ".sha256")
     tmp = sha_path.with_name(f".tmp-{sha_path.name}")
     tmp.write_text(f"{digest}  {tarball.name}\n")

@@ -80,6 +80,9 @@ def test_tarball_entries_are_normalised_and_sorted(tmp_path):
     modes = {m.name: m.mode for m in members}
     assert modes["rel/triton_repo/tiny-llama-fp8-0123456789ab/preprocessing/1/model.py"] == 0o755
     assert modes["rel/triton_repo/tiny-llama-fp8-0123456789ab/ensemble/config.pbtxt"] == 0o644
+    # Empty model version directories travel too: Triton refuses a model without one.
+    for model in ("ensemble", "tensorrt_llm"):
+        assert modes[f"rel/triton_repo/tiny-llama-fp8-0123456789ab/{model}/1"] == 0o755
 
 
 def test_release_json_lists_sha256_of_every_file_including_manifests(tmp_path):
