@@ -165,15 +165,17 @@ def verify(c, path, skip_host=False, json_=False):
     ),
 )
 @with_spec
-def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concurrency="1,2,4", requests=8,
-          max_tokens=32, no_stream=False, budget=60, json_=None, plot=None):
+def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concurrency="1,2,4", requests=None,
+          max_tokens=None, no_stream=False, budget=None, json_=None, plot=None):
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens."""
     from pipeline.bench import bench_spec, format_report, parse_levels, plot_report, write_json
+    from pipeline.cli import int_option
 
     report = bench_spec(
         spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name, concurrency=parse_levels(concurrency),
-        requests_per_level=int(requests), max_tokens=int(max_tokens), stream=False if no_stream else None,
-        level_budget_s=float(budget),
+        requests_per_level=int_option("requests", requests, default=8),
+        max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
+        level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
     )
     print(format_report(report))
     if json_:
@@ -242,13 +244,16 @@ _SERVE_HELP = dict(
     ),
 )
 @with_spec(optional=True)
-def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300,
+def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=None,
           engine_dir=None, draft_engine_dir=None):
     """Run tritonserver on the repository (127.0.0.1) until Ctrl-C; SIGTERM shutdown."""
+    from pipeline.cli import int_option
     from pipeline.triton.cli import serve_command
 
-    serve_command(spec, repo=repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                  ready_timeout=float(ready_timeout), engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+    serve_command(spec, repo=repo, http_port=int_option("http_port", http_port),
+                  grpc_port=int_option("grpc_port", grpc_port), metrics_port=int_option("metrics_port", metrics_port),
+                  ready_timeout=int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1),
+                  engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
 
 
 @task(
@@ -264,14 +269,16 @@ def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None,
     ),
 )
 @with_spec(optional=True)
-def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=24, num_draft_tokens=None,
-          ready_timeout=300):
+def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None, num_draft_tokens=None,
+          ready_timeout=None):
     """Start a server (unless given), HTTP generate + gRPC streaming via the ensemble, BLS draft-target; non-zero exit on failure."""
+    from pipeline.cli import int_option
     from pipeline.triton.cli import smoke_command
 
     smoke_command(spec, repo=repo, http_url=http_url, grpc_url=grpc_url, prompt=prompt,
-                  max_tokens=int(max_tokens), num_draft_tokens=int(num_draft_tokens) if num_draft_tokens else None,
-                  ready_timeout=float(ready_timeout))
+                  max_tokens=int_option("max_tokens", max_tokens, default=24),
+                  num_draft_tokens=int_option("num_draft_tokens", num_draft_tokens),
+                  ready_timeout=int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1))
 
 
 @task(

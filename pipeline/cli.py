@@ -84,17 +84,18 @@ def spec_from_flags(values: dict[str, Any]):
     return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 
-def int_option(name: str, value: Any, *, minimum: int = 1) -> int | None:
-    """A task's own integer option (invoke hands over strings): None stays None, bad values raise `SpecError`."""
+def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None, kind: type = int) -> Any:
+    """A task's own numeric option (invoke hands over strings): None gives `default`, bad values raise `SpecError`."""
     if value is None or value == "":
-        return None
+        return default
     flag = "--" + name.replace("_", "-")
+    what = "an integer" if kind is int else "a number"
     try:
-        number = int(value)
+        number = kind(value)
     except (TypeError, ValueError):
-        raise SpecError(f"{flag}={value!r}: expected an integer >= {minimum}") from None
+        raise SpecError(f"{flag}={value!r}: expected {what} >= {minimum:g}") from None
     if number < minimum:
-        raise SpecError(f"{flag}={number}: must be >= {minimum}")
+        raise SpecError(f"{flag}={number}: must be >= {minimum:g}")
     return number
 
 

@@ -113,3 +113,15 @@ def test_every_spec_task_shares_the_flags():
     for task_name in ("check", "plan"):
         args = {a.name.replace("_", "-") for a in coll[task_name].get_arguments()}
         assert names <= {n for n in args}, task_name
+
+
+def test_task_numeric_options_fail_with_one_line():
+    for args, msg in (
+        (("smoke", "--max-tokens", "abc"), "--max-tokens='abc': expected an integer"),
+        (("bench", "--model", "tiny-llama", "--budget", "x"), "--budget='x': expected a number"),
+        (("serve", "--repo", "r", "--http-port", "0"), "--http-port=0: must be >= 1"),
+    ):
+        r = invoke(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.strip().splitlines() == [f"error: {r.stderr.strip().removeprefix('error: ')}"]
+        assert msg in r.stderr and "Traceback" not in r.stderr

@@ -80,9 +80,7 @@ def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_po
 
     manifest = read_manifest(path) or {}
     world = int(manifest.get("world_size", 1)) if manifest.get("target") == "trtllm" else 1
-    server = TritonServer(path, http_port=int(http_port) if http_port else None,
-                          grpc_port=int(grpc_port) if grpc_port else None,
-                          metrics_port=int(metrics_port) if metrics_port else None,
+    server = TritonServer(path, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           ready_timeout_s=ready_timeout, world_size=world)
     stop = {"flag": False}
 
