@@ -143,12 +143,10 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
             kwargs["endpoint"] = opts.endpoint
         if opts.token:
             kwargs["token"] = opts.token
-        started = time.time_ns()
         res = download_model(entry, **kwargs)
         path = Path(res.path)
-        fetched = getattr(res, "status", None) in ("downloaded", "generated")
-        statuses.append("built" if fetched else _status(path, started))
-        manifest = getattr(res, "manifest", None) or read_manifest(path)
+        statuses.append("built" if res.status in ("downloaded", "generated") else "cached")
+        manifest = res.manifest
         key = "download" if role == "model" else "draft_download"
         out.manifests[key] = manifest
         if role == "model":
@@ -157,13 +155,14 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
             out.draft_source = path
         outcome.paths[role] = str(path)
         outcome.keys[role] = (manifest or {}).get("key")
-        outcome.detail += f"{entry.name}@{(getattr(res, 'sha', None) or '?')[:12]} "
+        outcome.detail += f"{entry.name}@{res.sha[:12]} "
     outcome.status = "built" if "built" in statuses else "cached"
     outcome.detail = outcome.detail.strip()
     return outcome
 
 
-def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
+def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool, located: bool = False) -> StageOutcome:
+    """Run (or, with `located`, only find the current) calibrate outputs of the target and the draft."""
     from .calibrate import run_calibrate
 
     outcome = StageOutcome("calibrate", "cached", 0.0)
@@ -171,14 +170,12 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
     for role, source in (("target", out.source), ("draft", out.draft_source)):
         if role == "draft" and spec.draft_model is None:
             continue
-        started = time.time_ns()
-        res = run_calibrate(spec, role=role, force=force, source_dir=source)
+        res = run_calibrate(spec, role=role, force=force, source_dir=source, check_only=located)
         path = Path(res.path)
-        manifest = getattr(res, "manifest", None) or read_manifest(path)
-        status = getattr(res, "status", None)  # StageResult.status: "built" | "cached"
-        statuses.append(status if status in ("cached", "built") else _status(path, started))
+        manifest = res.manifest
+        statuses.append(res.status)
         if role == "target":
-            out.checkpoint, out.build_id = path, getattr(res, "build_id", None) or path.parent.name
+            out.checkpoint, out.build_id = path, res.build_id
             out.manifests["checkpoint"] = manifest
             tok = path / "tokenizer"
             out.tokenizer = tok if tok.is_dir() else None
@@ -228,10 +225,10 @@ def _package(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
                                   draft_checkpoint_dir=out.draft_checkpoint, engine_dir=out.engine,
                                   draft_engine_dir=out.draft_engine, tokenizer_dir=out.tokenizer, force=force)
     res = package_repo(spec, **kwargs)
-    path = Path(getattr(res, "path", res))
+    path = Path(res.path)
     out.triton_repo = path
-    out.manifests["triton_repo"] = getattr(res, "manifest", None) or read_manifest(path)
-    status = "cached" if getattr(res, "reused", False) else "built"
+    out.manifests["triton_repo"] = res.manifest
+    status = "cached" if res.reused else "built"
     return StageOutcome("package", status, 0.0, paths={"triton_repo": str(path)},
                         keys={"triton_repo": (out.manifests["triton_repo"] or {}).get("key")})
 
@@ -305,7 +302,7 @@ def build(
             if stage == "download":
                 oc = _download(spec, out, options, f, located)
             elif stage == "calibrate":
-                oc = _calibrate_located(spec, out) if located else _calibrate(spec, out, f)
+                oc = _calibrate(spec, out, f, located=located)
             elif stage == "compile":
                 oc = _compile_located(spec, out) if located else _compile(spec, out, f, toolchain)
             else:
@@ -337,8 +334,9 @@ def _doing(stage: str, spec: BuildSpec) -> str:
 
 
 def _require_checkpoints(spec: BuildSpec) -> None:
-    """Refuse --from past calibrate when no checkpoint exists at all for this model/precision (checked before any
-    download; the calibrate stage has no check-only call, so a stale checkpoint is caught after its no-op test)."""
+    """Refuse --from past calibrate when no checkpoint exists at all for this model/precision: a cheap look before
+    the (offline) download stage is located, which would otherwise generate a tiny model. A stale checkpoint is
+    refused by the calibrate stage's check-only call."""
     roles = [("target", spec.model, spec.quantization.precision)]
     if spec.draft_model is not None:
         roles.append(("draft", spec.draft_model, spec.draft_precision))
@@ -348,18 +346,6 @@ def _require_checkpoints(spec: BuildSpec) -> None:
                 f"no calibrated {role} checkpoint for {entry.name} {precision} under {engines_dir()}; "
                 "run `invoke build` (without --from) first"
             )
-
-
-def _calibrate_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
-    """Calibrate outputs for a stage run with --from: they must already be current (calibrate is then a no-op).
-
-    The calibrate stage has no check-only call, so a build with no checkpoint at all for this model/precision is
-    refused up front; a stale one would be rebuilt by the call and is then refused.
-    """
-    oc = _calibrate(spec, out, force=False)
-    if oc.status != "cached":
-        raise BuildError("--from skips calibrate, but its output was not current (it had to be rebuilt); drop --from")
-    return oc
 
 
 def _compile_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:

@@ -153,3 +153,16 @@ def test_bench_against_reference_repo_on_real_tritonserver(reference_build, tmp_
         assert 0 < lv["ttft_ms_p50"] <= lv["latency_ms_p50"]
         assert lv["cost_per_1m_output_tokens_usd"] > 0
     assert data["streaming"] is True and data["model"] == "ensemble"
+
+
+def test_from_package_refuses_a_stale_checkpoint_without_recalibrating(reference_build):
+    root, env = reference_build["root"], reference_build["env"]
+    def outputs():  # build dirs, not lock files
+        return sorted(p.name for p in (root / "engines").iterdir() if not p.name.startswith("."))
+
+    before = outputs()
+    # Another calibration sample count is another checkpoint key: --from package must not calibrate it.
+    r = invoke("build", *SPEC, "--calib-size", "17", "--from", "package", env=env, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "no current target checkpoint for tiny-llama fp8" in r.stderr
+    assert outputs() == before

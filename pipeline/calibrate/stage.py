@@ -159,7 +159,12 @@ def _gate_from_manifest(manifest: dict[str, Any], plan: _Plan) -> None:
 
 
 def run_calibrate(
-    spec: BuildSpec, *, role: Role = "target", force: bool = False, source_dir: str | Path | None = None
+    spec: BuildSpec,
+    *,
+    role: Role = "target",
+    force: bool = False,
+    source_dir: str | Path | None = None,
+    check_only: bool = False,
 ) -> StageResult:
     """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint.
 
@@ -168,6 +173,7 @@ def run_calibrate(
         role: "target" (spec.model at its precision) or "draft" (spec.draft_model at spec.draft_precision).
         force: rebuild even when the existing output's key matches.
         source_dir: a local HF model directory; default: `download_model(entry)`.
+        check_only: return the current checkpoint, or raise `CalibrationError` instead of building one.
 
     Raises:
         CalibrationError: bad calibration data, unsupported architecture, failed quality gate, export or
@@ -207,6 +213,11 @@ def run_calibrate(
 
     if (hit := cached()) is not None:
         return hit
+    if check_only:
+        raise CalibrationError(
+            f"no current {role} checkpoint for {plan.entry.name} {plan.precision} with these inputs "
+            f"(expected {final}); run `invoke calibrate` or `invoke build` without --from first"
+        )
     with stage_lock(final):
         if (hit := cached()) is not None:
             return hit
