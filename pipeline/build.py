@@ -291,7 +291,7 @@ def build(
     if "calibrate" in chain and "calibrate" not in run:
         _require_checkpoints(spec)
     i = 1
-    with stage_lock(engines_dir() / f".build-{spec.fingerprint()[:16]}"):
+    with stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}"):
         for stage in chain:
             located = stage not in run
             if not located:
