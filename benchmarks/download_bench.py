@@ -39,12 +39,7 @@ PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.saf
 
 def make_repo(directory: Path, size_mib: int, shards: int) -> dict[str, Path]:
     """Write the synthetic repo's files (pseudo-random shards, a config matching the registry entry)."""
-    a = get_model("tiny-llama").architecture
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": a.num_layers,
-           "hidden_size": a.hidden_size, "num_attention_heads": a.num_heads, "num_key_value_heads": a.num_kv_heads,
-           "head_dim": a.head_dim, "intermediate_size": a.intermediate_size, "vocab_size": a.vocab_size,
-           "max_position_embeddings": a.max_position_embeddings, "tie_word_embeddings": a.tie_word_embeddings,
-           "rope_theta": a.rope_theta}
+    cfg = get_model("tiny-llama").architecture.hf_config()
     small = {
         "config.json": json.dumps(cfg),
         "generation_config.json": '{"bos_token_id": 0, "eos_token_id": 1}',

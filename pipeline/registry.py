@@ -36,6 +36,17 @@ class Architecture(BaseModel):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         return self
 
+    def hf_config(self) -> dict:
+        """The matching transformers `config.json` fields (LlamaForCausalLM)."""
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings, "rope_theta": self.rope_theta,
+        }
+
     @property
     def linear_params(self) -> int:
         """Parameters of the quantizable linear layers (attention + MLP), all layers."""

@@ -27,12 +27,7 @@ def _entry(repo_id="test-org/tiny", **kw):
 
 
 def _config(**override) -> bytes:
-    a = get_model("tiny-llama").architecture
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": a.num_layers,
-           "hidden_size": a.hidden_size, "num_attention_heads": a.num_heads, "num_key_value_heads": a.num_kv_heads,
-           "head_dim": a.head_dim, "intermediate_size": a.intermediate_size, "vocab_size": a.vocab_size,
-           "max_position_embeddings": a.max_position_embeddings, "tie_word_embeddings": a.tie_word_embeddings,
-           "rope_theta": a.rope_theta}
+    cfg = get_model("tiny-llama").architecture.hf_config()
     return json.dumps({**cfg, **override}).encode()
 
 
