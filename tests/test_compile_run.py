@@ -180,7 +180,8 @@ def test_killed_build_publishes_nothing(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     log = final.parent / "engine.build.log"
     deadline = time.monotonic() + 60
-    while not (log.exists() and "started" in log.read_text()):
+    # wait for the child's own output line (the log's first line, the argv, also contains the word)
+    while not (log.exists() and "started" in log.read_text().splitlines()[1:]):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
