@@ -97,10 +97,18 @@ class ServingSpec(BaseModel):
     max_tokens_in_paged_kv_cache: int | None = Field(None, gt=0, description="cap on KV-cache tokens")
     enable_kv_cache_reuse: bool = Field(True, description="prefix caching (needs paged context FMHA)")
     enable_chunked_context: bool = Field(True, description="chunked prefill (needs paged context FMHA)")
-    decoupled: bool = Field(True, description="streaming responses from the ensemble")
+    decoupled: bool | None = Field(
+        None,
+        description="decoupled (streaming) tensorrt_llm: default on without a draft, off with one (upstream's "
+        "draft-target layout, unary target/draft/BLS)",
+    )
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
         "guaranteed_no_evict", description="in-flight batcher scheduling policy"
     )
+
+    def target_decoupled(self, speculative: bool) -> bool:
+        """Whether `tensorrt_llm` is decoupled: the spec's choice, else streaming unless a draft is served."""
+        return (not speculative) if self.decoupled is None else self.decoupled
 
     def target_fraction(self, speculative: bool) -> float:
         if self.kv_cache_free_gpu_mem_fraction is not None:

@@ -15,50 +15,14 @@ from pipeline.spec import resolve_spec
 from pipeline.triton import package_repo, render, validate_repo
 from pipeline.triton.package import rewrite_engine_paths
 
+from triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
+
 
 @pytest.fixture
 def out_env(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     return tmp_path
-
-
-def fake_tokenizer(d: Path) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')
-    (d / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
-    return d
-
-
-def fabricated_checkpoint(d: Path) -> Path:
-    """A stand-in TRT-LLM checkpoint dir (config + rank0 file + tokenizer/): enough to package, not to serve."""
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "dtype": "bfloat16",
-                                               "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}))
-    (d / "rank0.safetensors").write_bytes(b"fabricated")
-    fake_tokenizer(d / "tokenizer")
-    return d
-
-
-def fabricated_engine(d: Path, *, max_batch_size: int, world: int, max_draft_len: int = 0,
-                      paged_context_fmha: bool = True) -> Path:
-    """A FABRICATED TensorRT-LLM 1.2 engine dir: config.json shaped like Engine.save's + empty rank files."""
-    d.mkdir(parents=True)
-    build = {
-        "max_batch_size": max_batch_size, "max_beam_width": 1, "max_input_len": 4096,
-        "max_seq_len": 8192 + max_draft_len, "max_num_tokens": 8192, "max_draft_len": max_draft_len,
-        "speculative_decoding_mode": 2 if max_draft_len else 1, "kv_cache_type": "PAGED",
-        "plugin_config": {"use_paged_context_fmha": paged_context_fmha, "tokens_per_block": 32,
-                          "context_fmha": True},
-    }
-    pretrained = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16",
-                  "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
-                  "mapping": {"world_size": world, "tp_size": world, "pp_size": 1}}
-    (d / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": pretrained,
-                                               "build_config": build}))
-    for r in range(world):
-        (d / f"rank{r}.engine").write_bytes(b"fabricated engine")
-    return d
 
 
 # ------------------------------------------------------------------------------------------------- rendering
@@ -110,7 +74,7 @@ def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engine
     assert not os.path.isabs(rel) and (repo / "tensorrt_llm" / rel).resolve() == target.resolve()
     assert (repo / "tensorrt_llm_draft" / summary.param("tensorrt_llm_draft", "gpt_model_path")).resolve() == \
         draft.resolve()
-    assert summary.decoupled("tensorrt_llm") and not summary.decoupled("tensorrt_llm_draft")
+    assert not summary.decoupled("tensorrt_llm") and not summary.decoupled("tensorrt_llm_draft")  # upstream recipe
     assert not summary.decoupled("tensorrt_llm_bls")
     fractions = [float(summary.param(m, "kv_cache_free_gpu_mem_fraction")) for m in ("tensorrt_llm",
                                                                                     "tensorrt_llm_draft")]

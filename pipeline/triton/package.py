@@ -29,6 +29,7 @@ from typing import Any
 
 from ..artifacts import atomic_dir, file_table, is_current, read_manifest, stage_key, triton_repo_dir, write_manifest
 from ..errors import PackageError
+from . import pbtxt
 from .render import render, templates_root
 from .validate import MAX_MEMORY_FRACTION_SUM, validate_repo
 
@@ -150,14 +151,32 @@ def _tokenizer_hash(src: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- values
+# Parameters of the 1.2.1 `tensorrtllm` backend that this pipeline leaves at the backend's default: an empty value
+# is read as "not set" (model_state.cc / model_instance_state.cc catch the failed conversion and keep the default).
+_BACKEND_DEFAULTS = (
+    "encoder_model_path", "max_attention_window_size", "sink_token_length", "cross_kv_cache_fraction",
+    "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks", "enable_trt_overlap", "cancellation_check_period_ms",
+    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "gpu_device_ids",
+    "participant_ids", "num_nodes", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
+    "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode",
+    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
+    "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
+    "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
+)
+EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+
+
 def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
-                spec, kv_reuse: bool, chunked: bool, reference_dtype: str) -> dict[str, Any]:
+                spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
+    """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
     return {
         "model_name": name,
         "triton_backend": "python" if target == "reference" else "tensorrtllm",
         "triton_max_batch_size": src.max_batch_size,
         "decoupled_mode": decoupled,
         **_QUEUE,
+        **dict.fromkeys(_BACKEND_DEFAULTS, ""),
         "max_beam_width": src.max_beam_width,
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": rel_path,
@@ -168,10 +187,18 @@ def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoup
         "enable_chunked_context": chunked,
         "exclude_input_in_output": True,
         "normalize_log_probs": True,
-        "decoding_mode": "",
-        "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
-        "tokens_per_block": spec.limits.tokens_per_block,
-        "reference_dtype": reference_dtype,
+        "executor_worker_path": EXECUTOR_WORKER,
+    }
+
+
+def reference_parameters(spec, *, draft: bool) -> dict[str, str]:
+    """Parameters only the reference backend reads (the C++ backend takes them from the engine's config.json)."""
+    k = spec.draft_len if draft else 0
+    return {
+        "reference_dtype": "float64" if spec.model.source == "generated" else "float32",
+        "tokens_per_block": str(spec.limits.tokens_per_block),
+        "max_input_len": str(spec.max_input_len),
+        "max_seq_len": str(spec.max_seq_len + k),
     }
 
 
@@ -191,31 +218,32 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
     if target == "trtllm" and speculative and llm.max_draft_len < spec.draft_len:
         raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
                            "rebuild the target with --speculative_decoding_mode draft_tokens_external")
-    ref_dtype = "float64" if spec.model.source == "generated" else "float32"
     batch = llm.max_batch_size
 
     def rel(p: Path, model: str) -> str:
         return os.path.relpath(Path(p).resolve(), (repo / model).resolve())
 
     values: dict[str, dict[str, Any]] = {
-        "preprocessing": {"triton_max_batch_size": batch, **_QUEUE, "tokenizer_dir": "tokenizer",
-                          "add_special_tokens": True, "preprocessing_instance_count": 1},
-        "postprocessing": {"triton_max_batch_size": batch, "tokenizer_dir": "tokenizer",
-                           "skip_special_tokens": True, "postprocessing_instance_count": 1},
+        "preprocessing": {"triton_max_batch_size": batch, **_QUEUE, "preprocessing_instance_count": 1,
+                          "tokenizer_dir": "tokenizer", "add_special_tokens": True, "multimodal_model_path": "",
+                          "gpt_model_path": "", "max_num_images": "", "hf_model_path": ""},
+        "postprocessing": {"triton_max_batch_size": batch, "postprocessing_instance_count": 1,
+                           "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
         "tensorrt_llm": _llm_values("tensorrt_llm", target, llm, rel(llm.path, "tensorrt_llm"),
-                                    decoupled=spec.serving.decoupled, fraction=fraction, spec=spec,
-                                    kv_reuse=kv_reuse, chunked=chunked, reference_dtype=ref_dtype),
-        "ensemble": {"triton_max_batch_size": batch, "tensorrt_llm_model_name": "tensorrt_llm"},
+                                    decoupled=spec.serving.target_decoupled(speculative), fraction=fraction,
+                                    spec=spec, kv_reuse=kv_reuse, chunked=chunked),
+        "ensemble": {"triton_max_batch_size": batch},
     }
     if draft is not None:
         values["tensorrt_llm_draft"] = _llm_values(
             "tensorrt_llm_draft", target, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
             fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
-            chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok, reference_dtype=ref_dtype)
+            chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
         values["tensorrt_llm_bls"] = {
-            "triton_max_batch_size": batch, "decoupled_mode": False, "accumulate_tokens": False,
-            "tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
-            "default_num_draft_tokens": spec.draft_len, "bls_instance_count": 1,
+            "triton_max_batch_size": batch, "decoupled_mode": False, "bls_instance_count": 1,
+            "accumulate_tokens": False, "tensorrt_llm_model_name": "tensorrt_llm",
+            "tensorrt_llm_draft_model_name": "tensorrt_llm_draft", "multimodal_encoders_name": "",
+            "default_num_draft_tokens": spec.draft_len,
         }
     return values, warnings
 
@@ -230,16 +258,22 @@ def templates_hash() -> str:
     return h.hexdigest()
 
 
-def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, tokenizer: Path) -> None:
-    """Render every model of `values` into `dest` (which must exist and be empty)."""
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, tokenizer: Path,
+               extra_parameters: dict[str, dict[str, str]] | None = None) -> None:
+    """Render every model of `values` into `dest` (which must exist and be empty); `extra_parameters` (model ->
+    key -> value) are added to the rendered configs."""
     root = templates_root()
+    extra_parameters = extra_parameters or {}
     for model, vals in values.items():
         template = "tensorrt_llm" if model == "tensorrt_llm_draft" else model
         src = root / template
         out = dest / model
         (out / "1").mkdir(parents=True)
-        text = (src / "config.pbtxt").read_text()
-        (out / "config.pbtxt").write_text(render(text, vals, name=f"{template}/config.pbtxt"))
+        name = f"{template}/config.pbtxt"
+        text = render((src / "config.pbtxt").read_text(), vals, name=name)
+        if model in extra_parameters:
+            text = pbtxt.with_parameters(text, extra_parameters[model], name=name)
+        (out / "config.pbtxt").write_text(text)
         python = model != "ensemble" and not (template == "tensorrt_llm" and target == "trtllm")
         if python:
             shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
@@ -322,11 +356,17 @@ def package_repo(
         "sources": {"llm": llm.key, "draft": draft.key if draft else None},
         "tokenizer": _tokenizer_hash(tok),
     }
+    extra = {}
+    if target == "reference":
+        extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
+        if draft is not None:
+            extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
+    factors["extra_parameters"] = extra
     key = stage_key(factors)
     if not force and is_current(final, key):
         return PackageResult(final, read_manifest(final), reused=True, warnings=warnings)
     with atomic_dir(final) as tmp:
-        write_repo(tmp, values, target=target, tokenizer=tok)
+        write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
         manifest = {
             "key": key,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
+from . import pbtxt
 from .render import check_no_placeholders
 
 MAX_MEMORY_FRACTION_SUM = 0.95
@@ -29,8 +30,7 @@ class RepoSummary:
     models: dict[str, Any] = field(default_factory=dict)
 
     def param(self, model: str, key: str, default: str = "") -> str:
-        params = self.models[model].parameters
-        return params[key].string_value if key in params else default
+        return pbtxt.parameter(self.models[model], key, default)
 
     def decoupled(self, model: str) -> bool:
         return self.models[model].model_transaction_policy.decoupled
@@ -38,15 +38,9 @@ class RepoSummary:
 
 def parse_config(path: Path):
     """Parse one config.pbtxt strictly; PackageError with the file and the parser's message on failure."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
     text = Path(path).read_text()
     check_no_placeholders(text, name=str(path))
-    try:
-        return text_format.Parse(text, model_config_pb2.ModelConfig())
-    except text_format.ParseError as exc:
-        raise PackageError(f"{path}: not a valid Triton model config ({exc}); fix the template or its values") from None
+    return pbtxt.parse(text, name=str(path))
 
 
 def _io(cfg) -> tuple[set[str], set[str]]:
