@@ -9,6 +9,7 @@ from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
 from .registry import Architecture
 from .spec import BuildSpec
+from .trtllm_rules import engine_max_num_tokens
 
 # Bytes per parameter of the quantized linear layers, and bytes of scales per linear parameter.
 LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
@@ -41,6 +42,133 @@ def activation_bytes(arch: Architecture, *, max_num_tokens: int, max_batch: int,
     return max_num_tokens * per_token + max_batch * arch.vocab_size * 4
 
 
+@dataclass(frozen=True)
+class EngineShape:
+    """The numbers of one engine that decide its GPU memory (target or draft)."""
+
+    arch: Architecture
+    precision: str
+    kv: str
+    tp: int
+    pp: int
+    max_batch: int
+    max_seq_len: int  # as the engine records it (the target: S + K with speculation)
+    max_num_tokens: int  # as build() leaves it (trtllm_rules.engine_max_num_tokens)
+    awq_block: int = 128
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    def weights_per_gpu(self) -> float:
+        return weight_bytes(self.arch, self.precision, awq_block=self.awq_block) / self.world
+
+    def reserve_per_gpu(self) -> float:
+        """Runtime reserve plus activations of this engine on each of its GPUs."""
+        return RUNTIME_RESERVE_GIB * GIB + activation_bytes(
+            self.arch, max_num_tokens=self.max_num_tokens, max_batch=self.max_batch, tp=self.tp)
+
+    def kv_per_token_per_gpu(self) -> float:
+        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp) / self.pp
+
+    def sequence_tokens(self, block: int) -> int:
+        """KV tokens of one longest sequence, in whole blocks."""
+        return math.ceil(self.max_seq_len / block) * block
+
+
+def engine_shapes(
+    spec: BuildSpec, *, tp: int | None = None, max_batch: int | None = None, max_seq_len: int | None = None,
+    max_num_tokens: int | None = None, draft_max_batch: int | None = None,
+) -> tuple[EngineShape, EngineShape | None]:
+    """The target's (and the draft's) shapes for `spec`, with any limit overridden (the fit search varies them).
+
+    `max_num_tokens` is the value given to trtllm-build (spec.base_max_num_tokens); build()'s clipping and the
+    speculative floor are applied here exactly as the compile plan applies them.
+    """
+    q, lim = spec.quantization, spec.limits
+    tp = spec.parallelism.tp if tp is None else tp
+    batch = spec.max_batch_size if max_batch is None else max_batch
+    seq = spec.max_seq_len if max_seq_len is None else max_seq_len
+    base = spec.base_max_num_tokens if max_num_tokens is None else max_num_tokens
+    k = spec.draft_len
+    common = dict(max_input_len=min(spec.max_input_len, seq), tokens_per_block=lim.tokens_per_block,
+                  context_fmha=lim.context_fmha)
+    target = EngineShape(
+        spec.model.architecture, q.precision, q.kv, tp, spec.parallelism.pp, batch, seq + k,
+        engine_max_num_tokens(base, max_batch_size=batch, max_seq_len=seq, draft_len=k, **common),
+        q.awq_block_size)
+    if spec.draft_model is None:
+        return target, None
+    dbatch = spec.draft_max_batch_size if draft_max_batch is None else draft_max_batch
+    draft = EngineShape(
+        spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, 1, dbatch, seq + k,
+        engine_max_num_tokens(base, max_batch_size=dbatch, max_seq_len=seq + k, **common), q.awq_block_size)
+    return target, draft
+
+
+@dataclass
+class GPUBudget:
+    """One GPU: what the engines on it take, what is left, and the KV pools carved from it."""
+
+    index: int
+    engines: tuple[str, ...]  # "target", "draft"
+    used: float  # weights + runtime reserve + activations of every engine on it
+    free: float
+    target_pool: float = 0.0
+    draft_pool: float = 0.0
+
+
+def gpu_budgets(spec: BuildSpec, target: EngineShape, draft: EngineShape | None, gpu: GPU) -> list[GPUBudget]:
+    """Per-GPU memory of the target's GPUs and the draft's GPUs (shared ones carry both engines).
+
+    The target's ranks sit on the host's first tp×pp GPUs; the draft's on `spec.draft_gpu_device_ids` (default:
+    co-located on the target's first draft_tp GPUs). Each engine's KV pool on a GPU is its
+    `kv_cache_free_gpu_mem_fraction` of that GPU's free memory; the draft's is capped at what its own batch can
+    hold (`spec.draft_max_tokens_in_paged_kv_cache`, its max batch × one S + K sequence), not sized by the target's
+    batch.
+    """
+    target_ids = list(range(target.world))
+    draft_ids = spec.draft_gpu_device_ids if draft is not None else []
+    budgets = []
+    for index in sorted(set(target_ids) | set(draft_ids)):
+        engines, used = [], 0.0
+        for role, shape, ids in (("target", target, target_ids), ("draft", draft, draft_ids)):
+            if shape is not None and index in ids:
+                engines.append(role)
+                used += shape.weights_per_gpu() + shape.reserve_per_gpu()
+        free = gpu.memory_gib * GIB - used
+        b = GPUBudget(index, tuple(engines), used, free)
+        if "target" in engines:
+            b.target_pool = max(0.0, free) * spec.serving.target_fraction(draft is not None)
+            if spec.serving.max_tokens_in_paged_kv_cache:
+                b.target_pool = min(b.target_pool, spec.serving.max_tokens_in_paged_kv_cache
+                                    * target.kv_per_token_per_gpu())
+        if "draft" in engines:
+            need = draft.max_batch * draft.sequence_tokens(spec.limits.tokens_per_block) * draft.kv_per_token_per_gpu()
+            b.draft_pool = min(max(0.0, free) * spec.serving.draft_kv_cache_free_gpu_mem_fraction, need)
+        budgets.append(b)
+    return budgets
+
+
+def fit_shortfall(spec: BuildSpec, target: EngineShape, draft: EngineShape | None, gpu: GPU) -> float:
+    """Bytes of GPU memory missing on the tightest GPU (<= 0: fits) for each engine's KV pool to hold one longest
+    sequence after every weight, runtime reserve and activation on that GPU.
+
+    That is the least an engine can serve with: its activations are sized by max_num_tokens and max_batch_size
+    and allocated whatever the load, and its pool is its memory fraction of what is left.
+    """
+    block = spec.limits.tokens_per_block
+    fractions = {"target": spec.serving.target_fraction(draft is not None),
+                 "draft": spec.serving.draft_kv_cache_free_gpu_mem_fraction}
+    worst = -math.inf
+    for b in gpu_budgets(spec, target, draft, gpu):
+        for role, shape in (("target", target), ("draft", draft)):
+            if role in b.engines:
+                needed_free = shape.sequence_tokens(block) * shape.kv_per_token_per_gpu() / fractions[role]
+                worst = max(worst, needed_free - b.free)
+    return worst
+
+
 @dataclass
 class Plan:
     model: str
@@ -55,12 +183,12 @@ class Plan:
     max_batch_size: int
     weights_gib_total: float
     weights_gib_per_gpu: float
-    draft_weights_gib_per_gpu: float
+    draft_weights_gib_per_gpu: float  # per draft GPU
     kv_bytes_per_token_total: int
     kv_bytes_per_token_per_gpu: int
     reserve_gib_per_gpu: float
-    free_gib_per_gpu: float
-    kv_pool_gib_per_gpu: float
+    free_gib_per_gpu: float  # on the target's tightest GPU (a co-located draft's weights/reserve taken out)
+    kv_pool_gib_per_gpu: float  # the target's pool on its tightest GPU (TP ranks agree on the smallest)
     kv_cache_tokens: int
     max_concurrent_requests: int
     fits: bool
@@ -69,45 +197,46 @@ class Plan:
     decode_tokens_per_s_bound: float
     gpu_price_per_hour: float
     cost_per_1m_output_tokens_usd: float | None
+    draft_tp: int | None = None
+    draft_gpu_device_ids: list[int] | None = None
+    draft_max_batch_size: int | None = None
+    draft_kv_bytes_per_token_per_gpu: int | None = None
+    draft_kv_pool_gib_per_gpu: float | None = None
+    draft_kv_cache_tokens: int | None = None
+    draft_max_concurrent_requests: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _per_gpu(spec: BuildSpec, tp: int, pp: int, gpu: GPU, input_len: int, output_len: int, max_batch: int) -> dict:
-    q = spec.quantization
-    arch = spec.model.architecture
-    world = tp * pp
-    w_total = weight_bytes(arch, q.precision, awq_block=q.awq_block_size)
-    w_gpu = w_total / world
-    kv_total = kv_bytes_per_token(arch, q.kv)
-    kv_gpu = kv_bytes_per_token(arch, q.kv, tp=tp) / pp
-    draft_w_gpu = draft_kv_gpu = 0.0
-    if spec.draft_model:
-        darch = spec.draft_model.architecture
-        draft_w_gpu = weight_bytes(darch, spec.draft_precision, awq_block=q.awq_block_size) / world
-        draft_kv_gpu = kv_bytes_per_token(darch, q.kv, tp=tp) / pp
-    reserve = RUNTIME_RESERVE_GIB * GIB + activation_bytes(
-        arch, max_num_tokens=spec.max_num_tokens, max_batch=max_batch, tp=tp
-    )
-    free = gpu.memory_gib * GIB - w_gpu - draft_w_gpu - reserve
-    fraction = spec.serving.target_fraction(bool(spec.draft_model))
-    pool = max(0.0, free) * fraction
-    if spec.serving.max_tokens_in_paged_kv_cache:
-        pool = min(pool, spec.serving.max_tokens_in_paged_kv_cache * kv_gpu)
-    # A speculative request keeps KV in both engines; count tokens as target+draft bytes.
-    tokens = int(pool // (kv_gpu + draft_kv_gpu))
+def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp: int) -> dict:
+    target, draft = engine_shapes(spec, tp=tp)
+    budgets = gpu_budgets(spec, target, draft, gpu)
+    tb = [b for b in budgets if "target" in b.engines]
+    tight = min(tb, key=lambda b: b.target_pool)  # every TP rank allocates the smallest rank's block count
+    kv_gpu = target.kv_per_token_per_gpu()
+    tokens = int(tight.target_pool // kv_gpu)
     block = spec.limits.tokens_per_block
     per_request = math.ceil((input_len + output_len + spec.draft_len) / block) * block
-    concurrent = tokens // per_request
-    return dict(
-        w_total=w_total, w_gpu=w_gpu, draft_w_gpu=draft_w_gpu, kv_total=kv_total, kv_gpu=kv_gpu,
-        draft_kv_gpu=draft_kv_gpu, reserve=reserve, free=free, pool=pool, tokens=tokens, concurrent=concurrent,
-    )
+    out = dict(target=target, draft=draft, tight=tight, tokens=tokens, kv_gpu=kv_gpu,
+               concurrent=tokens // per_request, fits=tight.free > 0 and tokens >= per_request)
+    if draft is not None:
+        db = [b for b in budgets if "draft" in b.engines]
+        dtight = min(db, key=lambda b: b.draft_pool)
+        dkv = draft.kv_per_token_per_gpu()
+        dtokens = int(dtight.draft_pool // dkv)
+        out.update(draft_tight=dtight, draft_tokens=dtokens, draft_kv_gpu=dkv,
+                   draft_concurrent=min(draft.max_batch, dtokens // per_request))
+        out["fits"] = out["fits"] and dtight.free > 0 and dtokens >= per_request
+    return out
 
 
 def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None) -> Plan:
-    """Plan memory fit, KV capacity, concurrency, decode roofline and cost for a resolved spec."""
+    """Plan memory fit, KV capacity, concurrency, decode roofline and cost for a resolved spec.
+
+    The decode roofline is the target's alone (the plain ensemble path): what speculation adds depends on the
+    acceptance rate, which `invoke bench` measures.
+    """
     gpu = GPUS[spec.hardware.gpu]
     tp, pp = spec.parallelism.tp, spec.parallelism.pp
     if input_len is not None and not 0 < input_len <= spec.max_input_len:
@@ -115,7 +244,7 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
             f"plan: --input-len={input_len} must be within 1..max_input_len={spec.max_input_len}; "
             "lower it or raise --max-input-len"
         )
-    input_len = input_len or min(1024, spec.max_input_len)
+    input_len = input_len or min(1024, spec.max_input_len, spec.max_seq_len - 1)
     if output_len is not None and not 0 < output_len <= spec.max_seq_len - input_len:
         raise SpecError(
             f"plan: --output-len={output_len} must be within 1..{spec.max_seq_len - input_len} "
@@ -123,28 +252,40 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
         )
     output_len = output_len or min(256, spec.max_seq_len - input_len)
     max_batch = spec.max_batch_size
-    r = _per_gpu(spec, tp, pp, gpu, input_len, output_len, max_batch)
-    fits = r["free"] > 0 and r["concurrent"] >= 1
+    r = _capacity(spec, gpu, input_len, output_len, tp=tp)
+    target, draft = r["target"], r["draft"]
     min_tp = None
     for cand in TP_CHOICES:
         if cand * pp > spec.hardware.gpu_count:
             break
-        c = _per_gpu(spec, cand, pp, gpu, input_len, output_len, max_batch)
-        if c["free"] > 0 and c["concurrent"] >= 1:
+        if _capacity(spec, gpu, input_len, output_len, tp=cand)["fits"]:
             min_tp = cand
             break
     batch = min(max_batch, r["concurrent"])
     # Decode is memory bound: each step reads every weight once plus the batch's KV (average context).
     avg_ctx = input_len + output_len / 2
-    step_bytes = r["w_gpu"] + r["draft_w_gpu"] + batch * avg_ctx * (r["kv_gpu"] + r["draft_kv_gpu"])
+    w_gpu = target.weights_per_gpu()
+    step_bytes = w_gpu + batch * avg_ctx * r["kv_gpu"]
     tok_s = batch * gpu.hbm_tb_s * 1e12 / step_bytes if batch > 0 else 0.0
     world = tp * pp
     price = spec.hardware.gpu_price_per_hour
     cost = world * price / 3600 / tok_s * 1e6 if tok_s > 0 else None
+    arch, q = spec.model.architecture, spec.quantization
+    extra = {}
+    if draft is not None:
+        extra = dict(
+            draft_tp=draft.tp,
+            draft_gpu_device_ids=spec.draft_gpu_device_ids,
+            draft_max_batch_size=draft.max_batch,
+            draft_kv_bytes_per_token_per_gpu=int(r["draft_kv_gpu"]),
+            draft_kv_pool_gib_per_gpu=round(r["draft_tight"].draft_pool / GIB, 2),
+            draft_kv_cache_tokens=r["draft_tokens"],
+            draft_max_concurrent_requests=r["draft_concurrent"],
+        )
     return Plan(
         model=spec.model.name,
-        precision=spec.quantization.precision,
-        kv_cache=spec.quantization.kv,
+        precision=q.precision,
+        kv_cache=q.kv,
         gpu=gpu.name,
         tp=tp,
         pp=pp,
@@ -152,22 +293,23 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
         input_len=input_len,
         output_len=output_len,
         max_batch_size=max_batch,
-        weights_gib_total=round(r["w_total"] / GIB, 2),
-        weights_gib_per_gpu=round(r["w_gpu"] / GIB, 2),
-        draft_weights_gib_per_gpu=round(r["draft_w_gpu"] / GIB, 2),
-        kv_bytes_per_token_total=r["kv_total"],
+        weights_gib_total=round(weight_bytes(arch, q.precision, awq_block=q.awq_block_size) / GIB, 2),
+        weights_gib_per_gpu=round(w_gpu / GIB, 2),
+        draft_weights_gib_per_gpu=round(draft.weights_per_gpu() / GIB, 2) if draft is not None else 0.0,
+        kv_bytes_per_token_total=kv_bytes_per_token(arch, q.kv),
         kv_bytes_per_token_per_gpu=int(r["kv_gpu"]),
-        reserve_gib_per_gpu=round(r["reserve"] / GIB, 2),
-        free_gib_per_gpu=round(r["free"] / GIB, 2),
-        kv_pool_gib_per_gpu=round(r["pool"] / GIB, 2),
+        reserve_gib_per_gpu=round(target.reserve_per_gpu() / GIB, 2),
+        free_gib_per_gpu=round(r["tight"].free / GIB, 2),
+        kv_pool_gib_per_gpu=round(r["tight"].target_pool / GIB, 2),
         kv_cache_tokens=r["tokens"],
         max_concurrent_requests=r["concurrent"],
-        fits=fits,
+        fits=r["fits"],
         min_tp=min_tp,
         decode_batch=batch,
         decode_tokens_per_s_bound=round(tok_s, 1),
         gpu_price_per_hour=price,
         cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
+        **extra,
     )
 
 
@@ -178,8 +320,11 @@ def format_plan(p: Plan) -> str:
         ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp})"),
         ("weights total / per GPU", f"{p.weights_gib_total:.2f} GiB / {p.weights_gib_per_gpu:.2f} GiB"),
     ]
-    if p.draft_weights_gib_per_gpu:
-        rows.append(("draft weights per GPU", f"{p.draft_weights_gib_per_gpu:.2f} GiB"))
+    if p.draft_tp is not None:
+        gpus = ",".join(map(str, p.draft_gpu_device_ids or []))
+        rows.append((f"draft tp={p.draft_tp} on GPU {gpus}, batch {p.draft_max_batch_size}",
+                     f"{p.draft_weights_gib_per_gpu:.2f} GiB weights, KV pool {p.draft_kv_pool_gib_per_gpu:.2f} GiB "
+                     f"({p.draft_kv_cache_tokens:,} tokens, {p.draft_max_concurrent_requests} requests)"))
     rows += [
         ("KV bytes/token total / per GPU", f"{p.kv_bytes_per_token_total} / {p.kv_bytes_per_token_per_gpu}"),
         ("runtime reserve per GPU", f"{p.reserve_gib_per_gpu:.2f} GiB"),

@@ -69,7 +69,9 @@ class EngineLimits(BaseModel):
 
     max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
     max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
-    max_seq_len: int | None = Field(None, gt=0, description="max prompt+output tokens (default: per model)")
+    max_seq_len: int | None = Field(
+        None, gt=0, description="max prompt+output tokens, >= max_input_len (default: per model)"
+    )
     max_num_tokens: int | None = Field(None, gt=0, description="max tokens per engine step (default: derived)")
     opt_num_tokens: int | None = Field(None, gt=0, description="optimal tokens per step (no multiple_profiles)")
     tokens_per_block: Literal[8, 16, 32, 64, 128] = Field(32, description="paged KV-cache tokens per block")
@@ -79,12 +81,30 @@ class EngineLimits(BaseModel):
 
 
 class SpeculationSpec(BaseModel):
+    """Draft-target speculation. The draft engine is built and placed on its own: its TP, max batch and GPUs.
+
+    Upstream: examples/draft_target_model/README.md (draft_len "from 4 to 10 in common usage";
+    `draft_model_device_list` whose length is the draft engine's TP; draft and target on one GPU "appears better
+    performance than placing on two separate GPUs"; `gpu_device_ids` per Triton model).
+    """
+
     model_config = _Strict
 
     draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
-    draft_len: int | None = Field(None, description="draft tokens per step K, 1..8 (default: registry's)")
+    draft_len: int | None = Field(
+        None, description="draft tokens per step K >= 1 (default: registry's; 4-6 typical, > 8 warns)"
+    )
     draft_precision: Precision | None = Field(None, description="draft precision (default: the target's)")
-    max_batch_for_speculation: int = Field(8, gt=0, description="warn above this batch size (speculation hurts)")
+    max_batch_for_speculation: int = Field(
+        8, gt=0, description="batch up to which speculation pays: warn above it; the draft engine's default max batch"
+    )
+    draft_tp: int = Field(1, ge=1, le=64, description="tensor-parallel size of the draft engine (pp is 1)")
+    draft_max_batch_size: int | None = Field(
+        None, gt=0, description="draft engine max batch (default: min(max_batch_for_speculation, max_batch_size))"
+    )
+    draft_gpu_device_ids: list[int] | None = Field(
+        None, description="GPUs of the draft engine, one per draft TP rank (default: the target's first draft_tp)"
+    )
 
 
 class ServingSpec(BaseModel):
@@ -166,10 +186,60 @@ class BuildSpec(BaseModel):
         return self.speculation.draft_precision or self.quantization.precision
 
     @property
+    def base_max_num_tokens(self) -> int:
+        """The spec's tokens per engine step before any engine-specific floor (default max(8192, max_input_len))."""
+        return self.limits.max_num_tokens or max(8192, self.max_input_len)
+
+    @property
     def max_num_tokens(self) -> int:
         """Tokens per engine step: at least one full prompt and every sequence's K+1 speculative tokens."""
         floor = self.max_batch_size * (self.draft_len + 1)
-        return max(self.limits.max_num_tokens or max(8192, self.max_input_len), floor)
+        return max(self.base_max_num_tokens, floor)
+
+    # The draft engine (resolved; meaningful only with a draft model). ------------------------------------------
+    @property
+    def draft_tp(self) -> int:
+        return self.speculation.draft_tp
+
+    @property
+    def draft_max_batch_size(self) -> int:
+        """The draft's engine batch: it never needs more than the batch speculation is served at."""
+        s = self.speculation
+        return s.draft_max_batch_size or min(s.max_batch_for_speculation, self.max_batch_size)
+
+    @property
+    def draft_max_seq_len(self) -> int:
+        """The draft drafts K tokens past any sequence the target holds (S + K; the target's engine records S + K)."""
+        return self.max_seq_len + self.draft_len
+
+    @property
+    def target_gpu_device_ids(self) -> list[int]:
+        """GPUs of the target engine's TP×PP ranks: the host's first tp×pp."""
+        return list(range(self.parallelism.world_size))
+
+    @property
+    def draft_gpu_device_ids(self) -> list[int]:
+        """GPUs of the draft engine, one per draft TP rank; default: co-located on the target's first draft_tp GPUs
+        (upstream draft_target_model README: one GPU for both performs better than two)."""
+        ids = self.speculation.draft_gpu_device_ids
+        return list(ids) if ids is not None else list(range(self.draft_tp))
+
+    @property
+    def draft_participant_ids(self) -> list[int]:
+        """MPI ranks of the draft in orchestrator mode without spawned processes (upstream README, fast logits:
+        rank 0 is the orchestrator, then the draft's ranks, then the target's)."""
+        return list(range(1, 1 + self.draft_tp))
+
+    @property
+    def target_participant_ids(self) -> list[int]:
+        first = 1 + self.draft_tp if self.draft_model else 1
+        return list(range(first, first + self.parallelism.world_size))
+
+    @property
+    def draft_max_tokens_in_paged_kv_cache(self) -> int:
+        """KV tokens the draft needs: its max batch × one full (S + K) sequence, in whole blocks."""
+        block = self.limits.tokens_per_block
+        return self.draft_max_batch_size * (-(-self.draft_max_seq_len // block) * block)
 
     @property
     def calib_size(self) -> int:
@@ -195,7 +265,9 @@ class BuildSpec(BaseModel):
             f"target={self.target}",
         ]
         if self.draft_model:
-            parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision})")
+            parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
+                         f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "
+                         f"draft_gpus={','.join(map(str, self.draft_gpu_device_ids))}")
         parts.append(f"kv_reuse={'on' if self.serving.enable_kv_cache_reuse else 'off'}")
         return "ok: " + " ".join(parts)
 

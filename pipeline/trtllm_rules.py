@@ -46,7 +46,10 @@ def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: b
 
 # --- Added for the compile stage (pipeline/compile): values trtllm-build 1.2.1 is given explicitly. -------------
 # Read from NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py, tensorrt_llm/builder.py (build(), BuildConfig) and
-# tensorrt_llm/plugin/plugin.py (PluginConfig); see pipeline/compile/flags.py for commits.
+# tensorrt_llm/plugin/plugin.py (PluginConfig); see pipeline/compile/flags.py for commits. build()'s reduce_fusion /
+# user_buffer overrides were read at builder.py @ 008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (the newest stored
+# snapshot), plugin.py defaults and help texts @ c20322ffd3dc0740ca530c9fad989b22e64f6e06, the docs at
+# docs/source/performance/fp8-quantization.md @ 8cc5c0b2 and perf-best-practices.md @ 06255cb7.
 
 TRTLLM_VERSION = "1.2.1"  # the pinned release: the last one with trtllm-build (FACTS §1)
 
@@ -55,10 +58,12 @@ TRTLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
 
 # precision -> --gemm_plugin. The GEMM plugin covers non-quantized GEMMs only (except FP8, which has its own FP8
 # GEMM plugin); INT4/W4A8-AWQ and INT8-SQ GEMMs get their quantized plugins automatically from the checkpoint's
-# quant_algo, so those recipes pass the compute dtype for the remaining 16-bit GEMMs (lm_head). FP8: NVIDIA's
-# performance guide recommends the GEMM plugin disabled, and `--gemm_plugin fp8` only for small batches (<= 4),
-# which is also what TensorRT-LLM's own benchmark build helper does.
-FP8_GEMM_PLUGIN_MAX_BATCH = 4
+# quant_algo (builder.py build(): weight_only_groupwise_quant_matmul_plugin / smooth-quant plugins), so those
+# recipes pass the compute dtype for the remaining 16-bit GEMMs (lm_head). FP8: disabled at every batch size —
+# docs/source/performance/fp8-quantization.md ("we recommend disabling the gemm plugin for fp8 ... if you are
+# passing --gemm_plugin=fp8 to trtllm-build we recommend removing that"); small batches get the low-latency FP8
+# GEMM plugin instead (`fp8_gemm_plugins`). That supersedes perf-best-practices.md's older experimental
+# "--gemm_plugin fp8 for BS<=4".
 GEMM_PLUGIN: dict[str, str] = {
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -69,10 +74,8 @@ GEMM_PLUGIN: dict[str, str] = {
 }
 
 
-def gemm_plugin(precision: str, compute_dtype: str = "bf16", *, max_batch_size: int | None = None) -> str:
-    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype; FP8 at batch <= 4: fp8)."""
-    if precision == "fp8" and max_batch_size is not None and max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH:
-        return "fp8"
+def gemm_plugin(precision: str, compute_dtype: str = "bf16") -> str:
+    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype; FP8: disabled)."""
     value = GEMM_PLUGIN[precision]
     return TRTLLM_DTYPE[compute_dtype] if value in TRTLLM_DTYPE.values() else value
 
@@ -80,3 +83,98 @@ def gemm_plugin(precision: str, compute_dtype: str = "bf16", *, max_batch_size: 
 def paged_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = True) -> bool:
     """Whether `--use_paged_context_fmha enable` survives build(): allowed unless a blocker applies."""
     return paged_context_fmha_blocker(precision, kv_cache, context_fmha=context_fmha) is None
+
+
+# --- Flags whose 1.2.1 default is not what H100 FP8 serving wants: each decided here, with its source. ------------
+# PluginConfig defaults (tensorrt_llm/plugin/plugin.py): reduce_fusion False, user_buffer False, use_fused_mlp True,
+# multiple_profiles False, gemm_swiglu_plugin / low_latency_gemm_plugin / low_latency_gemm_swiglu_plugin None.
+#
+# | flag                              | we pass                                   | source                          |
+# |-----------------------------------|-------------------------------------------|---------------------------------|
+# | --reduce_fusion                   | enable iff Llama and TP > 1               | builder.py build(): overridden   |
+# |                                   |                                           | to False at tp_size == 1 or for  |
+# |                                   |                                           | other architectures; fp8-quant.  |
+# |                                   |                                           | md: 70B TP4 H100 +12.9 % tok/s,  |
+# |                                   |                                           | TTFT 97 -> 82 ms (with UB)       |
+# | --user_buffer                     | enable iff reduce_fusion and quant FP8    | build(): off without             |
+# |                                   |                                           | reduce_fusion; plugin.py help:   |
+# |                                   |                                           | "only supported for the FP8      |
+# |                                   |                                           | LLAMA model"                     |
+# | --use_fused_mlp                   | enable (the default, stated explicitly)   | perf-best-practices.md           |
+# |                                   |                                           | "Horizontal fusion in Gated-MLP" |
+# | --gemm_swiglu_plugin              | fp8 for FP8 models >= 30B on SM 90 at     | perf-best-practices.md "GEMM +   |
+# |                                   | batch > 4, else disable                   | SwiGLU": recommended "if model   |
+# |                                   |                                           | is large" on Hopper FP8, not for |
+# |                                   |                                           | very small workloads; needs      |
+# |                                   |                                           | use_fused_mlp (build.py          |
+# |                                   |                                           | optimize_model_with_config)      |
+# | --low_latency_gemm_plugin         | fp8 for FP8 on SM 90 at max batch <= 4    | fp8-quantization.md "Low Latency |
+# | --low_latency_gemm_swiglu_plugin  | fp8 with it (same condition)              | GEMM Plugin": for low-latency;   |
+# |                                   |                                           | alone it was slower, with the    |
+# |                                   |                                           | SwiGLU fusion faster; BS <= 4 is |
+# |                                   |                                           | perf-best-practices.md's small-  |
+# |                                   |                                           | batch bound                      |
+# | --multiple_profiles               | limits.multiple_profiles (default enable) | perf-best-practices.md "Multiple |
+# |                                   |                                           | profiles": helps when the GEMM   |
+# |                                   |                                           | plugin is disabled               |
+# | --gather_generation_logits        | not passed                                | deprecated in 1.2; the BLS       |
+# |                                   |                                           | compares tokens (use_draft_logits|
+# |                                   |                                           | false), so no logits are needed  |
+# Accuracy: the fused gate/up GEMM (use_fused_mlp, and the SwiGLU plugins built on it) drops one FP8 scaling factor
+# (perf-best-practices.md); it is the 1.2.1 default already, so the SwiGLU plugins add no new loss of that kind.
+
+# build() keeps reduce_fusion only for these architectures (builder.py build()).
+REDUCE_FUSION_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM"})
+LOW_LATENCY_MAX_BATCH = 4  # perf-best-practices.md: small-batch FP8 GEMM tuning "(e.g. BS<=4)"
+LARGE_MODEL_PARAMS = 30e9  # our reading of "if model is large" (the docs' case study is Llama-3.3-70B)
+HOPPER_SM = 90  # GEMM + SwiGLU fusion: "only supported for FP8 precision on Hopper" (fp8-quantization.md)
+
+
+def reduce_fusion(architecture: str, tp: int) -> bool:
+    """`--reduce_fusion enable` exactly where build() keeps it: a supported architecture at TP > 1."""
+    return tp > 1 and architecture in REDUCE_FUSION_ARCHITECTURES
+
+
+def user_buffer(precision: str, architecture: str, tp: int) -> bool:
+    """`--user_buffer enable`: needs reduce_fusion (build()) and is supported for FP8 Llama only (plugin.py)."""
+    return reduce_fusion(architecture, tp) and QUANT_ALGO[precision] == "FP8" and architecture == "LlamaForCausalLM"
+
+
+def fp8_gemm_plugins(precision: str, *, max_batch_size: int, sm: int, total_params: float) -> dict[str, str]:
+    """The FP8 GEMM plugin choices: `--gemm_swiglu_plugin`, `--low_latency_gemm_plugin`,
+    `--low_latency_gemm_swiglu_plugin` (all "disable" unless the table above applies)."""
+    out = {"--gemm_swiglu_plugin": "disable", "--low_latency_gemm_plugin": "disable",
+           "--low_latency_gemm_swiglu_plugin": "disable"}
+    if QUANT_ALGO[precision] != "FP8" or sm != HOPPER_SM:
+        return out
+    if max_batch_size <= LOW_LATENCY_MAX_BATCH:
+        out["--low_latency_gemm_plugin"] = "fp8"
+        out["--low_latency_gemm_swiglu_plugin"] = "fp8"
+    elif total_params >= LARGE_MODEL_PARAMS:
+        out["--gemm_swiglu_plugin"] = "fp8"
+    return out
+
+
+# TensorRT-LLM's trtllm-build warns above this max_num_tokens (tensorrt_llm/_common.py check_max_num_tokens()).
+MAX_NUM_TOKENS_WARN = 16384
+
+
+def engine_max_num_tokens(
+    max_num_tokens: int, *, max_batch_size: int, max_seq_len: int, max_input_len: int, tokens_per_block: int,
+    context_fmha: bool = True, draft_len: int = 0,
+) -> int:
+    """The max_num_tokens an engine ends with for the value given to trtllm-build.
+
+    tensorrt_llm/_common.py check_max_num_tokens() (run by builder.py _init_max_seq_len(), before build() adds the
+    draft length to max_seq_len): clipped to max_seq_len × max_batch_size; at least max_input_len without context
+    FMHA, else at least tokens_per_block. Then build() raises it to max_batch_size × (max_draft_len + 1) for a
+    speculative engine (`draft_len` > 0).
+    """
+    tokens = min(max_num_tokens, max_seq_len * max_batch_size)
+    if not context_fmha:
+        tokens = max(tokens, max_input_len)
+    else:
+        tokens = max(tokens, tokens_per_block)
+    if draft_len:
+        tokens = max(tokens, max_batch_size * (draft_len + 1))
+    return tokens

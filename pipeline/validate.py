@@ -1,7 +1,8 @@
 """Coherence rules of a build spec (FACTS §3 plus the support matrix). Pure, instant, run before any download.
 
 Each rule raises `SpecError` with one line: the field, the value, and what to do instead. Soft problems are
-returned as warnings.
+returned as warnings. Where a rule mirrors TensorRT-LLM 1.2.1 (NVIDIA/TensorRT-LLM), the function says which
+upstream code it comes from; rules of ours (no upstream failure) say so.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from .errors import SpecError
 from .gpus import GPUS, SUPPORTED_SM
 from .registry import ModelEntry
 from .spec import BuildSpec
-from .trtllm_rules import needs_fp8_hardware, paged_context_fmha_blocker
+from .trtllm_rules import MAX_NUM_TOKENS_WARN, needs_fp8_hardware, paged_context_fmha_blocker
 
 AWQ_PRECISIONS = ("int4_awq", "w4a8_awq")
-MAX_DRAFT_LEN = 8
+# Draft length: upstream sets no upper bound for draft_tokens_external (builder.py build() bounds only EAGLE) and
+# its examples/draft_target_model README uses "from 4 to 10 in common usage"; the seeds measured 4-6 as the sweet
+# spot. Above this we warn, never refuse.
+DRAFT_LEN_WARN = 8
 
 
 def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
@@ -70,27 +74,31 @@ def _check_paged_context(spec: BuildSpec) -> None:
             )
 
 
-def _check_parallel(spec: BuildSpec, model: ModelEntry, role: str, precision: str) -> None:
-    a, p = model.architecture, spec.parallelism
-    if a.num_heads % p.tp:
+def _check_parallel(spec: BuildSpec, model: ModelEntry, role: str, precision: str, *, tp: int, pp: int) -> None:
+    """TP must split heads (and divide or cover KV heads), PP at most the layers, AWQ blocks whole per rank
+    (TensorRT-LLM's checkpoint mapping / ModelOpt export)."""
+    a = model.architecture
+    flag = "--draft-tp" if role == "draft" else "--tp"
+    field = "speculation.draft_tp" if role == "draft" else "parallelism.tp"
+    if a.num_heads % tp:
         raise SpecError(
-            f"parallelism.tp={p.tp}: {role} {model.name} has {a.num_heads} attention heads, not divisible by tp; "
-            f"use a tp that divides {a.num_heads}"
+            f"{field}={tp}: {role} {model.name} has {a.num_heads} attention heads, not divisible by tp; "
+            f"use a {flag} that divides {a.num_heads}"
         )
-    if a.num_kv_heads % p.tp and p.tp % a.num_kv_heads:
+    if a.num_kv_heads % tp and tp % a.num_kv_heads:
         raise SpecError(
-            f"parallelism.tp={p.tp}: {role} {model.name} has {a.num_kv_heads} KV heads; tp must divide them "
-            "or be a multiple of them"
+            f"{field}={tp}: {role} {model.name} has {a.num_kv_heads} KV heads; tp must divide them "
+            f"or be a multiple of them (fix {flag})"
         )
-    if p.pp > a.num_layers:
-        raise SpecError(f"parallelism.pp={p.pp}: {role} {model.name} has only {a.num_layers} layers")
+    if pp > a.num_layers:
+        raise SpecError(f"parallelism.pp={pp}: {role} {model.name} has only {a.num_layers} layers")
     if precision in AWQ_PRECISIONS:
         block = spec.quantization.awq_block_size
         for dim_name, dim in (("hidden_size", a.hidden_size), ("intermediate_size", a.intermediate_size)):
-            if dim % p.tp or (dim // p.tp) % block:
+            if dim % tp or (dim // tp) % block:
                 raise SpecError(
-                    f"parallelism.tp={p.tp}: {role} {precision} needs {dim_name}/tp divisible by the AWQ block "
-                    f"size {block}, but {model.name} has {dim_name}={dim}; use a smaller tp or "
+                    f"{field}={tp}: {role} {precision} needs {dim_name}/tp divisible by the AWQ block "
+                    f"size {block}, but {model.name} has {dim_name}={dim}; use a smaller {flag} or "
                     "--precision fp8"
                 )
 
@@ -98,22 +106,28 @@ def _check_parallel(spec: BuildSpec, model: ModelEntry, role: str, precision: st
 def _check_limits(spec: BuildSpec, warnings: list[str]) -> None:
     lim, a = spec.limits, spec.model.architecture
     positions = a.max_position_embeddings
+    # Ours: builder.py _init_max_seq_len() only warns past max_position_embeddings ("accuracy might be affected");
+    # positions the model never saw make garbage, so we refuse.
     if spec.max_seq_len + spec.draft_len > positions:
         extra = f" + draft_len {spec.draft_len}" if spec.draft_len else ""
         raise SpecError(
             f"limits.max_seq_len={spec.max_seq_len}{extra} exceeds {spec.model.name}'s "
             f"max_position_embeddings={positions}; use --max-seq-len <= {positions - spec.draft_len}"
         )
-    if spec.max_input_len >= spec.max_seq_len:
+    # builder.py _init_max_seq_len() clips max_input_len to max_seq_len (equal is fine); we refuse what it would
+    # silently change.
+    if spec.max_input_len > spec.max_seq_len:
         raise SpecError(
-            f"limits.max_input_len={spec.max_input_len} must be below max_seq_len={spec.max_seq_len} "
-            "(leave room for output tokens); lower --max-input-len or raise --max-seq-len"
+            f"limits.max_input_len={spec.max_input_len} exceeds max_seq_len={spec.max_seq_len} (trtllm-build would "
+            "clip it); lower --max-input-len or raise --max-seq-len"
         )
     if lim.multiple_profiles and lim.opt_num_tokens:
         raise SpecError(
             f"limits.opt_num_tokens={lim.opt_num_tokens} cannot be combined with multiple_profiles; "
             "drop limits.opt_num_tokens from the spec file or pass --no-multiple-profiles"
         )
+    # cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (constructor): without chunked context the
+    # runtime's max input length is min(max_seq_len - 1, max_num_tokens), so longer prompts are rejected.
     if lim.max_num_tokens and lim.max_num_tokens < spec.max_input_len and not spec.serving.enable_chunked_context:
         raise SpecError(
             f"limits.max_num_tokens={lim.max_num_tokens} is below max_input_len={spec.max_input_len} without "
@@ -124,17 +138,29 @@ def _check_limits(spec: BuildSpec, warnings: list[str]) -> None:
             f"limits.max_num_tokens={lim.max_num_tokens} raised to {spec.max_num_tokens} "
             f"(max_batch_size x (draft_len+1))"
         )
+    if spec.max_num_tokens > MAX_NUM_TOKENS_WARN:  # tensorrt_llm/_common.py check_max_num_tokens() warns too
+        warnings.append(
+            f"limits.max_num_tokens={spec.max_num_tokens} > {MAX_NUM_TOKENS_WARN}: TensorRT-LLM expects no gain "
+            "from it and large values can exceed TensorRT's tensor volume"
+        )
 
 
 def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     draft, target = spec.draft_model, spec.model
+    sp = spec.speculation
     if draft is None:
-        if spec.speculation.draft_len is not None:
-            raise SpecError("speculation.draft_len is set but no draft model; pass --draft NAME (or --draft auto)")
+        for name in ("draft_len", "draft_tp", "draft_max_batch_size", "draft_gpu_device_ids"):
+            if name in sp.model_fields_set and getattr(sp, name) not in (None, type(sp).model_fields[name].default):
+                raise SpecError(f"speculation.{name} is set but no draft model; pass --draft NAME (or --draft auto)")
         return
     k = spec.draft_len
-    if not 1 <= k <= MAX_DRAFT_LEN:
-        raise SpecError(f"speculation.draft_len={k}: must be within 1..{MAX_DRAFT_LEN}; K=4-5 is typical")
+    if k < 1:
+        raise SpecError(f"speculation.draft_len={k}: must be >= 1 (K=4-6 is typical); raise --draft-len")
+    if k > DRAFT_LEN_WARN:
+        warnings.append(
+            f"speculation.draft_len={k}: above {DRAFT_LEN_WARN} acceptance falls off and each step costs more draft "
+            "passes (sweet spot 4-6; upstream's examples use 4-10); measure with `invoke bench`"
+        )
     if draft.name == target.name:
         raise SpecError(f"speculation.draft={draft.name} is the target itself; choose a smaller model of its family")
     if draft.tokenizer_family != target.tokenizer_family or draft.architecture.vocab_size != target.architecture.vocab_size:
@@ -147,10 +173,15 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
         raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: draft-target speculation needs 1")
     if draft.architecture.total_params >= target.architecture.total_params:
         warnings.append(f"speculation.draft={draft.name} is not smaller than {target.name}; it cannot pay off")
-    if spec.max_batch_size > spec.speculation.max_batch_for_speculation:
+    if spec.max_batch_size > sp.max_batch_for_speculation:
         warnings.append(
             f"speculation with max_batch_size={spec.max_batch_size}: draft-target pays at batch 1-8 and costs "
             "throughput at high load (seeds: slower at 64); route heavy traffic through the plain ensemble"
+        )
+    if spec.draft_max_batch_size > spec.max_batch_size:
+        warnings.append(
+            f"speculation.draft_max_batch_size={spec.draft_max_batch_size} exceeds max_batch_size="
+            f"{spec.max_batch_size}: the draft never serves more requests than the target"
         )
     s = spec.serving
     total = s.target_fraction(True) + s.draft_kv_cache_free_gpu_mem_fraction
@@ -162,6 +193,116 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
         )
 
 
+def _check_draft_placement(spec: BuildSpec) -> None:
+    """The draft's GPUs: one per draft TP rank (upstream examples/draft_target_model README:
+    `draft_model_device_list` "must be the same as the TP size of the draft model engine"), on this host."""
+    ids, tp, count = spec.draft_gpu_device_ids, spec.draft_tp, spec.hardware.gpu_count
+    if tp > count:
+        raise SpecError(
+            f"speculation.draft_tp={tp} exceeds hardware.gpu_count={count}; lower --draft-tp (1 is usual)"
+        )
+    if len(ids) != tp:
+        raise SpecError(
+            f"speculation.draft_gpu_device_ids={ids}: the draft engine has draft_tp={tp} rank(s), so it needs "
+            f"exactly {tp} GPU id(s); list one GPU per rank or change --draft-tp"
+        )
+    if len(set(ids)) != len(ids) or any(i < 0 or i >= count for i in ids):
+        raise SpecError(
+            f"speculation.draft_gpu_device_ids={ids}: ids must be distinct GPUs within 0..{count - 1} "
+            "(hardware.gpu_count); fix the list or raise --gpu-count"
+        )
+
+
+def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
+    """A draft-target target aborts at load without KV-cache block reuse.
+
+    Upstream: triton_backend/inflight_batcher_llm/src/model_instance_state.cc getKvCacheConfigFromParams() passes
+    `enable_kv_cache_reuse` into the executor's KvCacheConfig; cpp/tensorrt_llm/batch_manager/
+    trtGptModelInflightBatching.cpp (TrtGptModelInflightBatching constructor) then checks it for an engine built
+    with speculative_decoding_mode draft_tokens_external: "KV cache block reuse must be enabled for speculative
+    decoding target model".
+    """
+    if spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
+        raise SpecError(
+            f"serving.enable_kv_cache_reuse=false with draft {spec.draft_model.name}: the draft-target target aborts "
+            "at load in TensorRT-LLM 1.2.1 ('KV cache block reuse must be enabled for speculative decoding target "
+            "model'); drop --no-kv-reuse or --draft"
+        )
+
+
+def _largest_fitting(fits, low: int, high: int) -> int | None:
+    """The largest value in low..high for which the monotone predicate `fits` holds, or None."""
+    if not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
+    """Refuse limits whose activations plus one longest sequence's KV do not fit a GPU, naming what would fit.
+
+    Ours (pipeline/planner.py's memory model, not an upstream check): TensorRT-LLM sizes activations by
+    max_num_tokens and max_batch_size at engine load, and a KV pool that cannot hold one max_seq_len sequence
+    makes the executor shrink the attention window or reject the longest requests. Weights that do not fit at all
+    are a parallelism question: a warning here, `invoke plan` names the minimum TP.
+    """
+    from .gpus import GIB
+    from .planner import engine_shapes, fit_shortfall
+
+    gpu = GPUS[spec.hardware.gpu]
+
+    def short(**kw) -> float:
+        return fit_shortfall(spec, *engine_shapes(spec, **kw), gpu)
+
+    if short() <= 0:
+        return
+    draft = spec.draft_model is not None
+    floor = spec.limits.tokens_per_block
+    knobs = [
+        ("limits.max_batch_size", "--max-batch", "max_batch", spec.max_batch_size, 1),
+        ("limits.max_num_tokens", "--max-num-tokens", "max_num_tokens", spec.base_max_num_tokens, floor),
+        ("limits.max_seq_len", "--max-seq-len", "max_seq_len", spec.max_seq_len, 1),
+    ]
+    if draft:
+        knobs.insert(1, ("speculation.draft_max_batch_size", "--draft-max-batch", "draft_max_batch",
+                         spec.draft_max_batch_size, 1))
+    # blame what the spec set explicitly first, then the registry defaults
+    given = {f"limits.{n}" for n in spec.limits.model_fields_set} | {
+        f"speculation.{n}" for n in spec.speculation.model_fields_set}
+    knobs.sort(key=lambda knob: knob[0] not in given)
+    minimal = {"max_batch": 1, "max_num_tokens": floor, "max_seq_len": 1}
+    if draft:
+        minimal["draft_max_batch"] = 1
+    if short(**minimal) > 0:
+        warnings.append(
+            f"hardware: {spec.model.name} {spec.quantization.precision} at tp={spec.parallelism.tp} does not fit "
+            f"one {gpu.name} ({gpu.memory_gib} GiB) even at batch 1; raise --tp (`invoke plan` shows the minimum)"
+        )
+        return
+    need = short() / GIB
+    for field, flag, key, value, low in knobs:
+        if value < low:
+            continue
+        best = _largest_fitting(lambda v, key=key: short(**{key: v}) <= 0, low, value)
+        if best is not None:
+            hint = " (and --max-input-len with it)" if key == "max_seq_len" and best < spec.max_input_len else ""
+            raise SpecError(
+                f"{field}={value}: activations and one {spec.max_seq_len}-token sequence's KV need {need:.1f} GiB "
+                f"more than a {gpu.name} has at tp={spec.parallelism.tp}; at most {best} fits: lower {flag} to "
+                f"<= {best}{hint} or raise --tp"
+            )
+    raise SpecError(
+        f"limits: max_batch_size={spec.max_batch_size}, max_num_tokens={spec.base_max_num_tokens} and "
+        f"max_seq_len={spec.max_seq_len} together need {need:.1f} GiB more than a {gpu.name} has at "
+        f"tp={spec.parallelism.tp}; lower them (each alone is not enough) or raise --tp"
+    )
+
+
 def validate_spec(spec: BuildSpec) -> list[str]:
     """Apply every rule; return warnings, raise `SpecError` on the first violation."""
     warnings: list[str] = []
@@ -169,14 +310,18 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
     _check_paged_context(spec)
-    _check_parallel(spec, spec.model, "target", spec.quantization.precision)
-    if spec.draft_model:
-        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision)
+    _check_speculation_kv_reuse(spec)
     p = spec.parallelism
+    _check_parallel(spec, spec.model, "target", spec.quantization.precision, tp=p.tp, pp=p.pp)
+    if spec.draft_model:
+        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=spec.draft_tp, pp=1)
     if p.world_size > spec.hardware.gpu_count:
         raise SpecError(
             f"parallelism: tp×pp={p.world_size} exceeds hardware.gpu_count={spec.hardware.gpu_count}; "
             "lower --tp/--pp or raise --gpu-count"
         )
+    if spec.draft_model:
+        _check_draft_placement(spec)
     _check_limits(spec, warnings)
+    _check_memory_fit(spec, warnings)
     return warnings

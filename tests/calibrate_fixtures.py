@@ -33,6 +33,8 @@ def make_spec(**overrides: Any):
     from pipeline.spec import resolve_spec
 
     args = {"model": "tiny-llama", **LEAN, **NO_PAGED, **overrides}
+    if args.get("draft") and "enable_kv_cache_reuse" not in overrides:
+        args["enable_kv_cache_reuse"] = True  # a draft-target target needs KV reuse (pipeline/validate.py)
     return resolve_spec(**args)
 
 

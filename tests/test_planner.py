@@ -77,6 +77,52 @@ def test_draft_adds_weights_and_kv():
     spec = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=4, draft="llama-1b"))
     assert spec.draft_weights_gib_per_gpu > 0.3
     assert spec.kv_cache_tokens < base.kv_cache_tokens
+    assert base.draft_tp is None and base.draft_kv_cache_tokens is None
+
+
+ARCH1B = get_model("llama-1b").architecture
+
+
+def test_draft_weights_and_kv_use_the_drafts_own_tp():
+    one = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
+    two = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_tp=2,
+                            max_batch_size=8))
+    # TP 1 by default: the whole 1B on one GPU, not a quarter of it on each of the target's four
+    assert one.draft_tp == 1 and one.draft_gpu_device_ids == [0]
+    assert one.draft_weights_gib_per_gpu == pytest.approx(weight_bytes(ARCH1B, "fp8") / GIB, abs=0.01)
+    assert two.draft_weights_gib_per_gpu == pytest.approx(one.draft_weights_gib_per_gpu / 2, abs=0.01)
+    assert one.draft_kv_bytes_per_token_per_gpu == kv_bytes_per_token(ARCH1B, "fp8") == 16 * 1024
+    assert two.draft_kv_bytes_per_token_per_gpu == kv_bytes_per_token(ARCH1B, "fp8", tp=2)
+
+
+def test_draft_kv_pool_is_sized_for_the_drafts_batch():
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b")  # target batch 64
+    p = plan(spec)
+    assert p.draft_max_batch_size == 8
+    # its own batch x one (S + K) sequence: 8 x 8224 tokens, far below its 0.2 memory fraction
+    assert p.draft_kv_cache_tokens == spec.draft_max_tokens_in_paged_kv_cache == 8 * 8224
+    assert p.draft_kv_pool_gib_per_gpu == pytest.approx(8 * 8224 * 16 * 1024 / GIB, abs=0.01)
+    assert p.draft_max_concurrent_requests == 8
+    doubled = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b",
+                                draft_max_batch_size=16))
+    assert doubled.draft_kv_cache_tokens == 2 * p.draft_kv_cache_tokens
+
+
+def test_colocated_draft_costs_the_target_its_gpu_share_a_separate_gpu_does_not():
+    shared = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
+    apart = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8,
+                              draft_gpu_device_ids=[4]))
+    alone = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=8))
+    # TP ranks allocate the smallest rank's pool: GPU 0 also holds the draft's weights and runtime
+    assert shared.free_gib_per_gpu < apart.free_gib_per_gpu == alone.free_gib_per_gpu
+    assert shared.kv_cache_tokens < apart.kv_cache_tokens
+    # with a draft the target's fraction is 0.7 (0.9 without), wherever the draft sits
+    assert apart.kv_pool_gib_per_gpu == pytest.approx(0.7 / 0.9 * alone.kv_pool_gib_per_gpu, abs=0.02)
+
+
+def test_default_input_len_leaves_an_output_token_when_input_equals_seq():
+    p = plan(resolve_spec(model="tiny-llama", precision="bf16", max_input_len=512, max_seq_len=512))
+    assert p.input_len == 511 and p.output_len == 1
 
 
 def test_max_tokens_in_paged_kv_cache_caps_pool():

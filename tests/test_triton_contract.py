@@ -168,3 +168,15 @@ def test_reference_parameters_carry_the_build_limits(out_env):
     assert summary.param("tensorrt_llm", "max_seq_len") == str(spec.max_seq_len)
     assert summary.param("tensorrt_llm_draft", "max_seq_len") == str(spec.max_seq_len + spec.draft_len)
     assert summary.param("tensorrt_llm", "tokens_per_block") == str(spec.limits.tokens_per_block)
+
+
+def test_draft_gets_its_own_devices_and_kv_budget_in_orchestrator_mode(out_env):
+    summary = validate_repo(_trtllm_repo(out_env, draft=True))
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
+    assert summary.param("tensorrt_llm", "gpu_device_ids") == "0,1,2,3"
+    assert summary.param("tensorrt_llm_draft", "gpu_device_ids") == "0"  # draft TP 1, beside target rank 0
+    assert summary.param("tensorrt_llm_draft", "max_tokens_in_paged_kv_cache") == \
+        str(spec.draft_max_tokens_in_paged_kv_cache)
+    assert summary.param("tensorrt_llm", "participant_ids") == ""  # the orchestrator spawns the workers
+    plain = validate_repo(_trtllm_repo(out_env / "plain", draft=False))
+    assert plain.param("tensorrt_llm", "gpu_device_ids") == ""  # leader mode: one rank per GPU under mpirun

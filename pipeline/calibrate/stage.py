@@ -84,8 +84,9 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         precision=precision,
         kv=q.kv,
         awq_block_size=q.awq_block_size,
-        tp=spec.parallelism.tp,
-        pp=spec.parallelism.pp,
+        # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/compile/plan.py)
+        tp=spec.draft_tp if role == "draft" else spec.parallelism.tp,
+        pp=1 if role == "draft" else spec.parallelism.pp,
         calib_size=size,
         calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len,
         batch_size=q.calib_batch_size,

@@ -21,6 +21,10 @@ class CheckpointConfig:
     derived: bool = False  # True: not read from disk, derived from the spec (dry run before calibration)
 
     @property
+    def architecture(self) -> str:
+        return str(self.config.get("architecture", ""))
+
+    @property
     def dtype(self) -> str:
         return str(self.config.get("dtype", "bfloat16"))
 
@@ -121,7 +125,8 @@ def check_matches_spec(
     if (ckpt.tp, ckpt.pp) != (tp, pp) or ckpt.world_size != tp * pp:
         raise CompileError(
             f"{where} is mapped tp={ckpt.tp} pp={ckpt.pp} (world {ckpt.world_size}), but the spec asks for "
-            f"tp={tp} pp={pp}; an engine's TP×PP is fixed by its checkpoint: re-export with --tp {tp} --pp {pp}"
+            f"tp={tp} pp={pp}; an engine's TP×PP is fixed by its checkpoint: re-export with "
+            + (f"--draft-tp {tp}" if role == "draft" else f"--tp {tp} --pp {pp}")
         )
     if ckpt.vocab_size is not None and ckpt.vocab_size != model.architecture.vocab_size:
         raise CompileError(

@@ -2,18 +2,23 @@
 
 Pure: reads only the checkpoints' `config.json` (never weights), runs nothing. Mirrors what TensorRT-LLM 1.2.1's
 `build()` does to the values it is given, so the plan states the final engine values and verification can compare
-them (sources in pipeline/compile/flags.py):
+them (sources in pipeline/compile/flags.py and the decision table in pipeline/trtllm_rules.py):
 
 - `max_num_tokens` is clipped to `max_seq_len × max_batch_size` (`check_max_num_tokens`, before speculation), held
-  at least `tokens_per_block` with context FMHA, then raised to `max_batch_size × (K+1)` for speculation.
+  at least `tokens_per_block` with context FMHA, then raised to `max_batch_size × (K+1)` for speculation
+  (`trtllm_rules.engine_max_num_tokens`).
 - with `--speculative_decoding_mode` set, `build()` adds `max_draft_len` to `max_seq_len`: the target is given
   `--max_seq_len S` and its engine records `S + K`. The draft is built without speculation, so it is given
   `S + K` explicitly (it drafts K tokens past any sequence the target may hold).
+- the draft engine has its own TP (`speculation.draft_tp`, default 1: an all-reduce per draft token at TP 4 buys
+  nothing for a 1B model), its own max batch (`draft_max_batch_size`, default the speculation cap) and so its own
+  `--workers`, `--max_num_tokens` and rank files; its checkpoint is exported at that TP.
 - FP8 context FMHA needs quant_algo in {FP8, W4A8_AWQ, NVFP4}; with paged context FMHA and an FP8 KV cache it is
   forced on, with a non-FP8 KV cache forced off; paged context FMHA is dropped for INT8 KV and for FP8 KV with
   other quant_algos (`pipeline.trtllm_rules`, shared with the validator).
-- `--gemm_plugin` per precision (`trtllm_rules.gemm_plugin`): the compute dtype for 16-bit GEMMs, `fp8` for FP8 only
-  at max_batch_size <= 4, else disabled (NVIDIA's performance guide); quantized GEMM plugins follow quant_algo.
+- `--reduce_fusion enable` for Llama at TP > 1 and `--user_buffer enable` with it for FP8 (build() drops both
+  otherwise); `--gemm_plugin` per precision (FP8: disabled); the FP8 GEMM/SwiGLU plugins per batch and model size
+  (`trtllm_rules.fp8_gemm_plugins`); `--use_fused_mlp enable` stated explicitly.
 - trtllm-build always builds a strongly typed network (`strongly_typed: True` in build.py), not only for FP8.
 """
 
@@ -25,9 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CompileError
+from ..gpus import GPUS
 from ..registry import ModelEntry
 from ..spec import BuildSpec
-from ..trtllm_rules import TRTLLM_VERSION, fp8_context_fmha, gemm_plugin, paged_context_fmha
+from ..trtllm_rules import (
+    TRTLLM_VERSION,
+    engine_max_num_tokens,
+    fp8_context_fmha,
+    fp8_gemm_plugins,
+    gemm_plugin,
+    paged_context_fmha,
+    reduce_fusion,
+    user_buffer,
+)
 from .checkpoint_config import CheckpointConfig, check_matches_spec, derived_checkpoint_config, read_checkpoint_config
 from .flags import SPECULATIVE_MODE_VALUE, check_argv
 
@@ -136,10 +151,16 @@ class CompilePlan:
         m = self.memory
         lines.append(
             f"\nestimated GPU memory per GPU ({m['gpu']}): weights {m['weights_gib_per_gpu']} GiB"
-            + (f" + draft {m['draft_weights_gib_per_gpu']} GiB" if m["draft_weights_gib_per_gpu"] else "")
-            + f" + runtime/activations {m['reserve_gib_per_gpu']} GiB + KV pool {m['kv_pool_gib_per_gpu']} GiB"
+            f" + runtime/activations {m['reserve_gib_per_gpu']} GiB + KV pool {m['kv_pool_gib_per_gpu']} GiB"
             f" ({m['kv_cache_tokens']:,} tokens); fits: {'yes' if m['fits'] else 'NO'}"
         )
+        if m.get("draft_tp"):
+            gpus = ",".join(map(str, m["draft_gpu_device_ids"]))
+            lines.append(
+                f"draft on GPU {gpus} (tp={m['draft_tp']}, batch {m['draft_max_batch_size']}): weights "
+                f"{m['draft_weights_gib_per_gpu']} GiB + KV pool {m['draft_kv_pool_gib_per_gpu']} GiB "
+                f"({m['draft_kv_cache_tokens']:,} tokens)"
+            )
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -147,15 +168,16 @@ class CompilePlan:
         return json.dumps(self.as_dict(), indent=2)
 
 
-def effective_max_num_tokens(spec: BuildSpec, *, max_seq_len: int, draft_len: int) -> int:
-    """What build() ends with for `spec.max_num_tokens` (check_max_num_tokens, then the speculative floor)."""
-    batch = spec.max_batch_size
-    tokens = min(spec.max_num_tokens, max_seq_len * batch)
-    if spec.limits.context_fmha:
-        tokens = max(tokens, spec.limits.tokens_per_block)
-    if draft_len:
-        tokens = max(tokens, batch * (draft_len + 1))
-    return tokens
+def effective_max_num_tokens(spec: BuildSpec, *, role: str = "target") -> int:
+    """What build() ends with for the max_num_tokens the plan gives the target (or the draft) engine."""
+    lim = spec.limits
+    if role == "draft":
+        batch, seq, k = spec.draft_max_batch_size, spec.draft_max_seq_len, 0
+    else:
+        batch, seq, k = spec.max_batch_size, spec.max_seq_len, spec.draft_len
+    return engine_max_num_tokens(spec.base_max_num_tokens, max_batch_size=batch, max_seq_len=seq,
+                                 max_input_len=spec.max_input_len, tokens_per_block=lim.tokens_per_block,
+                                 context_fmha=lim.context_fmha, draft_len=k)
 
 
 def _engine_plan(
@@ -164,24 +186,33 @@ def _engine_plan(
     q, lim = spec.quantization, spec.limits
     k = spec.draft_len
     speculative = role == "target" and k > 0
-    seq = spec.max_seq_len if role == "target" else spec.max_seq_len + k
-    engine_seq = spec.max_seq_len + k if spec.draft_model else spec.max_seq_len
-    max_num_tokens = effective_max_num_tokens(spec, max_seq_len=seq, draft_len=k if speculative else 0)
+    if role == "target":
+        batch, seq = spec.max_batch_size, spec.max_seq_len
+        engine_seq = spec.max_seq_len + k  # build() adds max_draft_len
+    else:
+        batch, seq = spec.draft_max_batch_size, spec.draft_max_seq_len
+        engine_seq = seq
+    max_num_tokens = effective_max_num_tokens(spec, role=role)
     paged_ctx = paged_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
     fp8_ctx = fp8_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
     dtype = ckpt.dtype
-    gemm = gemm_plugin(precision, q.compute_dtype, max_batch_size=spec.max_batch_size)
+    gemm = gemm_plugin(precision, q.compute_dtype)
     if gemm in ("bfloat16", "float16") and gemm != dtype:
         gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
+    architecture = ckpt.architecture
+    fuse_reduce = reduce_fusion(architecture, ckpt.tp)
+    ub = user_buffer(precision, architecture, ckpt.tp)
+    fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
+                                   total_params=model.architecture.total_params)
     workers = max(1, min(ckpt.world_size, spec.hardware.gpu_count))
     opt_num_tokens = None
     if not lim.multiple_profiles:
-        opt_num_tokens = min(lim.opt_num_tokens or spec.max_batch_size * lim.max_beam_width, max_num_tokens)
+        opt_num_tokens = min(lim.opt_num_tokens or batch * lim.max_beam_width, max_num_tokens)
 
     o: dict[str, str] = {
         "--checkpoint_dir": CHECKPOINT_PLACEHOLDER,
         "--output_dir": OUTPUT_PLACEHOLDER,
-        "--max_batch_size": str(spec.max_batch_size),
+        "--max_batch_size": str(batch),
         "--max_input_len": str(spec.max_input_len),
         "--max_seq_len": str(seq),
         "--max_num_tokens": str(max_num_tokens),
@@ -199,6 +230,10 @@ def _engine_plan(
         "--use_fp8_context_fmha": _ed(fp8_ctx),
         "--remove_input_padding": "enable",
         "--multiple_profiles": _ed(lim.multiple_profiles),
+        "--use_fused_mlp": "enable",
+        **fp8_plugins,
+        "--reduce_fusion": _ed(fuse_reduce),
+        "--user_buffer": _ed(ub),
         "--workers": str(workers),
         "--output_timing_cache": f"{OUTPUT_PLACEHOLDER}/{TIMING_CACHE}",
     })
@@ -208,8 +243,11 @@ def _engine_plan(
     else:
         o["--max_draft_len"] = "0"
 
+    def plugin_value(flag: str) -> str | None:
+        return None if o[flag] == "disable" else o[flag]  # PluginConfig stores "disable" as None
+
     expected = {
-        "max_batch_size": spec.max_batch_size,
+        "max_batch_size": batch,
         "max_input_len": spec.max_input_len,
         "max_seq_len": engine_seq,
         "max_num_tokens": max_num_tokens,
@@ -220,7 +258,7 @@ def _engine_plan(
         "speculative_decoding_mode": SPECULATIVE_MODE_VALUE["draft_tokens_external" if speculative else "none"],
         "strongly_typed": True,
         "plugin_config": {
-            "gemm_plugin": None if gemm == "disable" else gemm,  # PluginConfig stores "disable" as None
+            "gemm_plugin": plugin_value("--gemm_plugin"),
             "gpt_attention_plugin": dtype,
             "context_fmha": lim.context_fmha,
             "use_paged_context_fmha": paged_ctx,
@@ -229,6 +267,12 @@ def _engine_plan(
             "multiple_profiles": lim.multiple_profiles,
             "tokens_per_block": lim.tokens_per_block,
             "paged_kv_cache": True,
+            "use_fused_mlp": True,
+            "gemm_swiglu_plugin": plugin_value("--gemm_swiglu_plugin"),
+            "low_latency_gemm_plugin": plugin_value("--low_latency_gemm_plugin"),
+            "low_latency_gemm_swiglu_plugin": plugin_value("--low_latency_gemm_swiglu_plugin"),
+            "reduce_fusion": fuse_reduce,
+            "user_buffer": ub,
         },
     }
     plan = EnginePlan(
@@ -254,15 +298,16 @@ def _engine_plan(
 
 def _checkpoint(spec: BuildSpec, ckpt_dir: Path, model: ModelEntry, *, role: str, precision: str,
                 allow_derived: bool) -> CheckpointConfig:
-    p = spec.parallelism
+    # The draft engine has its own TP (pp 1); its checkpoint is exported at that mapping.
+    tp, pp = (spec.draft_tp, 1) if role == "draft" else (spec.parallelism.tp, spec.parallelism.pp)
     if allow_derived and not (Path(ckpt_dir) / "config.json").exists():
         return derived_checkpoint_config(
             ckpt_dir, model, precision=precision, kv_cache=spec.quantization.kv,
-            compute_dtype=spec.quantization.compute_dtype, tp=p.tp, pp=p.pp,
+            compute_dtype=spec.quantization.compute_dtype, tp=tp, pp=pp,
             awq_block_size=spec.quantization.awq_block_size,
         )
     ckpt = read_checkpoint_config(ckpt_dir)
-    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=p.tp, pp=p.pp)
+    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=tp, pp=pp)
     return ckpt
 
 

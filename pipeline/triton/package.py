@@ -239,6 +239,12 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
             "tensorrt_llm_draft", target, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
             fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
             chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
+        values["tensorrt_llm_draft"]["max_tokens_in_paged_kv_cache"] = spec.draft_max_tokens_in_paged_kv_cache
+        if target == "trtllm":
+            # Orchestrator mode (two tensorrtllm models in one server): each model's GPUs, comma-separated within
+            # one instance (model_state.cc LoadParameters). Participant ids stay empty: the orchestrator spawns.
+            values["tensorrt_llm"]["gpu_device_ids"] = ",".join(map(str, spec.target_gpu_device_ids))
+            values["tensorrt_llm_draft"]["gpu_device_ids"] = ",".join(map(str, spec.draft_gpu_device_ids))
         values["tensorrt_llm_bls"] = {
             "triton_max_batch_size": batch, "decoupled_mode": False, "bls_instance_count": 1,
             "accumulate_tokens": False, "tensorrt_llm_model_name": "tensorrt_llm",
@@ -389,24 +395,3 @@ def package_repo(
         }
         write_manifest(tmp, manifest)
     return PackageResult(final, manifest, reused=False, warnings=warnings)
-
-
-def rewrite_engine_paths(repo: Path, *, engine_dir: Path, draft_engine_dir: Path | None = None) -> None:
-    """Point `tensorrt_llm` (and `tensorrt_llm_draft`) of `repo` at absolute engine dirs (`serve --engine-dir`)."""
-    import re
-
-    targets = {"tensorrt_llm": engine_dir, "tensorrt_llm_draft": draft_engine_dir}
-    for model, path in targets.items():
-        cfg = Path(repo) / model / "config.pbtxt"
-        if path is None or not cfg.is_file():
-            continue
-        read_engine_source(Path(path))
-        text = cfg.read_text()
-        pattern = re.compile(r'(key: "gpt_model_path"\s*value: \{ string_value: ")[^"]*(")')
-        new, n = pattern.subn(lambda m, p=path: m.group(1) + str(Path(p).resolve()) + m.group(2), text)
-        if n != 1:
-            raise PackageError(f"{cfg}: gpt_model_path parameter not found; re-run `invoke package`")
-        tmp = cfg.with_suffix(".pbtxt.tmp")
-        tmp.write_text(new)
-        os.replace(tmp, cfg)
-    validate_repo(repo)
