@@ -167,8 +167,12 @@ def verify(c, path, skip_host=False, json_=False):
 @with_spec
 def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concurrency="1,2,4", requests=None,
           max_tokens=None, no_stream=False, budget=None, json_=None, plot=None):
-    """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens."""
-    from pipeline.bench import bench_spec, format_report, parse_levels, plot_report, write_json
+    """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
+
+    Exit codes: 0 every request succeeded; 3 some request failed (report printed, then one error line);
+    2 the benchmark could not run.
+    """
+    from pipeline.bench import bench_spec, check_failures, format_report, parse_levels, plot_report, write_json
     from pipeline.cli import int_option
 
     report = bench_spec(
@@ -183,6 +187,7 @@ def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concu
     if plot:
         png = plot_report(report, plot)
         print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
+    check_failures(report)
 
 
 @task(auto_shortflags=False, help=_help(force="rebuild even when the checkpoint for these inputs exists"))
@@ -239,14 +244,14 @@ _SERVE_HELP = dict(
     auto_shortflags=False,
     help=_help(
         **_SERVE_HELP,
-        engine_dir="trtllm: point tensorrt_llm at this engine dir (rewrites gpt_model_path) before serving",
-        draft_engine_dir="trtllm: point tensorrt_llm_draft at this engine dir",
+        engine_dir="serve tensorrt_llm from this engine dir (the repository itself is not changed)",
+        draft_engine_dir="serve tensorrt_llm_draft from this engine dir",
     ),
 )
 @with_spec(optional=True)
 def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=None,
           engine_dir=None, draft_engine_dir=None):
-    """Run tritonserver on the repository (127.0.0.1) until Ctrl-C; SIGTERM shutdown."""
+    """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task."""
     from pipeline.cli import int_option
     from pipeline.triton.cli import serve_command
 
@@ -254,6 +259,24 @@ def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None,
                   grpc_port=int_option("grpc_port", grpc_port), metrics_port=int_option("metrics_port", metrics_port),
                   ready_timeout=int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1),
                   engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+
+
+@task(
+    name="install-repo",
+    auto_shortflags=False,
+    help={
+        "repo": "model repository to install (e.g. triton_repo/<build-id>)",
+        "dest": "write the installed repository here instead of editing --repo in place (must not exist)",
+        "engine_dir": "point tensorrt_llm at this engine dir",
+        "draft_engine_dir": "point tensorrt_llm_draft at this engine dir",
+    },
+)
+def install_repo(c, repo, dest=None, engine_dir=None, draft_engine_dir=None):
+    """Make every path parameter of a repository absolute (and checked) so bare `tritonserver` can serve it."""
+    from pipeline.cli import exit_on_error
+    from pipeline.triton.install import install_command
+
+    exit_on_error(install_command)(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
 
 
 @task(
@@ -271,7 +294,7 @@ def serve(c, spec, repo=None, http_port=None, grpc_port=None, metrics_port=None,
 @with_spec(optional=True)
 def smoke(c, spec, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None, num_draft_tokens=None,
           ready_timeout=None):
-    """Start a server (unless given), HTTP generate + gRPC streaming via the ensemble, BLS draft-target; non-zero exit on failure."""
+    """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS draft-target; non-zero exit on failure."""
     from pipeline.cli import int_option
     from pipeline.triton.cli import smoke_command
 

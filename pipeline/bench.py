@@ -1,9 +1,10 @@
 """Benchmark a running Triton repo: concurrency sweep, TTFT, time per output token, tok/s, p50/p99, $ per 1M tokens.
 
-Requests go over gRPC streaming (one stream per concurrent client) to the ensemble — or to the BLS model for
-draft-target speculation — so the time to first token is the arrival of the first streamed response. Token counts
-come from the `num_output_tokens` output when the repo exports it, else one token per streamed response, else the
-repo's tokenizer. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
+Requests go over gRPC streams (one per concurrent client) to the ensemble — or to the BLS model for draft-target
+speculation — streaming when the route is decoupled, so the time to first token is the arrival of the first
+streamed response. Output tokens are what the server says it generated (`num_output_tokens`, else
+`sequence_length`) when the model returns them, else one token per streamed response, else the repo's tokenizer
+on the text. A run in which any request failed ends with `RequestsFailed` (exit code 3) after the report. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
 (`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks`/`kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
 every level is bounded by a request count and a time budget.
@@ -45,6 +46,12 @@ class BenchError(PipelineError):
     """The benchmark cannot run (server unreachable, not local, model missing, bad options)."""
 
 
+class RequestsFailed(BenchError):
+    """The benchmark ran but some requests failed (the report is still printed)."""
+
+    exit_code = 3
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Statistics (pure).
 
@@ -60,6 +67,7 @@ class RequestSample:
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
     error: str | None = None
+    token_source: str | None = None  # "server" | "stream" | "tokenizer" | "responses"
 
     @property
     def tpot_s(self) -> float | None:
@@ -231,8 +239,16 @@ class BenchReport:
     acceptance_rate: float | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def failed(self) -> int:
+        return sum(lv.errors for lv in self.levels)
+
+    @property
+    def sent(self) -> int:
+        return sum(lv.requests for lv in self.levels)
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "failed": self.failed}
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -334,9 +350,17 @@ def _model_info(client, model: str) -> _ModelInfo:
         cfg = client.get_model_config(model, as_json=True)["config"]
     except InferenceServerException as exc:
         raise BenchError(f"model '{model}' is not served here ({exc.message()}); pass --model-name") from None
-    decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
     inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
-    return _ModelInfo(model, inputs, {o["name"] for o in meta.get("outputs", [])}, decoupled)
+    return _ModelInfo(model, inputs, {o["name"] for o in meta.get("outputs", [])}, _is_decoupled(client, cfg))
+
+
+def _is_decoupled(client, cfg: dict) -> bool:
+    """A model streams when it is decoupled; an ensemble when one of its steps is."""
+    if cfg.get("model_transaction_policy", {}).get("decoupled", False):
+        return True
+    steps = cfg.get("ensemble_scheduling", {}).get("step", [])
+    return any(_is_decoupled(client, client.get_model_config(step["model_name"], as_json=True)["config"])
+               for step in steps)
 
 
 def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool):
@@ -373,10 +397,27 @@ def _scalar(result, name: str) -> Any:
 
 
 def _text(result) -> str:
-    v = _scalar(result, "text_output")
+    v = _scalar(result, "text_output")  # text_output is 1-D [-1]: output[0] is this request's text
     if v is None:
         return ""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _server_count(result) -> int | None:
+    """Output tokens the server reports in one response: `num_output_tokens`, else `sequence_length`."""
+    for name in ("num_output_tokens", "sequence_length"):
+        v = _scalar(result, name)
+        if v is not None:
+            return int(v)
+    return None
+
+
+def stream_token_count(counts: list[int]) -> int:
+    """Tokens of a stream from per-response server counts: cumulative counts (strictly increasing, ending at
+    least at the number of responses) give the last one; per-response counts are summed."""
+    if len(counts) > 1 and all(b > a for a, b in zip(counts, counts[1:])) and counts[-1] >= len(counts):
+        return counts[-1]
+    return sum(counts)
 
 
 class _Worker:
@@ -408,7 +449,7 @@ class _Worker:
         sample = RequestSample(ok=False)
         texts: list[str] = []
         chunks = 0
-        counted: int | None = None
+        counts: list[int] = []
         deadline = t0 + self.timeout_s
         while True:
             left = deadline - time.perf_counter()
@@ -435,9 +476,9 @@ class _Worker:
                 texts.append(text)
                 chunks += 1
             if response.outputs:
-                n = _scalar(result, "num_output_tokens")
+                n = _server_count(result)
                 if n is not None:
-                    counted = int(n) if not self.stream else (counted or 0) + int(n)
+                    counts.append(n)
                 for attr, name in (("reused_blocks", "kv_cache_reused_blocks"),
                                    ("total_blocks", "kv_cache_alloc_total_blocks"),
                                    ("accepted_draft_tokens", "total_accepted_draft_tokens"),
@@ -448,14 +489,16 @@ class _Worker:
             if final:
                 sample.latency_s = t - t0
                 break
-        if counted is not None and counted > 0:
-            sample.output_tokens = counted
+        counted = (stream_token_count(counts) if self.stream else counts[-1]) if counts else 0
+        if counted > 0:
+            sample.output_tokens, sample.token_source = counted, "server"
         elif self.stream and chunks:
-            sample.output_tokens = chunks
+            sample.output_tokens, sample.token_source = chunks, "stream"
         elif self.tokenizer is not None:
             sample.output_tokens = len(self.tokenizer.encode("".join(texts), add_special_tokens=False).ids)
+            sample.token_source = "tokenizer"
         else:
-            sample.output_tokens = chunks
+            sample.output_tokens, sample.token_source = chunks, "responses"
         if not self.stream:
             sample.ttft_s = None  # one response: the first token is not observable
         if sample.draft_tokens == 0:
@@ -512,11 +555,14 @@ def load_tokenizer(tokenizer_dir: str | Path | None):
 
 
 def tokenizer_dir_of(repo: str | Path) -> str | None:
-    """The `tokenizer_dir` parameter of a repo's preprocessing model, if any."""
-    for cfg in sorted(Path(repo).glob("*/config.pbtxt")):
-        m = re.search(r'key:\s*"tokenizer_dir"\s*value:\s*\{\s*string_value:\s*"([^"]+)"', cfg.read_text())
-        if m:
-            p = Path(m.group(1))
+    """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, absolute; None when absent."""
+    from .triton import pbtxt
+
+    for model in ("preprocessing", "postprocessing"):
+        cfg = Path(repo) / model / "config.pbtxt"
+        value = pbtxt.parameter(pbtxt.read(cfg), "tokenizer_dir") if cfg.is_file() else ""
+        if value:
+            p = Path(value)
             return str(p if p.is_absolute() else (cfg.parent / p))
     return None
 
@@ -596,16 +642,30 @@ def run_bench(
         else:
             report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
     if not stream:
-        report.notes.append(
-            "non-streaming requests: TTFT/TPOT are not observable (n/a); tokens counted by re-tokenizing the text"
-        )
+        report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a)")
+    sources = sorted({s.token_source for s in ok if s.token_source})
+    if sources:
+        report.notes.append(f"output tokens counted from: {', '.join(_TOKEN_SOURCES[s] for s in sources)}")
     if report.acceptance_rate is None and model == "tensorrt_llm_bls":
         report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
-    errors = sum(lv.errors for lv in report.levels)
-    if errors:
-        first = next(lv.first_error for lv in report.levels if lv.first_error)
-        report.notes.append(f"{errors} request(s) failed; first error: {first}")
+    if report.failed:
+        report.notes.append(failure_line(report))
     return report
+
+
+_TOKEN_SOURCES = {"server": "the server's num_output_tokens/sequence_length", "stream": "streamed responses",
+                  "tokenizer": "re-tokenizing the text", "responses": "responses (no tokenizer)"}
+
+
+def failure_line(report: BenchReport) -> str:
+    first = next((lv.first_error for lv in report.levels if lv.first_error), None)
+    return f"{report.failed} of {report.sent} request(s) failed; first error: {first}"
+
+
+def check_failures(report: BenchReport) -> None:
+    """RequestsFailed (exit code 3) when any request of the run failed."""
+    if report.failed:
+        raise RequestsFailed(failure_line(report))
 
 
 def write_json(report: BenchReport, path: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Run a real `tritonserver` on a model repository: bound to 127.0.0.1, free ports, readiness timeout, SIGTERM stop.
+"""Run a real `tritonserver` on a model repository: bound to 127.0.0.1, validated free ports, readiness timeout,
+SIGTERM stop, and nothing left behind.
 
 Two binaries are supported:
 - CPU (reference backend): the `tritonserver` 2.51 bundled in the `nvidia-pytriton` wheel (FACTS §5). Its Python
@@ -8,16 +9,21 @@ Two binaries are supported:
 - GPU (`tensorrtllm` backend): the NGC image's `/opt/tritonserver/bin/tritonserver` (or `tritonserver` on PATH);
   world size > 1 runs one process per rank under `mpirun` (what the backend's launch_triton_server.py does).
 
-Every server gets a unique Python-backend shared-memory prefix; `stop()` sends SIGTERM (SIGKILL only after a
-timeout, then removes that prefix's /dev/shm regions), so no region is left behind.
+The server always runs on an *installed* copy of the repository under `cache_dir()/launch` (every path parameter
+absolute, see `pipeline.triton.install`), removed at stop. It runs in its own process group with a parent-death
+signal (SIGTERM), so it stops cleanly (and releases its ports and /dev/shm regions) even when its parent is killed
+with SIGKILL; its environment carries no secrets (`server_env`). Every server gets a unique Python-backend
+shared-memory prefix; `stop()` sends SIGTERM (SIGKILL only after a timeout, then removes that prefix's regions).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import ipaddress
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,18 +37,134 @@ from pathlib import Path
 
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
+from .procs import parent_death_preexec, terminate
 
 SHM_DIR = Path("/dev/shm")
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+# Environment variables never handed to the server (its python models run arbitrary code and log their env).
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)|SECRET|PASSWORD|API_KEY|"
+                          r"ACCESS_KEY|PRIVATE_KEY")
+
+
+# ------------------------------------------------------------------------------------------------- ports
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct TCP ports that are free on `host` right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on `host` right now."""
+    return free_ports(1, host)[0]
+
+
+def check_port(port: int, what: str, host: str = "127.0.0.1") -> int:
+    """`port` if it is in 1-65535 and nothing listens on it at `host`; ServeError naming it otherwise."""
+    flag = f"--{what}-port"
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ServeError(f"{what} port {port!r} is out of range; pass {flag} in 1-65535 (or omit it for a free one)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise ServeError(f"{what} port {port} on {host} {why}; pass another {flag} or omit it for a free one") \
+                from None
+    return port
 
 
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(d.name))
+    return tree
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux /proc; just `pid` elsewhere)."""
+    if not Path("/proc/self/stat").is_file():
+        return [pid]
+    tree, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += tree.get(p, [])
+    return out
+
+
+def _socket_inodes(pids: list[int]) -> set[int]:
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _hex_address(text: str) -> tuple[str, int]:
+    """/proc/net/tcp{,6} `ADDR:PORT` (address as little-endian 32-bit words) -> (host, port)."""
+    addr, port = text.split(":")
+    raw = bytes.fromhex(addr)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, words), int(port, 16)
+    host = ipaddress.IPv6Address(words)
+    return str(host.ipv4_mapped or host), int(port, 16)  # gRPC listens on an IPv6 socket with a v4-mapped address
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(host, port) of every TCP socket in LISTEN state held by `pid` or its descendants (empty off Linux)."""
+    inodes = _socket_inodes(process_tree(pid))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[9]) in inodes:
+                found.add(_hex_address(f[1]))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------- environment
+def is_secret_name(name: str) -> bool:
+    """True for credential-looking variable names (HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, NGC_API_KEY...)."""
+    return bool(_SECRET_NAME.search(name.upper()))
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default os.environ) without secrets: the server needs none, and its models can read and log env."""
+    base = dict(os.environ if base is None else base)
+    return {k: v for k, v in base.items() if not is_secret_name(k)}
+
+
+# ------------------------------------------------------------------------------------------------- binaries
 def _pytriton_dist() -> Path:
     try:
         import pytriton
@@ -81,15 +203,11 @@ def cpu_backends_dir() -> Path:
     return final
 
 
-def _repo_backends(repo: Path) -> set[str]:
-    """Backends named by the repository's model configs (`backend: "..."` lines)."""
-    found = set()
-    for cfg in Path(repo).glob("*/config.pbtxt"):
-        for line in cfg.read_text().splitlines():
-            line = line.strip()
-            if line.startswith("backend:"):
-                found.add(line.split(":", 1)[1].strip().strip('"'))
-    return found
+def _repo_backends(repo: Path) -> dict[str, str]:
+    """model -> backend named by its config.pbtxt (empty for ensembles)."""
+    from .triton import pbtxt
+
+    return {cfg.parent.name: pbtxt.read(cfg).backend for cfg in sorted(Path(repo).glob("*/config.pbtxt"))}
 
 
 def find_gpu_tritonserver() -> Path | None:
@@ -100,31 +218,53 @@ def find_gpu_tritonserver() -> Path | None:
     return Path(which) if which else None
 
 
-def launch_repo(repo: Path) -> Path:
-    """The repository to hand to tritonserver: `repo` itself, or (when a `tensorrtllm` model has a relative
-    `gpt_model_path`, which the C++ backend would resolve against the server's cwd) a copy under
-    cache_dir()/launch with those paths made absolute. Python (reference) models resolve relative paths themselves.
-    """
-    import re
+# ------------------------------------------------------------------------------------------------- launch copies
+def launch_root() -> Path:
+    return cache_dir() / "launch"
+
+
+def _launch_owner(name: str) -> int | None:
+    """The pid encoded in a launch copy's name (`<repo>-<pid>-<hex>`, staging `.tmp-<that>-<pid>`)."""
+    if name.startswith(".tmp-"):
+        text = name.rsplit("-", 1)[-1]
+    else:
+        parts = name.rsplit("-", 2)
+        text = parts[1] if len(parts) == 3 else ""
+    return int(text) if text.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune_launch_copies() -> None:
+    """Remove launch copies left by processes that no longer exist (a parent killed with SIGKILL)."""
+    root = launch_root()
+    if not root.is_dir():
+        return
+    for d in root.iterdir():
+        pid = _launch_owner(d.name)
+        if pid is not None and pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def launch_repo(repo: Path, *, engine_dir: Path | None = None, draft_engine_dir: Path | None = None,
+                validate: bool = True) -> Path:
+    """An installed copy of `repo` under cache_dir()/launch (every path parameter absolute and checked, engine
+    dirs overridden when given), which the server is started on; the caller removes it."""
+    from .triton.install import install_repo
 
     repo = Path(repo).resolve()
-    pattern = re.compile(r'(key: "gpt_model_path"\s*value: \{ string_value: ")([^"]*)(")')
-    rewrites = {}
-    for cfg in repo.glob("*/config.pbtxt"):
-        text = cfg.read_text()
-        if 'backend: "tensorrtllm"' not in text:
-            continue
-        match = pattern.search(text)
-        if match and match.group(2) and not Path(match.group(2)).is_absolute():
-            absolute = (cfg.parent / match.group(2)).resolve()
-            rewrites[cfg.parent.name] = pattern.sub(lambda m, a=absolute: m.group(1) + str(a) + m.group(3), text)
-    if not rewrites:
-        return repo
-    dest = cache_dir() / "launch" / f"{repo.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(repo, dest)
-    for model, text in rewrites.items():
-        (dest / model / "config.pbtxt").write_text(text)
-    return dest
+    prune_launch_copies()
+    dest = launch_root() / f"{repo.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return install_repo(repo, dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir, link=True,
+                        validate=validate).path
 
 
 @dataclass
@@ -151,9 +291,10 @@ def build_command(
 ) -> ServerCommand:
     """argv/env for `tritonserver` on `repo` (CPU bundle unless the repo needs the tensorrtllm backend)."""
     repo = Path(repo).resolve()
-    env = dict(os.environ)
+    env = server_env()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # python models must not add __pycache__ to a hashed repository
-    needs_trtllm = "tensorrtllm" in _repo_backends(repo)
+    backends = _repo_backends(repo)
+    needs_trtllm = "tensorrtllm" in backends.values()
     common = [
         f"--model-repository={repo}",
         f"--http-address={host}",
@@ -174,9 +315,7 @@ def build_command(
                 "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
                 "--target reference for CPU"
             )
-        trtllm_models = sorted(
-            cfg.parent.name for cfg in repo.glob("*/config.pbtxt") if 'backend: "tensorrtllm"' in cfg.read_text()
-        )
+        trtllm_models = sorted(m for m, b in backends.items() if b == "tensorrtllm")
         if len(trtllm_models) > 1:
             # Draft + target in one server: orchestrator mode (launch_triton_server.py --multi-model).
             env["TRTLLM_ORCHESTRATOR"] = "1"
@@ -223,9 +362,19 @@ def build_command(
     return ServerCommand(argv, env, "cpu-pytriton")
 
 
+def spawn(cmd: ServerCommand, log) -> subprocess.Popen:
+    """Start `cmd` (tritonserver, or mpirun with one per rank) in its own process group with SIGTERM as its
+    parent-death signal: a parent killed even by SIGKILL makes it shut down cleanly (ports, /dev/shm released;
+    mpirun forwards SIGTERM to its ranks)."""
+    return subprocess.Popen(cmd.argv, env=cmd.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=parent_death_preexec())
+
+
 @dataclass
 class TritonServer:
     """A running `tritonserver` (context manager). Ports are chosen free on 127.0.0.1 unless given.
+
+    Start it from the main thread: its parent-death signal fires when the starting thread exits.
 
     Example:
         with TritonServer("triton_repo/tiny-llama-fp8-...-reference") as srv:
@@ -245,6 +394,9 @@ class TritonServer:
     log_verbose: int = 0
     shm_prefix: str = field(default_factory=lambda: f"tripipe-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
     validate: bool = True
+    engine_dir: Path | None = None
+    draft_engine_dir: Path | None = None
+    bound: dict[str, str | None] = field(default_factory=dict)  # endpoint -> "host:port" it listens on
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _launch: Path | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
@@ -266,44 +418,53 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def launch_dir(self) -> Path | None:
+        """The installed copy the server runs on (removed by stop())."""
+        return self._launch
+
     # Lifecycle --------------------------------------------------------------------------------------------------
+    def _choose_ports(self) -> None:
+        given = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+        for what, port in given.items():
+            if port is not None:
+                check_port(port, what, self.host)
+        chosen = [p for p in given.values() if p is not None]
+        if len(set(chosen)) != len(chosen):
+            raise ServeError(f"http, grpc and metrics ports must differ (got {given})")
+        spare = iter(p for p in free_ports(6, self.host) if p not in chosen)
+        self.http_port = self.http_port or next(spare)
+        self.grpc_port = self.grpc_port or next(spare)
+        self.metrics_port = self.metrics_port or next(spare)
+
     def start(self) -> TritonServer:
         """Start the server and wait until it reports ready; raises ServeError (with the log's tail) otherwise."""
         repo = Path(self.repo)
         if not repo.is_dir():
             raise ServeError(f"model repository {repo} does not exist; run `invoke package` first")
-        self.http_port = self.http_port or free_port(self.host)
-        self.grpc_port = self.grpc_port or free_port(self.host)
-        self.metrics_port = self.metrics_port or free_port(self.host)
-        if len({self.http_port, self.grpc_port, self.metrics_port}) != 3:
-            raise ServeError("http, grpc and metrics ports must differ")
-        if self.validate:
-            from .triton.validate import validate_repo
-
-            validate_repo(repo)
-        self._launch = launch_repo(repo)
-        cmd = build_command(
-            self._launch,
-            http_port=self.http_port,
-            grpc_port=self.grpc_port,
-            metrics_port=self.metrics_port,
-            shm_prefix=self.shm_prefix,
-            host=self.host,
-            binary=self.binary,
-            world_size=self.world_size,
-            log_verbose=self.log_verbose,
-        )
-        if self.log_file is None:
-            self.log_file = cache_dir() / "logs" / f"tritonserver-{self.shm_prefix.rstrip('-')}.log"
-        self.log_file = Path(self.log_file)
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_file, "ab")  # noqa: SIM115 (held for the server's lifetime, closed in stop())
-        self._proc = subprocess.Popen(
-            cmd.argv, env=cmd.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._choose_ports()
+        self._launch = launch_repo(repo, engine_dir=self.engine_dir, draft_engine_dir=self.draft_engine_dir,
+                                   validate=self.validate)
         try:
+            cmd = build_command(
+                self._launch,
+                http_port=self.http_port,
+                grpc_port=self.grpc_port,
+                metrics_port=self.metrics_port,
+                shm_prefix=self.shm_prefix,
+                host=self.host,
+                binary=self.binary,
+                world_size=self.world_size,
+                log_verbose=self.log_verbose,
+            )
+            if self.log_file is None:
+                self.log_file = cache_dir() / "logs" / f"tritonserver-{self.shm_prefix.rstrip('-')}.log"
+            self.log_file = Path(self.log_file)
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_file, "ab")  # noqa: SIM115 (held for the server's lifetime, closed in stop())
+            self._proc = spawn(cmd, self._log)
             self.wait_ready()
+            self.bound = self.wait_bound()
         except BaseException:
             self.stop()
             raise
@@ -332,10 +493,29 @@ class TritonServer:
             f"{self.log_tail()}"
         )
 
+    def wait_bound(self, timeout_s: float = 10.0) -> dict[str, str | None]:
+        """endpoint -> "host:port" the server listens on (read from /proc); None for all when /proc shows no
+        sockets of it (not Linux). ServeError when some endpoint is not listening after `timeout_s`."""
+        ports = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            listening = listening_addresses(self._proc.pid)
+            bound = {what: next((f"{h}:{p}" for h, p in sorted(listening) if p == port), None)
+                     for what, port in ports.items()}
+            if not listening:
+                return dict.fromkeys(ports)
+            missing = [what for what, addr in bound.items() if addr is None]
+            if not missing:
+                return bound
+            if time.monotonic() > deadline:
+                raise ServeError(f"tritonserver is ready but not listening on its {missing[0]} port "
+                                 f"{ports[missing[0]]}; see {self.log_file}: {self.log_tail()}")
+            time.sleep(0.2)
+
     def log_tail(self, lines: int = 5) -> str:
         try:
             text = Path(self.log_file).read_text(errors="replace").strip().splitlines()
-        except OSError:
+        except (OSError, TypeError):
             return ""
         return " | ".join(text[-lines:])
 
@@ -346,30 +526,17 @@ class TritonServer:
         return sorted(p for p in SHM_DIR.iterdir() if p.name.startswith(self.shm_prefix))
 
     def stop(self) -> int | None:
-        """SIGTERM, wait (SIGKILL the whole process group after `stop_timeout_s`); remove leftover shm regions."""
+        """SIGTERM, wait (SIGKILL the whole process group after `stop_timeout_s`); remove leftover shm regions and
+        the launch copy."""
         proc, self._proc = self._proc, None
-        code = None
-        if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=self.stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            code = proc.returncode
-            # Python-backend stubs are children of the server: make sure none outlives it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        code = terminate(proc, grace_s=self.stop_timeout_s) if proc is not None else None
         for region in self.shm_regions():
             with contextlib.suppress(OSError):
                 region.unlink()
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self._launch is not None and self._launch != Path(self.repo).resolve():
+        if self._launch is not None:
             shutil.rmtree(self._launch, ignore_errors=True)
         self._launch = None
         return code

@@ -1,5 +1,6 @@
-"""Smoke test of a served model repository: HTTP generate through the ensemble, gRPC streaming through the
-ensemble, and (with speculation) the BLS draft-target route checked against the target's own greedy output.
+"""Smoke test of a served model repository: HTTP generate through the ensemble, gRPC through the ensemble
+(streaming when `tensorrt_llm` is decoupled, unary otherwise: the draft-target layout), and (with speculation) the
+BLS draft-target route checked against the target's own greedy output.
 
 `run_smoke(repo=...)` starts a server on the repository (and stops it), or talks to a running one
 (`http_url`/`grpc_url`). It prints answers, latency, tokens/s and the acceptance rate, and raises `ServeError`
@@ -70,29 +71,33 @@ def http_generate(http_url: str, model: str, payload: dict[str, Any], timeout: f
 
 
 def _text(value: Any) -> str:
+    """One request's value from a generate response (text_output is 1-D: a list holds output[0])."""
     return value[0] if isinstance(value, list) else str(value)
 
 
 def count_tokens(repo: Path | None, text: str) -> int:
     """Tokens of `text` with the repository's own tokenizer (falls back to whitespace words)."""
-    if repo is not None and (Path(repo) / "postprocessing" / "tokenizer").is_dir():
+    from .bench import tokenizer_dir_of
+
+    tok_dir = tokenizer_dir_of(repo) if repo is not None else None
+    if tok_dir and Path(tok_dir).is_dir():
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(Path(repo) / "postprocessing" / "tokenizer"))
+        tok = AutoTokenizer.from_pretrained(tok_dir)
         return len(tok.encode(text, add_special_tokens=False))
     return len(text.split())
 
 
-def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream: bool = True,
-                **extra: Any) -> tuple[list[str], float, float]:
-    """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds)."""
+def _tokens(resp: dict[str, Any], repo: Path | None, text: str) -> int:
+    """Output tokens the server reports (`num_output_tokens`), else the text re-tokenized."""
+    if "num_output_tokens" in resp:
+        return int(_text(resp["num_output_tokens"]))
+    return count_tokens(repo, text)
+
+
+def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, Any]) -> list:
     import numpy as np
     import tritonclient.grpc as grpcclient
-
-    responses: queue.Queue = queue.Queue()
-
-    def callback(result=None, error=None):  # tritonclient calls it with keyword args result, error
-        responses.put((result, error))
 
     inputs = []
 
@@ -109,6 +114,39 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
         dtype = {"b": "BOOL", "i": "INT32", "u": "UINT64", "f": "FP32"}[arr.dtype.kind]
         arr = arr.astype({"BOOL": bool, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[dtype])
         add(name, arr, dtype)
+    return inputs
+
+
+def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra: Any) -> tuple[str, float]:
+    """One unary gRPC request (a non-decoupled route); returns (text, seconds)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url=grpc_url)
+    try:
+        t0 = time.perf_counter()
+        result = client.infer(model, _grpc_inputs(prompt, max_tokens, False, extra), client_timeout=300)
+        total = time.perf_counter() - t0
+    except InferenceServerException as exc:
+        raise ServeError(f"gRPC infer on {model} failed: {exc}") from None
+    finally:
+        client.close()
+    out = result.as_numpy("text_output")
+    text = out.reshape(-1)[0].decode() if out is not None and out.size else ""
+    return text, total
+
+
+def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream: bool = True,
+                **extra: Any) -> tuple[list[str], float, float]:
+    """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds)."""
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+
+    def callback(result=None, error=None):  # tritonclient calls it with keyword args result, error
+        responses.put((result, error))
+
+    inputs = _grpc_inputs(prompt, max_tokens, stream, extra)
     chunks: list[str] = []
     ttft = None
     client = grpcclient.InferenceServerClient(url=grpc_url)
@@ -138,12 +176,21 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
     return chunks, ttft if ttft is not None else total, total
 
 
-def _decoupled(http_url: str, model: str) -> bool:
+def _get(http_url: str, path: str, what: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/config", timeout=30) as r:
-            return bool(json.loads(r.read()).get("model_transaction_policy", {}).get("decoupled", False))
+        with urllib.request.urlopen(f"http://{http_url}{path}", timeout=30) as r:
+            return json.loads(r.read())
     except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"cannot read the config of {model} at {http_url}: {exc}") from None
+        raise ServeError(f"cannot read {what} at {http_url}: {exc}") from None
+
+
+def _decoupled(http_url: str, model: str) -> bool:
+    cfg = _get(http_url, f"/v2/models/{model}/config", f"the config of {model}")
+    return bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def _inputs(http_url: str, model: str) -> set[str]:
+    return {i["name"] for i in _get(http_url, f"/v2/models/{model}", f"the metadata of {model}").get("inputs", [])}
 
 
 def _models(http_url: str) -> set[str]:
@@ -163,28 +210,36 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     if "ensemble" not in models:
         raise ServeError(f"no ready 'ensemble' model on {http_url} (ready: {', '.join(sorted(models)) or 'none'})")
     results = []
+    counted = {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, "ensemble") else {}
     http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
-    greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0}
+    greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0,
+              **counted}
     t0 = time.perf_counter()
     resp = http_generate(http_url, "ensemble", greedy)
     latency = time.perf_counter() - t0
     text = _text(resp.get("text_output", ""))
     if not text.strip():
         raise ServeError(f"HTTP generate through the ensemble returned no text: {resp}")
-    results.append(SmokeResult("http ensemble (greedy)", text, latency, count_tokens(repo, text)))
+    results.append(SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text)))
     out(results[-1].line())
 
-    decoupled = _decoupled(http_url, "tensorrt_llm")
-    chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=decoupled)
-    if not chunks:
-        raise ServeError("gRPC streaming through the ensemble produced no tokens")
-    streamed = "".join(chunks)
-    route = "grpc ensemble (stream)" if decoupled else "grpc ensemble (tensorrt_llm not decoupled: one response)"
-    tokens = len(chunks) if decoupled else count_tokens(repo, streamed)
-    results.append(SmokeResult(route, streamed, total, tokens, ttft_s=ttft, extra={"responses": len(chunks)}))
+    if _decoupled(http_url, "tensorrt_llm"):
+        chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=True)
+        if not chunks:
+            raise ServeError("gRPC streaming through the ensemble produced no tokens")
+        got = "".join(chunks)
+        results.append(SmokeResult("grpc ensemble (stream)", got, total, len(chunks), ttft_s=ttft,
+                                   extra={"responses": len(chunks)}))
+    else:
+        got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
+        if not got:
+            raise ServeError("gRPC infer through the ensemble returned no text")
+        results.append(SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got)))
+        out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, "
+            "no streaming")
     out(results[-1].line())
-    if streamed != text:  # per-token decoding can split multi-byte characters: a note, not a failure
-        out(f"    note: streamed text differs from the HTTP greedy text ({streamed!r} != {text!r})")
+    if got != text:  # per-token decoding can split multi-byte characters: a note, not a failure
+        out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
 
     if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
         payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1}

@@ -317,7 +317,16 @@ def _manifest_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
     return None
 
 
-_GPT_MODEL_PATH = re.compile(r'key:\s*"(?:gpt_model_path|engine_dir)"\s*value:\s*\{\s*string_value:\s*"([^"]+)"')
+def _engine_path(cfg: Path) -> str:
+    """The `gpt_model_path` of a model config (engine or reference checkpoint dir; "" if none or unparsable)."""
+    from .errors import PackageError
+    from .triton import pbtxt
+
+    try:
+        model = pbtxt.read(cfg)
+    except PackageError:
+        return ""
+    return pbtxt.parameter(model, "gpt_model_path")
 
 
 def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyReport:
@@ -356,7 +365,8 @@ def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyRe
         label = d.relative_to(path).as_posix() or "."
         check_dir(d, label)
     for cfg in sorted(path.glob("*/config.pbtxt")):
-        for engine in _GPT_MODEL_PATH.findall(cfg.read_text()):
+        engine = _engine_path(cfg)
+        if engine:
             edir = Path(engine)
             if not edir.is_absolute():
                 edir = (cfg.parent / edir).resolve()

@@ -117,3 +117,106 @@ def test_report_table_json_and_optional_plot(tmp_path):
         assert png is None
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stream_token_count_from_server_counts():
+    from pipeline.bench import stream_token_count
+
+    assert stream_token_count([1, 1, 1, 1]) == 4  # per-response counts
+    assert stream_token_count([1, 2, 3, 4]) == 4  # cumulative counts
+    assert stream_token_count([2, 1, 3]) == 6
+    assert stream_token_count([5]) == 5
+    assert stream_token_count([]) == 0
+
+
+def _failed_report(errors: int) -> BenchReport:
+    samples = [RequestSample(ok=True, latency_s=0.5, output_tokens=8)] + [
+        RequestSample(ok=False, error=f"boom {i}") for i in range(errors)]
+    lv = summarize(4, samples, 1.0, gpus=1, price_per_gpu_hour=3.5)
+    return BenchReport("127.0.0.1:1", "ensemble", True, 8, 8, 1, 3.5, levels=[lv])
+
+
+def test_failed_requests_raise_exit_code_3_with_one_line():
+    from pipeline.bench import RequestsFailed, check_failures
+
+    check_failures(_failed_report(0))
+    report = _failed_report(3)
+    assert (report.failed, report.sent) == (3, 4) and report.as_dict()["failed"] == 3
+    with pytest.raises(RequestsFailed) as info:
+        check_failures(report)
+    assert info.value.exit_code == 3
+    assert str(info.value) == "3 of 4 request(s) failed; first error: boom 0"
+
+
+def test_invoke_bench_exits_3_when_requests_failed(monkeypatch, capsys):
+    import pipeline.bench
+    import tasks
+
+    monkeypatch.setattr(pipeline.bench, "bench_spec", lambda spec, **kw: _failed_report(2))
+    with pytest.raises(SystemExit) as info:
+        tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1")
+    assert info.value.code == 3
+    out, err = capsys.readouterr()
+    assert "conc" in out  # the report is printed first
+    assert err.strip().splitlines()[-1] == "error: 2 of 3 request(s) failed; first error: boom 0"
+    monkeypatch.setattr(pipeline.bench, "bench_spec", lambda spec, **kw: _failed_report(0))
+    tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1")
+
+
+def test_tokenizer_dir_of_reads_the_config(tmp_path):
+    from pipeline.bench import tokenizer_dir_of
+
+    (tmp_path / "preprocessing").mkdir()
+    (tmp_path / "preprocessing" / "config.pbtxt").write_text(
+        'name: "preprocessing"\nbackend: "python"\nparameters { key: "tokenizer_dir" value { string_value: "tok" } }\n')
+    assert tokenizer_dir_of(tmp_path) == str(tmp_path / "preprocessing" / "tok")
+    (tmp_path / "preprocessing" / "config.pbtxt").write_text(
+        'name: "preprocessing"\nbackend: "python"\nparameters { key: "tokenizer_dir" value { string_value: "/abs" } }\n')
+    assert tokenizer_dir_of(tmp_path) == "/abs"
+    assert tokenizer_dir_of(tmp_path / "nothing") is None
+
+
+# ------------------------------------------------------------------------------------------------- real server
+@pytest.fixture(scope="module", params=["draft-target", "target-only"])
+def served(request, tiny_models, tmp_path_factory):
+    """A real tritonserver on the reference repo of tiny-llama: draft-target layout (unary target, draft, BLS)
+    or target-only (decoupled target: the ensemble streams)."""
+    from pipeline.serve import TritonServer
+    from pipeline.spec import resolve_spec
+    from pipeline.triton import package_repo
+
+    draft = request.param == "draft-target"
+    base = tmp_path_factory.mktemp("bench-server")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPELINE_ROOT", str(base / "out"))
+        mp.setenv("PIPELINE_CACHE", str(base / "cache"))
+        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto" if draft else None, target="reference")
+        repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"], build_id=f"bench-{request.param}",
+                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"] if draft else None).path
+        with TritonServer(repo, ready_timeout_s=300) as server:
+            yield draft, repo, server
+
+
+@pytest.mark.slow
+def test_smoke_and_bench_follow_the_layout(served):
+    from pipeline.bench import check_failures, run_bench
+    from pipeline.smoke import smoke_server
+
+    draft, repo, server = served
+    said: list[str] = []
+    results = smoke_server(server.http_url, server.grpc_url, repo=repo, max_tokens=8, out=said.append)
+    routes = [r.route for r in results]
+    if draft:
+        assert routes == ["http ensemble (greedy)", "grpc ensemble (unary)", "http bls (draft-target)"]
+        assert any("no streaming" in line for line in said)
+    else:
+        assert routes == ["http ensemble (greedy)", "grpc ensemble (stream)"]
+        assert results[1].extra["responses"] >= 2
+    assert all(r.tokens > 0 and r.text for r in results)
+    report = run_bench(grpc_url=server.grpc_url, concurrency=[1, 2], requests_per_level=2, max_tokens=8,
+                       warmup=False)
+    assert report.model == ("tensorrt_llm_bls" if draft else "ensemble")
+    assert report.streaming is (not draft)
+    assert report.failed == 0, report.notes
+    check_failures(report)
+    assert all(lv.output_tokens > 0 for lv in report.levels)

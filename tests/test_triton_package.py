@@ -3,7 +3,6 @@ production trtllm layout for llama-70b fp8 + llama-1b draft from a *fabricated* 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from pipeline.errors import PackageError, ServeError
 from pipeline.spec import resolve_spec
 from pipeline.triton import package_repo, render, validate_repo
-from pipeline.triton.package import rewrite_engine_paths
 
 from triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
@@ -143,12 +141,14 @@ def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, 
 
 
 def test_serve_engine_dir_rewrites_gpt_model_path(llama70b_engines, tmp_path):
+    from pipeline.triton.install import install_repo
+
     target, _draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     repo = package_repo(spec, engine_dir=target, output=tmp_path / "elsewhere").path
     moved = tmp_path / "moved-engines"
     shutil.copytree(target.parent, moved)
-    rewrite_engine_paths(repo, engine_dir=moved / "engine", draft_engine_dir=moved / "draft_engine")
+    install_repo(repo, engine_dir=moved / "engine", draft_engine_dir=moved / "draft_engine")
     assert validate_repo(repo).param("tensorrt_llm", "gpt_model_path") == str((moved / "engine").resolve())
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..errors import CompileError
+from ..procs import terminate
 
 TAIL_LINES = 40
 
@@ -29,17 +30,7 @@ class BuildInterrupted(CompileError):
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    terminate(proc, grace_s=grace_s, signal_group=True)
 
 
 def run_trtllm_build(

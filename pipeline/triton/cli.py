@@ -64,24 +64,21 @@ def _repo_for(spec, repo) -> Path:
 
 def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300.0,
                   engine_dir=None, draft_engine_dir=None) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM), then stop the server cleanly."""
+    """Serve an installed copy of the repository until interrupted (Ctrl-C / SIGTERM), then stop cleanly."""
     import signal
     import time
 
     from ..serve import TritonServer
 
     path = _repo_for(spec, repo)
-    if engine_dir:
-        from .package import rewrite_engine_paths
-
-        rewrite_engine_paths(path, engine_dir=Path(engine_dir),
-                             draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None)
     from ..artifacts import read_manifest
 
     manifest = read_manifest(path) or {}
     world = int(manifest.get("world_size", 1)) if manifest.get("target") == "trtllm" else 1
     server = TritonServer(path, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          ready_timeout_s=ready_timeout, world_size=world)
+                          ready_timeout_s=ready_timeout, world_size=world,
+                          engine_dir=Path(engine_dir) if engine_dir else None,
+                          draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None)
     stop = {"flag": False}
 
     def _term(*_):
@@ -90,8 +87,14 @@ def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_po
     old = signal.signal(signal.SIGTERM, _term)
     try:
         server.start()
-        print(f"ok: serving {path}\n  http    {server.http_url}\n  grpc    {server.grpc_url}\n"
-              f"  metrics {server.metrics_url}\n  log     {server.log_file}\n(Ctrl-C to stop)", flush=True)
+        configured = {"http": server.http_url, "grpc": server.grpc_url,
+                      "metrics": server.metrics_url.removeprefix("http://")}
+        lines = [f"ok: serving {path} (installed copy {server.launch_dir})"]
+        for what, addr in configured.items():
+            bound = server.bound.get(what)
+            lines.append(f"  {what:<8}{bound} (bound)" if bound else f"  {what:<8}{addr} (configured)")
+        lines += [f"  log     {server.log_file}", "(Ctrl-C to stop)"]
+        print("\n".join(lines), flush=True)
         while not stop["flag"]:
             if server._proc is None or server._proc.poll() is not None:
                 raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")

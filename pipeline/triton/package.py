@@ -11,10 +11,10 @@ Layout (`<output>/<name>/`, default output = `pipeline.artifacts.triton_repo_dir
     tensorrt_llm_draft/, tensorrt_llm_bls/                       (only with speculation)
     manifest.json
 
-`gpt_model_path` is written *relative to the model's directory* (e.g. `../../../engines/<id>/engine`), so the
-repository and `engines/` move together. The reference backend resolves it itself; for the C++ `tensorrtllm`
-backend `pipeline.serve` launches from a copy whose paths are made absolute (`launch_repo`), and
-`rewrite_engine_paths` (`invoke serve --engine-dir`) points a repository at engines stored elsewhere.
+`gpt_model_path` and `tokenizer_dir` are written *relative to the model's directory* (e.g.
+`../../../engines/<id>/engine`), so the repository and `engines/` move together. The C++ backend (and upstream's
+python models) need absolute paths: `pipeline.triton.install` writes them (`invoke install-repo`; `invoke serve`
+launches from such an installed copy).
 """
 
 from __future__ import annotations
