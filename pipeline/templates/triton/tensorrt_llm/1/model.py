@@ -1,24 +1,56 @@
 """Reference `tensorrt_llm` model (Triton Python backend, CPU): the tensorrtllm backend's tensor contract served by
-PyTorch from the exported TensorRT-LLM checkpoint (dequantized by `pipeline.checkpoint.load_checkpoint_as_hf`).
+PyTorch from an HF-format model dir or an exported TensorRT-LLM checkpoint (dequantized by
+`pipeline.checkpoint.load_checkpoint_as_hf`). Only used for `--target reference` (CPU tests, CI, debugging).
 
-Only used for `--target reference` (CPU tests, CI, debugging); a GPU build uses backend "tensorrtllm" instead.
-Semantics follow TensorRT-LLM: greedy unless top_k > 1 or top_p > 0 (temperature scales logits, `seed` makes
-sampling reproducible); generation stops at `end_id` (not included in the output), at a stop word (included) or
-after `request_output_len` tokens; `streaming` (decoupled) sends every token as it is produced;
-`exclude_input_in_output` drops the prompt from non-streaming output; `draft_input_ids` (draft-target
-speculation) are verified in one forward pass: the longest prefix the target agrees with, plus one target token.
-Beam search and logits outputs are not implemented (error / absent).
+Serving: `execute()` validates each request, registers it and hands it to one scheduler thread, then returns None;
+responses go through the request's response sender in decoupled and non-decoupled mode alike. The scheduler
+interleaves one token step of every active sequence per round (in-flight, no head-of-line blocking), checks client
+cancellation and `stop` requests (same request id) at least every 50 ms, and finishes a cancelled request with the
+tokens it has, as the C++ backend does.
+
+Semantics follow the tensorrtllm backend: greedy when top_k == 1 or neither top_k nor top_p is set; `end_id` ends a sequence (not in
+the output); stop words end it (included); `min_tokens` bans end_id until reached; bad words are banned;
+`embedding_bias` is added to the logits; repetition/presence/frequency penalties, temperature, top-k/top-p (with
+top_p_min/decay/reset_ids), `seed`. `streaming` (decoupled only) sends the new tokens as they come;
+non-streaming output holds the prompt unless `exclude_input_in_output`. `num_return_sequences` = n independent
+samples: one response per sequence with `sequence_index` when decoupled (as the C++ backend sends them), or one
+response with the n sequences on the beam axis when not. `beam_width` > 1 is refused per request.
+`draft_input_ids` (draft-target speculation) are verified in one forward pass: the accepted prefix plus one token.
+Limits as configured (`max_input_len`, `max_seq_len`): a longer prompt, prompt + output over the limit, or
+request_output_len <= 0 is an error response. Inputs that need another engine (LoRA, prompt tables, multimodal,
+encoder-decoder, guided decoding, lookahead, context-phase params, draft logits) are refused per request.
 """
 
+import copy
 import json
 import math
 import os
+import queue
+import threading
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+CANCEL_POLL_S = 0.05
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
+# Inputs that need an engine feature the reference backend does not have: input -> feature.
+UNSUPPORTED = {
+    "lora_task_id": "LoRA", "lora_weights": "LoRA", "lora_config": "LoRA",
+    "prompt_embedding_table": "prompt tuning",
+    "encoder_input_features": "encoder-decoder models", "encoder_output_lengths": "encoder-decoder models",
+    "cross_attention_mask": "multimodal cross attention", "skip_cross_attn_blocks": "multimodal cross attention",
+    "mrope_rotary_cos_sin": "multimodal mrope", "mrope_position_deltas": "multimodal mrope",
+    "guided_decoding_guide_type": "guided decoding", "guided_decoding_guide": "guided decoding",
+    "lookahead_window_size": "lookahead decoding", "lookahead_ngram_size": "lookahead decoding",
+    "lookahead_verification_set_size": "lookahead decoding",
+    "context_phase_params": "disaggregated serving",
+    "draft_logits": "draft-logits acceptance",
+}
+
+
+# ------------------------------------------------------------------------------------------------ parsing helpers
 def _param(config, key, default=""):
     value = config.get("parameters", {}).get(key, {}).get("string_value", default)
     return default if value == "" or value.startswith("${") else value
@@ -28,26 +60,44 @@ def _truthy(value):
     return str(value).strip().lower() in ("1", "true", "yes", "on", "t")
 
 
-def _get(request, name, default=None):
+def _get(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return default if tensor is None else tensor.as_numpy()
+    return None if tensor is None else tensor.as_numpy()
 
 
-def _scalar(request, name, default=None):
-    arr = _get(request, name)
-    return default if arr is None or arr.size == 0 else arr.reshape(-1)[0].item()
+def _present(arr):
+    """A non-empty tensor (an empty string counts as absent, like the C++ backend's unknown guide type)."""
+    if arr is None or arr.size == 0:
+        return False
+    if arr.dtype == np.object_:
+        return any(bytes(v) if not isinstance(v, str) else v for v in arr.reshape(-1))
+    return True
 
 
-def _word_list(arr):
-    """TRT-LLM [1, 2, n] word list (flat ids, end offsets padded with -1) -> list of token sequences."""
+def _row(arr, b, batch):
+    """Row `b` of a batched input (batch dim first), or the whole tensor if it is not batched."""
+    if arr is None:
+        return None
+    if arr.ndim >= 1 and arr.shape[0] == batch:
+        return arr[b]
+    return arr
+
+
+def _scalar(arr, b, batch, default=None):
+    row = _row(arr, b, batch)
+    return default if row is None or row.size == 0 else row.reshape(-1)[0].item()
+
+
+def word_list(arr):
+    """TRT-LLM word list [2, n] (flat ids; end offsets padded with -1) -> list of token sequences; [2, 0] -> []."""
     if arr is None or arr.size == 0:
         return []
-    arr = arr.reshape(-1, 2, arr.shape[-1])[0]
+    arr = arr.reshape(2, -1)
     ids, offsets = arr[0].tolist(), [o for o in arr[1].tolist() if o >= 0]
     words, start = [], 0
     for end in offsets:
         if end > start:
-            words.append(ids[start:end])
+            words.append([int(t) for t in ids[start:end]])
         start = end
     return words
 
@@ -69,6 +119,77 @@ def load_model(path, dtype_name):
     return model.to(getattr(torch, dtype_name)).eval()
 
 
+# ------------------------------------------------------------------------------------------------ request state
+class RequestError(ValueError):
+    """A request the model refuses (answered with an error response, the model keeps serving)."""
+
+
+class Job:
+    """One Triton request: its response sender, flags and the sequences it produces."""
+
+    def __init__(self, request, triton_id, arrival):
+        self.request = request
+        self.sender = request.get_response_sender()
+        self.triton_id = triton_id
+        self.arrival = arrival
+        self.seqs = []
+        self.open = 0  # sequences not finished yet
+        self.cancelled = False
+        self.closed = False
+        self.next_cancel_check = 0.0
+        self.lock = threading.Lock()
+
+    def client_cancelled(self, now):
+        """Poll the client's cancellation (rate-limited: each poll is an IPC round trip)."""
+        if self.sender is None or now < self.next_cancel_check:
+            return False
+        self.next_cancel_check = now + CANCEL_POLL_S
+        try:
+            return bool(self.sender.is_cancelled() or self.request.is_cancelled())
+        except Exception as exc:  # noqa: BLE001 (a sender that cannot be asked is treated as alive)
+            pb_utils.Logger.log_warn(f"tensorrt_llm reference: cannot poll cancellation ({exc})")
+            self.next_cancel_check = now + 60
+            return False
+
+    def send(self, response, final):
+        """Send one response; the final one closes and drops the sender (errors after a client cancel are ignored).
+
+        Dropping the sender and request right away releases them in the backend now, not whenever the garbage
+        collector reaches this job (a late release during unload can stall the model's shutdown).
+        """
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = final
+            try:
+                self.sender.send(response, flags=FINAL if final else 0)
+            except Exception as exc:  # noqa: BLE001 (cancelled clients reject late responses)
+                pb_utils.Logger.log_warn(f"tensorrt_llm reference: response not delivered ({exc})")
+            if final:
+                self.sender = self.request = None
+
+    def fail(self, message):
+        self.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), True)
+
+
+class Seq:
+    """One output sequence of a job (one batch row x one of num_return_sequences)."""
+
+    def __init__(self, job, opts, batch_index, seq_index, gen):
+        self.job, self.opts, self.batch_index, self.seq_index, self.gen = job, opts, batch_index, seq_index, gen
+        self.prompt = opts["prompt"]
+        self.out, self.logprobs, self.gen_logits = [], [], []
+        self.sent = 0  # tokens already streamed
+        self.past = None
+        self.logits = None  # logits for the next token (after prefill)
+        self.context_logits = None
+        self.top_p = opts["top_p"]
+        self.done = False
+        self.scheduled = self.first = self.last = 0
+        self.accepted = 0
+
+
+# ------------------------------------------------------------------------------------------------ the model
 class TritonPythonModel:
     def initialize(self, args):
         import torch
@@ -89,204 +210,444 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         path = _param(config, "gpt_model_path")
         if not path:
-            raise pb_utils.TritonModelException(f"{self.name}: parameter gpt_model_path is empty")
+            raise pb_utils.TritonModelException(f"{self.name}: parameter gpt_model_path is empty; set the model dir")
         if not os.path.isabs(path):
             path = os.path.normpath(os.path.join(args["model_repository"], path))
-        self.model = load_model(path, _param(config, "reference_dtype", "float64"))
+        self.model = load_model(path, _param(config, "reference_dtype", "float32"))
+        hf = self.model.config
+        self.vocab = int(hf.vocab_size)
+        self.max_seq_len = int(_param(config, "max_seq_len", "0") or 0) or int(hf.max_position_embeddings)
+        self.max_input_len = int(_param(config, "max_input_len", "0") or 0) or self.max_seq_len - 1
         self.exclude_input = _truthy(_param(config, "exclude_input_in_output", "false"))
         self.tokens_per_block = int(_param(config, "tokens_per_block", "32"))
         self.max_beam_width = int(_param(config, "max_beam_width", "1"))
+        self.incoming = queue.Queue()
+        self.jobs_by_id = {}  # triton request id -> set of running jobs (for `stop`)
+        self.jobs_lock = threading.Lock()
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, name=f"{self.name}-scheduler", daemon=True)
+        self.thread.start()
 
-    # ---------------------------------------------------------------------------------------------- sampling
-    def _pick(self, logits, history, out, p, gen):
-        """Choose the next token from 1-D `logits`; returns (token, logprob)."""
+    def finalize(self):
+        self.running = False
+        self.incoming.put(None)
+        self.thread.join(timeout=10)
+
+    # -------------------------------------------------------------------------------------------- execute
+    def execute(self, requests):
+        now = time.time_ns()
+        for request in requests:
+            job = Job(request, request.request_id() or "", now)
+            try:
+                if _scalar(_get(request, "stop"), 0, 1, False):
+                    self._stop(job)
+                    continue
+                self._prepare(job)
+            except RequestError as exc:
+                job.fail(f"{self.name}: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
+                job.fail(f"{self.name}: {type(exc).__name__}: {exc}")
+                continue
+            if job.triton_id:
+                with self.jobs_lock:
+                    self.jobs_by_id.setdefault(job.triton_id, set()).add(job)
+            self.incoming.put(job)
+        return None
+
+    def _stop(self, job):
+        """`stop` = true: cancel the running request(s) with this request id; answer with an empty response."""
+        if not job.triton_id:
+            raise RequestError("stop needs the request id of the request to cancel; send it as the request id")
+        with self.jobs_lock:
+            for running in self.jobs_by_id.get(job.triton_id, ()):
+                running.cancelled = True
+        job.send(pb_utils.InferenceResponse(output_tensors=[]), True)
+
+    def _prepare(self, job):
+        """Validate a request and create its sequences (raises RequestError with a one-line reason)."""
+        request = job.request
+        for name, feature in UNSUPPORTED.items():
+            if _present(_get(request, name)):
+                raise RequestError(f"input '{name}' ({feature}) is not supported by the reference backend; "
+                                   "serve the model with the tensorrtllm backend (--target trtllm)")
+        ids = _get(request, "input_ids")
+        if ids is None or ids.size == 0:
+            raise RequestError("input_ids is not present in the request; send the prompt token ids")
+        out_len = _get(request, "request_output_len")
+        if out_len is None or out_len.size == 0:
+            raise RequestError("request_output_len is not present in the request; send the number of new tokens")
+        ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
+        batch = ids.shape[0]
+        if batch > 1 and not self.decoupled:
+            raise RequestError(f"batch size {batch} > 1 needs a decoupled model; send one prompt per request")
+        streaming = bool(_scalar(_get(request, "streaming"), 0, batch, False))
+        if streaming and not self.decoupled:
+            raise RequestError("streaming is only supported if the model is decoupled; send streaming=false")
+        inputs = {name: _get(request, name) for name in (
+            "input_lengths", "draft_input_ids", "end_id", "stop_words_list", "bad_words_list", "embedding_bias",
+            "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min",
+            "runtime_top_p_decay", "runtime_top_p_reset_ids", "repetition_penalty", "min_tokens",
+            "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
+            "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
+            "return_num_output_tokens", "exclude_input_in_output", "num_return_sequences")}
+        inputs["request_output_len"] = out_len
         import torch
 
+        for b in range(batch):
+            opts = self._options(ids[b], inputs, b, batch, streaming)
+            for s in range(opts["n"]):
+                gen = torch.Generator().manual_seed((opts["seed"] + s) % 2**64)
+                job.seqs.append(Seq(job, opts, b if batch > 1 else None, s, gen))
+        job.open = len(job.seqs)
+
+    def _options(self, row_ids, inputs, b, batch, streaming):
+        """Per-row request options, validated against the model's limits."""
+        def scalar(name, default):
+            return _scalar(inputs[name], b, batch, default)
+
+        length = int(scalar("input_lengths", row_ids.size))
+        prompt = [int(t) for t in row_ids.reshape(-1)[:length]]
+        max_new = int(scalar("request_output_len", 0))
+        if not prompt:
+            raise RequestError("input_ids is empty; send at least one prompt token")
+        if len(prompt) > self.max_input_len:
+            raise RequestError(f"prompt length ({len(prompt)}) exceeds maximum input length ({self.max_input_len}); "
+                               "shorten the prompt")
+        if max_new <= 0:
+            raise RequestError(f"request_output_len must be > 0, got {max_new}; ask for at least one token")
+        if len(prompt) + max_new > self.max_seq_len:
+            raise RequestError(f"prompt length + request_output_len ({len(prompt)} + {max_new}) exceeds maximum "
+                               f"sequence length ({self.max_seq_len}); lower request_output_len")
+        if any(t < 0 or t >= self.vocab for t in prompt):
+            raise RequestError(f"input_ids hold a token id outside the vocabulary [0, {self.vocab}); "
+                               "tokenize with the model's tokenizer")
+        beam = int(scalar("beam_width", 1) or 1)
+        if beam != 1:
+            raise RequestError(f"beam_width {beam} is not supported by the reference backend (max_beam_width 1); "
+                               "send beam_width 1 or use num_return_sequences")
+        n = int(scalar("num_return_sequences", 1) or 1)
+        if n < 1:
+            raise RequestError(f"num_return_sequences must be >= 1, got {n}; send 1 or more")
+        draft_row = _row(inputs["draft_input_ids"], b, batch)
+        draft = [int(t) for t in draft_row.reshape(-1)] if draft_row is not None else []
+        bias_row = _row(inputs["embedding_bias"], b, batch)
+        bias = None
+        if bias_row is not None and bias_row.size:
+            if bias_row.size != self.vocab:
+                raise RequestError(f"embedding_bias has {bias_row.size} values; it needs one per vocabulary token "
+                                   f"({self.vocab})")
+            bias = torch_tensor(bias_row.reshape(-1))
+        exclude = scalar("exclude_input_in_output", None)
+        end_id = scalar("end_id", None)
+        return {
+            "prompt": prompt,
+            "max_new": max_new,
+            "n": n,
+            "draft": draft,
+            "streaming": streaming,
+            "exclude": self.exclude_input if exclude is None else bool(exclude),
+            "end_id": -1 if end_id is None else int(end_id),
+            "top_k": int(scalar("runtime_top_k", 0) or 0),
+            "top_p": float(scalar("runtime_top_p", 0.0) or 0.0),
+            "top_p_min": float(scalar("runtime_top_p_min", 0.0) or 0.0),
+            "top_p_decay": float(scalar("runtime_top_p_decay", 1.0) or 1.0),
+            "top_p_reset": scalar("runtime_top_p_reset_ids", None),
+            "temperature": float(scalar("temperature", 1.0) or 1.0),
+            "seed": int(scalar("seed", 0) or 0),
+            "min_tokens": int(scalar("min_tokens", 0) or 0),
+            "repetition_penalty": float(scalar("repetition_penalty", 1.0) or 1.0),
+            "presence_penalty": float(scalar("presence_penalty", 0.0) or 0.0),
+            "frequency_penalty": float(scalar("frequency_penalty", 0.0) or 0.0),
+            "stop_words": word_list(_row(inputs["stop_words_list"], b, batch)),
+            "bad_words": word_list(_row(inputs["bad_words_list"], b, batch)),
+            "bias": bias,
+            "log_probs": bool(scalar("return_log_probs", False)),
+            "context_logits": bool(scalar("return_context_logits", False)),
+            "generation_logits": bool(scalar("return_generation_logits", False)),
+            "perf": bool(scalar("return_perf_metrics", False)),
+            "num_input_tokens": bool(scalar("return_num_input_tokens", False)),
+            "num_output_tokens": bool(scalar("return_num_output_tokens", False)),
+        }
+
+    # -------------------------------------------------------------------------------------------- scheduler
+    def _loop(self):
+        """Round-robin one token step over every active sequence; new requests join between rounds."""
+        active = []
+        while self.running:
+            try:
+                self._admit(active, block=not active)
+                now = time.monotonic()
+                for seq in list(active):
+                    job = seq.job
+                    if not job.cancelled and job.client_cancelled(now):
+                        job.cancelled = True
+                    if job.cancelled:
+                        self._finish(seq, cancelled=True)
+                    elif not job.closed:
+                        self._step_guarded(seq)
+                    if seq.done or job.closed:
+                        seq.done = True
+                        active.remove(seq)
+                        if job.closed or job.open == 0:
+                            self._forget(job)
+            except Exception as exc:  # noqa: BLE001 (the scheduler must survive anything)
+                pb_utils.Logger.log_error(f"{self.name} scheduler: {type(exc).__name__}: {exc}")
+        pending = [seq.job for seq in active]
+        while not self.incoming.empty():
+            pending.append(self.incoming.get_nowait())
+        for job in pending:
+            if job is not None:
+                job.fail(f"{self.name}: the model is unloading; retry the request")
+
+    def _admit(self, active, block):
+        try:
+            job = self.incoming.get(timeout=0.5) if block else self.incoming.get_nowait()
+        except queue.Empty:
+            return
+        while job is not None:
+            scheduled = time.time_ns()
+            for seq in job.seqs:
+                seq.scheduled = scheduled
+            active.extend(job.seqs)
+            try:
+                job = self.incoming.get_nowait()
+            except queue.Empty:
+                return
+
+    def _forget(self, job):
+        with self.jobs_lock:
+            jobs = self.jobs_by_id.get(job.triton_id)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self.jobs_by_id[job.triton_id]
+
+    def _step_guarded(self, seq):
+        try:
+            self._step(seq)
+        except Exception as exc:  # noqa: BLE001 (fail this request, keep serving the others)
+            seq.job.fail(f"{self.name}: generation failed: {type(exc).__name__}: {exc}")
+
+    # -------------------------------------------------------------------------------------------- generation
+    def _forward(self, ids, past):
+        import torch
+
+        with torch.no_grad():
+            res = self.model(input_ids=torch.tensor([ids], dtype=torch.long), past_key_values=past, use_cache=True)
+        return res.logits[0], res.past_key_values
+
+    def _prefill(self, seq):
+        """Run the prompt once per batch row; the row's other sequences (num_return_sequences) get a KV copy."""
+        logits, past = self._forward(seq.prompt, None)
+        context = logits.float().numpy() if seq.opts["context_logits"] else None
+        for other in seq.job.seqs:
+            if other.opts is seq.opts and other.logits is None:
+                other.logits, other.context_logits = logits[-1], context
+                other.past = past if other is seq else copy.deepcopy(past)
+
+    def _step(self, seq):
+        """Produce the next token (or, with draft tokens, the whole verified block) of `seq`."""
+        if seq.opts["draft"]:
+            self._verify_draft(seq)
+            return
+        if seq.logits is None:
+            self._prefill(seq)
+        token = self._emit(seq, seq.logits)
+        if token is None:
+            return
+        seq.logits, seq.past = self._forward([token], seq.past)
+        seq.logits = seq.logits[-1]
+
+    def _verify_draft(self, seq):
+        """Target pass over prompt + draft: the longest agreeing prefix plus one token of the target's own."""
+        draft, prompt = seq.opts["draft"], seq.prompt
+        logits, _ = self._forward(prompt + draft, None)
+        if seq.opts["context_logits"]:
+            seq.context_logits = logits[: len(prompt)].float().numpy()
+        logits = logits[len(prompt) - 1:]
+        for i in range(len(draft) + 1):
+            token = self._emit(seq, logits[i])
+            if token is None:
+                return
+            if i >= len(draft) or token != draft[i]:
+                break
+            seq.accepted += 1
+        self._finish(seq)
+
+    def _emit(self, seq, logits):
+        """Pick, record and stream one token; returns it, or None when the sequence finished."""
+        o = seq.opts
+        token, lp, raw = self._pick(seq, logits)
+        now = time.time_ns()
+        seq.first = seq.first or now
+        seq.last = now
+        if token == o["end_id"]:
+            self._finish(seq)
+            return None
+        seq.out.append(token)
+        seq.logprobs.append(lp)
+        if o["generation_logits"]:
+            seq.gen_logits.append(raw)
+        if o["top_p_reset"] is not None and token == int(o["top_p_reset"]):
+            seq.top_p = o["top_p"]
+        elif o["top_p_decay"] != 1.0:
+            seq.top_p = max(seq.top_p * o["top_p_decay"], o["top_p_min"])
+        if len(seq.out) >= o["max_new"] or self._stopped(seq):
+            self._finish(seq)
+            return None
+        if o["streaming"] and len(seq.out) - seq.sent > 1:  # one token behind: the last travels with the final
+            self._send_chunk(seq, final=False)
+        return token
+
+    def _stopped(self, seq):
+        history = seq.prompt + seq.out
+        return any(len(w) <= len(history) and history[-len(w):] == w for w in seq.opts["stop_words"])
+
+    def _pick(self, seq, logits):
+        """Next token from 1-D `logits` -> (token, logprob, raw logits row as float32 numpy)."""
+        import torch
+
+        o = seq.opts
+        raw = logits.float().numpy() if o["generation_logits"] else None
         logits = logits.double().clone()
-        if p["repetition_penalty"] != 1.0 or p["presence_penalty"] or p["frequency_penalty"]:
-            seen = torch.tensor(history + out, dtype=torch.long)
-            counts = torch.bincount(seen, minlength=logits.numel()).to(logits.dtype)[: logits.numel()]
+        if o["bias"] is not None:
+            logits += o["bias"].to(logits.dtype)
+        history = seq.prompt + seq.out
+        if o["repetition_penalty"] != 1.0 or o["presence_penalty"] or o["frequency_penalty"]:
+            counts = torch.bincount(torch.tensor(history, dtype=torch.long), minlength=logits.numel())
+            counts = counts[: logits.numel()].to(logits.dtype)
             mask = counts > 0
-            if p["repetition_penalty"] != 1.0:
-                rp = p["repetition_penalty"]
+            rp = o["repetition_penalty"]
+            if rp != 1.0:
                 logits[mask] = torch.where(logits[mask] > 0, logits[mask] / rp, logits[mask] * rp)
-            logits -= p["presence_penalty"] * mask.to(logits.dtype) + p["frequency_penalty"] * counts
-        for word in p["bad_words"]:
-            if len(word) == 1 or (out and (history + out)[-(len(word) - 1):] == word[:-1]):
-                logits[word[-1]] = -math.inf
-        if len(out) < p["min_tokens"] and 0 <= p["end_id"] < logits.numel():
-            logits[p["end_id"]] = -math.inf
-        logprobs = torch.log_softmax(logits, dim=-1)
-        top_k, top_p = p["top_k"], p["top_p"]
-        if top_k <= 1 and top_p <= 0.0:
+            logits -= o["presence_penalty"] * mask.to(logits.dtype) + o["frequency_penalty"] * counts
+        for word in o["bad_words"]:
+            if len(word) == 1 or history[-(len(word) - 1):] == word[:-1]:
+                if 0 <= word[-1] < logits.numel():
+                    logits[word[-1]] = -math.inf
+        if len(seq.out) < o["min_tokens"] and 0 <= o["end_id"] < logits.numel():
+            logits[o["end_id"]] = -math.inf
+        top_k, top_p = o["top_k"], seq.top_p
+        if top_k == 1 or (top_k <= 0 and top_p <= 0.0):  # greedy, as TensorRT-LLM's top_k=1 / no sampling
             token = int(torch.argmax(logits))
-            return token, float(logprobs[token])
-        scaled = logits / max(p["temperature"], 1e-6)
+            return token, float(torch.log_softmax(logits, dim=-1)[token]), raw
+        scaled = logits / max(o["temperature"], 1e-6)
+        logprobs = torch.log_softmax(scaled, dim=-1)
         if top_k > 1:
             kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
             scaled[scaled < kth] = -math.inf
         if 0.0 < top_p < 1.0:
             sorted_logits, order = torch.sort(scaled, descending=True)
-            cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-            drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p
+            probs = torch.softmax(sorted_logits, dim=-1)
+            drop = torch.cumsum(probs, dim=-1) - probs >= top_p
             scaled[order[drop]] = -math.inf
-        probs = torch.softmax(scaled, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=gen))
-        return token, float(logprobs[token])
+        token = int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=seq.gen))
+        return token, float(logprobs[token]), raw
 
-    def _params(self, request):
-        top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
-        top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
-        end_id = _scalar(request, "end_id", None)
-        return {
-            "top_k": top_k,
-            "top_p": top_p,
-            "temperature": float(_scalar(request, "temperature", 1.0) or 1.0),
-            "seed": int(_scalar(request, "seed", 0) or 0),
-            "end_id": -1 if end_id is None else int(end_id),
-            "min_tokens": int(_scalar(request, "min_tokens", 0) or 0),
-            "repetition_penalty": float(_scalar(request, "repetition_penalty", 1.0) or 1.0),
-            "presence_penalty": float(_scalar(request, "presence_penalty", 0.0) or 0.0),
-            "frequency_penalty": float(_scalar(request, "frequency_penalty", 0.0) or 0.0),
-            "stop_words": _word_list(_get(request, "stop_words_list")),
-            "bad_words": _word_list(_get(request, "bad_words_list")),
-        }
+    # -------------------------------------------------------------------------------------------- responses
+    def _finish(self, seq, cancelled=False):
+        """Mark `seq` done and deliver what the C++ backend would: its final response(s)."""
+        if seq.done:
+            return
+        seq.done = True
+        seq.past = seq.logits = None  # free the KV cache now
+        job = seq.job
+        job.open -= 1
+        last = job.open == 0
+        if cancelled:
+            pb_utils.Logger.log_info(f"{self.name}: request '{job.triton_id}' cancelled after {len(seq.out)} tokens")
+        if seq.opts["streaming"]:
+            self._send_chunk(seq, final=last)
+        elif self.decoupled:
+            job.send(self._response([seq], whole=True), last)
+        elif last:
+            job.send(self._response(job.seqs, whole=True), True)
 
-    # ---------------------------------------------------------------------------------------------- generation
-    def _generate(self, prompt, max_new, p, draft):
-        """Yield (token, logprob) pairs; with `draft`, verify it in one forward pass (accepted prefix + 1)."""
-        import torch
+    def _send_chunk(self, seq, final):
+        """Streaming: the tokens produced since the last chunk (all but the newest unless final)."""
+        end = len(seq.out) if seq.done else len(seq.out) - 1
+        start, seq.sent = seq.sent, max(seq.sent, end)
+        seq.job.send(self._response([seq], whole=False, span=(start, end)), final)
 
-        gen = torch.Generator().manual_seed(p["seed"])
-        out = []
-        with torch.no_grad():
-            if draft:
-                seq = torch.tensor([prompt + draft], dtype=torch.long)
-                logits = self.model(input_ids=seq).logits[0, len(prompt) - 1:]
-                for i in range(min(len(draft) + 1, max_new)):
-                    token, lp = self._pick(logits[i], prompt, out, p, gen)
-                    out.append(token)
-                    yield token, lp
-                    if token == p["end_id"] or i >= len(draft) or token != draft[i] or self._stopped(prompt, out, p):
-                        return
-                return
-            past, step = None, torch.tensor([prompt], dtype=torch.long)
-            for _ in range(max_new):
-                res = self.model(input_ids=step, past_key_values=past, use_cache=True)
-                past = res.past_key_values
-                token, lp = self._pick(res.logits[0, -1], prompt, out, p, gen)
-                out.append(token)
-                yield token, lp
-                if token == p["end_id"] or self._stopped(prompt, out, p):
-                    return
-                step = torch.tensor([[token]], dtype=torch.long)
-
-    @staticmethod
-    def _stopped(prompt, out, p):
-        return any(len(w) <= len(out) and out[-len(w):] == w for w in p["stop_words"])
-
-    # ---------------------------------------------------------------------------------------------- responses
-    def _response(self, tokens, logprobs, *, prompt_len, metrics, perf, with_logprobs):
-        ids = np.array(tokens, dtype=np.int32).reshape(1, 1, -1)
+    def _response(self, seqs, whole, span=None):
+        """Build one response for `seqs` (several only on the beam axis of a non-decoupled num_return_sequences)."""
+        first = seqs[0]
+        o = first.opts
+        rows, lps = [], []
+        for seq in seqs:
+            start, end = span if span else (0, len(seq.out))
+            tokens = seq.out[start:end]
+            if whole and not o["exclude"]:
+                tokens = seq.prompt + tokens
+            rows.append(tokens)
+            lps.append(seq.logprobs[start:end])
+        width = max(len(r) for r in rows)
+        ids = np.full((1, len(rows), width), -1, dtype=np.int32)
+        for i, r in enumerate(rows):
+            ids[0, i, : len(r)] = r
         tensors = [
             pb_utils.Tensor("output_ids", ids),
-            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
-            pb_utils.Tensor("batch_index", np.zeros((1, 1), dtype=np.int32)),
-            pb_utils.Tensor("sequence_index", np.zeros((1, 1), dtype=np.int32)),
+            pb_utils.Tensor("sequence_length", np.array([[len(r) for r in rows]], dtype=np.int32)),
         ]
-        if with_logprobs:
-            lp = np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)
+        if o["log_probs"]:
+            lp_width = max(len(x) for x in lps)
+            lp = np.full((1, len(lps), lp_width), -1, dtype=np.float32)
+            for i, x in enumerate(lps):
+                lp[0, i, : len(x)] = x
             tensors.append(pb_utils.Tensor("output_log_probs", lp))
-            tensors.append(pb_utils.Tensor("cum_log_probs", np.array([[lp.sum()]], dtype=np.float32)))
-        if perf:
-            for name, value in metrics.items():
-                dtype = np.int64 if name.endswith("_ns") else np.float32 if name == "acceptance_rate" else np.int32
-                tensors.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
+            cum = [float(sum(seq.logprobs[: (span[1] if span else len(seq.out))])) for seq in seqs]
+            tensors.append(pb_utils.Tensor("cum_log_probs", np.array([cum], dtype=np.float32)))
+        if o["context_logits"] and first.context_logits is not None and (whole or span[0] == 0):
+            tensors.append(pb_utils.Tensor("context_logits", first.context_logits[None].astype(np.float32)))
+        if o["generation_logits"]:
+            tensors.append(pb_utils.Tensor("generation_logits", self._gen_logits(seqs, span)))
+        if first.batch_index is not None:
+            tensors.append(pb_utils.Tensor("batch_index", np.array([[first.batch_index]], dtype=np.int32)))
+        if o["n"] > 1 and len(seqs) == 1:
+            tensors.append(pb_utils.Tensor("sequence_index", np.array([[first.seq_index]], dtype=np.int32)))
+        if o["num_input_tokens"]:
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([[len(first.prompt)]], dtype=np.int32)))
+        if o["num_output_tokens"]:  # as the C++ backend: the tokens of this response's output_ids (all beams)
+            total = sum(len(r) for r in rows)
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([[total]], dtype=np.int32)))
+        if o["perf"]:
+            tensors.extend(self._perf(first))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _serve(self, request, send):
-        """Run one request; `send(response, final)` delivers responses (streamed or whole)."""
-        arrival = time.time_ns()
-        if _scalar(request, "stop", False):
-            send(self._response([], [], prompt_len=0, metrics={}, perf=False, with_logprobs=False), True)
-            return
-        ids = _get(request, "input_ids")
-        if ids is None:
-            raise ValueError("input_ids is required")
-        ids = ids.reshape(-1)
-        length = int(_scalar(request, "input_lengths", ids.size))
-        prompt = [int(t) for t in ids[:length]]
-        max_new = int(_scalar(request, "request_output_len", 0))
-        if not prompt or max_new <= 0:
-            raise ValueError("input_ids must be non-empty and request_output_len > 0")
-        beam = int(_scalar(request, "beam_width", 1) or 1)
-        if beam != 1 or int(_scalar(request, "num_return_sequences", 1) or 1) != 1:
-            raise ValueError("the reference backend supports beam_width 1 and num_return_sequences 1 only")
-        draft_arr = _get(request, "draft_input_ids")
-        draft = [int(t) for t in draft_arr.reshape(-1)] if draft_arr is not None else []
-        streaming = bool(_scalar(request, "streaming", False))
-        if streaming and not self.decoupled:
-            raise ValueError(f"streaming needs a decoupled model; {self.name} is not decoupled")
-        exclude = _scalar(request, "exclude_input_in_output", None)
-        exclude = self.exclude_input if exclude is None else bool(exclude)
-        perf = bool(_scalar(request, "return_perf_metrics", False))
-        with_lp = bool(_scalar(request, "return_log_probs", False))
-        p = self._params(request)
-        scheduled = first = last = time.time_ns()
-        tokens, logprobs = [], []
-        for token, lp in self._generate(prompt, max_new, p, draft):
-            last = time.time_ns()
-            if not tokens:
-                first = last
-            if token == p["end_id"]:
-                break
-            if streaming and tokens:  # one token behind, so the last token travels with the final flag
-                send(self._response(tokens[-1:], logprobs[-1:], prompt_len=len(prompt), metrics={}, perf=False,
-                                    with_logprobs=with_lp), False)
-            tokens.append(token)
-            logprobs.append(lp)
-        accepted = 0
-        while accepted < min(len(draft), len(tokens)) and tokens[accepted] == draft[accepted]:
-            accepted += 1
-        total_blocks = -(-(len(prompt) + len(tokens)) // self.tokens_per_block)
-        metrics = {
-            "kv_cache_alloc_new_blocks": total_blocks,
-            "kv_cache_reused_blocks": 0,  # no prefix cache in the reference backend
-            "kv_cache_alloc_total_blocks": total_blocks,
-            "arrival_time_ns": arrival,
-            "first_scheduled_time_ns": scheduled,
-            "first_token_time_ns": first,
-            "last_token_time_ns": last,
-            "acceptance_rate": accepted / len(draft) if draft else 0.0,
-            "total_accepted_draft_tokens": accepted,
-            "total_draft_tokens": len(draft),
-        }
-        if streaming:
-            send(self._response(tokens[-1:], logprobs[-1:], prompt_len=len(prompt), metrics=metrics, perf=perf,
-                                with_logprobs=with_lp), True)
-            return
-        full = tokens if exclude else prompt + tokens
-        full_lp = logprobs if exclude else [0.0] * len(prompt) + logprobs
-        send(self._response(full, full_lp, prompt_len=len(prompt), metrics=metrics, perf=perf,
-                            with_logprobs=with_lp), True)
+    def _gen_logits(self, seqs, span):
+        """[1, beams, tokens, vocab] (non-streaming) or [1, tokens, 1, vocab] (streaming chunk)."""
+        if span is not None:
+            seq = seqs[0]
+            rows = seq.gen_logits[span[0]: span[1]]
+            arr = np.stack(rows) if rows else np.zeros((0, self.vocab), dtype=np.float32)
+            return arr[None, :, None, :].astype(np.float32)
+        width = max(len(s.gen_logits) for s in seqs)
+        arr = np.zeros((1, len(seqs), width, self.vocab), dtype=np.float32)
+        for i, s in enumerate(seqs):
+            if s.gen_logits:
+                arr[0, i, : len(s.gen_logits)] = np.stack(s.gen_logits)
+        return arr
 
-    def execute(self, requests):
-        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if self.decoupled:
-            for request in requests:
-                sender = request.get_response_sender()
-                try:
-                    self._serve(request, lambda r, final, s=sender: s.send(r, flags=final_flag if final else 0))
-                except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
-                    err = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.name}: {exc}"))
-                    sender.send(err, flags=final_flag)
-            return None
-        responses = []
-        for request in requests:
-            box = []
-            try:
-                self._serve(request, lambda r, final, b=box: b.append(r))
-                responses.append(box[-1])
-            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.name}: {exc}")))
-        return responses
+    def _perf(self, seq):
+        total = -(-(len(seq.prompt) + len(seq.out)) // self.tokens_per_block)
+        draft = len(seq.opts["draft"])
+        values = [
+            ("kv_cache_alloc_new_blocks", np.int32, total),
+            ("kv_cache_reused_blocks", np.int32, 0),  # no prefix cache in the reference backend
+            ("kv_cache_alloc_total_blocks", np.int32, total),
+            ("arrival_time_ns", np.int64, seq.job.arrival),
+            ("first_scheduled_time_ns", np.int64, seq.scheduled),
+            ("first_token_time_ns", np.int64, seq.first),
+            ("last_token_time_ns", np.int64, seq.last),
+            ("acceptance_rate", np.float32, seq.accepted / draft if draft else 0.0),
+            ("total_accepted_draft_tokens", np.int32, seq.accepted),
+            ("total_draft_tokens", np.int32, draft),
+        ]
+        return [pb_utils.Tensor(name, np.array([[v]], dtype=dtype)) for name, dtype, v in values]
+
+
+def torch_tensor(arr):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
