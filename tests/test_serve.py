@@ -22,7 +22,9 @@ PROMPT = "The quick brown fox"
 
 @pytest.fixture(scope="module")
 def ref_repo(tiny_models, tmp_path_factory):
-    """`package --target reference` for tiny-llama fp8 + tiny-llama-draft, serving the generated HF-format models.
+    """`package --target reference` for tiny-llama fp8 + tiny-llama-draft, serving the generated HF-format models,
+    with a streaming (decoupled) target beside the draft (`serving.decoupled=True`; the default draft-target layout is
+    all-unary, tested in test_triton_routes.py).
 
     The reference backend serves an exported TensorRT-LLM checkpoint (via pipeline.checkpoint) or an HF-format
     model dir; the HF dirs keep this module independent of the calibrate stage (the build's end-to-end test serves
@@ -35,7 +37,7 @@ def ref_repo(tiny_models, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PIPELINE_ROOT", str(base / "out"))
         mp.setenv("PIPELINE_CACHE", str(base / "cache"))
-        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
+        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", decoupled=True)
         res = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="tiny-llama-fp8-test")
         assert res.path.name == "tiny-llama-fp8-test-reference"

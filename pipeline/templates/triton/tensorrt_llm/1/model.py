@@ -493,11 +493,11 @@ class TritonPythonModel:
             seq.top_p = o["top_p"]
         elif o["top_p_decay"] != 1.0:
             seq.top_p = max(seq.top_p * o["top_p_decay"], o["top_p_min"])
+        if o["streaming"] and len(seq.out) - seq.sent > 1:  # one token behind: the last travels with the final
+            self._send_chunk(seq, final=False)
         if len(seq.out) >= o["max_new"] or self._stopped(seq):
             self._finish(seq)
             return None
-        if o["streaming"] and len(seq.out) - seq.sent > 1:  # one token behind: the last travels with the final
-            self._send_chunk(seq, final=False)
         return token
 
     def _stopped(self, seq):
