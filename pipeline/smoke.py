@@ -109,6 +109,7 @@ def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, An
     add("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES")
     add("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32")
     add("stream", np.array([[stream]], dtype=bool), "BOOL")
+    add("exclude_input_in_output", np.array([[True]], dtype=bool), "BOOL")  # the completion only
     for name, value in extra.items():
         arr = np.array([[value]])
         dtype = {"b": "BOOL", "i": "INT32", "u": "UINT64", "f": "FP32"}[arr.dtype.kind]
@@ -213,7 +214,7 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     counted = {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, "ensemble") else {}
     http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
     greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0,
-              **counted}
+              "exclude_input_in_output": True, **counted}
     t0 = time.perf_counter()
     resp = http_generate(http_url, "ensemble", greedy)
     latency = time.perf_counter() - t0
@@ -242,7 +243,8 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
         out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
 
     if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
-        payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1}
+        payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
+                   "exclude_input_in_output": True}
         if num_draft_tokens:
             payload["num_draft_tokens"] = num_draft_tokens
         http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)

@@ -60,7 +60,8 @@ def server(ref_repo):
 def generate(server, model, **payload):
     from pipeline.smoke import http_generate
 
-    return http_generate(server.http_url, model, {"text_input": PROMPT, "stream": False, **payload})
+    return http_generate(server.http_url, model,
+                         {"text_input": PROMPT, "stream": False, "exclude_input_in_output": True, **payload})
 
 
 def test_ensemble_answers_over_http(server):

@@ -97,6 +97,7 @@ class Route:
             return exc.code, json.loads(exc.read() or b"{}"), time.monotonic() - t0
 
     def ok(self, model: str, **payload) -> dict:
+        payload.setdefault("exclude_input_in_output", True)
         status, body, _ = self.generate(model, **payload)
         assert status == 200 and "error" not in body, body
         return body
@@ -345,6 +346,8 @@ class TestDraftTargetLayout:
         for model in ("ensemble", "tensorrt_llm_bls"):
             text = unary.greedy(model, max_tokens=4, exclude_input_in_output=False)
             assert text.startswith(PROMPT) and text[len(PROMPT):] == unary.greedy(model, max_tokens=4)
+            status, body, _ = unary.generate(model, text_input=PROMPT, max_tokens=4, top_k=1)
+            assert status == 200 and _first(body["text_output"]) == text  # the backend's default (upstream's): the prompt is part of the output
 
     @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
     def test_concurrency_16_without_errors(self, unary, model):
@@ -352,7 +355,7 @@ class TestDraftTargetLayout:
 
         def one(i):
             prompt = PROMPTS[i % len(PROMPTS)]
-            return prompt, unary.generate(model, text_input=prompt, max_tokens=12, top_k=1)
+            return prompt, unary.generate(model, text_input=prompt, max_tokens=12, top_k=1, exclude_input_in_output=True)
 
         with ThreadPoolExecutor(16) as pool:
             results = list(pool.map(one, range(32)))
@@ -421,7 +424,8 @@ class TestStreamingLayout:
     def test_bls_draft_target_over_a_streaming_target(self, streaming):
         greedy = streaming.greedy("ensemble", max_tokens=16)
         responses, error, _ = streaming.stream("tensorrt_llm_bls",
-                                               {**_base(16), "num_draft_tokens": 3, "stream": False})
+                                               {**_base(16), "num_draft_tokens": 3, "stream": False,
+                                                "exclude_input_in_output": True})
         assert error is None and len(responses) == 1
         assert responses[0]["text_output"][0].decode() == greedy
         assert int(responses[0]["total_draft_tokens"].reshape(-1)[0]) > 0

@@ -11,6 +11,9 @@ Layout (`<output>/<name>/`, default output = `pipeline.artifacts.triton_repo_dir
     tensorrt_llm_draft/, tensorrt_llm_bls/                       (only with speculation)
     manifest.json
 
+`<name>` is chosen by the build layout (`pipeline.layout.repo_name`: the build id plus the spec's key) when the
+build or a task packages; a direct call names it `<build-id>[-reference]` unless given `name`.
+
 `gpt_model_path` and `tokenizer_dir` are written *relative to the model's directory* (e.g.
 `../../../engines/<id>/engine`), so the repository and `engines/` move together. The C++ backend (and upstream's
 python models) need absolute paths: `pipeline.triton.install` writes them (`invoke install-repo`; `invoke serve`
@@ -23,31 +26,26 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import atomic_dir, file_table, is_current, read_manifest, stage_key, triton_repo_dir, write_manifest
+from ..artifacts import atomic_dir, check_name, file_table, read_manifest, stage_key, triton_repo_dir
 from ..errors import PackageError
+from ..layout import repo_name
+from ..manifests import EngineManifest, RepoManifest, StageResult, TokenizerIdentity
+from ..tokenizer import find_tokenizer, identity, mismatch
 from . import pbtxt
 from .render import render, templates_root
 from .validate import MAX_MEMORY_FRACTION_SUM, validate_repo
 
 TEMPLATE_VERSION = 1
-DRAFT_TOKENS_EXTERNAL = 2  # SpeculativeDecodingMode IntFlag value in an engine's config.json
 _TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                        "chat_template*", "*.tiktoken")
 _QUEUE = {"max_queue_delay_microseconds": 0, "max_queue_size": 0}
 
 
-@dataclass
-class PackageResult:
-    """A published repository: `.path`, its `.manifest`, and whether it was already current (`.reused`)."""
-
-    path: Path
-    manifest: dict[str, Any]
-    reused: bool = False
-    warnings: list[str] = field(default_factory=list)
+PackageResult = StageResult[RepoManifest]
 
 
 @dataclass
@@ -125,17 +123,6 @@ def read_checkpoint_source(ckpt_dir: Path, spec) -> LLMSource:
     )
 
 
-def find_tokenizer(*candidates: Path | None) -> Path:
-    for c in candidates:
-        if c is None:
-            continue
-        for d in (Path(c) / "tokenizer", Path(c)):
-            if (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file():
-                return d
-    names = ", ".join(str(c) for c in candidates if c)
-    raise PackageError(f"no tokenizer (tokenizer.json) found in {names} or their tokenizer/; pass --tokenizer-dir")
-
-
 def _tokenizer_files(src: Path) -> list[Path]:
     files = sorted({p for pat in _TOKENIZER_PATTERNS for p in src.glob(pat) if p.is_file()})
     if not files:
@@ -143,7 +130,8 @@ def _tokenizer_files(src: Path) -> list[Path]:
     return files
 
 
-def _tokenizer_hash(src: Path) -> str:
+def _tokenizer_files_hash(src: Path) -> str:
+    """sha256 over the tokenizer files the repository copies (a package key factor; identity is `tokenizer`)."""
     h = hashlib.sha256()
     for p in _tokenizer_files(src):
         h.update(p.name.encode() + p.read_bytes())
@@ -185,7 +173,7 @@ def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoup
         "max_tokens_in_paged_kv_cache": spec.serving.max_tokens_in_paged_kv_cache,
         "enable_kv_cache_reuse": kv_reuse,
         "enable_chunked_context": chunked,
-        "exclude_input_in_output": True,
+        "exclude_input_in_output": False,  # the backend's default; upstream's draft-target clients rely on it
         "normalize_log_probs": True,
         "executor_worker_path": EXECUTOR_WORKER,
     }
@@ -289,8 +277,17 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, to
                 shutil.copy2(f, out / "tokenizer" / f.name)
 
 
-def repo_name(build_id: str, target: str) -> str:
-    return build_id if target == "trtllm" else f"{build_id}-reference"
+def _draft_tokenizer(target: str, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+    """The draft's tokenizer identity: its own tokenizer dir, or what its engine's manifest records."""
+    if draft_tokenizer_dir is not None:
+        return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
+    if target == "reference":
+        return identity(find_tokenizer(draft.path, error=PackageError))
+    recorded = EngineManifest.read(draft.path)
+    if recorded is None or recorded.tokenizer is None:
+        raise PackageError(f"draft engine {draft.path} records no tokenizer (no pipeline manifest); pass "
+                           "--draft-tokenizer-dir with the draft checkpoint's tokenizer", path=draft.path)
+    return recorded.tokenizer
 
 
 def package_repo(
@@ -304,16 +301,29 @@ def package_repo(
     checkpoint_dir: Path | None = None,
     draft_checkpoint_dir: Path | None = None,
     tokenizer_dir: Path | None = None,
+    draft_tokenizer_dir: Path | None = None,
+    name: str | None = None,
+    spec_key: str | None = None,
     force: bool = False,
+    check_only: bool = False,
+    verify: bool = False,
 ) -> PackageResult:
     """Render, validate and publish the repository of `spec` for `target` ("trtllm" | "reference").
 
     trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
-    (+ `draft_checkpoint_dir`). The result lands at `<output>/<repo_name(build_id, target)>` (output defaults to
-    `triton_repo_dir()`); the same inputs again are a no-op reading the manifest only.
+    (+ `draft_checkpoint_dir`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
+    name to `repo_name(build_id, target, spec_key)`); the same inputs again are a no-op (status "cached") after
+    the files were checked against the manifest (sizes and mtimes; every sha256 with `verify`).
+
+    Args:
+        draft_tokenizer_dir: the draft's tokenizer for a draft engine without a pipeline manifest.
+        spec_key: the spec's key, recorded in the manifest (and part of the default name).
+        check_only: return the current repository or raise `PackageError`; never write.
 
     Raises:
-        PackageError: missing/invalid inputs, or the rendered repository fails validation (nothing is published).
+        PackageError: missing/invalid inputs, the draft's tokenizer differs from the target's or is unknown, or
+            the rendered repository fails validation (nothing is published).
+        IntegrityError: the current repository differs from its manifest (exit 3).
     """
     target = target or spec.target
     if target not in ("trtllm", "reference"):
@@ -328,7 +338,7 @@ def package_repo(
             if draft_engine_dir is None:
                 draft_engine_dir = Path(engine_dir).parent / "draft_engine"
             draft = read_engine_source(Path(draft_engine_dir))
-        tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir)
+        tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
         build_id = build_id or Path(engine_dir).resolve().parent.name
     else:
         if checkpoint_dir is None:
@@ -339,28 +349,25 @@ def package_repo(
             if draft_checkpoint_dir is None:
                 raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
             draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
-        tok = find_tokenizer(tokenizer_dir, checkpoint_dir)
+        tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
         resolved = Path(checkpoint_dir).resolve()
         build_id = build_id or (resolved.parent.name if resolved.name == "checkpoint" else resolved.name)
-    if draft is not None:
-        draft_tok = None
-        try:
-            draft_tok = find_tokenizer(draft.path if target == "reference" else draft.path.parent / "checkpoint")
-        except PackageError:
-            pass
-        if draft_tok is not None and _tokenizer_hash(draft_tok) != _tokenizer_hash(tok):
-            raise PackageError(f"draft tokenizer {draft_tok} differs from the target's {tok}; draft and target must "
-                               "share the vocabulary")
     out_root = Path(output) if output else triton_repo_dir()
-    final = out_root / repo_name(build_id, target)
+    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
+        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
+    final = out_root / name
     values, warnings = plan_values(spec, target=target, repo=final, llm=llm, draft=draft)
+    if draft is not None:
+        why = mismatch(identity(tok), _draft_tokenizer(target, draft, draft_tokenizer_dir))
+        if why:
+            raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
     factors = {
         "stage": "package",
         "target": target,
         "templates": templates_hash(),
         "values": values,
         "sources": {"llm": llm.key, "draft": draft.key if draft else None},
-        "tokenizer": _tokenizer_hash(tok),
+        "tokenizer": _tokenizer_files_hash(tok),
     }
     extra = {}
     if target == "reference":
@@ -369,29 +376,34 @@ def package_repo(
             extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
     factors["extra_parameters"] = extra
     key = stage_key(factors)
-    if not force and is_current(final, key):
-        return PackageResult(final, read_manifest(final), reused=True, warnings=warnings)
+
+    m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
+    if m is not None:
+        return PackageResult(final, m, "cached")
+    if check_only:
+        raise PackageError(f"no current Triton repository at {final} for this spec; run `invoke package` or "
+                           "`invoke build` first", path=final)
     with atomic_dir(final) as tmp:
         write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
-        manifest = {
-            "key": key,
-            "stage": "package",
-            "target": target,
-            "build_id": build_id,
-            "spec": spec.summary(),
-            "models": sorted(summary.models),
-            "speculation": {"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
-            "sources": {
+        manifest = RepoManifest(
+            key=key,
+            target=target,
+            build_id=build_id,
+            spec=spec.summary(),
+            spec_key=spec_key,
+            models=sorted(summary.models),
+            speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
+            sources={
                 "llm": str(llm.path.resolve()),
                 "draft": str(draft.path.resolve()) if draft else None,
                 "tokenizer": str(tok.resolve()),
             },
-            "gpt_model_path": {m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
-            "world_size": llm.world_size,
-            "kv_cache_reuse": values["tensorrt_llm"]["enable_kv_cache_reuse"],
-            "warnings": warnings,
-            "files": file_table(tmp),
-        }
-        write_manifest(tmp, manifest)
-    return PackageResult(final, manifest, reused=False, warnings=warnings)
+            gpt_model_path={m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
+            world_size=llm.world_size,
+            kv_cache_reuse=values["tensorrt_llm"]["enable_kv_cache_reuse"],
+            warnings=warnings,
+            files=file_table(tmp),
+        )
+        manifest.write(tmp)
+    return PackageResult(final, manifest, "built")

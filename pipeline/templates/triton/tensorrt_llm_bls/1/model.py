@@ -291,7 +291,7 @@ class TritonPythonModel:
             "max_tokens": int(max_tokens),
             "k": max(0, k),
             "stream": bool(_scalar(_input(request, "stream"), False)),
-            "exclude": bool(_scalar(_input(request, "exclude_input_in_output"), True)),
+            "exclude": bool(_scalar(_input(request, "exclude_input_in_output"), False)),
             "min_tokens": int(_scalar(_input(request, "min_tokens"), 0) or 0),
             "sampling": {dst: _column(_scalar(_input(request, src)), dtype)
                          for src, (dst, dtype) in FORWARDED.items() if _input(request, src) is not None},
