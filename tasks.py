@@ -1,4 +1,9 @@
-"""invoke tasks: thin wiring over the `pipeline` library. `invoke --list` shows them; `invoke TASK --help` the flags."""
+"""invoke tasks: thin wiring over the `pipeline` library. `invoke --list` shows them; `invoke TASK --help` the flags.
+
+Exit codes (pipeline/errors.py): 0 ok; 2 bad input or a missing prerequisite; 3 an artifact differs from its
+manifest or release record; 4 this host lacks the GPU/toolchain (or an engine was built for another); 5 the work
+ran and failed (I/O error, failed requests).
+"""
 
 from __future__ import annotations
 
@@ -63,7 +68,7 @@ def compile_engines(c, spec, dry_run=False, checkpoint_dir=None, draft_checkpoin
                     force=force, as_json=json_)
 
 
-# --- build / release / verify / bench (issue 7) ------------------------------------------------------------------
+# --- build / release / verify / bench ----------------------------------------------------------------------------
 @task(
     auto_shortflags=False,
     help=_help(
@@ -74,19 +79,24 @@ def compile_engines(c, spec, dry_run=False, checkpoint_dir=None, draft_checkpoin
         offline="download: use only the local cache",
         update="download: re-resolve a branch revision to its newest commit",
         verify_download="download: re-hash every cached file",
+        verify="re-hash every stage output (sha256), not only sizes and mtimes, before reusing it",
         revision="download: model revision (branch, tag or commit) overriding the registry's",
         endpoint="download: Hugging Face Hub endpoint URL",
     ),
 )
 @with_spec
 def build(c, spec, until=None, from_=None, force=None, json_=False, offline=False, update=False,
-          verify_download=False, revision=None, endpoint=None):
-    """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops."""
+          verify_download=False, verify=False, revision=None, endpoint=None):
+    """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
+
+    A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
+    `--force STAGE`.
+    """
     from pipeline.build import BuildOptions
     from pipeline.build import build as run_build
 
-    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, revision=revision,
-                        endpoint=endpoint)
+    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
+                        revision=revision, endpoint=endpoint)
     import contextlib
     import sys
 
@@ -99,14 +109,17 @@ def build(c, spec, until=None, from_=None, force=None, json_=False, offline=Fals
 @task(
     auto_shortflags=False,
     help=_help(
-        output="directory for the tarball, inside the output tree (default releases/)",
-        version="release version (default: the pipeline's version)",
+        output="directory for the tarball: any directory, absolute or relative to the output tree (default releases/)",
+        version="release version: letters, digits and . _ + - (default: the pipeline's version)",
         json="print release.json's summary as JSON",
     ),
 )
 @with_spec
 def release(c, spec, output=None, version=None, json_=False):
-    """Pack a finished build as a deterministic, versioned release tarball + .sha256 (run `invoke build` first)."""
+    """Pack a finished build as a deterministic, versioned release tarball + .sha256 (run `invoke build` first).
+
+    Every packed file is re-hashed against its stage manifest; a mismatch refuses the release (exit 3).
+    """
     from pipeline.release import release as make_release
 
     r = make_release(spec, output=output, version=version)
@@ -128,7 +141,8 @@ def release(c, spec, output=None, version=None, json_=False):
     },
 )
 def verify(c, path, skip_host=False, json_=False):
-    """Check every sha256 of a release or repo and refuse engines built for another toolchain/GPU (exit 2)."""
+    """Check every sha256 of a release or repo (complete: no extra file, no symlink) and refuse engines built for
+    another toolchain/GPU. Exit 3: files differ; 4: host mismatch; 2: not a release."""
     from pipeline.cli import exit_on_error
     from pipeline.verify import verify as run_verify
 
@@ -169,7 +183,7 @@ def bench(c, spec, url=None, metrics_url=None, repo=None, model_name=None, concu
           max_tokens=None, no_stream=False, budget=None, json_=None, plot=None):
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
 
-    Exit codes: 0 every request succeeded; 3 some request failed (report printed, then one error line);
+    Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
     2 the benchmark could not run.
     """
     from pipeline.bench import bench_spec, check_failures, format_report, parse_levels, plot_report, write_json
@@ -199,14 +213,14 @@ def calibrate(c, spec, force=False):
     roles = ["target"] + (["draft"] if spec.draft_model else [])
     for role in roles:
         res = run_calibrate(spec, role=role, force=bool(force))
-        q = res.manifest.get("quality") or {}
+        q = res.manifest.quality
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
             f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
         )
 
 
-# --- package / serve / smoke (issue 6) -----------------------------------------------------------------------------
+# --- package / serve / smoke ---------------------------------------------------------------------------------------
 
 @task(
     auto_shortflags=False,
@@ -217,18 +231,22 @@ def calibrate(c, spec, force=False):
         checkpoint_dir="reference: target checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)",
         draft_checkpoint_dir="reference: draft checkpoint dir (default: the calibrate stage's draft checkpoint)",
         tokenizer_dir="tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)",
+        draft_tokenizer_dir="trtllm: the draft's tokenizer, for a draft engine built outside the pipeline",
         force="rewrite the repository even when its manifest key is current",
     ),
 )
 @with_spec
 def package(c, spec, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
-            draft_checkpoint_dir=None, tokenizer_dir=None, force=False):
-    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference."""
+            draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False):
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference.
+
+    Earlier stages' outputs are located, never built: run `invoke build --until compile` (or calibrate) first.
+    """
     from pipeline.triton.cli import package_command
 
     package_command(spec, output=output, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir,
                     checkpoint_dir=checkpoint_dir, draft_checkpoint_dir=draft_checkpoint_dir,
-                    tokenizer_dir=tokenizer_dir, force=bool(force))
+                    tokenizer_dir=tokenizer_dir, draft_tokenizer_dir=draft_tokenizer_dir, force=bool(force))
 
 
 _SERVE_HELP = dict(
@@ -323,5 +341,5 @@ def download(c, spec, revision=None, update=False, offline=False, verify=False, 
         res = download_model(entry, revision=revision if i == 0 else None, update=update, offline=offline,
                              verify=verify, endpoint=endpoint)
         m = res.manifest
-        print(f"{entry.name}: {m['source']} {entry.repo_id}@{res.sha[:12]} {len(m['files'])} files "
-              f"{m['total_bytes'] / 1e6:.1f} MB [{res.status}] -> {res.path}")
+        print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
+              f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")

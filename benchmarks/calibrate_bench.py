@@ -111,7 +111,7 @@ def main() -> None:
                     res = run_calibrate(spec, force=True, source_dir=src)
                     to = time.perf_counter() - t
                     if not t_ours or to < min(t_ours):
-                        breakdown = res.manifest["timings"]
+                        breakdown = res.manifest.timings
                     t_ours.append(to)
     b, o = min(t_bare), min(t_ours)
     features = sum(breakdown.get(k, 0.0) for k in ("reference_s", "quality_s", "roundtrip_s"))

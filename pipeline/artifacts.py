@@ -10,18 +10,33 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from .errors import PipelineError
+from .procs import pid_alive
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+# Everything that becomes a file or directory name (registry names, versions, build ids, repo names).
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_TEMP_PREFIXES = (".tmp-", ".old-")
+SYMLINK = "a symlink (outputs hold regular files only)"
+
+
+def check_name(value: Any, *, what: str, fix: str) -> str:
+    """`value` when it is a safe single path component (letters, digits, `._+-`, no `..`), else `PipelineError`."""
+    if not isinstance(value, str) or not SAFE_NAME.match(value) or ".." in value:
+        raise PipelineError(f"{what} {value!r} is not a safe name (letters, digits and . _ + -, starting with a "
+                            f"letter or digit, no '..', at most 128 characters); {fix}", actual=value)
+    return value
 
 
 def output_root() -> Path:
@@ -61,14 +76,67 @@ def sha256_file(path: Path) -> str:
 
 
 def file_table(root: Path, *, exclude: tuple[str, ...] = (MANIFEST,)) -> dict[str, dict[str, Any]]:
-    """relative path -> {sha256, size} for every regular file below `root` (sorted, manifest excluded)."""
+    """relative path -> {sha256, size, mtime_ns} for every regular file below `root` (sorted, manifest excluded).
+
+    Raises:
+        PipelineError: `root` holds a symlink (stage outputs are regular files only).
+    """
     root = Path(root)
     table = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
-        if p.is_file() and not p.is_symlink() and rel not in exclude:
-            table[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+        if p.is_symlink():
+            raise PipelineError(f"{p} is a symlink; stage outputs hold regular files only", path=p)
+        if p.is_file() and rel not in exclude:
+            st = p.stat()
+            table[rel] = {"sha256": sha256_file(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     return table
+
+
+def _inside(rel: str) -> bool:
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "" not in parts and "\\" not in rel
+
+
+def check_files(root: Path, files: Mapping[str, Any], *, full: bool = False,
+                ignore: tuple[str, ...] = (MANIFEST,)) -> list[str]:
+    """How `root` differs from a file table (records with `sha256`, `size`, optional `mtime_ns`); [] if it matches.
+
+    The table must be complete: a file it does not list, a symlink, or a listed path outside `root` is a problem.
+    Listed files are compared by size, then by sha256 when `full`, when no mtime was recorded or when it changed.
+    """
+    root = Path(root)
+    problems: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            p = here / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                problems.append(f"{rel}: {SYMLINK}")
+            elif name in filenames and rel not in files and rel not in ignore:
+                problems.append(f"{rel}: not in the manifest")
+        dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
+    for rel, rec in sorted(files.items()):
+        if not _inside(rel):
+            problems.append(f"{rel}: outside the directory")
+            continue
+        p = root / rel
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            problems.append(f"{rel}: missing")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISLNK(st.st_mode):  # symlinks were reported by the walk
+                problems.append(f"{rel}: not a regular file")
+        elif st.st_size != rec.size:
+            problems.append(f"{rel}: {st.st_size} bytes, recorded {rec.size}")
+        elif full or rec.mtime_ns is None or st.st_mtime_ns != rec.mtime_ns:
+            got = sha256_file(p)
+            if got != rec.sha256:
+                problems.append(f"{rel}: sha256 {got[:12]}… != recorded {rec.sha256[:12]}…")
+    return problems
 
 
 def stage_key(factors: dict[str, Any]) -> str:
@@ -101,11 +169,31 @@ def is_current(directory: Path, key: str) -> bool:
     return bool(m) and m.get("key") == key
 
 
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Remove `.tmp-<name>-<pid>-*` / `.old-<name>-<pid>-*` siblings of `final` left by a process that died (e.g.
+    SIGKILL mid-stage); temporaries of live processes are kept. Returns what was removed."""
+    final = Path(final)
+    removed = []
+    if not final.parent.is_dir():
+        return removed
+    for prefix in _TEMP_PREFIXES:
+        for p in final.parent.glob(f"{prefix}{final.name}-*"):
+            pid = p.name[len(prefix) + len(final.name) + 1 :].split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a fresh temporary directory next to `final`; on success it replaces `final`, on error it vanishes."""
+    """Yield a fresh temporary directory next to `final`; on success it replaces `final`, on error it vanishes.
+
+    Temporaries that a killed earlier run left beside `final` are removed first.
+    """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:

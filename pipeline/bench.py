@@ -4,7 +4,7 @@ Requests go over gRPC streams (one per concurrent client) to the ensemble — or
 speculation — streaming when the route is decoupled, so the time to first token is the arrival of the first
 streamed response. Output tokens are what the server says it generated (`num_output_tokens`, else
 `sequence_length`) when the model returns them, else one token per streamed response, else the repo's tokenizer
-on the text. A run in which any request failed ends with `RequestsFailed` (exit code 3) after the report. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
+on the text. A run in which any request failed ends with `RequestsFailed` (exit code 5) after the report. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
 (`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks`/`kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
 every level is bounded by a request count and a time budget.
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import PipelineError
+from .errors import BenchError, RequestsFailed
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 SHARED_PREFIX = (
@@ -40,16 +40,6 @@ QUESTIONS = (
     "Why should an engine be rebuilt for a different GPU architecture?",
     "What does a model repository contain for a serving system?",
 )
-
-
-class BenchError(PipelineError):
-    """The benchmark cannot run (server unreachable, not local, model missing, bad options)."""
-
-
-class RequestsFailed(BenchError):
-    """The benchmark ran but some requests failed (the report is still printed)."""
-
-    exit_code = 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -663,7 +653,7 @@ def failure_line(report: BenchReport) -> str:
 
 
 def check_failures(report: BenchReport) -> None:
-    """RequestsFailed (exit code 3) when any request of the run failed."""
+    """RequestsFailed (exit code 5) when any request of the run failed."""
     if report.failed:
         raise RequestsFailed(failure_line(report))
 
@@ -713,7 +703,7 @@ def bench_spec(
     if repo is None:
         from .build import locate_outputs
 
-        repo = locate_outputs(spec).triton_repo
+        repo = locate_outputs(spec).triton_repo.path
     with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
                       ready_timeout_s=ready_timeout_s) as server:
         return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, gpus=gpus,

@@ -1,7 +1,9 @@
 """One-command build: check → download → calibrate → compile (target trtllm) or reference → package.
 
-Every stage owns its cache (its output dir's `manifest.json` records `key`, the hash of exactly its inputs), so a
-finished build re-run reads manifests only and a changed input rebuilds just the stages downstream of it. This module
+Every stage owns its cache (its output dir's `manifest.json` records `key`, the hash of exactly its inputs, and the
+file table of its output), so a finished build re-run reads manifests and file sizes/mtimes only, a changed input
+rebuilds just the stages downstream of it, and an output that no longer matches its manifest fails with one line
+naming `--force STAGE`. Each stage returns a typed `StageResult`; this module reports what they returned. It
 only sequences the stages, validates everything first (spec + the compile preflight for target trtllm, so an
 impossible build fails in well under a second before any download), serializes concurrent builds of the same spec
 on a file lock, prints one progress line per stage, and returns a machine-readable report.
@@ -9,26 +11,28 @@ on a file lock, prints one progress line per stage, and returns a machine-readab
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .artifacts import MANIFEST, engines_dir, read_manifest, stage_lock
-from .errors import PipelineError
+from .artifacts import engines_dir, stage_lock
+from .errors import BuildError
+from .layout import BuildLayout
+from .manifests import StageResult
 from .spec import BuildSpec
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
-
-
-class BuildError(PipelineError):
-    """The build options are inconsistent, or a stage output needed by --from is missing."""
+__all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "locate_outputs",
+           "stage_range"]
 
 
 @dataclass
 class StageOutcome:
+    """One row of the build report: what a stage returned (built or cached), or "ok"/"skipped"."""
+
     stage: str
     status: str  # "built" | "cached" | "skipped" | "ok"
     elapsed_s: float
@@ -39,18 +43,27 @@ class StageOutcome:
 
 @dataclass
 class BuildOutputs:
-    """Where a build's outputs are (what `release` packs)."""
+    """The typed results the stages returned, and the build's layout (what serve, bench and release use)."""
 
-    build_id: str | None = None
-    source: Path | None = None
-    draft_source: Path | None = None
-    checkpoint: Path | None = None
-    draft_checkpoint: Path | None = None
-    engine: Path | None = None
-    draft_engine: Path | None = None
-    triton_repo: Path | None = None
-    tokenizer: Path | None = None
-    manifests: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    layout: BuildLayout | None = None
+    download: StageResult | None = None
+    draft_download: StageResult | None = None
+    checkpoint: StageResult | None = None
+    draft_checkpoint: StageResult | None = None
+    engine: StageResult | None = None
+    draft_engine: StageResult | None = None
+    triton_repo: StageResult | None = None
+
+    @property
+    def build_id(self) -> str | None:
+        return self.layout.build_id if self.layout else None
+
+    def results(self) -> dict[str, StageResult]:
+        """role -> result, for every stage output found or built."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, StageResult)}
+
+    def paths(self) -> dict[str, str]:
+        return {k: str(r.path) for k, r in self.results().items()}
 
 
 @dataclass
@@ -68,7 +81,6 @@ class BuildReport:
         return all(s.status in ("cached", "skipped", "ok") for s in self.stages)
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: str(v) for k, v in asdict(self.outputs).items() if k != "manifests" and v is not None}
         return {
             "summary": self.summary,
             "target": self.target,
@@ -76,7 +88,7 @@ class BuildReport:
             "noop": self.noop,
             "total_s": round(self.total_s, 3),
             "stages": [asdict(s) for s in self.stages],
-            "outputs": out,
+            "outputs": self.outputs.paths(),
         }
 
 
@@ -100,18 +112,9 @@ def stage_range(*, until: str | None, from_stage: str | None, force: str | None,
     return list(STAGES[lo : hi + 1])
 
 
-def _status(directory: Path | None, started_ns: int) -> str:
-    """"cached" when the stage's manifest predates this call (the stage did nothing), else "built"."""
-    p = Path(directory) / MANIFEST if directory is not None else None
-    if p is None or not p.is_file():
-        return "built"
-    # File-system timestamps are coarse (a few ms): a manifest written by this call is never older than 20 ms
-    # before it started.
-    return "cached" if p.stat().st_mtime_ns < started_ns - 20_000_000 else "built"
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Stage adapters (each calls the stage's public API; they own caching, locks and atomic outputs).
+# Stage adapters: each calls the stage's public API (which owns caching, integrity, locks and atomic outputs) and
+# turns the typed results it returns into one report row. `check_only`: find the current output, never build.
 
 
 @dataclass
@@ -119,24 +122,27 @@ class BuildOptions:
     offline: bool = False
     update: bool = False
     verify_download: bool = False
+    verify: bool = False  # re-hash every stage's outputs (sha256), not only sizes and mtimes
     endpoint: str | None = None
     token: str | None = None
     revision: str | None = None
 
 
-def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, located: bool) -> StageOutcome:
+def _outcome(stage: str, results: dict[str, StageResult | None], detail: str = "") -> StageOutcome:
+    found = {role: r for role, r in results.items() if r is not None}
+    status = "built" if any(r.built for r in found.values()) else "cached"
+    return StageOutcome(stage, status, 0.0, paths={role: str(r.path) for role, r in found.items()},
+                        keys={role: r.manifest.key for role, r in found.items()}, detail=detail)
+
+
+def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
     from .download import download_model
 
-    outcome = StageOutcome("download", "cached", 0.0)
-    statuses = []
     for role, entry in (("model", spec.model), ("draft", spec.draft_model)):
         if entry is None:
             continue
-        kwargs: dict[str, Any] = dict(
-            offline=opts.offline or located,
-            update=opts.update and not located,
-            verify=opts.verify_download or force,
-        )
+        kwargs: dict[str, Any] = dict(offline=opts.offline, update=opts.update and not check_only,
+                                      verify=opts.verify_download or opts.verify or force, check_only=check_only)
         if role == "model" and opts.revision:
             kwargs["revision"] = opts.revision
         if opts.endpoint:
@@ -144,99 +150,67 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
         if opts.token:
             kwargs["token"] = opts.token
         res = download_model(entry, **kwargs)
-        path = Path(res.path)
-        statuses.append("built" if res.status in ("downloaded", "generated") else "cached")
-        manifest = res.manifest
-        key = "download" if role == "model" else "draft_download"
-        out.manifests[key] = manifest
         if role == "model":
-            out.source = path
+            out.download = res
         else:
-            out.draft_source = path
-        outcome.paths[role] = str(path)
-        outcome.keys[role] = (manifest or {}).get("key")
-        outcome.detail += f"{entry.name}@{res.sha[:12]} "
-    outcome.status = "built" if "built" in statuses else "cached"
-    outcome.detail = outcome.detail.strip()
-    return outcome
+            out.draft_download = res
+    detail = " ".join(f"{r.manifest.model}@{r.manifest.sha[:12]}" for r in (out.download, out.draft_download) if r)
+    return _outcome("download", {"model": out.download, "draft": out.draft_download}, detail)
 
 
-def _calibrate(spec: BuildSpec, out: BuildOutputs, force: bool, located: bool = False) -> StageOutcome:
-    """Run (or, with `located`, only find the current) calibrate outputs of the target and the draft."""
+def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
     from .calibrate import run_calibrate
 
-    outcome = StageOutcome("calibrate", "cached", 0.0)
-    statuses = []
-    for role, source in (("target", out.source), ("draft", out.draft_source)):
-        if role == "draft" and spec.draft_model is None:
-            continue
-        res = run_calibrate(spec, role=role, force=force, source_dir=source, check_only=located)
-        path = Path(res.path)
-        manifest = res.manifest
-        statuses.append(res.status)
-        if role == "target":
-            out.checkpoint, out.build_id = path, res.build_id
-            out.manifests["checkpoint"] = manifest
-            tok = path / "tokenizer"
-            out.tokenizer = tok if tok.is_dir() else None
-        else:
-            out.draft_checkpoint = path
-            out.manifests["draft_checkpoint"] = manifest
-        outcome.paths[role] = str(path)
-        outcome.keys[role] = (manifest or {}).get("key")
-        gate = (manifest or {}).get("quality_gate") or (manifest or {}).get("quality")
-        if isinstance(gate, dict):
-            delta = gate.get("ppl_delta_pct", gate.get("delta_pct"))
-            if delta is not None:
-                outcome.detail += f"{role} ppl Δ {float(delta):+.2f}% "
-    outcome.status = "built" if "built" in statuses else "cached"
-    outcome.detail = outcome.detail.strip()
-    return outcome
+    kw = dict(force=force, check_only=check_only, verify=opts.verify)
+    out.checkpoint = run_calibrate(spec, role="target", source_dir=out.download.path, **kw)
+    if spec.draft_model is not None:
+        out.draft_checkpoint = run_calibrate(spec, role="draft", source_dir=out.draft_download.path, **kw)
+    out.layout = BuildLayout(
+        build_id=out.checkpoint.manifest.build_id, target=spec.target, spec_key=spec.fingerprint(),
+        draft_build_id=out.draft_checkpoint.manifest.build_id if out.draft_checkpoint else None,
+    )
+    results = {"target": out.checkpoint, "draft": out.draft_checkpoint}
+    detail = " ".join(f"{role} ppl Δ {float(r.manifest.quality['ppl_delta_pct']):+.2f}%"
+                      for role, r in results.items() if r and r.manifest.quality.get("ppl_delta_pct") is not None)
+    return _outcome("calibrate", results, detail)
 
 
-def _compile(spec: BuildSpec, out: BuildOutputs, force: bool, toolchain: Any = None) -> StageOutcome:
+def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool,
+             toolchain: Any = None) -> StageOutcome:
     from .compile import run_compile
 
-    engine_dir = engines_dir() / str(out.build_id) / "engine"
-    draft_dir = engine_dir.parent / "draft_engine" if out.draft_checkpoint is not None else None
-    started = time.time_ns()
-    manifest = run_compile(
-        spec, checkpoint_dir=out.checkpoint, output_dir=engine_dir, draft_checkpoint_dir=out.draft_checkpoint,
-        draft_output_dir=draft_dir, force=force, toolchain=toolchain,
+    lay = out.layout
+    out.engine, out.draft_engine = run_compile(
+        spec, checkpoint_dir=lay.checkpoint, output_dir=lay.engine, draft_checkpoint_dir=lay.draft_checkpoint,
+        draft_output_dir=lay.draft_engine, force=force, toolchain=toolchain, check_only=check_only,
+        verify=opts.verify,
     )
-    out.engine, out.draft_engine = engine_dir, draft_dir
-    out.manifests["engine"] = manifest
-    if draft_dir is not None:
-        out.manifests["draft_engine"] = read_manifest(draft_dir)
-    outcome = StageOutcome("compile", _status(engine_dir, started), 0.0, paths={"engine": str(engine_dir)},
-                           keys={"engine": manifest.get("key")})
-    tc = manifest.get("toolchain") or {}
-    outcome.detail = f"TensorRT-LLM {tc.get('tensorrt_llm')}, SM {(manifest.get('gpu') or {}).get('sm')}"
-    if draft_dir is not None:
-        outcome.paths["draft_engine"] = str(draft_dir)
-        outcome.keys["draft_engine"] = (out.manifests["draft_engine"] or {}).get("key")
-    return outcome
+    m = out.engine.manifest
+    detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.get('sm')}"
+    return _outcome("compile", {"engine": out.engine, "draft_engine": out.draft_engine}, detail)
 
 
-def _package(spec: BuildSpec, out: BuildOutputs, force: bool) -> StageOutcome:
+def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
     from .triton import package_repo
 
-    kwargs: dict[str, Any] = dict(build_id=out.build_id, checkpoint_dir=out.checkpoint,
-                                  draft_checkpoint_dir=out.draft_checkpoint, engine_dir=out.engine,
-                                  draft_engine_dir=out.draft_engine, tokenizer_dir=out.tokenizer, force=force)
-    res = package_repo(spec, **kwargs)
-    path = Path(res.path)
-    out.triton_repo = path
-    out.manifests["triton_repo"] = res.manifest
-    status = "cached" if res.reused else "built"
-    return StageOutcome("package", status, 0.0, paths={"triton_repo": str(path)},
-                        keys={"triton_repo": (out.manifests["triton_repo"] or {}).get("key")})
+    lay = out.layout
+    out.triton_repo = package_repo(
+        spec, build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
+        checkpoint_dir=out.checkpoint.path, tokenizer_dir=out.checkpoint.path,
+        draft_checkpoint_dir=out.draft_checkpoint.path if out.draft_checkpoint else None,
+        engine_dir=out.engine.path if out.engine else None,
+        draft_engine_dir=out.draft_engine.path if out.draft_engine else None,
+        force=force, check_only=check_only, verify=opts.verify,
+    )
+    return _outcome("package", {"triton_repo": out.triton_repo})
 
 
-def _check(spec: BuildSpec) -> tuple[StageOutcome, Any]:
-    """The spec is validated by resolve_spec; for target trtllm also run the compile preflight (< 1 s on CPU)."""
+def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, Any]:
+    """The spec is validated by resolve_spec; before a trtllm compile also run the preflight (< 1 s on CPU)."""
     if spec.target != "trtllm":
         return StageOutcome("check", "ok", 0.0, detail="spec ok; reference target (PyTorch backend, no engines)"), None
+    if not preflight_compile:
+        return StageOutcome("check", "ok", 0.0, detail="spec ok; compile not run"), None
     from .compile.preflight import preflight
 
     world = spec.parallelism.world_size
@@ -244,6 +218,8 @@ def _check(spec: BuildSpec) -> tuple[StageOutcome, Any]:
     detail = f"spec ok; TensorRT-LLM {tc.tensorrt_llm}, TensorRT {tc.tensorrt}, {tc.gpu_count}x {tc.gpu_name}"
     return StageOutcome("check", "ok", 0.0, detail=detail), tc
 
+
+_ADAPTERS = {"download": _download, "calibrate": _calibrate, "compile": _compile, "package": _package}
 
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -256,57 +232,52 @@ def build(
     force: str | None = None,
     options: BuildOptions | None = None,
     progress: Callable[[str], None] | None = _stderr,
+    check_only: bool = False,
 ) -> BuildReport:
     """Run the build chain for `spec`.
 
     Args:
         until: last stage to run (inclusive).
-        from_stage: first stage to run; earlier stages are only *located* (download offline, cached outputs),
-            never executed — if one is not current the build fails telling you to drop --from.
+        from_stage: first stage to run; earlier stages are only *located* (check-only: offline, current and
+            intact outputs), never executed — if one is not current the build fails saying what to run.
         force: rebuild this stage and every later stage even if current.
-        options: download options (offline/update/verify/endpoint/token/revision).
+        options: download options (offline/update/verify/endpoint/token/revision) and `verify` (re-hash all).
         progress: callback for the one-line-per-stage progress (default: stderr); None for silence.
+        check_only: locate every stage up to `until`; nothing is built (`locate_outputs`).
 
     Raises:
-        BuildError: bad --until/--from/--force; PipelineError subclasses from the stages (exit code 2).
+        BuildError: bad --until/--from/--force. PipelineError subclasses from the stages, e.g. IntegrityError
+            (exit 3) when a current output differs from its manifest.
     """
     options = options or BuildOptions()
     say = progress or (lambda line: None)
     t_start = time.perf_counter()
-    run = stage_range(until=until, from_stage=from_stage, force=force, target=spec.target)
+    run = [] if check_only else stage_range(until=until, from_stage=from_stage, force=force, target=spec.target)
     forced = set(STAGES[STAGES.index(force):]) if force else set()
     out = BuildOutputs()
     outcomes: list[StageOutcome] = []
-    last = run[-1]
+    last = until or STAGES[-1]
     # check (spec validation + compile preflight) always runs first, outside the lock, even with --from: it is
     # instant, guards every stage, and leaves nothing behind when the build is impossible.
     chain = [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and spec.target != "trtllm")]
     n = 1 + len([s for s in chain if s in run])
     say(f"[1/{n}] check: {_doing('check', spec)} ...")
     t0 = time.perf_counter()
-    oc, toolchain = _check(spec)
+    oc, toolchain = _check(spec, preflight_compile="compile" in run)
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     outcomes.append(oc)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
-    if "calibrate" in chain and "calibrate" not in run:
-        _require_checkpoints(spec)
     i = 1
-    with stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}"):
+    lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}")
+    with lock:
         for stage in chain:
             located = stage not in run
             if not located:
                 i += 1
                 say(f"[{i}/{n}] {stage}: {_doing(stage, spec)} ...")
             t0 = time.perf_counter()
-            f = stage in forced
-            if stage == "download":
-                oc = _download(spec, out, options, f, located)
-            elif stage == "calibrate":
-                oc = _calibrate(spec, out, f, located=located)
-            elif stage == "compile":
-                oc = _compile_located(spec, out) if located else _compile(spec, out, f, toolchain)
-            else:
-                oc = _package(spec, out, f)
+            extra = {"toolchain": toolchain} if stage == "compile" else {}
+            oc = _ADAPTERS[stage](spec, out, options, stage in forced, located, **extra)
             oc.elapsed_s = round(time.perf_counter() - t0, 3)
             if not located:
                 outcomes.append(oc)
@@ -333,33 +304,14 @@ def _doing(stage: str, spec: BuildSpec) -> str:
     }[stage]
 
 
-def _require_checkpoints(spec: BuildSpec) -> None:
-    """Refuse --from past calibrate when no checkpoint exists at all for this model/precision: a cheap look before
-    the (offline) download stage is located, which would otherwise generate a tiny model. A stale checkpoint is
-    refused by the calibrate stage's check-only call."""
-    roles = [("target", spec.model, spec.quantization.precision)]
-    if spec.draft_model is not None:
-        roles.append(("draft", spec.draft_model, spec.draft_precision))
-    for role, entry, precision in roles:
-        if not any(engines_dir().glob(f"{entry.name}-{precision}-*/checkpoint/{MANIFEST}")):
-            raise BuildError(
-                f"no calibrated {role} checkpoint for {entry.name} {precision} under {engines_dir()}; "
-                "run `invoke build` (without --from) first"
-            )
+def locate_outputs(spec: BuildSpec, *, until: str = "package", verify: bool = False) -> BuildOutputs:
+    """The outputs of a finished build of `spec` up to stage `until`, check-only: nothing is downloaded,
+    calibrated, compiled or packaged; every output must be current and match its manifest (all sha256 with
+    `verify`).
 
-
-def _compile_located(spec: BuildSpec, out: BuildOutputs) -> StageOutcome:
-    engine = engines_dir() / str(out.build_id) / "engine"
-    if read_manifest(engine) is None:
-        raise BuildError(f"no engine at {engine}; run `invoke build` without --from first")
-    oc = _compile(spec, out, force=False)
-    if oc.status != "cached":
-        raise BuildError("--from skips compile, but the engine was not current (it had to be rebuilt); drop --from")
-    return oc
-
-
-def locate_outputs(spec: BuildSpec) -> BuildOutputs:
-    """The outputs of a finished build of `spec`: download, calibrate and compile must be current (nothing is
-    downloaded or calibrated); the package stage is re-run, which is a no-op unless its templates changed."""
-    return build(spec, from_stage="package", until="package", progress=None,
-                 options=BuildOptions(offline=True)).outputs
+    Raises:
+        PipelineError: an output is missing or stale (the message says what to run); IntegrityError (exit 3) when
+            one differs from its manifest.
+    """
+    return build(spec, until=until, check_only=True, progress=None, options=BuildOptions(offline=True, verify=verify)
+                 ).outputs

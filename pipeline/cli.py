@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PipelineError, SpecError
+from .errors import PipelineError, SpecError, io_error
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None
 
 
 def exit_on_error(fn: Callable) -> Callable:
-    """Map `PipelineError` to one line on stderr and its exit code (2); never a traceback for user errors."""
+    """Map `PipelineError` to one line on stderr and its exit code (`pipeline.errors` documents them), and an
+    `OSError` (disk full, file too large, permission) to one line and exit 5; never a traceback for these."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -112,6 +113,10 @@ def exit_on_error(fn: Callable) -> Callable:
         except PipelineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
+        except OSError as exc:
+            err = io_error(exc, f"`invoke {wrapper.__name__.replace('_', '-')}`")
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(err.exit_code) from None
 
     return wrapper
 

@@ -7,6 +7,7 @@ against the Hub's oids (sha256 for LFS files, git blob sha1 otherwise), corrupt 
 is cross-checked against the registry, and only then is the directory renamed to
 `cache_dir()/downloads/<org>--<name>/<sha>/` with a `manifest.json`. A finished download is re-used after a
 size/mtime check (no network, no hashing) unless `verify=True`. The token is never logged or written anywhere.
+Every call returns a `StageResult[DownloadManifest]` (status "built" when something was fetched or generated).
 """
 
 from __future__ import annotations
@@ -19,24 +20,14 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from .artifacts import (
-    cache_dir,
-    is_current,
-    output_root,
-    read_manifest,
-    safe_join,
-    sha256_file,
-    stage_key,
-    stage_lock,
-    write_manifest,
-)
-from .errors import DownloadError
+from .artifacts import MANIFEST, cache_dir, output_root, safe_join, sha256_file, stage_key, stage_lock
+from .errors import DownloadError, IntegrityError
+from .manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
 from .registry import Architecture, ModelEntry
 
 # Files a later stage uses (top level of the repo only).
@@ -58,15 +49,7 @@ _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _ATTEMPTS = 3  # fetch rounds: resume after a dropped connection / re-fetch corrupt files
 
 
-@dataclass
-class DownloadResult:
-    """A local HF-format model directory and the manifest that identifies it."""
-
-    path: Path
-    sha: str
-    manifest: dict[str, Any]
-    status: str  # "cached" (nothing fetched), "downloaded", "generated"
-    refetched: list[str] = field(default_factory=list)
+DownloadResult = StageResult[DownloadManifest]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -164,75 +147,75 @@ def _check_file(path: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def _stat_table(root: Path, names: list[str]) -> dict[str, list[int]]:
-    return {n: [(root / n).stat().st_size, (root / n).stat().st_mtime_ns] for n in names}
+def _with_mtimes(root: Path, m: DownloadManifest) -> DownloadManifest:
+    """`m` with the files' current mtimes recorded (after their bytes were checked)."""
+    files = {n: r.model_copy(update={"mtime_ns": (root / n).stat().st_mtime_ns}) for n, r in m.files.items()}
+    return m.model_copy(update={"files": files})
 
 
-def _unchanged(root: Path, manifest: dict[str, Any]) -> bool:
-    """Cheap re-use check: every manifest file present with its recorded size and mtime."""
-    stats = manifest.get("stat") or {}
+def _unchanged(root: Path, m: DownloadManifest) -> bool:
+    """Cheap re-use check: exactly the manifest's files, each with its recorded size and mtime."""
     try:
-        return bool(stats) and all(
-            [(root / n).stat().st_size, (root / n).stat().st_mtime_ns] == list(v) for n, v in stats.items()
+        if {p.name for p in root.iterdir()} != set(m.files) | {MANIFEST}:
+            return False
+        return bool(m.files) and all(
+            (st := (root / n).stat()).st_size == r.size and st.st_mtime_ns == r.mtime_ns and not (root / n).is_symlink()
+            for n, r in m.files.items()
         )
     except OSError:
         return False
 
 
-def _verify_table(root: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """name -> reason for every file whose sha256 differs from the manifest's (or that is missing)."""
-    bad = {}
-    for name, meta in files.items():
-        p = root / name
-        if not p.is_file():
-            bad[name] = "missing"
-        elif p.stat().st_size != meta["size"] or sha256_file(p) != meta["sha256"]:
-            bad[name] = "content differs from the manifest"
-    return bad
+def _remove_extras(root: Path, names: set[str]) -> None:
+    """Delete what a download dir holds beyond its files (never part of the pinned snapshot)."""
+    for p in root.iterdir():
+        if p.name not in names | {MANIFEST}:
+            print(f"warning: {p} is not part of the download; removing it", file=sys.stderr)
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Generated models
 
 
-def _download_generated(entry: ModelEntry, verify: bool) -> DownloadResult:
+def _generated_hint(entry: ModelEntry) -> str:
+    return (f"`invoke download --model {entry.name} --verify` or `invoke build --force download` regenerates it")
+
+
+def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> DownloadResult:
     from . import tinymodel
 
-    existed = is_current(tinymodel.model_dir(entry.name), tinymodel.generation_key(entry.name))
-    path = tinymodel.ensure_tiny_model(entry.name)
-    status = "cached" if existed else "generated"
-    gen = read_manifest(path) or {}
-    if verify and _verify_table(path, gen.get("files", {})):
-        print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
-        with stage_lock(path):
-            shutil.rmtree(path, ignore_errors=True)
+    path = tinymodel.model_dir(entry.name)
+    gen = GeneratedManifest.read(path) if path.is_dir() else None
+    current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
+    if check_only and not current:
+        raise DownloadError(f"{entry.name} has not been generated in {path.parent}; run `invoke build` first",
+                            path=path)
+    problems = gen.problems(path, full=verify) if current else []
+    if problems and (check_only or not verify):
+        raise integrity_error(path, problems, fix=_generated_hint(entry))
+    if problems or not current:
+        if problems:
+            print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
+            with stage_lock(path):
+                shutil.rmtree(path, ignore_errors=True)
         path = tinymodel.ensure_tiny_model(entry.name)
-        gen, status = read_manifest(path) or {}, "generated"
-    elif not _unchanged_sizes(path, gen.get("files", {})):
-        raise DownloadError(f"generated model {entry.name} in {path} is incomplete; re-run with --verify to rebuild it")
+        gen = GeneratedManifest.read(path)
     check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
                        where=f"{entry.repo_id} (generated)", model=entry.name)
-    files = gen["files"]
-    sha = gen["key"][:40]
-    manifest = {
-        "key": stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v["sha256"] for k, v in files.items()}}),
-        "model": entry.name,
-        "repo_id": entry.repo_id,
-        "revision": entry.revision,
-        "sha": sha,
-        "source": "generated",
-        "generator_version": gen.get("generator_version"),
-        "files": files,
-        "total_bytes": sum(v["size"] for v in files.values()),
-    }
-    return DownloadResult(path=path, sha=sha, manifest=manifest, status=status)
-
-
-def _unchanged_sizes(root: Path, files: dict[str, dict[str, Any]]) -> bool:
-    try:
-        return bool(files) and all((root / n).stat().st_size == v["size"] for n, v in files.items())
-    except OSError:
-        return False
+    sha = gen.key[:40]
+    manifest = DownloadManifest(
+        key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
+        model=entry.name,
+        repo_id=entry.repo_id,
+        revision=entry.revision,
+        sha=sha,
+        source="generated",
+        generator_version=gen.generator_version,
+        files=gen.files,
+        total_bytes=sum(v.size for v in gen.files.values()),
+    )
+    return DownloadResult(path, manifest, "cached" if current and not problems else "built")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -244,7 +227,8 @@ _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-
 
 def _repo_dir(repo_id: str) -> Path:
     if not _REPO_ID_RE.match(repo_id) or ".." in repo_id:
-        raise DownloadError(f"repo_id {repo_id!r} is not a Hub repo id ('org/name'); fix the registry entry")
+        raise DownloadError(f"repo_id {repo_id!r} is not a Hub repo id ('org/name'); fix the registry entry (your "
+                            "own via --models-file)")
     return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
 
 
@@ -501,6 +485,7 @@ def download_model(
     token: str | None = None,
     max_workers: int = MAX_WORKERS,
     lock_file: Path | None = None,
+    check_only: bool = False,
 ) -> DownloadResult:
     """Acquire `entry`'s checkpoint as a verified local HF-format directory (generated models: the generator's).
 
@@ -514,20 +499,22 @@ def download_model(
         token: Hub token (default: HF_TOKEN or the token saved by `hf auth login`); never logged or stored.
         max_workers: parallel file downloads.
         lock_file: revision lock file (default `<output root>/models.lock.json`).
+        check_only: return the existing download (offline) or fail; never fetch or generate anything.
 
     Raises:
         DownloadError: unreachable Hub, gated/missing repo, revision or file, corrupt data, config mismatch, or an
             offline request for something not downloaded before.
+        IntegrityError: a generated model no longer matches its manifest (exit 3).
     """
     if entry.source == "generated":
         if revision not in (None, entry.revision):
             raise DownloadError(f"--revision {revision}: {entry.name} is generated locally and has no Hub revisions; "
                                 "drop --revision")
-        return _download_generated(entry, verify)
+        return _download_generated(entry, verify, check_only)
 
     from huggingface_hub import constants
 
-    offline = offline or constants.HF_HUB_OFFLINE
+    offline = offline or constants.HF_HUB_OFFLINE or check_only
     if offline and update:
         raise DownloadError("--update needs the network to re-resolve the revision; drop --offline")
     requested = revision or entry.revision
@@ -541,9 +528,9 @@ def download_model(
 
     if sha is not None:  # pinned: a finished, unchanged download needs no network at all
         final = repo_dir / sha
-        m = read_manifest(final) if final.is_dir() else None
+        m = _read(final)
         if m and not verify and _unchanged(final, m):
-            return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+            return DownloadResult(final, m, "cached")
 
     from huggingface_hub import HfApi, get_token
 
@@ -565,15 +552,16 @@ def download_model(
     final = repo_dir / sha
     staging = repo_dir / f".partial-{sha}"
     with stage_lock(final):
-        m = read_manifest(final) if final.is_dir() else None
+        m = _read(final)
         if m and not verify and _unchanged(final, m):
-            return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+            return DownloadResult(final, m, "cached")
         if m:
+            _remove_extras(final, set(m.files))
             bad = _verify_staging(final, files, {})
-            if not bad and set(m.get("files", {})) == set(files):
-                m["stat"] = _stat_table(final, sorted(files))
-                write_manifest(final, m)
-                return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+            if not bad and set(m.files) == set(files):
+                m = _with_mtimes(final, m)
+                m.write(final)
+                return DownloadResult(final, m, "cached")
             for name, reason in bad.items():
                 print(f"warning: {where}/{name} in {final} failed verification ({reason}); fetching it again",
                       file=sys.stderr)
@@ -593,26 +581,32 @@ def download_model(
         for extra in {p.name for p in staging.iterdir()} - set(files):
             p = staging / extra
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-        names = sorted(files)
-        table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"]}
-                 for n in names}
-        manifest = {
-            "key": stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
-            "model": entry.name,
-            "repo_id": entry.repo_id,
-            "revision": requested,
-            "sha": sha,
-            "source": "hub",
-            "allow_patterns": list(ALLOW_PATTERNS),
-            "files": table,
-            "total_bytes": sum(t["size"] for t in table.values()),
-            "refetched": refetched,
-            "seconds": round(time.monotonic() - t0, 2),
-            "stat": _stat_table(staging, names),
-        }
-        write_manifest(staging, manifest)
+        table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"],
+                     "mtime_ns": (staging / n).stat().st_mtime_ns} for n in sorted(files)}
+        manifest = DownloadManifest(
+            key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
+            model=entry.name,
+            repo_id=entry.repo_id,
+            revision=requested,
+            sha=sha,
+            source="hub",
+            allow_patterns=list(ALLOW_PATTERNS),
+            files=table,
+            total_bytes=sum(t["size"] for t in table.values()),
+            refetched=refetched,
+            seconds=round(time.monotonic() - t0, 2),
+        )
+        manifest.write(staging)
         os.replace(staging, final)
-    return DownloadResult(path=final, sha=sha, manifest=manifest, status="downloaded", refetched=refetched)
+    return DownloadResult(final, manifest, "built")
+
+
+def _read(final: Path) -> DownloadManifest | None:
+    """The manifest of a finished download; None when there is none or it is unusable (it is then re-verified)."""
+    try:
+        return DownloadManifest.read(final) if final.is_dir() else None
+    except IntegrityError:
+        return None
 
 
 def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path, verify: bool) -> DownloadResult:
@@ -620,21 +614,22 @@ def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path,
     if sha is None:  # no lock entry: the newest finished download of the same requested revision
         found = []
         for d in repo_dir.glob("*") if repo_dir.is_dir() else []:
-            m = read_manifest(d) if d.is_dir() and _SHA_RE.match(d.name) else None
-            if m and m.get("revision") == requested:
-                found.append(((d / "manifest.json").stat().st_mtime_ns, d.name))
+            m = _read(d) if _SHA_RE.match(d.name) else None
+            if m and m.revision == requested:
+                found.append(((d / MANIFEST).stat().st_mtime_ns, d.name))
         sha = max(found)[1] if found else None
     final = repo_dir / sha if sha else None
-    m = read_manifest(final) if final is not None and final.is_dir() else None
+    m = _read(final) if final is not None else None
     if m is None:
         raise DownloadError(f"offline: {entry.repo_id}@{requested} has not been downloaded to {cache_dir()}; "
                             f"run `invoke download --model {entry.name}` with network access first")
     unchanged = _unchanged(final, m)
-    if (verify or not unchanged) and _verify_table(final, m["files"]):
+    if (verify or not unchanged) and m.problems(final, full=True):
         raise DownloadError(f"offline: the download of {entry.repo_id}@{sha[:12]} in {final} is incomplete or "
-                            f"corrupt; re-run `invoke download --model {entry.name} --verify` with network access")
+                            f"corrupt; re-run `invoke download --model {entry.name} --verify` (or `invoke build "
+                            "--verify-download`) with network access", path=final)
     if not unchanged:  # same bytes, new timestamps (copied cache): remember them
         with stage_lock(final):
-            m["stat"] = _stat_table(final, sorted(m["files"]))
-            write_manifest(final, m)
-    return DownloadResult(path=final, sha=sha, manifest=m, status="cached")
+            m = _with_mtimes(final, m)
+            m.write(final)
+    return DownloadResult(final, m, "cached")

@@ -38,6 +38,17 @@ def parent_death_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None
     return preexec
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def terminate(proc: subprocess.Popen, *, grace_s: float, signal_group: bool = False) -> int | None:
     """Stop `proc`: SIGTERM (to its whole process group with `signal_group`), wait `grace_s`, then SIGKILL the
     group; afterwards SIGKILL whatever is left in the group (children that outlived the leader). Returns its code.

@@ -1,15 +1,20 @@
-"""Model registry: the packaged `models.yaml` plus an optional user file, loaded safely into typed entries."""
+"""Model registry: the packaged `models.yaml` plus an optional user file, loaded safely into typed entries.
+
+`load_yaml_mapping` is the one way a YAML file (registry or spec) is read: UTF-8 with or without a BOM, safe
+constructors only, duplicate keys refused, one-line errors for a missing, unreadable, binary or malformed file.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import RegistryError
+from .artifacts import SAFE_NAME
+from .errors import PipelineError, RegistryError
 
 PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
 
@@ -107,6 +112,14 @@ class ModelEntry(BaseModel):
     limits: ModelLimits = ModelLimits()
     calibration: CalibrationDefaults = CalibrationDefaults()
 
+    @field_validator("name", "default_draft")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        """Names become directory names (engines/<name>-...): one safe path component."""
+        if value is not None and (not SAFE_NAME.match(value) or ".." in value):
+            raise ValueError(f"{value!r} is not a safe name: use letters, digits and . _ + - (no '/', no '..')")
+        return value
+
     @model_validator(mode="after")
     def _fit_default_limits(self) -> ModelEntry:
         """Limits an entry leaves unset never exceed its positions (a user entry may omit `limits:`)."""
@@ -118,17 +131,60 @@ class ModelEntry(BaseModel):
         return self
 
 
-def _load_file(path: Path) -> dict[str, dict]:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_mapping(path: str | Path, *, what: str, flag: str, error: type[PipelineError] = RegistryError,
+                      shape: str = "") -> dict[str, Any]:
+    """The top-level mapping of a YAML file; `error` with one line (naming `what` and `flag`) for anything else.
+
+    `shape` completes the "must be a YAML mapping" message (e.g. " with a top-level 'models:' mapping").
+    """
+    p = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = p.read_bytes()
     except FileNotFoundError:
-        raise RegistryError(f"models file {path} does not exist; pass an existing YAML file to --models-file") from None
+        raise error(f"{what} {p} does not exist; pass an existing YAML file to {flag}", path=p) from None
+    except IsADirectoryError:
+        raise error(f"{what} {p} is a directory; pass a YAML file to {flag}", path=p) from None
+    except OSError as exc:
+        raise error(f"{what} {p} cannot be read ({exc.strerror}); pass a readable YAML file to {flag}",
+                    path=p) from None
+    try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise error(f"{what} {p} is not UTF-8 text (a binary file?); pass a YAML file to {flag}", path=p) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
-        raise RegistryError(f"models file {path} is not valid YAML{where}; fix the syntax") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict):
-        raise RegistryError(f"models file {path} must be a mapping with a top-level 'models:' mapping of name -> entry")
+        problem = getattr(exc, "problem", None)
+        detail = f": {problem}" if problem and "duplicate key" in problem else ""
+        raise error(f"{what} {p} is not valid YAML{where}{detail}; fix it", path=p) from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {p} must be a YAML mapping{shape}", path=p)
+    return data
+
+
+def _load_file(path: Path) -> dict[str, dict]:
+    shape = " with a top-level 'models:' mapping of name -> entry"
+    raw = load_yaml_mapping(path, what="models file", flag="--models-file", shape=shape)
+    if not isinstance(raw.get("models"), dict):
+        raise RegistryError(f"models file {path} must be a YAML mapping{shape}", path=path)
     return raw["models"]
 
 
@@ -142,11 +198,11 @@ def _load(user_file: str | None) -> dict[str, ModelEntry]:
         if not isinstance(body, dict):
             raise RegistryError(f"model '{name}' must be a mapping of fields, got {type(body).__name__}")
         try:
-            out[name] = ModelEntry(name=name, **body)
+            out[name] = ModelEntry.model_validate({"name": name, **body}, strict=True)  # YAML types as written
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
-            raise RegistryError(f"model '{name}': field '{loc}': {err['msg']}; fix the registry entry") from None
+            raise RegistryError(f"model {name!r}: field '{loc}': {err['msg']}; fix the registry entry") from None
     for entry in out.values():
         if entry.default_draft and entry.default_draft not in out:
             raise RegistryError(f"model '{entry.name}': default_draft '{entry.default_draft}' is not in the registry")

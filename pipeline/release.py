@@ -3,6 +3,10 @@
 The tarball is deterministic: `release.json` first, then every directory and file in sorted order, with fixed
 mtime/uid/gid/owner names, normalised modes, and a gzip header without a file name or time. Two releases built from
 the same stage outputs therefore have the same sha256, which is written next to the tarball (`sha256sum -c` format).
+
+Nothing unverified is packed: every file is hashed as it is read and must match its stage manifest's file table
+(complete, no extra file), else the release is refused (exit 3) naming `--force STAGE`. The file name is the build's
+repository name (build id + spec key) plus the version, so two specs never overwrite each other's release.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .artifacts import MANIFEST, output_root, read_manifest, safe_join, sha256_file
-from .errors import PipelineError
+from .artifacts import MANIFEST, check_name, output_root, sha256_file
+from .errors import IntegrityError, ReleaseError
+from .manifests import ReleaseDocument, integrity_error
 
 if TYPE_CHECKING:
+    from .build import BuildOutputs
     from .spec import BuildSpec
 
 RELEASE_JSON = "release.json"
@@ -28,10 +34,7 @@ RELEASE_FORMAT = 1
 # 1980-01-01T00:00:00Z: a fixed, plausible timestamp for every tar entry (tar warns about 1970 dates).
 FIXED_MTIME = 315532800
 RELEASES_DIR = "releases"
-
-
-class ReleaseError(PipelineError):
-    """A release cannot be assembled from the current stage outputs."""
+__all__ = ["ReleaseError", "ReleaseResult", "pack_release", "release", "release_output_dir"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,19 @@ class _HashingWriter(io.RawIOBase):
         return self._raw.write(b)
 
 
+class _HashingReader:
+    """Read-through wrapper that hashes what the tar writer reads (each file is checked as it is packed)."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        b = self._raw.read(n)
+        self.sha.update(b)
+        return b
+
+
 def _tarinfo(name: str, *, size: int = 0, directory: bool = False, executable: bool = False) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.mtime = FIXED_MTIME
@@ -137,8 +153,12 @@ def _dirs_of(paths: list[str]) -> list[str]:
 
 
 def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path], compresslevel: int = 6,
-                  empty_dirs: list[str] | tuple[str, ...] = ()) -> str:
-    """Write the deterministic tar.gz atomically (`empty_dirs`: extra directory entries); return its sha256."""
+                  empty_dirs: list[str] | tuple[str, ...] = (), table: dict[str, dict[str, Any]] | None = None) -> str:
+    """Write the deterministic tar.gz atomically (`empty_dirs`: extra directory entries); return its sha256.
+
+    With `table` (release path -> {sha256, size}) every file is packed at its recorded size and must hash to its
+    recorded sha256 while it is read (a file changed after hashing fails the release: IntegrityError, exit 3).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     dirs = set(_dirs_of(list(files))) | set(empty_dirs)
@@ -155,10 +175,14 @@ def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, 
                         if src is None:
                             tar.addfile(_tarinfo(name, directory=True))
                             continue
-                        size = src.stat().st_size
-                        executable = bool(src.stat().st_mode & 0o111)
+                        st = src.stat()
+                        size = table[rel]["size"] if table else st.st_size
                         with open(src, "rb") as f:
-                            tar.addfile(_tarinfo(name, size=size, executable=executable), f)
+                            reader = _HashingReader(f)
+                            tar.addfile(_tarinfo(name, size=size, executable=bool(st.st_mode & 0o111)), reader)
+                            if table and (reader.sha.hexdigest() != table[rel]["sha256"] or f.read(1)):
+                                raise IntegrityError(f"{src} changed while it was released; re-run `invoke release`",
+                                                     path=src)
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, dest)
@@ -169,9 +193,39 @@ def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, 
 
 
 def release_document(metadata: dict[str, Any], files: dict[str, dict[str, Any]]) -> bytes:
-    """The canonical bytes of release.json (sorted keys, no timestamps)."""
-    doc = {"format": RELEASE_FORMAT, **metadata, "files": files}
-    return (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode()
+    """The canonical bytes of release.json (sorted keys, no timestamps).
+
+    Raises:
+        ReleaseError: nothing to release (an empty file table) or metadata that does not form a release.json.
+    """
+    if not files:
+        raise ReleaseError("the release would hold no files; run `invoke build` first")
+    doc = json.loads(json.dumps({"format": RELEASE_FORMAT, **metadata, "files": files}, default=str))
+    return ReleaseDocument.model_validate(doc).canonical()
+
+
+def check_recorded(files: dict[str, dict[str, Any]], recorded: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Refuse (IntegrityError, exit 3) unless the hashed release files are exactly what the stage manifests record.
+
+    Args:
+        files: release path -> {sha256, size} as hashed while collecting.
+        recorded: component arc dir -> (stage name, file table relative to the component).
+    """
+    for arc, (stage, table) in sorted(recorded.items()):
+        problems = []
+        prefix = f"{arc}/"
+        packed = {rel[len(prefix):]: rec for rel, rec in files.items() if rel.startswith(prefix)}
+        packed.pop(MANIFEST, None)
+        for rel, rec in sorted(table.items()):
+            got = packed.get(rel)
+            if got is None:
+                problems.append(f"{rel}: missing")
+            elif (got["sha256"], got["size"]) != (rec.sha256, rec.size):
+                problems.append(f"{rel}: sha256 {got['sha256'][:12]}… != recorded {rec.sha256[:12]}…")
+        problems += [f"{rel}: not in the manifest" for rel in sorted(set(packed) - set(table))]
+        if problems:
+            raise integrity_error(Path(arc), problems,
+                                  fix=f"nothing was released; re-run `invoke build --force {stage}`")
 
 
 def pack_release(
@@ -181,14 +235,26 @@ def pack_release(
     metadata: dict[str, Any],
     output_dir: Path,
     compresslevel: int = 6,
+    recorded: dict[str, tuple[str, dict[str, Any]]] | None = None,
 ) -> ReleaseResult:
-    """Assemble `<output_dir>/<name>.tar.gz` (+ `.sha256`) from component dirs and release metadata."""
+    """Assemble `<output_dir>/<name>.tar.gz` (+ `.sha256`) from component dirs and release metadata.
+
+    Args:
+        recorded: component arc dir -> (stage, manifest file table): the hashed files must match it exactly.
+
+    Raises:
+        ReleaseError: a component is missing or holds a symlink; IntegrityError: a file differs from `recorded`.
+    """
     files = collect_files(components)
     table = hash_table(files)
+    check_recorded(table, recorded or {})
     document = release_document({"name": name, **metadata}, table)
     tarball = Path(output_dir) / f"{name}.tar.gz"
+    for p in (tarball, tarball.with_name(tarball.name + ".sha256")):
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise ReleaseError(f"{p} exists and is not a regular file; remove it or choose another --output", path=p)
     digest = write_tarball(tarball, prefix=name, document=document, files=files, compresslevel=compresslevel,
-                           empty_dirs=collect_empty_dirs(components))
+                           empty_dirs=collect_empty_dirs(components), table=table)
     sha_path = tarball.with_name(tarball.name + ".sha256")
     tmp = sha_path.with_name(f".tmp-{sha_path.name}")
     tmp.write_text(f"{digest}  {tarball.name}\n")
@@ -197,76 +263,63 @@ def pack_release(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# From a spec: locate the stage outputs through their manifests.
+# From a spec: the stage outputs a check-only lookup returns, and their manifests.
 
 
-def _manifest_or_none(path: Path | None) -> dict[str, Any] | None:
-    return read_manifest(path) if path is not None and Path(path).is_dir() else None
+def release_output_dir(output: str | Path | None) -> Path:
+    """Where the tarball goes: `output` as named (absolute, or relative to the output tree), default `releases/`.
+
+    Any directory the user names is accepted; refused only: a relative path that a symlink inside the output tree
+    redirects out of it, and a path that exists but is not a directory.
+
+    Raises:
+        ReleaseError: as above (one line).
+    """
+    root = output_root()
+    named = Path(output).expanduser() if output else Path(RELEASES_DIR)
+    lexical = Path(os.path.normpath(root / named))
+    if not named.is_absolute() and lexical.is_relative_to(root) and not lexical.resolve().is_relative_to(root):
+        raise ReleaseError(f"--output {output}: a symlink inside the output tree {root} points out of it; "
+                           "name the real directory instead", path=lexical)
+    if lexical.exists() and not lexical.is_dir():
+        raise ReleaseError(f"--output {output}: {lexical} exists and is not a directory; name a directory",
+                           path=lexical)
+    return lexical
 
 
-def _pick(manifest: dict[str, Any] | None, *keys: str) -> Any:
-    """First present key of a stage manifest (stages name things slightly differently)."""
-    if not manifest:
-        return None
-    for key in keys:
-        if key in manifest and manifest[key] is not None:
-            return manifest[key]
-    return None
-
-
-def release_name(spec: BuildSpec, build_id: str, version: str) -> str:
-    prefix = f"{spec.model.name}-{spec.quantization.precision}-"
-    base = build_id if build_id.startswith(prefix) else prefix + build_id
-    return f"{base}-v{version}"
-
-
-def release_metadata(
-    spec: BuildSpec,
-    *,
-    build_id: str,
-    version: str,
-    components: dict[str, Path],
-    manifests: dict[str, dict[str, Any] | None],
-) -> dict[str, Any]:
+def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
+                     components: dict[str, Path]) -> dict[str, Any]:
     """release.json fields other than the file table: spec, revisions, toolchain, GPU, quality, planner figures."""
     from .planner import plan
 
-    engine = manifests.get("engine")
-    calib = manifests.get("checkpoint")
-    download = manifests.get("download")
-    draft_download = manifests.get("draft_download")
-
-    def revision(entry, m, ckpt):
+    def revision(entry, download) -> dict[str, Any] | None:
         if entry is None:
             return None
-        resolved = _pick(m, "sha", "resolved_revision", "commit")
-        if resolved is None and isinstance((ckpt or {}).get("model"), dict):
-            resolved = ckpt["model"].get("sha")  # the calibrate stage records the source it quantized
-        return {"repo_id": entry.repo_id, "requested": entry.revision, "resolved": resolved}
+        return {"repo_id": entry.repo_id, "requested": entry.revision,
+                "resolved": download.manifest.sha if download else None}
 
-    toolchain = {
-        "engine": _pick(engine, "toolchain", "versions"),
-        "calibrate": _pick(calib, "toolchain") or ((calib or {}).get("factors") or {}).get("toolchain"),
-    }
-    gpu = _pick(engine, "gpu", "gpu_arch")
+    engine = out.engine.manifest if out.engine else None
+    results = out.results()
     return {
         "version": version,
-        "build_id": build_id,
+        "build_id": out.build_id,
         "target": spec.target,
         "spec": spec.model_dump(mode="json"),
+        "spec_key": out.layout.spec_key,
         "summary": spec.summary(),
-        "revisions": {
-            "model": revision(spec.model, download, calib),
-            "draft": revision(spec.draft_model, draft_download, manifests.get("draft_checkpoint")),
-        },
-        "toolchain": toolchain,
-        "gpu": gpu if gpu is not None else {"planned": spec.hardware.gpu, "built_on": None},
-        "quality_gate": _pick(calib, "quality_gate", "quality"),
+        "revisions": {"model": revision(spec.model, out.download),
+                      "draft": revision(spec.draft_model, out.draft_download)},
+        "toolchain": {"engine": engine.toolchain if engine else None,
+                      "calibrate": out.checkpoint.manifest.toolchain},
+        "gpu": engine.gpu if engine else {"planned": spec.hardware.gpu, "built_on": None},
+        "quality_gate": out.checkpoint.manifest.quality,
         "plan": plan(spec).as_dict(),
         "components": {arc: sorted(_component_manifests(arc, src)) for arc, src in sorted(components.items())},
-        "stage_keys": {k: (m or {}).get("key") for k, m in sorted(manifests.items()) if m},
+        "stage_keys": {role: r.manifest.key for role, r in sorted(results.items())},
         # The download manifests live in the cache, not in a released directory: embed them.
-        "source_manifests": {"model": download, "draft": draft_download},
+        "source_manifests": {role: r.manifest.model_dump(mode="json", exclude={"files"}) | {
+            "files": {n: {"sha256": f.sha256, "size": f.size} for n, f in r.manifest.files.items()}}
+            for role, r in (("model", out.download), ("draft", out.draft_download)) if r},
     }
 
 
@@ -277,6 +330,32 @@ def _component_manifests(arc: str, source: Path) -> list[str]:
     return [f"{arc}/{p.relative_to(source).as_posix()}" for p in source.rglob(MANIFEST)]
 
 
+def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], dict[str, tuple[str, dict]]]:
+    """Release components in the output-tree layout (arc dir -> source dir) and what each manifest records."""
+    root = output_root()
+    roles = ("engine", "draft_engine") if spec.target == "trtllm" else ("checkpoint", "draft_checkpoint")
+    results = {role: getattr(out, role) for role in (*roles, "triton_repo")}
+    components: dict[str, Path] = {}
+    recorded: dict[str, tuple[str, dict]] = {}
+    for role, res in results.items():
+        if res is None:
+            continue
+        # Keep the output-tree layout (engines/<build-id>/..., triton_repo/<name>/): the repository's gpt_model_path
+        # is relative (../../../engines/...), so an unpacked release is itself a valid PIPELINE_ROOT.
+        try:
+            arc = Path(res.path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            raise ReleaseError(f"{res.path} is outside the output tree {root}; set PIPELINE_ROOT to the build's",
+                               path=res.path) from None
+        components[arc] = Path(res.path)
+        recorded[arc] = (res.manifest.stage, res.manifest.files)
+    ckpt = out.checkpoint
+    components["tokenizer"] = ckpt.path / "tokenizer"
+    recorded["tokenizer"] = ("calibrate", {rel[len("tokenizer/"):]: rec for rel, rec in ckpt.manifest.files.items()
+                                           if rel.startswith("tokenizer/")})
+    return components, recorded
+
+
 def release(
     spec: BuildSpec,
     *,
@@ -284,49 +363,27 @@ def release(
     version: str | None = None,
     compresslevel: int = 6,
 ) -> ReleaseResult:
-    """Package the finished build of `spec` as a release tarball under the output tree.
+    """Package the finished build of `spec` as `<output>/<repo-name>-v<version>.tar.gz` (+ `.sha256`).
+
+    The build is located check-only (nothing is built), then every packed file is hashed and compared with its
+    stage manifest.
+
+    Args:
+        output: any directory (absolute, or relative to the output tree); default `releases/`.
+        version: a safe name (letters, digits, `._+-`); default the pipeline's version.
 
     Raises:
-        ReleaseError: a stage output the release needs is missing (run `invoke build` first).
-        PipelineError: `output` escapes the output tree.
+        PipelineError: no finished build (the message says what to run), a bad version or output directory.
+        IntegrityError: a stage output differs from its manifest (exit 3); nothing is written.
     """
     from . import __version__
     from .build import locate_outputs
 
-    version = version or __version__
+    version = check_name(version or __version__, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
+    out_dir = release_output_dir(output)
     out = locate_outputs(spec)
-    if out.build_id is None:
-        raise ReleaseError(f"no finished build for {spec.model.name} {spec.quantization.precision}; run `invoke build`")
-    root = output_root()
-    if spec.target == "trtllm":
-        dirs = {"engine": out.engine, "draft_engine": out.draft_engine}
-    else:
-        dirs = {"checkpoint": out.checkpoint, "draft_checkpoint": out.draft_checkpoint}
-    dirs["triton_repo"] = out.triton_repo
-    required = ("engine" if spec.target == "trtllm" else "checkpoint", "triton_repo")
-    for role in required:
-        if dirs.get(role) is None:
-            raise ReleaseError(f"the {role.replace('_', ' ')} of build {out.build_id} is missing; run `invoke build`")
-    # Keep the output-tree layout (engines/<build-id>/..., triton_repo/<name>/): the repository's gpt_model_path is
-    # relative (../../../engines/...), so an unpacked release is itself a valid PIPELINE_ROOT.
-    components: dict[str, Path] = {}
-    for path in dirs.values():
-        if path is None:
-            continue
-        try:
-            arc = Path(path).resolve().relative_to(root).as_posix()
-        except ValueError:
-            raise ReleaseError(f"{path} is outside the output tree {root}; set PIPELINE_ROOT to the build's") from None
-        components[arc] = Path(path)
-    if out.tokenizer is not None:
-        components["tokenizer"] = out.tokenizer
-    for arc, path in components.items():
-        if read_manifest(path) is None and arc != "tokenizer":
-            raise ReleaseError(f"{path} has no {MANIFEST}: an unfinished stage output; re-run `invoke build`")
-    name = release_name(spec, out.build_id, version)
-    out_dir = safe_join(root, str(output)) if output else safe_join(root, RELEASES_DIR)
-    metadata = release_metadata(
-        spec, build_id=out.build_id, version=version, components=components, manifests=out.manifests
-    )
+    name = out.layout.release_name(version)
+    components, recorded = _components(spec, out)
+    metadata = release_metadata(spec, out=out, version=version, components=components)
     return pack_release(name=name, components=components, metadata=metadata, output_dir=out_dir,
-                        compresslevel=compresslevel)
+                        compresslevel=compresslevel, recorded=recorded)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
-from .procs import parent_death_preexec, terminate
+from .procs import parent_death_preexec, pid_alive, terminate
 
 SHM_DIR = Path("/dev/shm")
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -233,16 +233,6 @@ def _launch_owner(name: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def prune_launch_copies() -> None:
     """Remove launch copies left by processes that no longer exist (a parent killed with SIGKILL)."""
     root = launch_root()
@@ -250,7 +240,7 @@ def prune_launch_copies() -> None:
         return
     for d in root.iterdir():
         pid = _launch_owner(d.name)
-        if pid is not None and pid != os.getpid() and not _alive(pid):
+        if pid is not None and pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
 
 

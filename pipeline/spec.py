@@ -11,18 +11,18 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SpecError
-from .registry import ModelEntry, get_model
+from .registry import ModelEntry, get_model, load_yaml_mapping
 
 Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
 KVCache = Literal["fp8", "int8", "bf16", "fp16"]
 GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
 Target = Literal["trtllm", "reference"]
 
-_Strict = ConfigDict(extra="forbid", validate_assignment=True)
+# No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
+_Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class QuantizationSpec(BaseModel):
@@ -33,12 +33,13 @@ class QuantizationSpec(BaseModel):
         None, description="KV-cache dtype (default: fp8 for fp8/w4a8_awq, else the compute dtype)"
     )
     calib_data: str | None = Field(None, description="calibration text: .jsonl with {'text': ...} or plain text")
-    calib_size: int | None = Field(None, gt=0, description="calibration samples (default: per model, 512)")
-    calib_seq_len: int | None = Field(None, gt=0, description="calibration max sequence length")
-    calib_batch_size: int = Field(1, gt=0, description="calibration batch size")
+    calib_size: int | None = Field(None, gt=0, le=1_000_000,
+                                   description="calibration samples (default: per model, 512)")
+    calib_seq_len: int | None = Field(None, gt=0, le=1_048_576, description="calibration max sequence length")
+    calib_batch_size: int = Field(1, gt=0, le=4096, description="calibration batch size")
     calib_seed: int = Field(0, description="seed of the calibration sample selection")
     awq_block_size: Literal[64, 128] = Field(128, description="INT4/W4A8 AWQ group size")
-    max_ppl_delta_pct: float | None = Field(None, gt=0, description="quality gate: max perplexity increase, %")
+    max_ppl_delta_pct: float | None = Field(None, gt=0, le=1000, description="quality gate: max perplexity increase, %")
     quality_gate: bool = Field(True, description="fail calibration when the quality gate trips")
 
     @property
@@ -140,8 +141,8 @@ class HardwareSpec(BaseModel):
     model_config = _Strict
 
     gpu: GPUName = Field("h100-sxm", description="target GPU")
-    gpu_count: int = Field(8, ge=1, description="GPUs on one host")
-    gpu_price_per_hour: float = Field(3.5, gt=0, description="USD per GPU-hour for cost figures")
+    gpu_count: int = Field(8, ge=1, le=1024, description="GPUs on one host")
+    gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
 
 
 class BuildSpec(BaseModel):
@@ -291,19 +292,29 @@ SECTIONS = {
 
 
 def _load_spec_file(path: str | Path) -> dict[str, Any]:
+    """The spec file's mapping, its scalar types checked as written (`tp: true` is not 1, `tp: "4"` not 4)."""
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"spec file {p} does not exist; pass an existing YAML file to --spec") from None
-    except yaml.YAMLError:
-        raise SpecError(f"spec file {p} is not valid YAML; fix its syntax") from None
-    if not isinstance(raw, dict):
-        raise SpecError(f"spec file {p} must be a YAML mapping (model:, quantization:, parallelism:, ...)")
+    raw = load_yaml_mapping(p, what="spec file", flag="--spec", error=SpecError,
+                            shape=" (model:, quantization:, parallelism:, ...)")
     unknown = set(raw) - set(SECTIONS) - {"model", "target", "models_file"}
     if unknown:
         valid = ", ".join(["model", "target", "models_file", *SECTIONS])
-        raise SpecError(f"spec file {p}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {valid}")
+        raise SpecError(f"spec file {p}: unknown key(s) {', '.join(map(str, sorted(unknown, key=str)))}; "
+                        f"valid keys: {valid}")
+    for key in ("model", "target", "models_file"):
+        if key in raw and not isinstance(raw[key], str):
+            raise SpecError(f"spec file {p}: {key}={raw[key]!r}: expected a string")
+    for section, cls in SECTIONS.items():
+        if section not in raw:
+            continue
+        if not isinstance(raw[section], dict):
+            raise SpecError(f"spec file {p}: '{section}' must be a mapping of its fields")
+        try:
+            cls.model_validate(raw[section], strict=True)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(x) for x in (section, *err["loc"]))
+            raise SpecError(f"spec file {p}: {loc}={err.get('input')!r}: {err['msg']}") from None
     return raw
 
 

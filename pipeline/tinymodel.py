@@ -17,17 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .artifacts import (
-    atomic_dir,
-    cache_dir,
-    file_table,
-    is_current,
-    read_manifest,
-    stage_key,
-    stage_lock,
-    write_manifest,
-)
+from .artifacts import atomic_dir, cache_dir, file_table, is_current, stage_key, stage_lock
 from .errors import DownloadError
+from .manifests import GeneratedManifest
 
 GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")
@@ -293,10 +285,5 @@ def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
             return final
         with atomic_dir(final) as tmp:
             info = generate_tiny_model(name, tmp, steps=steps)
-            write_manifest(tmp, {"key": key, **info, "files": file_table(tmp)})
+            GeneratedManifest(key=key, **info, files=file_table(tmp)).write(tmp)
     return final
-
-
-def generated_manifest(name: str) -> dict[str, Any] | None:
-    """The generator manifest of a cached model (None when not generated yet)."""
-    return read_manifest(model_dir(name))

@@ -324,4 +324,14 @@ def validate_spec(spec: BuildSpec) -> list[str]:
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
     _check_memory_fit(spec, warnings)
+    _check_input_files(spec)
     return warnings
+
+
+def _check_input_files(spec: BuildSpec) -> None:
+    """Rule of ours: file inputs exist and parse before anything is downloaded (the calibrate stage reads them
+    again; this only fails early)."""
+    if spec.quantization.calib_data is not None:
+        from .calibrate.data import load_texts
+
+        load_texts(spec.quantization.calib_data)

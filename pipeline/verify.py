@@ -1,7 +1,10 @@
 """Verify a release tarball, an unpacked release, or a Triton repo against its hashes and against this host.
 
 Hashes: every file listed in `release.json` (or in a stage `manifest.json` file table) must be present with the
-recorded sha256; extra files in a release are reported too. Host: engines only run with the TensorRT-LLM/TensorRT
+recorded sha256, and the table must be complete: an extra file or model directory, a symlink, or a listed path
+outside the tree fails verification (exit 3). A tarball is never extracted; only the small metadata members are
+read into memory, each capped at `MAX_METADATA_BYTES`. A malformed `release.json` or manifest fails with one line.
+Host: engines only run with the TensorRT-LLM/TensorRT
 version that built them, on the GPU architecture they were built for, so a serving host with a different toolchain
 or SM is refused with the diff (exit 2) before tritonserver fails in an obscure way.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tarfile
 import zlib
@@ -17,12 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .artifacts import MANIFEST, read_manifest, sha256_file
-from .errors import VerifyError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .artifacts import MANIFEST, SYMLINK, check_files, sha256_file
+from .errors import CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError, VerifyError
+from .manifests import FileRecord, ReleaseDocument
 from .release import RELEASE_JSON
 
 _CHUNK = 1 << 20
 MAX_LISTED = 20
+MAX_METADATA_BYTES = 16 << 20  # release.json, manifest.json, config.json: read into memory, so capped
+__all__ = ["HashMismatchError", "HostInfo", "HostMismatchError", "VerifyReport", "probe_host", "verify"]
 
 
 @dataclass(frozen=True)
@@ -67,20 +76,38 @@ class VerifyReport:
         }
 
 
-class HashMismatchError(VerifyError):
-    """Files differ from the recorded hashes."""
+class _AnyManifest(BaseModel):
+    """What verify needs of any stage manifest: its file table (the rest is the stage's own business)."""
 
-    def __init__(self, message: str, report: VerifyReport):
-        super().__init__(message)
-        self.report = report
+    model_config = ConfigDict(extra="allow")
+
+    files: dict[str, FileRecord] | None = None
+    models: list[str] | None = None  # a repository manifest: its model directories
 
 
-class HostMismatchError(VerifyError):
-    """The engine was built for another toolchain or GPU architecture than this host has."""
+def _field_error(what: str, exc: ValidationError) -> CorruptArtifactError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(document)"
+    return CorruptArtifactError(f"{what}: field '{loc}': {err['msg']}; it is not a release or manifest written by this "
+                       "pipeline (re-download or rebuild it)")
 
-    def __init__(self, message: str, report: VerifyReport):
-        super().__init__(message)
-        self.report = report
+
+def _parse_release(raw: bytes, what: str) -> ReleaseDocument:
+    try:
+        return ReleaseDocument.model_validate_json(raw)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] == "json_invalid":
+            raise CorruptArtifactError(f"{what} is not valid JSON; re-download or rebuild the release") from None
+        raise _field_error(what, exc) from None
+
+
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    """A small JSON member as a dict; None when absent or not a JSON object (its hash is checked anyway)."""
+    try:
+        data = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,12 +142,18 @@ def probe_host() -> HostInfo:
 
 def engine_record(manifest: dict[str, Any] | None, config: dict[str, Any] | None) -> dict[str, Any]:
     """What an engine was built with: TRT-LLM/TensorRT versions and SM, from its manifest (config.json fallback)."""
-    m = manifest or {}
-    tc = m.get("toolchain") or m.get("versions") or {}
-    gpu = m.get("gpu") or {}
-    trtllm = tc.get("tensorrt_llm") or tc.get("trtllm") or (config or {}).get("version")
-    sm = tc.get("sm") or (gpu.get("sm") if isinstance(gpu, dict) else None) or m.get("sm")
-    return {"tensorrt_llm": trtllm, "tensorrt": tc.get("tensorrt"), "sm": int(sm) if sm else None}
+    m = manifest if isinstance(manifest, dict) else {}
+    tc = m.get("toolchain") or m.get("versions")
+    tc = tc if isinstance(tc, dict) else {}
+    gpu = m.get("gpu") if isinstance(m.get("gpu"), dict) else {}
+    trtllm = tc.get("tensorrt_llm") or tc.get("trtllm") or (config if isinstance(config, dict) else {}).get("version")
+    sm = tc.get("sm") or gpu.get("sm") or m.get("sm")
+    try:
+        sm = int(sm) if sm else None
+    except (TypeError, ValueError):
+        sm = None
+    return {"tensorrt_llm": trtllm if isinstance(trtllm, str) else None,
+            "tensorrt": tc.get("tensorrt") if isinstance(tc.get("tensorrt"), str) else None, "sm": sm}
 
 
 def host_diff(record: dict[str, Any], host: HostInfo) -> list[str]:
@@ -139,37 +172,33 @@ def host_diff(record: dict[str, Any], host: HostInfo) -> list[str]:
 # Hash checks.
 
 
-def _compare(expected: dict[str, dict[str, Any]], actual: dict[str, str], *, extra_ok: bool = False) -> list[str]:
+def _compare(expected: dict[str, Any], actual: dict[str, str]) -> list[str]:
+    """Problems of release files hashed as `actual` (path -> sha256) against the release's table."""
     problems = []
     for rel, rec in sorted(expected.items()):
         got = actual.get(rel)
         if got is None:
             problems.append(f"{rel}: missing")
-        elif got != rec["sha256"]:
-            problems.append(f"{rel}: sha256 {got[:12]}… != recorded {rec['sha256'][:12]}…")
-    if not extra_ok:
-        for rel in sorted(set(actual) - set(expected)):
-            problems.append(f"{rel}: not in the release")
+        elif got != rec.sha256:
+            problems.append(f"{rel}: sha256 {got[:12]}… != recorded {rec.sha256[:12]}…")
+    for rel in sorted(set(actual) - set(expected)):
+        problems.append(f"{rel}: not in the release")
     return problems
 
 
-def _disk_hashes(root: Path, *, skip: set[str]) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if rel in skip or p.is_dir():
-            continue
-        out[rel] = "symlink" if p.is_symlink() else sha256_file(p)
-    return out
-
-
-def _engines_in_release(doc: dict[str, Any], files: dict[str, Any]) -> list[str]:
+def _engines_in_release(doc: ReleaseDocument) -> list[str]:
     """Release-relative engine dirs (those holding rank*.engine)."""
-    dirs = {rel.rsplit("/", 1)[0] for rel in files if re.search(r"(^|/)rank\d+\.engine$", rel)}
-    for arc in (doc.get("components") or {}):
-        if arc.endswith(("/engine", "/draft_engine")):
-            dirs.add(arc)
+    dirs = {rel.rsplit("/", 1)[0] for rel in doc.files if re.search(r"(^|/)rank\d+\.engine$", rel)}
+    dirs |= {arc for arc in doc.components if arc.endswith(("/engine", "/draft_engine"))}
     return sorted(dirs)
+
+
+def _read_capped(path: Path, what: str) -> bytes:
+    size = path.stat().st_size
+    if size > MAX_METADATA_BYTES:
+        raise CorruptArtifactError(f"{what} is {size} bytes, over the {MAX_METADATA_BYTES >> 20} MiB limit for metadata; it "
+                          "is not a release or manifest written by this pipeline", path=path)
+    return path.read_bytes()
 
 
 def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostInfo | None) -> None:
@@ -190,14 +219,19 @@ def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostI
             report.host_diff.append(f"{rec['path']}: {d}")
 
 
-def _verify_tarball(path: Path, report: VerifyReport) -> tuple[dict[str, Any], dict[str, str], dict[str, bytes]]:
+def _sidecar_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        words = f.read(4096).split()
+    return words[0].decode(errors="replace") if words else ""
+
+
+def _verify_tarball(path: Path, report: VerifyReport) -> tuple[ReleaseDocument, dict[str, str], dict[str, bytes]]:
     sha_file = path.with_name(path.name + ".sha256")
-    if sha_file.exists():
-        want = sha_file.read_text().split()[0] if sha_file.read_text().split() else ""
-        got = sha256_file(path)
+    if sha_file.is_file():
+        want, got = _sidecar_digest(sha_file), sha256_file(path)
         if want != got:
             report.mismatches.append(f"{path.name}: sha256 {got[:12]}… != {sha_file.name} {want[:12]}…")
-    doc: dict[str, Any] | None = None
+    raw_doc: bytes | None = None
     hashes: dict[str, str] = {}
     small: dict[str, bytes] = {}  # manifest.json / config.json contents for the host check
     prefix = None
@@ -212,30 +246,56 @@ def _verify_tarball(path: Path, report: VerifyReport) -> tuple[dict[str, Any], d
                         report.mismatches.append(f"{name}: outside the release directory {prefix}/")
                     continue
                 rel = name[len(prefix) + 1 :]
+                if rel.startswith("/") or ".." in rel.split("/"):
+                    report.mismatches.append(f"{name}: a path that leaves the release directory")
+                    continue
                 if member.isdir():
                     continue
                 if not member.isfile():
                     report.mismatches.append(f"{rel}: not a regular file (links are never part of a release)")
                     continue
+                keep = rel == RELEASE_JSON or rel.endswith(("/" + MANIFEST, "/config.json"))
+                if keep and member.size > MAX_METADATA_BYTES:
+                    if rel == RELEASE_JSON:
+                        raise CorruptArtifactError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
+                                          f"{MAX_METADATA_BYTES >> 20} MiB limit; it is not a release made by "
+                                          "`invoke release`", path=path)
+                    keep = False  # hashed, not kept: the host check reads no oversized metadata
                 f = tar.extractfile(member)
                 h = hashlib.sha256()
-                keep = rel == RELEASE_JSON or rel.endswith(("/" + MANIFEST, "/config.json"))
                 buf = bytearray()
                 while chunk := f.read(_CHUNK):
                     h.update(chunk)
                     if keep:
                         buf += chunk
                 if rel == RELEASE_JSON:
-                    doc = json.loads(bytes(buf))
+                    raw_doc = bytes(buf)
                     continue
                 hashes[rel] = h.hexdigest()
                 if keep:
                     small[rel] = bytes(buf)
-    except (tarfile.TarError, EOFError, OSError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise VerifyError(f"{path} is not a readable release tarball ({exc}); re-download or rebuild it") from None
-    if doc is None:
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise CorruptArtifactError(f"{path} is not a readable release tarball ({exc}); re-download or rebuild it") from None
+    if raw_doc is None:
         raise VerifyError(f"{path} has no {RELEASE_JSON}; it is not a release made by `invoke release`")
-    return doc, hashes, small
+    return _parse_release(raw_doc, f"{path}: {RELEASE_JSON}"), hashes, small
+
+
+def _symlinks(root: Path) -> list[str]:
+    """Every symlink below `root` (never followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                out.append(f"{p.relative_to(root).as_posix()}: {SYMLINK}")
+    return sorted(out)
+
+
+def _verify_unpacked(path: Path, report: VerifyReport) -> ReleaseDocument:
+    doc = _parse_release(_read_capped(path / RELEASE_JSON, str(path / RELEASE_JSON)), str(path / RELEASE_JSON))
+    report.mismatches += check_files(path, doc.files, full=True, ignore=(RELEASE_JSON,))  # symlinks included
+    return doc
 
 
 def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool = True) -> VerifyReport:
@@ -246,9 +306,11 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
         check_host: refuse engines built for another toolchain/GPU than `host`.
 
     Raises:
-        HashMismatchError: any file differs from, is missing from, or is extra to its recorded hashes (exit 2).
-        HostMismatchError: an engine's TensorRT-LLM/TensorRT version or SM differs from the host's (exit 2).
-        VerifyError: the path is not something verifiable.
+        HashMismatchError: any file differs from, is missing from, or is extra to its recorded hashes, or is a
+            symlink (exit 3).
+        HostMismatchError: an engine's TensorRT-LLM/TensorRT version or SM differs from the host's (exit 4).
+        CorruptArtifactError: unreadable tarball, malformed or oversized release.json or manifest (exit 3).
+        VerifyError: the path is not something verifiable (exit 2).
     """
     path = Path(path)
     if not path.exists():
@@ -257,24 +319,16 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     if path.is_file():
         report = VerifyReport(path, "tarball")
         doc, hashes, small = _verify_tarball(path, report)
-        files = doc.get("files") or {}
-        report.mismatches += _compare(files, hashes)
-        report.files_checked = len(files)
-        for d in _engines_in_release(doc, files):
-            man = small.get(f"{d}/{MANIFEST}")
-            cfg = small.get(f"{d}/config.json")
-            rec = engine_record(json.loads(man) if man else None, json.loads(cfg) if cfg else None)
+        report.mismatches += _compare(doc.files, hashes)
+        report.files_checked = len(doc.files)
+        for d in _engines_in_release(doc):
+            rec = engine_record(_json_object(small.get(f"{d}/{MANIFEST}")), _json_object(small.get(f"{d}/config.json")))
             records.append({"path": d, **rec})
     elif (path / RELEASE_JSON).is_file():
         report = VerifyReport(path, "release")
-        try:
-            doc = json.loads((path / RELEASE_JSON).read_text())
-        except json.JSONDecodeError:
-            raise VerifyError(f"{path / RELEASE_JSON} is corrupt; re-extract the release tarball") from None
-        files = doc.get("files") or {}
-        report.mismatches += _compare(files, _disk_hashes(path, skip={RELEASE_JSON}))
-        report.files_checked = len(files)
-        for d in _engines_in_release(doc, files):
+        doc = _verify_unpacked(path, report)
+        report.files_checked = len(doc.files)
+        for d in _engines_in_release(doc):
             records.append({"path": d, **_engine_record_on_disk(path / d)})
     else:
         report = _verify_manifest_tree(path, records)
@@ -298,28 +352,30 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     return report
 
 
+def _small_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_METADATA_BYTES:
+        return None
+    return _json_object(path.read_bytes())
+
+
 def _engine_record_on_disk(engine_dir: Path) -> dict[str, Any]:
-    cfg = None
-    if (engine_dir / "config.json").is_file():
-        try:
-            cfg = json.loads((engine_dir / "config.json").read_text())
-        except json.JSONDecodeError:
-            cfg = None
-    return engine_record(read_manifest(engine_dir) if engine_dir.is_dir() else None, cfg)
+    return engine_record(_small_json(engine_dir / MANIFEST), _small_json(engine_dir / "config.json"))
 
 
-def _manifest_files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """The file table of a stage manifest (stages call it `files` or `outputs`)."""
-    for key in ("files", "outputs", "file_table"):
-        table = manifest.get(key)
-        if isinstance(table, dict) and all(isinstance(v, dict) and "sha256" in v for v in table.values()):
-            return table
-    return None
+def _manifest(d: Path) -> _AnyManifest:
+    """The stage manifest in `d`, as far as verify reads it."""
+    where = str(d / MANIFEST)
+    try:
+        m = _AnyManifest.model_validate_json(_read_capped(d / MANIFEST, where))
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] == "json_invalid":
+            raise CorruptArtifactError(f"{where} is not valid JSON; rebuild the stage output") from None
+        raise _field_error(where, exc) from None
+    return m
 
 
 def _engine_path(cfg: Path) -> str:
     """The `gpt_model_path` of a model config (engine or reference checkpoint dir; "" if none or unparsable)."""
-    from .errors import PackageError
     from .triton import pbtxt
 
     try:
@@ -330,7 +386,8 @@ def _engine_path(cfg: Path) -> str:
 
 
 def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyReport:
-    """A Triton repo or stage output: check every manifest's file table; follow gpt_model_path to engines."""
+    """A Triton repo or stage output: every manifest's file table must match its directory exactly (no extra file,
+    model dir or symlink); engines (or checkpoints) named by gpt_model_path are checked the same way."""
     manifests = sorted(path.rglob(MANIFEST))
     if not manifests:
         raise VerifyError(
@@ -339,31 +396,32 @@ def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyRe
     kind = "triton_repo" if any(path.glob("*/config.pbtxt")) else "stage_dir"
     report = VerifyReport(path, kind)
     checked_dirs: set[Path] = set()
+    report.mismatches += _symlinks(path)
 
     def check_dir(d: Path, label: str) -> None:
-        if d in checked_dirs:
+        if d.resolve() in checked_dirs:
             return
-        checked_dirs.add(d)
-        m = read_manifest(d)
-        table = _manifest_files(m or {})
+        checked_dirs.add(d.resolve())
+        manifest = _manifest(d)
+        table = manifest.files
+        if manifest.models is not None:
+            report.mismatches += [f"{label}/{m.name}: a model directory the manifest does not list"
+                                  for m in sorted(d.iterdir()) if m.is_dir() and m.name not in manifest.models]
         if table is None:
             report.notes.append(f"{label}: manifest has no file table; not hash-checked")
             return
-        actual = {
-            rel: (sha256_file(d / rel) if (d / rel).is_file() else None) for rel in table
-        }
-        for rel, rec in sorted(table.items()):
-            got = actual[rel]
-            if got is None:
-                report.mismatches.append(f"{label}/{rel}: missing")
-            elif got != rec["sha256"]:
-                report.mismatches.append(f"{label}/{rel}: sha256 {got[:12]}… != recorded {rec['sha256'][:12]}…")
+        nested = [p.parent.relative_to(d).as_posix() + "/" for p in d.rglob(MANIFEST) if p.parent != d]
+        problems = check_files(d, table, full=True)
+        report.mismatches += [f"{label}/{p}" for p in problems
+                              if not p.endswith(SYMLINK)  # every symlink below the root is listed once
+                              and not any(p.startswith(n) for n in nested)]  # another manifest's files
         report.files_checked += len(table)
 
     for mpath in manifests:
         d = mpath.parent
-        label = d.relative_to(path).as_posix() or "."
-        check_dir(d, label)
+        check_dir(d, d.relative_to(path).as_posix() or ".")
+    if kind == "triton_repo" and path.resolve() not in checked_dirs:
+        report.mismatches.append(f"{path}: the repository itself has no {MANIFEST}; nothing vouches for its models")
     for cfg in sorted(path.glob("*/config.pbtxt")):
         engine = _engine_path(cfg)
         if engine:
@@ -374,6 +432,7 @@ def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyRe
                 report.notes.append(f"{cfg.parent.name}: engine dir {edir} not on this host; not checked")
                 continue
             if (edir / MANIFEST).is_file():
+                report.mismatches += _symlinks(edir)
                 check_dir(edir, str(edir))
             if any(edir.glob("rank*.engine")):
                 records.append({"path": str(edir), **_engine_record_on_disk(edir)})

@@ -1,7 +1,7 @@
 """Shared, session-cached calibrate-stage runs on the generated tiny model (real ModelOpt, CPU).
 
 `calibrated(tiny_models, **spec_overrides)` runs `run_calibrate` once per distinct spec in this test session and
-returns the `StageResult`; the output tree lives in one temporary PIPELINE_ROOT for the whole session, set only
+returns the `CheckpointResult`; the output tree lives in one temporary PIPELINE_ROOT for the whole session, set only
 for the duration of each call (other tests' environment is untouched).
 """
 

@@ -136,7 +136,7 @@ def _failed_report(errors: int) -> BenchReport:
     return BenchReport("127.0.0.1:1", "ensemble", True, 8, 8, 1, 3.5, levels=[lv])
 
 
-def test_failed_requests_raise_exit_code_3_with_one_line():
+def test_failed_requests_raise_exit_code_5_with_one_line():
     from pipeline.bench import RequestsFailed, check_failures
 
     check_failures(_failed_report(0))
@@ -144,18 +144,18 @@ def test_failed_requests_raise_exit_code_3_with_one_line():
     assert (report.failed, report.sent) == (3, 4) and report.as_dict()["failed"] == 3
     with pytest.raises(RequestsFailed) as info:
         check_failures(report)
-    assert info.value.exit_code == 3
+    assert info.value.exit_code == 5
     assert str(info.value) == "3 of 4 request(s) failed; first error: boom 0"
 
 
-def test_invoke_bench_exits_3_when_requests_failed(monkeypatch, capsys):
+def test_invoke_bench_exits_5_when_requests_failed(monkeypatch, capsys):
     import pipeline.bench
     import tasks
 
     monkeypatch.setattr(pipeline.bench, "bench_spec", lambda spec, **kw: _failed_report(2))
     with pytest.raises(SystemExit) as info:
         tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1")
-    assert info.value.code == 3
+    assert info.value.code == 5
     out, err = capsys.readouterr()
     assert "conc" in out  # the report is printed first
     assert err.strip().splitlines()[-1] == "error: 2 of 3 request(s) failed; first error: boom 0"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import STAGES, BuildError, build, stage_range
-from pipeline.errors import CompileError
+from pipeline.errors import CompileError, DownloadError
 from pipeline.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_from_past_calibrate_without_any_checkpoint_is_refused_before_download(t
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     t0 = time.perf_counter()
-    with pytest.raises(BuildError, match="no calibrated target checkpoint for tiny-llama fp8"):
+    with pytest.raises(DownloadError, match="tiny-llama has not been generated in .*; run `invoke build` first"):
         build(spec, from_stage="package", progress=None)
     assert time.perf_counter() - t0 < 1.0
     assert not (tmp_path / "cache").exists()  # nothing downloaded or generated
@@ -89,6 +89,24 @@ def test_release_without_a_build_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
-    with pytest.raises(BuildError, match="run `invoke build`"):
+    with pytest.raises(DownloadError, match="run `invoke build`"):
         release(spec)
     assert not (tmp_path / "out" / "releases").exists()
+
+
+def test_package_and_compile_find_the_checkpoint_but_never_calibrate(pipeline_env):
+    """`invoke package` (and compile's lookup) ask the calibrate stage check-only: no checkpoint, one line."""
+    import os
+
+    from pipeline.compile.cli import locate_checkpoints
+    from pipeline.errors import CalibrationError
+
+    env = dict(os.environ)  # PIPELINE_ROOT/PIPELINE_CACHE from the fixture; the generated models are there
+    r = invoke("package", "--model", "tiny-llama", "--precision", "fp8", "--target", "reference", env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "no current target checkpoint for tiny-llama fp8" in lines[0]
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto")
+    with pytest.raises(CalibrationError, match="no current target checkpoint"):
+        locate_checkpoints(spec, checkpoint_dir=None, draft_checkpoint_dir=None, dry_run=False)
+    assert not (pipeline_env / "out" / "engines").exists()  # nothing calibrated, nothing started

@@ -79,7 +79,10 @@ def test_calibration_directory_is_named_as_such(tmp_path):
 
 def test_missing_calibration_file_fails_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
-    spec = make_spec(precision="fp8", calib_data=str(tmp_path / "nope.jsonl"))
+    with pytest.raises(CalibrationError, match="does not exist"):  # the spec check already reads the file
+        make_spec(precision="fp8", calib_data=str(tmp_path / "nope.jsonl"))
+    spec = make_spec(precision="fp8")
+    spec.quantization.calib_data = str(tmp_path / "nope.jsonl")  # e.g. deleted after the check
     with pytest.raises(CalibrationError, match="does not exist"):
         run_calibrate(spec, source_dir=tmp_path / "no-model")
     assert leftovers(tmp_path) == []
@@ -156,8 +159,8 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     ck = res.path
     assert (
         ck.name == "checkpoint"
-        and res.build_id == ck.parent.name
-        and res.build_id.startswith(f"tiny-llama-{precision}-")
+        and res.manifest.build_id == ck.parent.name
+        and res.manifest.build_id.startswith(f"tiny-llama-{precision}-")
     )
     cfg = json.loads((ck / "config.json").read_text())
     assert cfg["architecture"] == "LlamaForCausalLM"
@@ -191,21 +194,22 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     assert last["lm_head.weight"].dtype == (torch.float16 if precision == "fp16" else torch.bfloat16)
     assert (ck / "tokenizer" / "tokenizer.json").is_file()
     m = res.manifest
-    assert m["key"] and m["roundtrip"]["passed"]
+    assert m.key and m.roundtrip["passed"]
     if precision not in ("int4_awq", "w4a8_awq"):
-        assert m["roundtrip"]["max_rel_logit_err"] < 1e-2
-    assert {"ppl_base", "ppl_quant", "ppl_delta_pct", "kl_mean", "top1_agreement"} <= set(m["quality"])
-    assert m["recipe"]["quant_algo"] == QUANT_ALGO[precision] and m["parallelism"]["tp"] == tp
-    assert set(m["toolchain"]) >= {"torch", "modelopt", "transformers"}
-    assert m["calibration"]["samples"] == 2 and len(m["calibration"]["fingerprint"]) == 64
-    assert m["files"]["config.json"]["size"] > 0 and "tokenizer/tokenizer.json" in m["files"]
+        assert m.roundtrip["max_rel_logit_err"] < 1e-2
+    assert {"ppl_base", "ppl_quant", "ppl_delta_pct", "kl_mean", "top1_agreement"} <= set(m.quality)
+    assert m.recipe["quant_algo"] == QUANT_ALGO[precision] and m.parallelism["tp"] == tp
+    assert set(m.toolchain) >= {"torch", "modelopt", "transformers"}
+    assert m.calibration["samples"] == 2 and len(m.calibration["fingerprint"]) == 64
+    assert m.files["config.json"].size > 0 and "tokenizer/tokenizer.json" in m.files
+    assert m.tokenizer.file == "tokenizer.json"
 
 
 # --- quality gate, no-op re-runs, draft role -----------------------------------------------------------------------
 @pytest.mark.slow
 def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
     first = calibrated(tiny_models, precision="fp8", kv_cache="fp8")
-    q = first.manifest["quality"]
+    q = first.manifest.quality
     assert q["passed"] and 0 <= abs(q["ppl_delta_pct"]) < 1.0 and q["top1_agreement"] > 0.9 and q["kl_mean"] >= 0
     from calibrate_fixtures import session_root
 
@@ -228,7 +232,7 @@ def test_impossible_gate_fails_with_both_numbers_and_leaves_nothing(tiny_models,
     # Not enforced: the checkpoint is written and the failing numbers are recorded.
     soft = make_spec(precision="fp8", kv_cache="fp8", max_ppl_delta_pct=1e-9, quality_gate=False)
     res = run_in_root(tmp_path, run_calibrate, soft, source_dir=tiny_models["tiny-llama"])
-    assert res.manifest["quality"]["passed"] is False and res.manifest["quality"]["enforced"] is False
+    assert res.manifest.quality["passed"] is False and res.manifest.quality["enforced"] is False
     # Enforcing again finds the cached checkpoint but still refuses it (the gate is re-applied to its numbers).
     with pytest.raises(CalibrationError, match="quality gate failed"):
         run_in_root(tmp_path, run_calibrate, spec, source_dir=tiny_models["tiny-llama"])
@@ -239,10 +243,10 @@ def test_draft_role_uses_draft_model_and_precision(tiny_models):
     res = calibrated(
         tiny_models, role="draft", precision="bf16", kv_cache="bf16", draft="tiny-llama-draft", draft_precision="fp8"
     )
-    assert res.build_id.startswith("tiny-llama-draft-fp8-")
+    assert res.manifest.build_id.startswith("tiny-llama-draft-fp8-")
     cfg = json.loads((res.path / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 1 and cfg["quantization"]["quant_algo"] == "FP8"
-    assert res.manifest["role"] == "draft"
+    assert res.manifest.role == "draft"
 
 
 def test_unsupported_architecture(tmp_path, monkeypatch, tiny_models):
@@ -291,6 +295,6 @@ def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
     from pipeline.download import download_model
     from pipeline.registry import get_model
 
-    assert read_manifest(ckpt)["model"]["sha"] == download_model(get_model("tiny-llama")).sha
+    assert read_manifest(ckpt)["model"]["sha"] == download_model(get_model("tiny-llama")).manifest.sha
     second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert second.returncode == 0 and second.stdout.startswith(f"ok: target cached: {ckpt} ")

@@ -125,3 +125,91 @@ def test_task_numeric_options_fail_with_one_line():
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.strip().splitlines() == [f"error: {r.stderr.strip().removeprefix('error: ')}"]
         assert msg in r.stderr and "Traceback" not in r.stderr
+
+
+# --- bad inputs refused before any download: one line, exit 2, never a traceback ---------------------------------
+def _one_line_exit_2(r: subprocess.CompletedProcess, needle: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0] and "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_check_refuses_a_missing_or_malformed_calib_data_file(tmp_path):
+    _one_line_exit_2(invoke("check", "--model", "tiny-llama", "--calib-data", str(tmp_path / "nope.jsonl")),
+                     "nope.jsonl does not exist")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"txt": 3}\n')
+    _one_line_exit_2(invoke("check", "--model", "tiny-llama", "--calib-data", str(bad)),
+                     'bad.jsonl:2: expected an object with a string "text" field')
+
+
+def test_check_accepts_calib_data_with_a_utf8_bom(tmp_path):
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + '{"text": "caf\u00e9 au lait"}\n'.encode())
+    r = invoke("check", "--model", "tiny-llama", "--calib-data", str(f))
+    assert r.returncode == 0, r.stderr
+
+
+def test_spec_file_duplicate_keys_and_wrong_scalar_types_are_refused(tmp_path):
+    f = tmp_path / "spec.yaml"
+    f.write_text("model: llama-8b\nparallelism: {tp: 2}\nparallelism: {tp: 4}\n")
+    _one_line_exit_2(invoke("check", "--spec", str(f)), "duplicate key 'parallelism'")
+    f.write_text("model: llama-8b\nparallelism:\n  tp: 2\n  tp: 1\n")
+    _one_line_exit_2(invoke("check", "--spec", str(f)), "duplicate key 'tp'")
+    for text, needle in (("model: llama-8b\nparallelism: {tp: true}\n", "parallelism.tp=True: Input should be a "
+                                                                        "valid integer"),
+                         ("model: llama-8b\nparallelism: {tp: '2'}\n", "parallelism.tp='2'"),
+                         ("model: 7\n", "model=7: expected a string"),
+                         ("model: llama-8b\nhardware: {gpu_price_per_hour: .inf}\n", "gpu_price_per_hour=inf")):
+        f.write_text(text)
+        _one_line_exit_2(invoke("check", "--spec", str(f)), needle)
+
+
+def test_spec_file_with_a_bom_is_read(tmp_path):
+    f = tmp_path / "spec.yaml"
+    f.write_bytes(b"\xef\xbb\xbfmodel: llama-8b\nparallelism: {tp: 2}\n")
+    r = invoke("check", "--spec", str(f))
+    assert r.returncode == 0 and "tp=2" in r.stdout, r.stderr
+
+
+def test_binary_or_directory_spec_and_models_files_are_one_line(tmp_path):
+    binary = tmp_path / "blob.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    for flag in ("--spec", "--models-file"):
+        args = ("check", flag, str(binary)) if flag == "--spec" else ("check", "--model", "x", flag, str(binary))
+        _one_line_exit_2(invoke(*args), "is not UTF-8 text")
+        args = ("check", flag, str(tmp_path)) if flag == "--spec" else ("check", "--model", "x", flag, str(tmp_path))
+        _one_line_exit_2(invoke(*args), "is a directory")
+
+
+def test_registry_names_that_are_paths_are_refused(tmp_path):
+    entry = ("{repo_id: a/b, tokenizer_family: t, architecture: {num_layers: 1, hidden_size: 8, num_heads: 2, "
+             "num_kv_heads: 2, head_dim: 4, intermediate_size: 8, vocab_size: 8, max_position_embeddings: 8}}")
+    f = tmp_path / "models.yaml"
+    for name in ("'../../escape'", "/abs", "'a/b'"):
+        f.write_text(f"models:\n  {name}: {entry}\n")
+        _one_line_exit_2(invoke("check", "--model", name.strip("'"), "--models-file", str(f)), "is not a safe name")
+
+
+def test_plan_refuses_an_infinite_price_instead_of_printing_infinity():
+    r = invoke("plan", "--model", "llama-8b", "--gpu-price", "1e309", "--json")
+    _one_line_exit_2(r, "gpu_price_per_hour")
+    assert "Infinity" not in r.stdout + r.stderr
+
+
+def test_io_errors_are_one_line_exit_5(capsys):
+    import errno
+
+    import pytest
+
+    from pipeline.cli import exit_on_error
+
+    def release():
+        raise OSError(errno.ENOSPC, "No space left on device", "/out/releases/x.tar.gz")
+
+    with pytest.raises(SystemExit) as info:
+        exit_on_error(release)()
+    err = capsys.readouterr().err
+    assert info.value.code == 5 and err.count("\n") == 1
+    assert err == ("error: `invoke release` failed: /out/releases/x.tar.gz: No space left on device; free disk "
+                   "space, then re-run (nothing half-written is kept)\n")

@@ -38,16 +38,17 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     target_ckpt = Path(run_calibrate(spec, role="target").path)
     draft_ckpt = Path(run_calibrate(spec, role="draft").path)
     out, draft_out = target_ckpt.parent / "engine", target_ckpt.parent / "draft_engine"
-    m = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
-                    draft_output_dir=draft_out)
-    assert m["engine_version"] == "1.2.1" and m["toolchain"]["tensorrt_llm"] == "1.2.1"
-    assert m["gpu"]["sm"] == 90
+    res, draft_res = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
+                                 draft_output_dir=draft_out)
+    m = res.manifest
+    assert res.status == "built" and m.engine_version == "1.2.1" and m.toolchain["tensorrt_llm"] == "1.2.1"
+    assert m.gpu["sm"] == 90
     assert (out / "rank0.engine").stat().st_size > 0 and (draft_out / "rank0.engine").stat().st_size > 0
-    assert m["draft"]["tokenizer"]["equal"] is True and m["draft"]["key"] == read_manifest(draft_out)["key"]
-    assert "timing.cache" in m["files"]
+    assert m.draft.tokenizer == m.tokenizer and m.draft.key == read_manifest(draft_out)["key"] == draft_res.manifest.key
+    assert "timing.cache" in m.files
     # Same inputs on the same toolchain + arch: no rebuild, the manifest is returned as is.
     start = time.monotonic()
-    again = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
-                        draft_output_dir=draft_out)
-    assert again["key"] == m["key"] and again["created"] == m["created"]
+    again, _ = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
+                           draft_output_dir=draft_out)
+    assert again.status == "cached" and again.manifest.key == m.key and again.manifest.created == m.created
     assert time.monotonic() - start < 120  # preflight import only, no trtllm-build

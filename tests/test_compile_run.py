@@ -1,4 +1,4 @@
-"""The compile stage on a host: preflight (fast, exit 2 on CPU), `invoke compile --dry-run`, the runner seam.
+"""The compile stage on a host: preflight (fast, exit 4 on CPU), `invoke compile --dry-run`, the runner seam.
 
 The runner tests use a plain Python child process, not TensorRT-LLM: they check streaming, the saved log and the
 failure message of the seam itself. Nothing here pretends a GPU build succeeded.
@@ -53,15 +53,15 @@ def test_preflight_fails_fast_on_this_cpu_host():
     assert msg.startswith("compiling needs an H100-class GPU (SM 9.0) with TensorRT-LLM 1.2.1")
     assert "`invoke calibrate" in msg and "`invoke package --target reference" in msg
     assert "`invoke build --target reference" in msg and "\n" not in msg
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 4  # this host lacks the toolchain
 
 
 @pytest.mark.skipif(not CPU_HOST, reason="this host has TensorRT-LLM and a GPU driver")
-def test_invoke_compile_exits_2_quickly_on_this_cpu_host(tmp_path):
+def test_invoke_compile_exits_4_quickly_on_this_cpu_host(tmp_path):
     start = time.monotonic()
     r = invoke("compile", "--model", "tiny-llama", "--precision", "fp8", "--draft", "tiny-llama-draft", root=tmp_path)
     elapsed = time.monotonic() - start
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 4, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: compiling needs an H100-class GPU")
     assert "tensorrt_llm is not installed" in lines[0] and "Traceback" not in r.stderr

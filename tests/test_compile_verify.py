@@ -11,8 +11,8 @@ import json
 import pytest
 from compile_fixtures import write_fabricated_checkpoint, write_fabricated_engine
 
-from pipeline.artifacts import read_manifest, sha256_file, write_manifest
-from pipeline.compile import plan_compile
+from pipeline.artifacts import read_manifest, sha256_file
+from pipeline.compile import plan_compile, run_compile
 from pipeline.compile.manifest import (
     build_config_hash,
     check_same_tokenizer,
@@ -24,7 +24,7 @@ from pipeline.compile.manifest import (
 from pipeline.compile.preflight import Toolchain
 from pipeline.compile.stage import _compile_one, log_path_for
 from pipeline.compile.verify import verify_engine_dir
-from pipeline.errors import CompileError
+from pipeline.errors import CompileError, IntegrityError
 from pipeline.spec import resolve_spec
 
 TOOLCHAIN = Toolchain(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", cuda="13.0", driver="580.95.05",
@@ -107,27 +107,29 @@ def test_verify_needs_config_json(tmp_path, pair):
         verify_engine_dir(tmp_path / "fabricated-engine", pair.target, trtllm_version="1.2.1")
 
 
+def _engine_manifest(eng, plan, key, **kw):
+    config = verify_engine_dir(eng, plan, trtllm_version="1.2.1")
+    return engine_manifest(eng, plan, key=key, engine_config=config, toolchain=TOOLCHAIN.as_dict(),
+                           checkpoint=checkpoint_identity(plan.checkpoint_dir), **kw)
+
+
 def test_manifest_records_toolchain_files_checkpoint_and_draft(tmp_path, pair):
     draft_dir = write_fabricated_engine(tmp_path / "fabricated-draft-engine", pair.draft)
-    write_manifest(draft_dir, {"key": "fabricated-draft-engine-key", "model": "tiny-llama-draft"})
+    _engine_manifest(draft_dir, pair.draft, "fabricated-draft-engine-key").write(draft_dir)
     tok = check_same_tokenizer(pair.target.checkpoint_dir, pair.draft.checkpoint_dir)
     draft = draft_record(draft_dir, tok)
     eng = write_fabricated_engine(tmp_path / "fabricated-engine", pair.target)
-    config = verify_engine_dir(eng, pair.target, trtllm_version="1.2.1")
-    ckpt = checkpoint_identity(pair.target.checkpoint_dir)
-    m = engine_manifest(eng, pair.target, key="k", engine_config=config, toolchain=TOOLCHAIN.as_dict(),
-                        checkpoint=ckpt, draft=draft, build_seconds=1.234)
-    assert m["toolchain"] == {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48", "cuda": "13.0",
-                              "driver": "580.95.05"}
-    assert m["gpu"] == {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "count": 8}
-    assert m["argv"] == pair.target.argv and m["argv"][0] == "trtllm-build"
-    assert m["build_config_sha256"] == build_config_hash(config)
-    assert set(m["files"]) == {"config.json", "rank0.engine", "timing.cache"}
-    assert m["files"]["rank0.engine"]["sha256"] == sha256_file(eng / "rank0.engine")
-    assert m["files"]["rank0.engine"]["size"] == (eng / "rank0.engine").stat().st_size
-    assert m["checkpoint"]["key"] == "fabricated-checkpoint-key"
-    assert m["draft"]["manifest_sha256"] == sha256_file(draft_dir / "manifest.json")
-    assert m["draft"]["tokenizer"]["equal"] is True and m["draft"]["key"] == "fabricated-draft-engine-key"
+    m = _engine_manifest(eng, pair.target, "k", draft=draft, build_seconds=1.234)
+    assert m.toolchain == {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48", "cuda": "13.0", "driver": "580.95.05"}
+    assert m.gpu == {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "count": 8}
+    assert m.argv == pair.target.argv and m.argv[0] == "trtllm-build"
+    assert m.build_config_sha256 == build_config_hash(json.loads((eng / "config.json").read_text()))
+    assert set(m.files) == {"config.json", "rank0.engine", "timing.cache"}
+    assert m.files["rank0.engine"].sha256 == sha256_file(eng / "rank0.engine")
+    assert m.files["rank0.engine"].size == (eng / "rank0.engine").stat().st_size
+    assert m.checkpoint["key"] == "fabricated-checkpoint-key"
+    assert m.draft.manifest_sha256 == sha256_file(draft_dir / "manifest.json")
+    assert m.draft.tokenizer == tok == m.tokenizer and m.draft.key == "fabricated-draft-engine-key"
 
 
 def test_draft_with_different_tokenizer_rejected(tmp_path):
@@ -170,14 +172,26 @@ def test_stage_key_covers_plan_checkpoint_toolchain_arch(pair):
     assert base != compile_key(pair.target, checkpoint_key="c1", toolchain=tc, draft_key="d")
 
 
-def test_current_engine_is_not_rebuilt(pair):
-    """Same key -> the manifest is returned and trtllm-build (absent here) is never started."""
-    plan = pair.target
+def test_current_engine_is_not_rebuilt_unless_its_files_changed(pair):
+    """Same key and intact files -> cached, trtllm-build (absent here) never started; a changed rank file is refused
+    with one line naming --force compile; check-only finds the engine without any toolchain on this host."""
+    spec = resolve_spec(model="tiny-llama", precision="fp8")
+    plan = plan_compile(spec, checkpoint_dir=pair.target.checkpoint_dir, output_dir=pair.target.output_dir).target
     ckpt = checkpoint_identity(plan.checkpoint_dir)
     key = compile_key(plan, checkpoint_key=ckpt["key"], toolchain=TOOLCHAIN.as_dict())
     eng = write_fabricated_engine(plan.output_dir, plan)
-    write_manifest(eng, {"key": key, "role": "target", "_fabricated": True})
-    assert _compile_one(plan, TOOLCHAIN, force=False, draft=None)["key"] == key
+    _engine_manifest(eng, plan, key).write(eng)
+    res = _compile_one(plan, TOOLCHAIN, force=False, draft=None)
+    assert res.status == "cached" and res.manifest.key == key and res.path == eng
+    located, draft = run_compile(spec, checkpoint_dir=plan.checkpoint_dir, output_dir=eng, check_only=True)
+    assert located.status == "cached" and located.manifest.key == key and draft is None
+    (eng / "rank0.engine").write_bytes(b"tampered")
+    for call in (lambda: _compile_one(plan, TOOLCHAIN, force=False, draft=None),
+                 lambda: run_compile(spec, checkpoint_dir=plan.checkpoint_dir, output_dir=eng, check_only=True)):
+        with pytest.raises(IntegrityError, match=r"rank0\.engine: \d+ bytes, recorded \d+; re-run `invoke build "
+                           r"--force compile`") as err:
+            call()
+        assert err.value.exit_code == 3 and "\n" not in str(err.value)
 
 
 def test_failed_rebuild_keeps_previous_engine_and_leaves_no_temp(pair, tmp_path, monkeypatch):
@@ -185,7 +199,7 @@ def test_failed_rebuild_keeps_previous_engine_and_leaves_no_temp(pair, tmp_path,
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     plan = pair.target
     eng = write_fabricated_engine(plan.output_dir, plan)
-    write_manifest(eng, {"key": "old-fabricated-key"})
+    _engine_manifest(eng, plan, "old-fabricated-key").write(eng)
     before = sorted(p.name for p in eng.parent.iterdir())
     with pytest.raises(CompileError, match="trtllm-build was not found on PATH"):
         _compile_one(plan, TOOLCHAIN, force=False, draft=None)
@@ -193,3 +207,52 @@ def test_failed_rebuild_keeps_previous_engine_and_leaves_no_temp(pair, tmp_path,
     after = sorted(p.name for p in eng.parent.iterdir())
     assert [n for n in after if n.startswith((".tmp-", ".old-"))] == []
     assert set(after) - set(before) <= {".engine.lock", log_path_for(eng).name}
+
+
+_KILLED_COMPILE = """
+import pickle, sys, time
+import pipeline.compile.stage as stage
+
+def paused(argv, log_path):  # trtllm-build is running in the temporary engine dir
+    print("paused", flush=True)
+    time.sleep(600)
+
+stage.run_trtllm_build = paused
+plan, toolchain = pickle.loads(bytes.fromhex(sys.argv[1]))
+stage._compile_one(plan, toolchain, force=False, draft=None)
+"""
+
+
+def test_sigkill_mid_compile_then_rerun_leaves_no_temporary(pair, monkeypatch):
+    """A build killed inside trtllm-build leaves its temporary engine dir; the next build of that engine removes it
+    (trtllm-build is faked on this CPU host: the rerun writes a FABRICATED engine)."""
+    import os
+    import pickle
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pipeline.compile.stage as stage
+
+    plan = pair.target
+    out = Path(plan.output_dir)
+    arg = pickle.dumps((plan, TOOLCHAIN)).hex()
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_COMPILE, arg], cwd=Path(__file__).resolve().parents[1],
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "paused", proc.stderr.read()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".tmp-engine-")] and not out.exists()
+
+    def fake_build(argv, log_path):
+        write_fabricated_engine(Path(argv[argv.index("--output_dir") + 1]), plan)
+        return 0.1
+
+    monkeypatch.setattr(stage, "run_trtllm_build", fake_build)
+    res = _compile_one(plan, TOOLCHAIN, force=False, draft=None)
+    assert res.status == "built" and res.manifest.problems(out, full=True) == []
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith((".tmp-", ".old-"))] == []

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.download import DownloadResult, download_model, lock_file_path, read_lock
+from pipeline.download import download_model, lock_file_path, read_lock
+from pipeline.manifests import StageResult
 from pipeline.errors import DownloadError
 from pipeline.registry import get_model
 
@@ -78,7 +79,7 @@ def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
     sha = hub.add_commit("test-org/tiny", _files())
     res = download_model(_entry(), endpoint=hub.endpoint)
     assert not [n for n in hashed_from_disk if n.endswith(".safetensors")]  # LFS files were hashed while streaming
-    assert isinstance(res, DownloadResult) and res.status == "downloaded" and res.sha == sha
+    assert isinstance(res, StageResult) and res.status == "built" and res.manifest.sha == sha
     assert res.path == env / "cache" / "downloads" / "test-org--tiny" / sha
     expected = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", SHARD1, SHARD2,
                 "model.safetensors.index.json"}
@@ -87,29 +88,29 @@ def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
     for name in expected:
         assert (res.path / name).read_bytes() == files[name]
     m = res.manifest
-    assert m["repo_id"] == "test-org/tiny" and m["sha"] == sha and m["revision"] == "main" and m["source"] == "hub"
-    assert m["files"][SHARD1]["sha256"] == __import__("hashlib").sha256(files[SHARD1]).hexdigest()
-    assert json.loads((res.path / "manifest.json").read_text())["key"] == m["key"]
+    assert m.repo_id == "test-org/tiny" and m.sha == sha and m.revision == "main" and m.source == "hub"
+    assert m.files[SHARD1].sha256 == __import__("hashlib").sha256(files[SHARD1]).hexdigest()
+    assert json.loads((res.path / "manifest.json").read_text())["key"] == m.key
     assert read_lock(lock_file_path())["models"]["hub-tiny"] == {"repo_id": "test-org/tiny", "revision": "main",
                                                                  "sha": sha}
     # the second run touches no network and no file contents
     before = _hub_requests(hub)
     manifest_mtime = (res.path / "manifest.json").stat().st_mtime_ns
     again = download_model(_entry(), endpoint=hub.endpoint)
-    assert again.status == "cached" and again.path == res.path and again.manifest["key"] == m["key"]
+    assert again.status == "cached" and again.path == res.path and again.manifest.key == m.key
     assert _hub_requests(hub) == before
     assert (res.path / "manifest.json").stat().st_mtime_ns == manifest_mtime
 
 
 def test_locked_revision_holds_until_update(hub, env):
     old = hub.add_commit("test-org/tiny", _files(seed=1))
-    assert download_model(_entry(), endpoint=hub.endpoint).sha == old
+    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
     new = hub.add_commit("test-org/tiny", _files(seed=2))  # the branch moves
-    assert download_model(_entry(), endpoint=hub.endpoint).sha == old
+    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
     res = download_model(_entry(), endpoint=hub.endpoint, update=True)
-    assert res.sha == new and res.status == "downloaded"
+    assert res.manifest.sha == new and res.status == "built"
     assert read_lock(lock_file_path())["models"]["hub-tiny"]["sha"] == new
-    assert download_model(_entry(), endpoint=hub.endpoint, revision=old).sha == old  # explicit commit
+    assert download_model(_entry(), endpoint=hub.endpoint, revision=old).manifest.sha == old  # explicit commit
 
 
 def test_resume_after_dropped_connection(hub, env, capsys):
@@ -128,7 +129,7 @@ def test_resume_against_a_server_that_ignores_range(hub, env):
     hub.drop[SHARD1] = 1_400_000
     hub.ignore_range = True  # the client must restart the file from byte 0 (and the stream hash with it)
     res = download_model(_entry(), endpoint=hub.endpoint)
-    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1] and res.refetched == []
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1] and res.manifest.refetched == []
     assert len(hub.file_gets(SHARD1)) == 2
 
 
@@ -136,9 +137,45 @@ def test_corrupt_file_is_reported_and_refetched(hub, env, capsys):
     hub.add_commit("test-org/tiny", _files())
     hub.corrupt[SHARD2] = 1
     res = download_model(_entry(), endpoint=hub.endpoint)
-    assert res.refetched == [SHARD2] and res.manifest["refetched"] == [SHARD2]
+    assert res.manifest.refetched == [SHARD2]
     assert (res.path / SHARD2).read_bytes() == _files()[SHARD2]
     assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
+
+
+_KILLED_CHILD = """
+import sys, time
+import pipeline.download as d
+from pipeline.registry import get_model
+
+def paused(*args, **kwargs):  # every file is fetched into the staging dir; stop before it is verified
+    print("paused", flush=True)
+    time.sleep(600)
+
+d._verify_staging = paused
+entry = get_model("tiny-llama").model_copy(update={"name": "hub-tiny", "repo_id": "test-org/tiny", "source": "hub"})
+d.download_model(entry, endpoint=sys.argv[1])
+"""
+
+
+def test_sigkill_mid_download_then_rerun_resumes_and_leaves_nothing(hub, env):
+    import signal
+
+    sha = hub.add_commit("test-org/tiny", _files())
+    child_env = dict(os.environ, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, hub.endpoint], cwd=REPO, env=child_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "paused", proc.stderr.read()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    repo_dir = env / "cache" / "downloads" / "test-org--tiny"
+    assert (repo_dir / f".partial-{sha}").is_dir() and not (repo_dir / sha).exists()
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert res.status == "built" and res.path == repo_dir / sha
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
+    assert len(hub.file_gets(SHARD1)) == 1  # the killed run's bytes were kept, not fetched again
+    assert sorted(p.name for p in repo_dir.iterdir() if not p.name.endswith(".lock")) == [sha]  # no staging left
 
 
 def test_persistently_corrupt_file_fails_and_publishes_nothing(hub, env):
@@ -165,7 +202,7 @@ def test_local_corruption_needs_verify_and_is_repaired(hub, env):
     assert fixed.path == res.path and shard.read_bytes() == _files()[SHARD1]
     # a truncated file is caught by the cheap size check
     shard.write_bytes(b"short")
-    assert download_model(_entry(), endpoint=hub.endpoint).status == "downloaded"
+    assert download_model(_entry(), endpoint=hub.endpoint).status == "built"
     assert shard.read_bytes() == _files()[SHARD1]
 
 
@@ -180,7 +217,7 @@ def test_offline_reuses_cache_without_network(hub, env):
     assert off.path == res.path and off.status == "cached" and _hub_requests(hub) == before
     os.utime(res.path / SHARD1, ns=(1, 1))  # copied cache: new mtime, same bytes -> hashed once, accepted
     assert download_model(_entry(), offline=True).path == res.path
-    assert res.manifest["stat"][SHARD1] != json.loads((res.path / "manifest.json").read_text())["stat"][SHARD1]
+    assert json.loads((res.path / "manifest.json").read_text())["files"][SHARD1]["mtime_ns"] == 1
     (res.path / SHARD1).write_bytes(b"x" * len(_files()[SHARD1]))
     with pytest.raises(DownloadError, match="incomplete or corrupt"):
         download_model(_entry(), offline=True)
@@ -258,22 +295,20 @@ def test_registry_gated_without_token_fails_before_any_request(hub, env, monkeyp
 def test_gated_repo_with_token_never_leaks_it(hub, env, capsys):
     hub.add_commit("test-org/gated", _files(), gated=True)
     res = download_model(_entry("test-org/gated"), endpoint=hub.endpoint, token=TOKEN)
-    assert res.status == "downloaded"
+    assert res.status == "built"
     assert all(auth for m, p, _, auth in hub.requests if "/resolve/" in p)
     out = capsys.readouterr()
     for text in (out.out, out.err, lock_file_path().read_text(), (res.path / "manifest.json").read_text(),
-                 json.dumps(res.manifest)):
+                 res.manifest.model_dump_json()):
         assert TOKEN not in text
 
 
 def test_generated_model_goes_through_the_same_function(pipeline_env):
     res = download_model(get_model("tiny-llama"))
     assert res.status == "cached" and res.path.name.startswith("tiny-llama-")
-    for key in ("key", "model", "repo_id", "revision", "sha", "source", "files", "total_bytes"):
-        assert key in res.manifest
-    assert res.manifest["source"] == "generated" and res.manifest["repo_id"] == "local/tiny-llama"
+    assert res.manifest.source == "generated" and res.manifest.repo_id == "local/tiny-llama"
     assert res.status == "cached"  # the session fixture generated it already
-    assert len(res.sha) == 40 and set(res.manifest["files"]) >= {"config.json", "model.safetensors"}
+    assert len(res.manifest.sha) == 40 and set(res.manifest.files) >= {"config.json", "model.safetensors"}
     assert download_model(get_model("tiny-llama"), verify=True).manifest == res.manifest
     assert not (pipeline_env / "out").exists()  # no lock file for generated models
     with pytest.raises(DownloadError, match=r"--revision v2: tiny-llama is generated locally"):
@@ -287,8 +322,8 @@ def test_generated_files_round_trip_through_the_hub(tiny_models, hub, env):
 
     sha = serve_directory(hub, "test-org/tiny-llama", tiny_models["tiny-llama"])
     res = download_model(_entry("test-org/tiny-llama"), endpoint=hub.endpoint)
-    assert res.sha == sha
-    for name in res.manifest["files"]:
+    assert res.manifest.sha == sha
+    for name in res.manifest.files:
         assert (res.path / name).read_bytes() == (tiny_models["tiny-llama"] / name).read_bytes()
     assert AutoModelForCausalLM.from_pretrained(res.path).config.num_hidden_layers == 4
     assert AutoTokenizer.from_pretrained(res.path)("hello")["input_ids"][0] == 0

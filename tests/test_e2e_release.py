@@ -104,18 +104,18 @@ def test_build_release_twice_verify_and_noop_rebuild(reference_build, tmp_path):
     repo = next((root / "triton_repo").iterdir())
     assert invoke("verify", str(repo), env=env).returncode == 0
 
-    # ...and fail with exit 2 after one byte of an artifact changes.
+    # ...and fail with exit 3 (integrity) after one byte of an artifact changes.
     weights = rel / "engines" / build_id / "checkpoint" / "rank0.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0x01
     weights.write_bytes(bytes(data))
     r = invoke("verify", str(rel), env=env)
-    assert r.returncode == 2 and "rank0.safetensors: sha256" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "rank0.safetensors: sha256" in r.stderr and "Traceback" not in r.stderr
     blob = bytearray(a.read_bytes())
     blob[len(blob) // 2] ^= 0x01
     a.write_bytes(bytes(blob))
     r = invoke("verify", str(a), env=env)
-    assert r.returncode == 2 and r.stderr.startswith("error:")
+    assert r.returncode == 3 and r.stderr.startswith("error:")
 
     # Re-running the completed build is a no-op: every stage cached, no manifest rewritten.
     r = invoke("build", *SPEC, "--json", env=env)

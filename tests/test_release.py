@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import file_table, write_manifest
-from pipeline.errors import PipelineError
-from pipeline.release import FIXED_MTIME, RELEASE_JSON, ReleaseError, pack_release
+from pipeline.artifacts import file_table, read_manifest, write_manifest
+from pipeline.errors import IntegrityError
+from pipeline.manifests import FileRecord
+from pipeline.release import FIXED_MTIME, RELEASE_JSON, ReleaseError, pack_release, release_output_dir
 
 
 def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:
@@ -121,9 +122,51 @@ def test_release_gzip_stream_is_plain_gzip(tmp_path):
         assert g.read(3) == b"rel"  # first tar header name
 
 
-def test_release_output_outside_tree_refused(tmp_path, monkeypatch):
-    from pipeline.artifacts import safe_join
+def test_release_output_is_any_directory_the_user_names(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    monkeypatch.setenv("PIPELINE_ROOT", str(root))
+    assert release_output_dir(None) == root.resolve() / "releases"
+    assert release_output_dir("rel/a") == root.resolve() / "rel" / "a"
+    assert release_output_dir(str(tmp_path / "ci" / "artifacts")) == tmp_path / "ci" / "artifacts"  # outside: fine
+    assert release_output_dir("../next-to-root") == tmp_path.resolve() / "next-to-root"  # the user typed it
 
-    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
-    with pytest.raises(PipelineError, match="escapes"):
-        safe_join(tmp_path, "../elsewhere")
+
+def test_release_output_refuses_symlink_tricks_and_non_directories(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    root.mkdir()
+    monkeypatch.setenv("PIPELINE_ROOT", str(root))
+    (root / "releases").symlink_to(tmp_path / "victim", target_is_directory=True)  # planted in the output tree
+    with pytest.raises(ReleaseError, match="a symlink inside the output tree"):
+        release_output_dir("releases/x")
+    (root / "file").write_text("x")
+    with pytest.raises(ReleaseError, match="is not a directory"):
+        release_output_dir("file")
+    comps = fabricate_build(tmp_path / "b")
+    out = tmp_path / "dest"
+    out.mkdir()
+    (out / "rel.tar.gz").symlink_to(tmp_path / "victim.tar.gz")  # the tarball name itself redirected
+    with pytest.raises(ReleaseError, match="is not a regular file"):
+        pack_release(name="rel", components=comps, metadata={}, output_dir=out)
+    assert not (tmp_path / "victim.tar.gz").exists()
+
+
+def test_packed_files_must_match_their_stage_manifests(tmp_path):
+    comps = fabricate_build(tmp_path / "out")
+    recorded = {arc: ("calibrate", {rel: FileRecord(**rec) for rel, rec in read_manifest(src)["files"].items()})
+                for arc, src in comps.items()}
+    assert pack_release(name="ok", components=comps, metadata={}, output_dir=tmp_path / "r", recorded=recorded)
+    ckpt = next(src for arc, src in comps.items() if arc.endswith("/checkpoint"))
+    (ckpt / "extra.bin").write_bytes(b"x")
+    (ckpt / "rank0.safetensors").write_bytes(b"changed")
+    with pytest.raises(IntegrityError) as err:
+        pack_release(name="bad", components=comps, metadata={}, output_dir=tmp_path / "r", recorded=recorded)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and "rank0.safetensors: sha256" in msg and "extra.bin: not in the manifest" in msg
+    assert "re-run `invoke build --force calibrate`" in msg and not (tmp_path / "r" / "bad.tar.gz").exists()
+
+
+def test_empty_release_is_refused(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ReleaseError, match="would hold no files"):
+        pack_release(name="rel", components={"x": empty}, metadata={}, output_dir=tmp_path / "r")

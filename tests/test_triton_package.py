@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PackageError, ServeError
+from pipeline.errors import PackageError, PipelineError, ServeError
 from pipeline.spec import resolve_spec
 from pipeline.triton import package_repo, render, validate_repo
 
@@ -57,7 +57,7 @@ def llama70b_engines(out_env):
 def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engines):
     target, draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    res = package_repo(spec, engine_dir=target)
+    res = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint")
     repo = res.path
     assert repo.name == "llama-70b-fp8-0123456789ab" and repo.parent.name == "triton_repo"
     summary = validate_repo(repo)
@@ -85,9 +85,9 @@ def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engine
     for name in ("input_ids", "input_lengths", "request_output_len", "draft_input_ids", "end_id", "pad_id",
                  "streaming", "runtime_top_k", "runtime_top_p", "temperature", "seed", "return_perf_metrics"):
         assert name in names
-    assert res.manifest["world_size"] == 4 and not res.reused
-    # same inputs again: a no-op that reads the manifest only
-    assert package_repo(spec, engine_dir=target).reused
+    assert res.manifest.world_size == 4 and res.status == "built"
+    # same inputs again: a no-op that reads the manifest (and checks the files against it)
+    assert package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").status == "cached"
 
 
 def test_trtllm_launch_copy_and_command(llama70b_engines):
@@ -95,7 +95,7 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
 
     target, _ = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target).path
+    repo = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").path
     launch = launch_repo(repo)
     try:
         assert launch != repo.resolve()
@@ -134,7 +134,7 @@ def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, 
 
     target, _ = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target).path
+    repo = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").path
     monkeypatch.setattr(serve, "find_gpu_tritonserver", lambda: None)
     with pytest.raises(ServeError, match="--target reference"):
         serve.build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-")
@@ -145,7 +145,8 @@ def test_serve_engine_dir_rewrites_gpt_model_path(llama70b_engines, tmp_path):
 
     target, _draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target, output=tmp_path / "elsewhere").path
+    repo = package_repo(spec, engine_dir=target, output=tmp_path / "elsewhere",
+                        draft_tokenizer_dir=target.parent / "checkpoint").path
     moved = tmp_path / "moved-engines"
     shutil.copytree(target.parent, moved)
     install_repo(repo, engine_dir=moved / "engine", draft_engine_dir=moved / "draft_engine")
@@ -170,7 +171,7 @@ def test_kv_reuse_stays_off_when_engine_lacks_paged_context_fmha(out_env):
     spec = resolve_spec(model="llama-8b", precision="bf16", target="trtllm")
     res = package_repo(spec, engine_dir=target)
     assert validate_repo(res.path).param("tensorrt_llm", "enable_kv_cache_reuse") == "false"
-    assert any("KV-cache reuse" in w for w in res.warnings)
+    assert any("KV-cache reuse" in w for w in res.manifest.warnings)
 
 
 # ------------------------------------------------------------------------------------------------- reference
@@ -190,7 +191,8 @@ def test_reference_repo_uses_python_backend_with_the_same_contract(reference_rep
     assert (reference_repo / "tensorrt_llm" / "1" / "model.py").is_file()
     assert (reference_repo / "tensorrt_llm_draft" / "1" / "model.py").is_file()
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    prod = validate_repo(package_repo(spec, engine_dir=llama70b_engines[0]).path)
+    engine = llama70b_engines[0]
+    prod = validate_repo(package_repo(spec, engine_dir=engine, draft_tokenizer_dir=engine.parent / "checkpoint").path)
     def io(summary, model):
         cfg = summary.models[model]
         return [(t.name, t.data_type, list(t.dims)) for t in (*cfg.input, *cfg.output)]
@@ -301,7 +303,7 @@ def test_different_draft_tokenizer_is_refused(out_env):
     draft = fabricated_checkpoint(out_env / "out" / "engines" / "tiny-llama-draft-fp8-666666666666" / "checkpoint")
     (draft / "tokenizer" / "tokenizer.json").write_text('{"other": true}')
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-    with pytest.raises(PackageError, match="share the vocabulary"):
+    with pytest.raises(PackageError, match="different tokenizer than the target's"):
         package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft)
 
 
@@ -318,11 +320,11 @@ def _invoke(env_root: Path, *args: str):
 def test_invoke_package_trtllm_from_engine_dir(llama70b_engines, out_env):
     target, _ = llama70b_engines
     done = _invoke(out_env, "package", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft",
-                   "llama-1b", "--engine-dir", str(target))
+                   "llama-1b", "--engine-dir", str(target), "--draft-tokenizer-dir", str(target.parent / "checkpoint"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok: ") and "tensorrt_llm_bls" in done.stdout
     again = _invoke(out_env, "package", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft",
-                    "llama-1b", "--engine-dir", str(target))
+                    "llama-1b", "--engine-dir", str(target), "--draft-tokenizer-dir", str(target.parent / "checkpoint"))
     assert "current (no-op)" in again.stdout
 
 
@@ -336,3 +338,31 @@ def test_invoke_package_bad_engine_dir_is_one_line_exit_2(out_env):
 def test_invoke_serve_without_repo_or_spec_is_refused(out_env):
     done = _invoke(out_env, "serve")
     assert done.returncode == 2 and "--repo" in done.stderr
+
+
+def test_trtllm_draft_tokenizer_is_checked_not_guessed(llama70b_engines, tmp_path):
+    """The draft engine's tokenizer comes from its manifest or --draft-tokenizer-dir, never from the target's
+    checkpoint; a different one is refused, an unknown one is an error (not silently skipped)."""
+    target, _ = llama70b_engines
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
+    with pytest.raises(PackageError, match="records no tokenizer .*--draft-tokenizer-dir"):
+        package_repo(spec, engine_dir=target)
+    other = fake_tokenizer(tmp_path / "other-family")
+    (other / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Unigram"}}')
+    with pytest.raises(PackageError, match="different tokenizer than the target's"):
+        package_repo(spec, engine_dir=target, draft_tokenizer_dir=other)
+    repos = target.parents[2] / "triton_repo"
+    assert not repos.exists() or list(repos.iterdir()) == []  # nothing published
+
+
+def test_package_check_only_and_names(out_env):
+    ckpt = fabricated_checkpoint(out_env / "out" / "engines" / "tiny-llama-fp8-555555555555" / "checkpoint")
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(PackageError, match="no current Triton repository .* run `invoke package`"):
+        package_repo(spec, checkpoint_dir=ckpt, check_only=True)
+    res = package_repo(spec, checkpoint_dir=ckpt, spec_key="abcdef0123456789")
+    assert res.path.name == "tiny-llama-fp8-555555555555-abcdef01-reference" and res.manifest.spec_key
+    assert package_repo(spec, checkpoint_dir=ckpt, spec_key="abcdef0123456789", check_only=True).status == "cached"
+    for bad in ("../escape", "/abs", "a/b"):
+        with pytest.raises(PipelineError, match="not a safe name"):
+            package_repo(spec, checkpoint_dir=ckpt, name=bad)

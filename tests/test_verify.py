@@ -40,7 +40,7 @@ def test_fabricated_release_tarball_verifies_then_fails_after_one_byte_flip(fabr
     _flip_byte(fabricated_release.tarball)
     with pytest.raises(VerifyError) as exc:
         verify(fabricated_release.tarball, host=MATCHING_HOST)
-    assert exc.value.exit_code == 2
+    assert exc.value.exit_code == 3  # integrity: unreadable or files differ
 
 
 def test_fabricated_unpacked_release_detects_changed_missing_and_extra_files(fabricated_release, tmp_path):
@@ -56,8 +56,8 @@ def test_fabricated_unpacked_release_detects_changed_missing_and_extra_files(fab
     problems = exc.value.report.mismatches
     assert any("rank0.engine: sha256" in p for p in problems)
     assert any("ensemble/config.pbtxt: missing" in p for p in problems)
-    assert any("extra.txt: not in the release" in p for p in problems)
-    assert exc.value.exit_code == 2
+    assert any("extra.txt: not in the manifest" in p for p in problems)
+    assert exc.value.exit_code == 3
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_fabricated_engine_toolchain_or_arch_mismatch_refused(fabricated_release
         with pytest.raises(HostMismatchError) as exc:
             verify(target, host=host)
         assert needle in str(exc.value)
-        assert exc.value.exit_code == 2
+        assert exc.value.exit_code == 4
 
 
 def test_unknown_host_skips_host_check_with_a_note(fabricated_release):

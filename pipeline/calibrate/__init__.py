@@ -3,6 +3,6 @@
 `run_calibrate(spec, role=...)` is the entry point; heavy imports (torch, modelopt, transformers) happen inside it.
 """
 
-from .stage import StageResult, run_calibrate
+from .stage import CheckpointResult, run_calibrate
 
-__all__ = ["StageResult", "run_calibrate"]
+__all__ = ["CheckpointResult", "run_calibrate"]

@@ -38,7 +38,8 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
     Anything else: plain text, paragraphs separated by blank lines (one per line when there are none).
 
     Raises:
-        CalibrationError: the file is missing, unreadable, malformed or holds no text.
+        CalibrationError: the file is missing, unreadable, malformed or holds no text (`invoke check` runs this
+            before any download).
     """
     if path is None:
         return _bundled()[0], "bundled-corpus"
@@ -50,9 +51,11 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
             f"calibration file {p} does not exist; pass an existing .jsonl or text file to --calib-data"
         )
     try:
-        raw = p.read_text(encoding="utf-8")
+        raw = p.read_text(encoding="utf-8-sig")  # a UTF-8 byte-order mark is fine
     except UnicodeDecodeError:
         raise CalibrationError(f"calibration file {p} is not UTF-8 text; convert it or pass a .jsonl file") from None
+    except OSError as exc:
+        raise CalibrationError(f"calibration file {p} cannot be read ({exc.strerror}); fix its permissions") from None
     texts: list[str] = []
     if p.suffix.lower() == ".jsonl":
         for n, line in enumerate(raw.splitlines(), 1):

@@ -19,10 +19,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from ..artifacts import atomic_dir, engines_dir, file_table, read_manifest, stage_key, stage_lock, write_manifest
+from ..artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from ..errors import CalibrationError
+from ..layout import checkpoint_dir
+from ..manifests import CheckpointManifest, StageResult
 from ..registry import ModelEntry
 from ..spec import BuildSpec
+from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
 from . import data, recipes
 
@@ -37,14 +40,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 Role = Literal["target", "draft"]
 
 
-@dataclass(frozen=True)
-class StageResult:
-    """`path` = engines/<build-id>/checkpoint; `status` is "built" or "cached" (a no-op re-run)."""
-
-    path: Path
-    manifest: dict[str, Any]
-    build_id: str
-    status: str = "built"
+CheckpointResult = StageResult[CheckpointManifest]
 
 
 @dataclass(frozen=True)
@@ -114,7 +110,7 @@ def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[P
         from ..download import download_model
 
         res = download_model(entry)
-        return Path(res.path), str(res.sha)
+        return Path(res.path), res.manifest.sha
     src = Path(source_dir)
     if not (src / "config.json").is_file():
         raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")
@@ -143,13 +139,13 @@ def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
         if key in cfg and cfg[key] != want:
             raise CalibrationError(
                 f"{entry.name}: source config {key}={cfg[key]} differs from the registry's {want}; "
-                "fix the registry entry or the source"
+                "fix the registry entry (your own via --models-file) or the source"
             )
     return cfg
 
 
-def _gate_from_manifest(manifest: dict[str, Any], plan: _Plan) -> None:
-    q = manifest.get("quality") or {}
+def _gate_from_manifest(manifest: CheckpointManifest, plan: _Plan) -> None:
+    q = manifest.quality
     delta = q.get("ppl_delta_pct")
     if plan.enforce and delta is not None and not delta <= plan.threshold:
         raise CalibrationError(
@@ -166,7 +162,8 @@ def run_calibrate(
     force: bool = False,
     source_dir: str | Path | None = None,
     check_only: bool = False,
-) -> StageResult:
+    verify: bool = False,
+) -> CheckpointResult:
     """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint.
 
     Args:
@@ -175,10 +172,15 @@ def run_calibrate(
         force: rebuild even when the existing output's key matches.
         source_dir: a local HF model directory; default: `download_model(entry)`.
         check_only: return the current checkpoint, or raise `CalibrationError` instead of building one.
+        verify: re-hash every file of a current checkpoint (default: sizes and mtimes, hashing what changed).
+
+    Returns:
+        The checkpoint at engines/<build-id>/checkpoint; status "cached" when it was current and intact.
 
     Raises:
         CalibrationError: bad calibration data, unsupported architecture, failed quality gate, export or
             round-trip mismatch. Nothing is left under the final output name on failure.
+        IntegrityError: the current checkpoint differs from its manifest (re-run with `--force calibrate`).
     """
     plan = _plan(spec, role)
     texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
@@ -203,39 +205,41 @@ def run_calibrate(
     }
     key = stage_key(factors)
     build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"
-    final = engines_dir() / build_id / "checkpoint"
+    final = checkpoint_dir(build_id)
 
-    def cached() -> StageResult | None:
-        m = read_manifest(final) if final.is_dir() else None
-        if force or not m or m.get("key") != key:
+    def cached() -> CheckpointResult | None:
+        m = None if force else CheckpointManifest.current(final, key, verify=verify, strict=check_only)
+        if m is None:
             return None
         _gate_from_manifest(m, plan)
-        return StageResult(final, m, build_id, "cached")
+        return CheckpointResult(final, m, "cached")
 
     if (hit := cached()) is not None:
         return hit
     if check_only:
         raise CalibrationError(
             f"no current {role} checkpoint for {plan.entry.name} {plan.precision} with these inputs "
-            f"(expected {final}); run `invoke calibrate` or `invoke build` without --from first"
+            f"(expected {final}); run `invoke build` (or `invoke calibrate`) first", path=final
         )
     with stage_lock(final):
         if (hit := cached()) is not None:
             return hit
         # ModelOpt prints progress to stdout; keep stdout for the stage's own result lines.
         with atomic_dir(final) as tmp, contextlib.redirect_stdout(sys.stderr):
-            manifest = _build(plan, src, calib, texts, encode, tmp)
-            manifest.update(
+            fields = _build(plan, src, calib, texts, encode, tmp)
+            manifest = CheckpointManifest(
+                **fields,
                 key=key,
                 build_id=build_id,
                 factors=factors,
                 role=role,
                 model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
-                argv=sys.argv,
+                tokenizer=identity(tmp / "tokenizer"),
+                argv=[str(a) for a in sys.argv],
+                files=file_table(tmp),
             )
-            manifest["files"] = file_table(tmp)
-            write_manifest(tmp, manifest)
-    return StageResult(final, manifest, build_id, "built")
+            manifest.write(tmp)
+    return CheckpointResult(final, manifest, "built")
 
 
 def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]], device) -> dict[str, Any]:
@@ -348,7 +352,6 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
     timings["total_s"] = time.perf_counter() - t0
     return {
-        "stage": "calibrate",
         "recipe": {
             "precision": plan.precision,
             "kv_cache": plan.kv,

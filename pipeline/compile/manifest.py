@@ -9,55 +9,39 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import MANIFEST, file_table, read_manifest, sha256_file, stage_key
-from ..errors import CompileError
+from ..errors import CompileError, PipelineError
+from ..manifests import DraftRecord, EngineManifest, TokenizerIdentity
+from ..tokenizer import TOKENIZER_DIR, identity, mismatch
 from .plan import EnginePlan
 
 STAGE = "compile"
 STAGE_VERSION = 1
-TOKENIZER_DIR = "tokenizer"
-# tokenizer.json sections that decide token ids (chat templates and other tokenizer_config.json fields do not).
-_TOKENIZER_ID_SECTIONS = ("model", "added_tokens", "normalizer", "pre_tokenizer")
 
 
 def _sha_json(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def tokenizer_fingerprint(ckpt_dir: Path) -> dict[str, str]:
-    """Fingerprint of the token-id mapping exported with a checkpoint (`<ckpt>/tokenizer/`).
-
-    tokenizer.json: sha256 over its model (vocab, merges), added_tokens, normalizer and pre_tokenizer sections;
-    sentencepiece: sha256 of tokenizer.model.
+def tokenizer_fingerprint(ckpt_dir: Path) -> TokenizerIdentity:
+    """The identity of the tokenizer exported with a checkpoint (`<ckpt>/tokenizer/`).
 
     Raises:
-        CompileError: no tokenizer was exported with the checkpoint.
+        CompileError: no tokenizer was exported with the checkpoint, or it is unreadable.
     """
-    tdir = Path(ckpt_dir) / TOKENIZER_DIR
-    tj, sp = tdir / "tokenizer.json", tdir / "tokenizer.model"
-    if tj.is_file():
-        try:
-            data = json.loads(tj.read_text())
-        except json.JSONDecodeError:
-            raise CompileError(f"{tj} is not valid JSON; re-export the checkpoint") from None
-        return {"file": "tokenizer.json", "sha256": _sha_json({k: data.get(k) for k in _TOKENIZER_ID_SECTIONS})}
-    if sp.is_file():
-        return {"file": "tokenizer.model", "sha256": sha256_file(sp)}
-    raise CompileError(
-        f"checkpoint {ckpt_dir} has no tokenizer ({tdir}/tokenizer.json or tokenizer.model); "
-        "re-run `invoke calibrate`, which exports the tokenizer with the checkpoint"
-    )
+    try:
+        return identity(Path(ckpt_dir) / TOKENIZER_DIR)
+    except PipelineError as exc:
+        raise CompileError(f"checkpoint {ckpt_dir} has no usable tokenizer: {exc}", path=exc.path) from None
 
 
-def check_same_tokenizer(target_ckpt: Path, draft_ckpt: Path) -> dict[str, Any]:
-    """Compare the tokenizer files of the two checkpoints; raise before any compile when they differ."""
+def check_same_tokenizer(target_ckpt: Path, draft_ckpt: Path) -> TokenizerIdentity:
+    """The shared tokenizer identity of the two checkpoints; raise before any compile when they differ."""
     t, d = tokenizer_fingerprint(target_ckpt), tokenizer_fingerprint(draft_ckpt)
-    if t != d:
-        raise CompileError(
-            f"draft checkpoint {draft_ckpt} has a different tokenizer than the target {target_ckpt} "
-            f"({d['file']} {d['sha256'][:12]} vs {t['file']} {t['sha256'][:12]}); draft-target speculation needs "
-            "one shared tokenizer: choose a draft of the same family"
-        )
-    return {"equal": True, "file": t["file"], "sha256": t["sha256"]}
+    why = mismatch(t, d)
+    if why:
+        raise CompileError(f"draft checkpoint {draft_ckpt} has a different tokenizer than the target {target_ckpt} "
+                           f"({why})", expected=t, actual=d)
+    return t
 
 
 def checkpoint_identity(ckpt_dir: Path) -> dict[str, Any]:
@@ -102,47 +86,45 @@ def engine_manifest(
     engine_config: dict[str, Any],
     toolchain: dict[str, Any],
     checkpoint: dict[str, Any],
-    draft: dict[str, Any] | None = None,
+    draft: DraftRecord | None = None,
     build_seconds: float | None = None,
     log_path: Path | None = None,
-) -> dict[str, Any]:
-    """The manifest.json content of a verified engine directory (files hashed as they are now)."""
+) -> EngineManifest:
+    """The manifest of a verified engine directory (files hashed as they are now; the checkpoint's tokenizer)."""
     engine_dir = Path(engine_dir)
-    return {
-        "stage": STAGE,
-        "stage_version": STAGE_VERSION,
-        "key": key,
-        "role": plan.role,
-        "model": plan.model,
-        "precision": plan.precision,
-        "kv_cache": plan.kv_cache,
-        "tp": plan.tp,
-        "pp": plan.pp,
-        "world_size": plan.world_size,
-        "engine_version": engine_config["version"],
-        "toolchain": {k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")},
-        "gpu": {"name": toolchain.get("gpu_name"), "sm": toolchain.get("sm"), "count": toolchain.get("gpu_count")},
-        "argv": plan.argv,  # as run, with the final engine directory
-        "planned_build_config": plan.expected_build_config,
-        "build_config_sha256": build_config_hash(engine_config),
-        "files": file_table(engine_dir),
-        "checkpoint": checkpoint,
-        "draft": draft,
-        "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
-        "log": str(log_path) if log_path else None,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    try:
+        tokenizer = identity(Path(plan.checkpoint_dir) / TOKENIZER_DIR)
+    except PipelineError:
+        tokenizer = None  # a checkpoint exported outside the pipeline, without tokenizer/
+    return EngineManifest(
+        key=key,
+        role=plan.role,
+        model=plan.model,
+        precision=plan.precision,
+        kv_cache=plan.kv_cache,
+        tp=plan.tp,
+        pp=plan.pp,
+        world_size=plan.world_size,
+        engine_version=engine_config["version"],
+        toolchain={k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")},
+        gpu={"name": toolchain.get("gpu_name"), "sm": toolchain.get("sm"), "count": toolchain.get("gpu_count")},
+        argv=plan.argv,  # as run, with the final engine directory
+        planned_build_config=plan.expected_build_config,
+        build_config_sha256=build_config_hash(engine_config),
+        files=file_table(engine_dir),
+        checkpoint=checkpoint,
+        tokenizer=tokenizer,
+        draft=draft,
+        build_seconds=round(build_seconds, 1) if build_seconds is not None else None,
+        log=str(log_path) if log_path else None,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
 
 
-def draft_record(draft_dir: Path, tokenizer: dict[str, Any]) -> dict[str, Any]:
-    """How a target manifest records its draft engine: path, key, manifest hash, tokenizer equality."""
-    m = read_manifest(draft_dir)
-    if not m:
-        raise CompileError(f"draft engine {draft_dir} has no manifest.json; compile the draft first")
-    return {
-        "path": str(draft_dir),
-        "model": m.get("model"),
-        "key": m["key"],
-        "manifest_sha256": sha256_file(Path(draft_dir) / MANIFEST),
-        "tokenizer": tokenizer,
-    }
+def draft_record(draft_dir: Path, tokenizer: TokenizerIdentity) -> DraftRecord:
+    """How a target manifest records its draft engine: path, key, manifest hash, the shared tokenizer."""
+    m = EngineManifest.read(draft_dir)
+    if m is None:
+        raise CompileError(f"draft engine {draft_dir} has no manifest.json; compile the draft first", path=draft_dir)
+    return DraftRecord(path=str(draft_dir), model=m.model, key=m.key,
+                       manifest_sha256=sha256_file(Path(draft_dir) / MANIFEST), tokenizer=tokenizer)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
-from ..errors import CompileError
+from ..errors import ToolchainError
 from ..gpus import GPUS
 from ..trtllm_rules import TRTLLM_VERSION
 
@@ -165,7 +165,7 @@ def check_host(probe: HostProbe, *, gpu: str, workers: int) -> None:
     if problems:
         sm = GPUS[gpu].sm
         kind = "an H100-class GPU" if sm == 90 else f"a {gpu} GPU"
-        raise CompileError(
+        raise ToolchainError(
             f"compiling needs {kind} (SM {sm / 10:.1f}) with TensorRT-LLM {TRTLLM_VERSION}, "
             f"but {'; '.join(problems)}; {CPU_STAGES_HINT}"
         )
@@ -184,10 +184,10 @@ def import_toolchain(timeout: float = 600) -> dict[str, str]:
         r = subprocess.run([sys.executable, "-c", _VERSION_PROBE], check=False, capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise CompileError(f"importing tensorrt_llm took over {timeout:.0f} s; check the installation") from None
+        raise ToolchainError(f"importing tensorrt_llm took over {timeout:.0f} s; check the installation") from None
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
-        raise CompileError(f"tensorrt_llm is installed but does not import: {last}; fix the TensorRT-LLM install")
+        raise ToolchainError(f"tensorrt_llm is installed but does not import: {last}; fix the TensorRT-LLM install")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -195,13 +195,13 @@ def preflight(*, gpu: str, workers: int) -> Toolchain:
     """Fail fast unless this host can compile; return the toolchain for the manifest and the stage key.
 
     Raises:
-        CompileError: (exit code 2) naming each problem and the CPU-capable stages to run instead.
+        ToolchainError: (exit code 4) naming each problem and the CPU-capable stages to run instead.
     """
     probe = probe_host()
     check_host(probe, gpu=gpu, workers=workers)
     versions = import_toolchain()
     if versions["tensorrt_llm"] != TRTLLM_VERSION:
-        raise CompileError(
+        raise ToolchainError(
             f"tensorrt_llm imports as {versions['tensorrt_llm']}, the pipeline pins {TRTLLM_VERSION}; "
             f"install tensorrt-llm=={TRTLLM_VERSION}"
         )

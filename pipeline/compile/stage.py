@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from ..artifacts import atomic_dir, is_current, read_manifest, stage_lock, write_manifest
+from ..artifacts import atomic_dir, stage_lock
+from ..errors import CompileError
+from ..manifests import DraftRecord, EngineManifest, StageResult
 from ..spec import BuildSpec
 from .manifest import check_same_tokenizer, checkpoint_identity, compile_key, draft_record, engine_manifest
 from .plan import CompilePlan, EnginePlan, plan_compile
 from .preflight import Toolchain, preflight
 from .runner import run_trtllm_build
 from .verify import verify_engine_dir
+
+EngineResult = StageResult[EngineManifest]
 
 
 def log_path_for(engine_dir: Path) -> Path:
@@ -20,24 +23,50 @@ def log_path_for(engine_dir: Path) -> Path:
     return engine_dir.parent / f"{engine_dir.name}.build.log"
 
 
-def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: dict[str, Any] | None) -> dict:
+def _current(out: Path, key: str | None, *, verify: bool) -> EngineManifest | None:
+    """The engine manifest of `out` for `key` (None: check-only, any key) when its files match it."""
+    return EngineManifest.current(out, key, verify=verify, strict=key is None)
+
+
+def _recorded_toolchain(m: EngineManifest) -> dict:
+    """The toolchain an engine was built with, shaped like `Toolchain.as_dict()` (for its stage key)."""
+    return {**m.toolchain, "sm": m.gpu.get("sm"), "gpu_name": m.gpu.get("name")}
+
+
+def _locate_one(plan: EnginePlan, *, draft: DraftRecord | None, verify: bool) -> EngineResult:
+    """Check-only: the engine at the plan's output dir, if it was built from this plan and checkpoint (under the
+    toolchain it records) and still matches its manifest."""
+    out = Path(plan.output_dir)
+    m = _current(out, None, verify=verify)
+    if m is not None:
+        checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
+        key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=_recorded_toolchain(m),
+                          draft_key=draft.key if draft else None)
+        if m.key == key:
+            return EngineResult(out, m, "cached")
+    raise CompileError(f"no current {plan.role} engine at {out} for this spec and checkpoint; run `invoke compile` "
+                       "or `invoke build` on a GPU host first", path=out)
+
+
+def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: DraftRecord | None,
+                 verify: bool = False) -> EngineResult:
     out = Path(plan.output_dir)
     tc = toolchain.as_dict()
     checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
-    key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=tc, draft_key=draft["key"] if draft else None)
-    if not force and is_current(out, key):
-        return read_manifest(out)
+    key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=tc, draft_key=draft.key if draft else None)
+    if not force and (m := _current(out, key, verify=verify)) is not None:
+        return EngineResult(out, m, "cached")
     with stage_lock(out):
-        if not force and is_current(out, key):
-            return read_manifest(out)
+        if not force and (m := _current(out, key, verify=verify)) is not None:
+            return EngineResult(out, m, "cached")
         log = log_path_for(out)
         with atomic_dir(out) as tmp:
             seconds = run_trtllm_build(plan.argv_for(tmp), log_path=log)
             config = verify_engine_dir(tmp, plan, trtllm_version=toolchain.tensorrt_llm)
             manifest = engine_manifest(tmp, plan, key=key, engine_config=config, toolchain=tc,
                                        checkpoint=checkpoint, draft=draft, build_seconds=seconds, log_path=log)
-            write_manifest(tmp, manifest)
-    return read_manifest(out)
+            manifest.write(tmp)
+    return EngineResult(out, manifest, "built")
 
 
 def run_compile(
@@ -47,36 +76,43 @@ def run_compile(
     output_dir: Path | str,
     draft_checkpoint_dir: Path | str | None = None,
     draft_output_dir: Path | str | None = None,
-    dry_run: bool = False,
     force: bool = False,
     toolchain: Toolchain | None = None,
-) -> dict[str, Any]:
-    """Compile the target (and draft) engines of `spec`; return the target engine's manifest.
+    check_only: bool = False,
+    verify: bool = False,
+) -> tuple[EngineResult, EngineResult | None]:
+    """Compile the target (and draft) engines of `spec`; return (target, draft) results.
 
-    With `dry_run`, return the plan (`CompilePlan.as_dict()`) and touch nothing — works on any machine, and plans
-    from the spec when a checkpoint has not been exported yet. Otherwise: a draft with a different tokenizer is
-    rejected, the host is preflighted, the draft then the target are built (skipped when their manifest key is
-    current, unless `force`), verified and recorded; the target's manifest records the draft as a pair.
+    A draft with a different tokenizer is rejected, the host is preflighted, the draft then the target are built
+    (cached when their manifest key is current and their files match it, unless `force`), verified and recorded;
+    the target's manifest records the draft as a pair. `invoke compile --dry-run` plans without this function.
 
-    `toolchain`: the result of an earlier `preflight()` on this host (skips a second one).
+    Args:
+        toolchain: the result of an earlier `preflight()` on this host (skips a second one).
+        check_only: return the existing engines (no preflight, works on any host) or raise `CompileError`.
+        verify: re-hash every file of current engines (default: sizes and mtimes, hashing what changed).
 
     Raises:
-        CompileError: bad checkpoint, different tokenizers, host cannot compile, build failed or did not verify.
+        CompileError: bad checkpoint, different tokenizers, build failed or did not verify, nothing current.
+        ToolchainError: this host cannot compile (exit 4).
+        IntegrityError: a current engine differs from its manifest (exit 3).
     """
     plan: CompilePlan = plan_compile(
         spec, checkpoint_dir=checkpoint_dir, output_dir=output_dir, draft_checkpoint_dir=draft_checkpoint_dir,
-        draft_output_dir=draft_output_dir, allow_derived=dry_run,
+        draft_output_dir=draft_output_dir, allow_derived=False,
     )
-    if dry_run:
-        return plan.as_dict()
     tokenizer = None
     if plan.draft is not None:
         tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))
+    if check_only:
+        draft = _locate_one(plan.draft, draft=None, verify=verify) if plan.draft is not None else None
+        record = draft_record(draft.path, tokenizer) if draft is not None else None
+        return _locate_one(plan.target, draft=record, verify=verify), draft
     workers = max(p.workers for p in plan.engines)
     if toolchain is None or toolchain.gpu_count < workers:
         toolchain = preflight(gpu=spec.hardware.gpu, workers=workers)
-    draft = None
+    draft = record = None
     if plan.draft is not None:
-        _compile_one(plan.draft, toolchain, force=force, draft=None)
-        draft = draft_record(Path(plan.draft.output_dir), tokenizer)
-    return _compile_one(plan.target, toolchain, force=force, draft=draft)
+        draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify)
+        record = draft_record(draft.path, tokenizer)
+    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify), draft

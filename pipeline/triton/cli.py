@@ -9,43 +9,43 @@ from typing import Any
 from ..errors import ServeError
 
 
-def _checkpoint(spec, role: str) -> tuple[Path, str | None]:
-    from ..calibrate import run_calibrate
-
-    res = run_calibrate(spec, role=role)
-    return Path(res.path), res.build_id
-
-
 def package_command(spec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
-                    draft_checkpoint_dir=None, tokenizer_dir=None, force=False) -> Any:
-    """Locate the stage inputs (calibrate / compile outputs unless given), package, print one line."""
+                    draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False) -> Any:
+    """Package the build's stage outputs (located check-only: this never calibrates or compiles), print one line.
+
+    Explicit directories replace the located ones; the repository is named by the build layout unless only
+    explicit directories are given.
+    """
     from .package import package_repo
 
-    build_id = None
-    if spec.target == "reference":
-        if checkpoint_dir is None:
-            checkpoint_dir, build_id = _checkpoint(spec, "target")
-        if spec.draft_model and draft_checkpoint_dir is None:
-            draft_checkpoint_dir, _ = _checkpoint(spec, "draft")
-    elif engine_dir is None:
-        from ..compile.cli import engine_dirs_for
+    explicit = checkpoint_dir if spec.target == "reference" else engine_dir
+    kwargs: dict[str, Any] = {}
+    if explicit is None:
+        from ..build import locate_outputs
 
-        ckpt, build_id = _checkpoint(spec, "target")
-        engine_dir, default_draft = engine_dirs_for(ckpt, spec)
-        draft_engine_dir = draft_engine_dir or (default_draft if spec.draft_model else None)
-        tokenizer_dir = tokenizer_dir or ckpt
+        out = locate_outputs(spec, until="compile" if spec.target == "trtllm" else "calibrate")
+        lay = out.layout
+        kwargs = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = checkpoint_dir or out.checkpoint.path
+        tokenizer_dir = tokenizer_dir or out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+        if out.engine is not None:
+            engine_dir = engine_dir or out.engine.path
+            draft_engine_dir = draft_engine_dir or (out.draft_engine.path if out.draft_engine else None)
+
+    def path(p):
+        return Path(p) if p else None
+
     res = package_repo(
-        spec, build_id=build_id, output=Path(output) if output else None,
-        engine_dir=Path(engine_dir) if engine_dir else None,
-        draft_engine_dir=Path(draft_engine_dir) if draft_engine_dir else None,
-        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
-        draft_checkpoint_dir=Path(draft_checkpoint_dir) if draft_checkpoint_dir else None,
-        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, force=force,
+        spec, output=path(output), engine_dir=path(engine_dir), draft_engine_dir=path(draft_engine_dir),
+        checkpoint_dir=path(checkpoint_dir), draft_checkpoint_dir=path(draft_checkpoint_dir),
+        tokenizer_dir=path(tokenizer_dir), draft_tokenizer_dir=path(draft_tokenizer_dir), force=force, **kwargs,
     )
-    for w in res.warnings:
+    for w in res.manifest.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    state = "current (no-op)" if res.reused else "written"
-    print(f"ok: {res.path} {state}: {', '.join(res.manifest['models'])} (target {res.manifest['target']})")
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target})")
     return res
 
 
@@ -56,10 +56,7 @@ def _repo_for(spec, repo) -> Path:
         raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
     from ..build import locate_outputs
 
-    path = locate_outputs(spec).triton_repo
-    if path is None:
-        raise ServeError("the build has no Triton repository yet; run `invoke package` (or `invoke build`)")
-    return Path(path)
+    return locate_outputs(spec).triton_repo.path
 
 
 def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_port=None, ready_timeout=300.0,
@@ -71,10 +68,10 @@ def serve_command(spec, *, repo=None, http_port=None, grpc_port=None, metrics_po
     from ..serve import TritonServer
 
     path = _repo_for(spec, repo)
-    from ..artifacts import read_manifest
+    from ..manifests import RepoManifest
 
-    manifest = read_manifest(path) or {}
-    world = int(manifest.get("world_size", 1)) if manifest.get("target") == "trtllm" else 1
+    manifest = RepoManifest.read(path)
+    world = manifest.world_size if manifest is not None and manifest.target == "trtllm" else 1
     server = TritonServer(path, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           ready_timeout_s=ready_timeout, world_size=world,
                           engine_dir=Path(engine_dir) if engine_dir else None,
