@@ -163,6 +163,16 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         raise PipelineError(f"{path} is corrupt; delete {Path(directory)} and re-run the stage") from None
 
 
+def read_config_json(path: Path, error: type[PipelineError], *, missing: str, invalid: str) -> dict[str, Any]:
+    """A JSON object from `path`; `error(missing)` when the file is absent, `error(invalid)` when it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(missing) from None
+    except json.JSONDecodeError:
+        raise error(invalid) from None
+
+
 def is_current(directory: Path, key: str) -> bool:
     """True when `directory` holds a finished stage output whose manifest key equals `key`."""
     m = read_manifest(directory) if Path(directory).is_dir() else None

@@ -82,10 +82,7 @@ class BuildReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "summary": self.summary,
-            "target": self.target,
-            "build_id": self.build_id,
-            "noop": self.noop,
+            **{name: getattr(self, name) for name in ("summary", "target", "build_id", "noop")},
             "total_s": round(self.total_s, 3),
             "stages": [asdict(s) for s in self.stages],
             "outputs": self.outputs.paths(),

@@ -14,12 +14,12 @@ the CPU reference backend serves the model it returns.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .artifacts import read_config_json
 from .errors import PipelineError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,12 +65,9 @@ class LoadedCheckpoint:
 def read_config(ckpt_dir: Path) -> dict[str, Any]:
     """Read and sanity-check a checkpoint's `config.json`."""
     path = Path(ckpt_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist; point at a TensorRT-LLM checkpoint directory") from None
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path} is not valid JSON; re-run `invoke calibrate --force`") from None
+    cfg = read_config_json(path, CheckpointError,
+                           missing=f"{path} does not exist; point at a TensorRT-LLM checkpoint directory",
+                           invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
     arch = cfg.get("architecture")
     if arch not in ("LlamaForCausalLM", "MistralForCausalLM"):
         raise CheckpointError(f"{path}: architecture {arch!r} is not supported; only Llama-family checkpoints load")

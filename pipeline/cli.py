@@ -68,7 +68,6 @@ SPEC_FLAGS: tuple[Flag, ...] = (
     Flag("no_quality_gate", None, "record but do not enforce the calibration quality gate", False),
     Flag("no_multiple_profiles", None, "build a single TensorRT optimization profile", False),
 )
-SPEC_HELP = {f.name: f.help for f in SPEC_FLAGS}
 
 
 def spec_from_flags(values: dict[str, Any]):
@@ -121,35 +120,58 @@ def exit_on_error(fn: Callable) -> Callable:
     return wrapper
 
 
-def with_spec(fn: Callable | None = None, *, optional: bool = False) -> Callable:
-    """Give a task every spec flag: the body receives `spec` (a validated BuildSpec) plus its own parameters.
+def split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """A docstring without its `Args:` section, and that section as {parameter: help} (continuation lines joined)."""
+    text, _, args = inspect.cleandoc(doc or "").partition("\nArgs:\n")
+    helps: dict[str, str] = {}
+    name = None
+    for line in args.splitlines():
+        if line.startswith("        ") and name:
+            helps[name] += " " + line.strip()
+        elif line.startswith("    ") and ":" in line:
+            name, _, text_ = line.strip().partition(":")
+            helps[name.rstrip("_")] = text_.strip()
+        else:
+            break
+    return text.rstrip(), helps
 
-    The body's signature is `(c, spec, <own params>)`; the exposed signature is `(c, <own params>, <spec flags>)`.
-    With `optional=True` the spec is resolved only when --model or --spec is given, else the body gets None
-    (`serve`/`smoke` take either a repository path or the spec of a finished build).
+
+def command_task(fn: Callable, *, optional_spec: bool = False, **task_kwargs: Any):
+    """An invoke task running the library function `fn` (`pipeline.commands`), with help from its docstring.
+
+    `fn(spec, *, own...)` also takes every spec flag and receives the validated `BuildSpec` (with
+    `optional_spec=True`, None unless --model or --spec is given: `serve`/`smoke` take a repository path instead);
+    `fn(own...)` takes only its own parameters. The task is named after `fn` without its `_command` suffix;
+    errors print one line and exit with their code (`exit_on_error`).
     """
-    if fn is None:
-        return functools.partial(with_spec, optional=optional)
-    own = list(inspect.signature(fn).parameters.values())
-    ctx, own = own[0], [p for p in own[1:] if p.name != "spec"]
-    names = {p.name for p in own}
-    extra = [
-        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
-        for f in SPEC_FLAGS
-        if f.name not in names
-    ]
+    from invoke import task
 
-    @exit_on_error
-    def wrapper(c, **kwargs):
-        flag_values = {f.name: kwargs.pop(f.name, f.default) for f in SPEC_FLAGS if f.name not in names}
+    name = fn.__name__.removesuffix("_command")
+    doc, own_help = split_docstring(fn.__doc__)
+    params = list(inspect.signature(fn).parameters.values())
+    takes_spec = bool(params) and params[0].name == "spec"
+    own = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params[int(takes_spec):]]
+    names = {p.name for p in own}
+    spec_flags = [f for f in SPEC_FLAGS if f.name not in names] if takes_spec else []
+
+    def body(c, **kwargs):
+        if not takes_spec:
+            return fn(**kwargs)
+        flag_values = {f.name: kwargs.pop(f.name, f.default) for f in spec_flags}
         spec = None
-        if not optional or flag_values.get("model") or flag_values.get("spec"):
+        if not optional_spec or flag_values.get("model") or flag_values.get("spec"):
             spec = spec_from_flags(flag_values)
             for w in spec.warnings:
                 print(f"warning: {w}", file=sys.stderr)
-        return fn(c, spec, **kwargs)
+        return fn(spec, **kwargs)
 
-    functools.update_wrapper(wrapper, fn)
-    del wrapper.__wrapped__  # invoke must see the new signature, not the body's
-    wrapper.__signature__ = inspect.Signature([ctx, *own, *extra])
-    return wrapper
+    body.__name__ = name
+    body.__doc__ = doc
+    body.__module__ = fn.__module__
+    ctx = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    extra = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+             for f in spec_flags]
+    body.__signature__ = inspect.Signature([ctx, *own, *extra])
+    helps = {**({f.name: f.help for f in spec_flags}), **own_help}
+    task_kwargs.setdefault("name", name.replace("_", "-"))
+    return task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)

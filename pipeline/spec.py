@@ -145,6 +145,15 @@ class HardwareSpec(BaseModel):
     gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
 
 
+def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
+    """A resolved value: the spec's `section.name`, or the registry model's `registry_section.name` when unset."""
+
+    def value(spec: BuildSpec) -> Any:
+        return getattr(getattr(spec, section), name) or getattr(getattr(spec.model, registry_section or section), name)
+
+    return property(value, doc=f"{section}.{name}, defaulting to the registry model's value")
+
+
 class BuildSpec(BaseModel):
     """A whole, resolved build. `model`/`draft_model` are registry entries; everything else is the recipe."""
 
@@ -163,17 +172,12 @@ class BuildSpec(BaseModel):
     warnings: list[str] = Field(default_factory=list, exclude=True)
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
-    @property
-    def max_batch_size(self) -> int:
-        return self.limits.max_batch_size or self.model.limits.max_batch_size
-
-    @property
-    def max_input_len(self) -> int:
-        return self.limits.max_input_len or self.model.limits.max_input_len
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.limits.max_seq_len or self.model.limits.max_seq_len
+    max_batch_size = _or_registry("limits", "max_batch_size")
+    max_input_len = _or_registry("limits", "max_input_len")
+    max_seq_len = _or_registry("limits", "max_seq_len")
+    calib_size = _or_registry("quantization", "calib_size", "calibration")
+    calib_seq_len = _or_registry("quantization", "calib_seq_len", "calibration")
+    max_ppl_delta_pct = _or_registry("quantization", "max_ppl_delta_pct", "calibration")
 
     @property
     def draft_len(self) -> int:
@@ -241,18 +245,6 @@ class BuildSpec(BaseModel):
         """KV tokens the draft needs: its max batch × one full (S + K) sequence, in whole blocks."""
         block = self.limits.tokens_per_block
         return self.draft_max_batch_size * (-(-self.draft_max_seq_len // block) * block)
-
-    @property
-    def calib_size(self) -> int:
-        return self.quantization.calib_size or self.model.calibration.calib_size
-
-    @property
-    def calib_seq_len(self) -> int:
-        return self.quantization.calib_seq_len or self.model.calibration.calib_seq_len
-
-    @property
-    def max_ppl_delta_pct(self) -> float:
-        return self.quantization.max_ppl_delta_pct or self.model.calibration.max_ppl_delta_pct
 
     def summary(self) -> str:
         """One line describing the resolved spec."""

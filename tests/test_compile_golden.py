@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compile.cli import compile_command
+from pipeline.commands import compile_command
 from pipeline.compile.flags import ACCEPTED, BUILD_FLAGS, PLUGIN_FLAGS
 from pipeline.spec import resolve_spec
 
@@ -86,7 +86,7 @@ def _normalize(text: str, root: Path) -> dict:
 
 
 def _dry_run(case: str, root: Path, capsys) -> dict:
-    compile_command(resolve_spec(**CASES[case]), dry_run=True, as_json=True)
+    compile_command(resolve_spec(**CASES[case]), dry_run=True, json_=True)
     return _normalize(capsys.readouterr().out, root)
 
 

@@ -39,6 +39,11 @@ def _f(name: str, kind: str, choices: tuple[str, ...] = (), aliases: tuple[str, 
     return FlagSpec(name, kind, choices, aliases)
 
 
+def _choices(choices: tuple[str, ...], *names: str) -> tuple[FlagSpec, ...]:
+    """Several consecutive choice flags that accept the same values."""
+    return tuple(FlagSpec(name, "choice", choices) for name in names)
+
+
 # tensorrt_llm/commands/build.py parse_arguments() (1.2.1 code line), in source order.
 BUILD_FLAGS: tuple[FlagSpec, ...] = (
     _f("checkpoint_dir", "str"),
@@ -85,34 +90,19 @@ BUILD_FLAGS: tuple[FlagSpec, ...] = (
 
 # tensorrt_llm/plugin/plugin.py cli_plugin_args, in source order: plugins (dtype choices), then features.
 PLUGIN_FLAGS: tuple[FlagSpec, ...] = (
-    _f("bert_attention_plugin", "choice", _PLUGIN_DTYPES),
-    _f("gpt_attention_plugin", "choice", _PLUGIN_DTYPES),
+    *_choices(_PLUGIN_DTYPES, "bert_attention_plugin", "gpt_attention_plugin"),
     _f("gemm_plugin", "choice", ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")),
     _f("gemm_swiglu_plugin", "choice", ("fp8", "disable")),
-    _f("fp8_rowwise_gemm_plugin", "choice", _PLUGIN_DTYPES),
-    _f("lora_plugin", "choice", _PLUGIN_DTYPES),
+    *_choices(_PLUGIN_DTYPES, "fp8_rowwise_gemm_plugin", "lora_plugin"),
     _f("dora_plugin", "choice", ENABLE_DISABLE),
-    _f("moe_plugin", "choice", _PLUGIN_DTYPES),
-    _f("mamba_conv1d_plugin", "choice", _PLUGIN_DTYPES),
-    _f("nccl_plugin", "choice", _PLUGIN_DTYPES),
-    _f("low_latency_gemm_plugin", "choice", ("fp8", "disable")),
-    _f("low_latency_gemm_swiglu_plugin", "choice", ("fp8", "disable")),
+    *_choices(_PLUGIN_DTYPES, "moe_plugin", "mamba_conv1d_plugin", "nccl_plugin"),
+    *_choices(("fp8", "disable"), "low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin"),
     _f("gemm_allreduce_plugin", "choice", ("float16", "bfloat16", "disable")),
-    _f("context_fmha", "choice", ENABLE_DISABLE),
-    _f("bert_context_fmha_fp32_acc", "choice", ENABLE_DISABLE),
-    _f("remove_input_padding", "choice", ENABLE_DISABLE),
+    *_choices(ENABLE_DISABLE, "context_fmha", "bert_context_fmha_fp32_acc", "remove_input_padding"),
     _f("tokens_per_block", "int"),
-    _f("use_paged_context_fmha", "choice", ENABLE_DISABLE),
-    _f("use_fp8_context_fmha", "choice", ENABLE_DISABLE),
-    _f("fuse_fp4_quant", "choice", ENABLE_DISABLE),
-    _f("multiple_profiles", "choice", ENABLE_DISABLE),
-    _f("paged_state", "choice", ENABLE_DISABLE),
-    _f("streamingllm", "choice", ENABLE_DISABLE),
-    _f("norm_quant_fusion", "choice", ENABLE_DISABLE),
-    _f("reduce_fusion", "choice", ENABLE_DISABLE),
-    _f("user_buffer", "choice", ENABLE_DISABLE),
-    _f("use_fused_mlp", "choice", ENABLE_DISABLE),
-    _f("pp_reduce_scatter", "choice", ENABLE_DISABLE),
+    *_choices(ENABLE_DISABLE, "use_paged_context_fmha", "use_fp8_context_fmha", "fuse_fp4_quant", "multiple_profiles",
+              "paged_state", "streamingllm", "norm_quant_fusion", "reduce_fusion", "user_buffer", "use_fused_mlp",
+              "pp_reduce_scatter"),
 )
 
 ACCEPTED: dict[str, FlagSpec] = {}

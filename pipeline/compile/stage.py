@@ -72,14 +72,11 @@ def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: 
 def run_compile(
     spec: BuildSpec,
     *,
-    checkpoint_dir: Path | str,
-    output_dir: Path | str,
-    draft_checkpoint_dir: Path | str | None = None,
-    draft_output_dir: Path | str | None = None,
     force: bool = False,
     toolchain: Toolchain | None = None,
     check_only: bool = False,
     verify: bool = False,
+    **dirs: Path | str | None,
 ) -> tuple[EngineResult, EngineResult | None]:
     """Compile the target (and draft) engines of `spec`; return (target, draft) results.
 
@@ -88,6 +85,8 @@ def run_compile(
     the target's manifest records the draft as a pair. `invoke compile --dry-run` plans without this function.
 
     Args:
+        dirs: `checkpoint_dir`, `output_dir` and, with a draft, `draft_checkpoint_dir`, `draft_output_dir`, as
+            `plan_compile` takes them.
         toolchain: the result of an earlier `preflight()` on this host (skips a second one).
         check_only: return the existing engines (no preflight, works on any host) or raise `CompileError`.
         verify: re-hash every file of current engines (default: sizes and mtimes, hashing what changed).
@@ -97,10 +96,7 @@ def run_compile(
         ToolchainError: this host cannot compile (exit 4).
         IntegrityError: a current engine differs from its manifest (exit 3).
     """
-    plan: CompilePlan = plan_compile(
-        spec, checkpoint_dir=checkpoint_dir, output_dir=output_dir, draft_checkpoint_dir=draft_checkpoint_dir,
-        draft_output_dir=draft_output_dir, allow_derived=False,
-    )
+    plan: CompilePlan = plan_compile(spec, **dirs, allow_derived=False)
     tokenizer = None
     if plan.draft is not None:
         tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))

@@ -7,10 +7,10 @@ mapping. `build_config.kv_cache_type` is the enum name ("PAGED"), `speculative_d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import read_config_json
 from ..errors import CompileError
 from .flags import SPECULATIVE_MODE_VALUE
 from .plan import EnginePlan
@@ -50,12 +50,9 @@ def diff_build_config(expected: dict[str, Any], actual: dict[str, Any], prefix: 
 
 def read_engine_config(engine_dir: Path) -> dict[str, Any]:
     path = Path(engine_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CompileError(f"engine directory {engine_dir} has no config.json; the build did not finish") from None
-    except json.JSONDecodeError:
-        raise CompileError(f"{path} is not valid JSON; rebuild the engine (invoke compile --force)") from None
+    config = read_config_json(path, CompileError,
+                              missing=f"engine directory {engine_dir} has no config.json; the build did not finish",
+                              invalid=f"{path} is not valid JSON; rebuild the engine (invoke compile --force)")
     missing = [k for k in ("version", "pretrained_config", "build_config") if k not in config]
     if missing:
         raise CompileError(f"{path} lacks {', '.join(missing)}; it was not written by TensorRT-LLM's trtllm-build")

@@ -1,0 +1,416 @@
+"""What each `invoke` task does and prints. `tasks.py` only wires these to invoke (`pipeline.cli.command_task`).
+
+Each function's docstring is its task's help: the first line for `invoke --list`, the `Args:` section for the flags.
+A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
+Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import bench as bench_lib
+from . import planner
+from .artifacts import engines_dir
+from .build import BuildOptions, locate_outputs
+from .build import build as run_build
+from .calibrate import run_calibrate
+from .cli import int_option
+from .compile.plan import plan_compile
+from .compile.preflight import preflight
+from .compile.stage import run_compile
+from .download import download_model
+from .errors import ServeError, SpecError
+from .manifests import RepoManifest
+from .release import release as make_release
+from .verify import verify as check_release
+from .serve import TritonServer
+from .smoke import DEFAULT_PROMPT, run_smoke
+from .spec import BuildSpec
+from .triton.install import install_command
+from .triton.package import package_repo
+
+PENDING = "<build-id>"
+
+
+def _path(p: str | Path | None) -> Path | None:
+    return Path(p) if p else None
+
+
+def check_command(spec: BuildSpec) -> None:
+    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line."""
+    print(spec.summary())
+
+
+def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False) -> None:
+    """Plan memory fit, KV capacity, concurrency, decode throughput bound and $ per 1M output tokens.
+
+    Args:
+        input_len: prompt tokens per request for capacity/throughput (default min(1024, max_input_len))
+        output_len: output tokens per request (default 256)
+        json_: print the plan as JSON
+    """
+    result = planner.plan(spec, input_len=int_option("input_len", input_len),
+                          output_len=int_option("output_len", output_len))
+    print(json.dumps(result.as_dict(), indent=2) if json_ else planner.format_plan(result))
+
+
+# --- compile ---------------------------------------------------------------------------------------------------------
+def engine_dirs_for(checkpoint_dir: Path, spec: BuildSpec) -> tuple[Path, Path]:
+    """engines/<build-id>/engine and draft_engine for a checkpoint at engines/<build-id>/checkpoint.
+
+    A checkpoint elsewhere (--checkpoint-dir) gets engines/<model>-<precision>-ext-<hash12 of its path>/.
+    """
+    checkpoint_dir = Path(checkpoint_dir).resolve()
+    if checkpoint_dir.name == "checkpoint":
+        base = checkpoint_dir.parent
+    else:
+        digest = hashlib.sha256(str(checkpoint_dir).encode()).hexdigest()[:12]
+        base = engines_dir() / f"{spec.model.name}-{spec.quantization.precision}-ext-{digest}"
+    return base / "engine", base / "draft_engine"
+
+
+def locate_checkpoints(
+    spec: BuildSpec, *, checkpoint_dir: str | None, draft_checkpoint_dir: str | None, dry_run: bool
+) -> tuple[Path, Path | None]:
+    """Explicit directories win; else the calibrate stage's current outputs (check-only: never calibrates); a dry
+    run plans without them."""
+    target = _path(checkpoint_dir)
+    draft = _path(draft_checkpoint_dir)
+    need_draft = spec.draft_model is not None and draft is None
+    if target is not None and not need_draft:
+        return target, draft
+    if dry_run:
+        target = target or engines_dir() / PENDING / "checkpoint"
+        if need_draft:
+            draft = engines_dir() / f"{PENDING}-draft" / "checkpoint"
+        return target, draft
+    out = locate_outputs(spec, until="calibrate")
+    target = target or out.checkpoint.path
+    if need_draft:
+        draft = out.draft_checkpoint.path
+    return target, draft
+
+
+def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draft_checkpoint_dir=None, force=False,
+                    json_=False) -> dict[str, Any]:
+    """Compile TensorRT-LLM 1.2.1 engines (target + draft) for SM 90 from the exported checkpoint(s).
+
+    Args:
+        dry_run: print the trtllm-build plan (argv, expected outputs, GPU memory) and exit; works on any machine
+        checkpoint_dir: target TensorRT-LLM checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)
+        draft_checkpoint_dir: draft checkpoint dir (default: the calibrate stage's draft checkpoint)
+        force: rebuild even when the engine manifest's key is current
+        json_: print the plan / engine manifest as JSON
+    """
+    if not dry_run:  # fail fast (< 1 s on a CPU host) before locating anything
+        world = spec.parallelism.world_size
+        toolchain = preflight(gpu=spec.hardware.gpu, workers=max(1, min(world, spec.hardware.gpu_count)))
+    target, draft = locate_checkpoints(spec, checkpoint_dir=checkpoint_dir,
+                                       draft_checkpoint_dir=draft_checkpoint_dir, dry_run=dry_run)
+    engine_dir, draft_engine_dir = engine_dirs_for(target, spec)
+    dirs = dict(checkpoint_dir=target, output_dir=engine_dir, draft_checkpoint_dir=draft,
+                draft_output_dir=draft_engine_dir if draft else None)
+    if dry_run:
+        plan = plan_compile(spec, **dirs, allow_derived=True)
+        print(plan.to_json() if json_ else plan.format())
+        return plan.as_dict()
+    res, draft_res = run_compile(spec, **dirs, force=force, toolchain=toolchain)
+    m = res.manifest
+    if json_:
+        print(json.dumps(m.model_dump(mode="json"), indent=2))
+    else:
+        print(f"ok: target engine {res.path} {res.status} (key {m.key[:12]}, TensorRT-LLM {m.engine_version}, "
+              f"SM {m.gpu.get('sm')})")
+        if draft_res is not None:
+            print(f"ok: draft engine {draft_res.path} {draft_res.status} (key {draft_res.manifest.key[:12]}, "
+                  "tokenizer shared)")
+    return m.model_dump(mode="json")
+
+
+# --- build / release / verify / bench --------------------------------------------------------------------------------
+def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
+                  verify_download=False, verify=False, revision=None, endpoint=None) -> None:
+    """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
+
+    A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
+    `--force STAGE`.
+
+    Args:
+        until: last stage to run: check, download, calibrate, compile, package
+        from_: first stage to run; earlier stages must already be current (they are located, not run)
+        force: rebuild this stage and every stage after it even when current
+        json_: print the build report as JSON on stdout (progress stays on stderr)
+        offline: download: use only the local cache
+        update: download: re-resolve a branch revision to its newest commit
+        verify_download: download: re-hash every cached file
+        verify: re-hash every stage output (sha256), not only sizes and mtimes, before reusing it
+        revision: download: model revision (branch, tag or commit) overriding the registry's
+        endpoint: download: Hugging Face Hub endpoint URL
+    """
+    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
+                        revision=revision, endpoint=endpoint)
+    with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+
+
+def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) -> None:
+    """Pack a finished build as a deterministic, versioned release tarball + .sha256 (run `invoke build` first).
+
+    Every packed file is re-hashed against its stage manifest; a mismatch refuses the release (exit 3).
+
+    Args:
+        output: directory for the tarball: any directory, absolute or relative to the output tree (default releases/)
+        version: release version: letters, digits and . _ + - (default: the pipeline's version)
+        json_: print release.json's summary as JSON
+    """
+    r = make_release(spec, output=output, version=version)
+    files = len(r.document["files"])
+    if json_:
+        doc = {k: v for k, v in r.document.items() if k != "files"}
+        print(json.dumps({"tarball": str(r.tarball), "sha256": r.sha256, "files": files, "release": doc}, indent=2))
+    else:
+        print(f"ok: {r.tarball} sha256 {r.sha256} ({files} files)")
+
+
+def verify_command(path, *, skip_host=False, json_=False) -> None:
+    """Check every sha256 of a release or repo (complete: no extra file, no symlink) and refuse engines built for
+    another toolchain/GPU. Exit 3: files differ; 4: host mismatch; 2: not a release.
+
+    Args:
+        path: release .tar.gz, unpacked release dir, or Triton model repository
+        skip_host: check hashes only, not the host's TensorRT-LLM/TensorRT/GPU against the engines
+        json_: print the verification report as JSON
+    """
+    if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
+        raise SpecError(f"{path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
+                        "(help: invoke --help verify)")
+    report = check_release(path, check_host=not skip_host)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+        return
+    host = "host matches" if report.host_checked else "host not checked"
+    print(f"ok: {report.kind} {path}: {report.files_checked} files verified; {host}")
+    for note in report.notes:
+        print(f"note: {note}")
+
+
+def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None, concurrency=None,
+                  requests=None, max_tokens=None, no_stream=False, budget=None, json_=None, plot=None) -> None:
+    """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
+
+    Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
+    2 the benchmark could not run.
+
+    Args:
+        url: gRPC address of a running server (127.0.0.1:PORT); default: start tritonserver on the build's repo
+        metrics_url: Triton metrics URL (http://127.0.0.1:PORT/metrics) for the prefix-cache hit ratio
+        repo: model repository to serve (default: the build's Triton repo)
+        model_name: model to call (default: tensorrt_llm_bls when served, else ensemble)
+        concurrency: concurrency levels, repeatable or comma-separated (default 1,2,4)
+        requests: requests per concurrency level (default 8)
+        max_tokens: output tokens per request (default 32)
+        no_stream: send non-streaming requests (TTFT not measurable)
+        budget: seconds per concurrency level before no new requests are sent (default 60)
+        json_: write the report as JSON to this file
+        plot: write a latency-vs-throughput PNG to this file (needs matplotlib)
+    """
+    levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
+    report = bench_lib.bench_spec(
+        spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name,
+        concurrency=bench_lib.parse_levels(levels or "1,2,4"),
+        requests_per_level=int_option("requests", requests, default=8),
+        max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
+        level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
+    )
+    print(bench_lib.format_report(report))
+    if json_:
+        print(f"json: {bench_lib.write_json(report, json_)}")
+    if plot:
+        png = bench_lib.plot_report(report, plot)
+        print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
+    bench_lib.check_failures(report)
+
+
+# --- download / calibrate --------------------------------------------------------------------------------------------
+def download_command(spec: BuildSpec, *, revision=None, update=False, offline=False, verify=False,
+                     endpoint=None) -> None:
+    """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path.
+
+    Args:
+        revision: branch, tag or commit overriding the registry's (target model only)
+        update: re-resolve the branch/tag to its current commit instead of the locked one (models.lock.json)
+        offline: no network: reuse a previous download, fail clearly when there is none
+        verify: re-hash every file against the Hub's oids (corrupt files are fetched again)
+        endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co); the token comes from HF_TOKEN/hf auth login
+    """
+    for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
+        res = download_model(entry, revision=revision if i == 0 else None, update=update, offline=offline,
+                             verify=verify, endpoint=endpoint)
+        m = res.manifest
+        print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
+              f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
+
+
+def calibrate_command(spec: BuildSpec, *, force=False) -> None:
+    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints.
+
+    Args:
+        force: rebuild even when the checkpoint for these inputs exists
+    """
+    for role in ["target"] + (["draft"] if spec.draft_model else []):
+        res = run_calibrate(spec, role=role, force=bool(force))
+        q = res.manifest.quality
+        print(
+            f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
+            f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
+        )
+
+
+# --- package / serve / smoke / install-repo -----------------------------------------------------------------------
+def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
+                    draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False) -> Any:
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference.
+
+    Earlier stages' outputs are located, never built: run `invoke build --until compile` (or calibrate) first.
+    Explicit directories replace the located ones; the repository is named by the build layout unless only
+    explicit directories are given.
+
+    Args:
+        output: parent directory of the repository (default triton_repo/); the repo is <output>/<build-id>[-reference]
+        engine_dir: trtllm: target engine dir (default: the compile stage's engines/<build-id>/engine)
+        draft_engine_dir: trtllm: draft engine dir (default: <engine-dir>/../draft_engine)
+        checkpoint_dir: reference: target checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)
+        draft_checkpoint_dir: reference: draft checkpoint dir (default: the calibrate stage's draft checkpoint)
+        tokenizer_dir: tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)
+        draft_tokenizer_dir: trtllm: the draft's tokenizer, for a draft engine built outside the pipeline
+        force: rewrite the repository even when its manifest key is current
+    """
+    explicit = checkpoint_dir if spec.target == "reference" else engine_dir
+    naming: dict[str, Any] = {}
+    if explicit is None:
+        out = locate_outputs(spec, until="compile" if spec.target == "trtllm" else "calibrate")
+        lay = out.layout
+        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = checkpoint_dir or out.checkpoint.path
+        tokenizer_dir = tokenizer_dir or out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+        if out.engine is not None:
+            engine_dir = engine_dir or out.engine.path
+            draft_engine_dir = draft_engine_dir or (out.draft_engine.path if out.draft_engine else None)
+    res = package_repo(
+        spec, output=_path(output), engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir),
+        checkpoint_dir=_path(checkpoint_dir), draft_checkpoint_dir=_path(draft_checkpoint_dir),
+        tokenizer_dir=_path(tokenizer_dir), draft_tokenizer_dir=_path(draft_tokenizer_dir), force=bool(force),
+        **naming,
+    )
+    for w in res.manifest.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target})")
+    return res
+
+
+def _repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
+    if repo:
+        return Path(repo)
+    if spec is None:
+        raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
+    return locate_outputs(spec).triton_repo.path
+
+
+def _print_addresses(server: TritonServer, path: Path) -> None:
+    configured = {"http": server.http_url, "grpc": server.grpc_url,
+                  "metrics": server.metrics_url.removeprefix("http://")}
+    lines = [f"ok: serving {path} (installed copy {server.launch_dir})"]
+    for what, addr in configured.items():
+        bound = server.bound.get(what)
+        lines.append(f"  {what:<8}{bound} (bound)" if bound else f"  {what:<8}{addr} (configured)")
+    lines += [f"  log     {server.log_file}", "(Ctrl-C to stop)"]
+    print("\n".join(lines), flush=True)
+
+
+def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
+                  ready_timeout=None, engine_dir=None, draft_engine_dir=None) -> None:
+    """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task.
+
+    Args:
+        repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
+        http_port: HTTP port on 127.0.0.1 (default: a free port)
+        grpc_port: gRPC port on 127.0.0.1 (default: a free port)
+        metrics_port: metrics port on 127.0.0.1 (default: a free port)
+        ready_timeout: seconds to wait for readiness (default 300)
+        engine_dir: serve tensorrt_llm from this engine dir (the repository itself is not changed)
+        draft_engine_dir: serve tensorrt_llm_draft from this engine dir
+    """
+    ports = {name: int_option(name, value) for name, value in
+             (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port))}
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
+    path = _repo_for(spec, repo)
+    manifest = RepoManifest.read(path)
+    world = manifest.world_size if manifest is not None and manifest.target == "trtllm" else 1
+    server = TritonServer(path, **ports, ready_timeout_s=timeout, world_size=world,
+                          engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir))
+    stop = {"flag": False}
+
+    def _term(*_):
+        stop["flag"] = True
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        server.start()
+        _print_addresses(server, path)
+        while not stop["flag"]:
+            if server._proc is None or server._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, old)
+    print("ok: server stopped")
+
+
+def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,
+                  num_draft_tokens=None, ready_timeout=None) -> None:
+    """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS draft-target; non-zero exit on failure.
+
+    Args:
+        repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
+        http_url: HTTP address of a running server (127.0.0.1:PORT); with --grpc-url no server is started
+        grpc_url: gRPC address of a running server (127.0.0.1:PORT)
+        prompt: prompt text
+        max_tokens: output tokens per request (default 24)
+        num_draft_tokens: draft tokens per step for the BLS route (default: the repo's K)
+        ready_timeout: seconds to wait for readiness (default 300)
+    """
+    max_tokens = int_option("max_tokens", max_tokens, default=24)
+    num_draft_tokens = int_option("num_draft_tokens", num_draft_tokens)
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
+    path = None if (http_url and grpc_url and not repo) else _repo_for(spec, repo)
+    results = run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or DEFAULT_PROMPT,
+                        max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=timeout)
+    print(f"ok: smoke passed ({len(results)} routes)")
+
+
+def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=None) -> None:
+    """Make every path parameter of a repository absolute (and checked) so bare `tritonserver` can serve it.
+
+    Args:
+        repo: model repository to install (e.g. triton_repo/<build-id>)
+        dest: write the installed repository here instead of editing --repo in place (must not exist)
+        engine_dir: point tensorrt_llm at this engine dir
+        draft_engine_dir: point tensorrt_llm_draft at this engine dir
+    """
+    install_command(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
