@@ -13,7 +13,6 @@ every level is bounded by a request count and a time budget.
 from __future__ import annotations
 
 import json
-import math
 import queue
 import re
 import threading
@@ -68,19 +67,15 @@ class RequestSample:
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method); None for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """`numpy.percentile` (linear interpolation) of the values that are not None; None for no values."""
+    import numpy as np
+
+    xs = [v for v in values if v is not None]
+    return float(np.percentile(xs, q)) if xs else None
 
 
 def cost_per_1m_tokens(tokens_per_s: float, *, gpus: int, price_per_gpu_hour: float) -> float | None:
-    """USD per 1M output tokens at a sustained rate (FACTS §7)."""
+    """USD per 1M output tokens at a sustained rate."""
     if tokens_per_s <= 0:
         return None
     return gpus * price_per_gpu_hour / 3600.0 / tokens_per_s * 1e6

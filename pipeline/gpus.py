@@ -1,4 +1,4 @@
-"""Target GPUs the spec knows (FACTS §7). Known so that a wrong GPU is rejected with a reason."""
+"""Target GPUs the spec knows. Known so that a wrong GPU is rejected with a reason."""
 
 from __future__ import annotations
 

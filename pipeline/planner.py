@@ -1,4 +1,4 @@
-"""Memory, capacity, roofline throughput and cost planning (FACTS §7). Pure arithmetic, no I/O."""
+"""Memory, capacity, roofline throughput and cost planning. Pure arithmetic, no I/O."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ class ModelLimits(BaseModel):
 
 
 class CalibrationDefaults(BaseModel):
-    """Per-model calibration defaults (FACTS §2: TRT-LLM's quantize script uses 512 samples of 512 tokens)."""
+    """Per-model calibration defaults (TRT-LLM's quantize script uses 512 samples of 512 tokens)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -2,7 +2,7 @@
 SIGTERM stop, and nothing left behind.
 
 Two binaries are supported:
-- CPU (reference backend): the `tritonserver` 2.51 bundled in the `nvidia-pytriton` wheel (FACTS §5). Its Python
+- CPU (reference backend): the `tritonserver` 2.51 bundled in the `nvidia-pytriton` wheel. Its Python
   backend is copied once into `cache_dir()/tritonserver/<pytriton>-py<X.Y>/backends` together with the stub for the
   running interpreter; the server runs with `LD_LIBRARY_PATH=<python LIBDIR>:<nvidia_pytriton.libs>` and the running
   interpreter's `bin/` first on PATH (so python models import this venv's torch/transformers).

@@ -1,4 +1,4 @@
-"""What TensorRT-LLM 1.2.1 derives from a precision recipe (FACTS §3).
+"""What TensorRT-LLM 1.2.1 derives from a precision recipe.
 
 Shared by the validator (fail before any GPU time) and the compile planner (exact trtllm-build flags), so the
 two can never disagree.
@@ -51,7 +51,7 @@ def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: b
 # snapshot), plugin.py defaults and help texts @ c20322ffd3dc0740ca530c9fad989b22e64f6e06, the docs at
 # docs/source/performance/fp8-quantization.md @ 8cc5c0b2 and perf-best-practices.md @ 06255cb7.
 
-TRTLLM_VERSION = "1.2.1"  # the pinned release: the last one with trtllm-build (FACTS §1)
+TRTLLM_VERSION = "1.2.1"  # the pinned release: the last one with trtllm-build
 
 # compute dtype of the spec -> TensorRT-LLM dtype string written in the checkpoint config.json ("dtype").
 TRTLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}

@@ -1,4 +1,4 @@
-"""Coherence rules of a build spec (FACTS §3 plus the support matrix). Pure, instant, run before any download.
+"""Coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix). Pure, instant, run before any download.
 
 Each rule raises `SpecError` with one line: the field, the value, and what to do instead. Soft problems are
 returned as warnings. Where a rule mirrors TensorRT-LLM 1.2.1 (NVIDIA/TensorRT-LLM), the function says which

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-# Lean calibration for tests: AWQ cost is linear in calibration tokens (FACTS §2).
+# Lean calibration for tests: AWQ cost is linear in calibration tokens.
 LEAN = {"calib_size": 2, "calib_seq_len": 32}
 NO_PAGED = {"enable_kv_cache_reuse": False, "enable_chunked_context": False}  # lets every KV dtype validate
 

@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 
-# --- Section: network isolation (owner: download / issue 3) -------------------------------------------------------
+# --- Section: network isolation -------------------------------------------------------
 # Set before anything imports huggingface_hub or transformers (they read these at import time): a closed loopback
 # endpoint, offline mode, and a private HF_HOME so no real token or cache is ever used. Tests that talk to the
 # local Hub server (tests/hubserver.py) switch offline mode off explicitly for themselves.
@@ -69,7 +69,7 @@ def hub_online(monkeypatch):
     reset_sessions()
 
 
-# --- Section: generated tiny models (owner: tinymodel / issue 3) ----------------------------------------------------
+# --- Section: generated tiny models ----------------------------------------------------
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Both generated tiny models, trained once per test session (~45 s on 2 cores): name -> HF-format dir.

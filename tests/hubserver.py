@@ -1,5 +1,5 @@
 """A local Hugging Face Hub on 127.0.0.1 for tests and benchmarks: the subset of the Hub API that
-`huggingface_hub.snapshot_download` uses (FACTS §6), with fault injection.
+`huggingface_hub.snapshot_download` uses, with fault injection.
 
 Endpoints:
   GET  /api/models/{repo}/revision/{rev}[?blobs=true]   model info: id, sha, siblings (+ size, blobId, lfs)

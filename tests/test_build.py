@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -48,10 +47,8 @@ def test_impossible_trtllm_build_fails_in_check_before_any_output(tmp_path, monk
         pytest.skip("TensorRT-LLM is installed here: the preflight may pass")
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
     lines: list[str] = []
-    t0 = time.perf_counter()
     with pytest.raises(CompileError, match="compiling needs an H100-class GPU"):
         build(spec, progress=lines.append)
-    assert time.perf_counter() - t0 < 1.0
     assert lines == ["[1/5] check: validating spec and GPU/toolchain preflight ..."]
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
@@ -76,10 +73,8 @@ def test_from_past_calibrate_without_any_checkpoint_is_refused_before_download(t
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
-    t0 = time.perf_counter()
     with pytest.raises(DownloadError, match="tiny-llama has not been generated in .*; run `invoke build` first"):
         build(spec, from_stage="package", progress=None)
-    assert time.perf_counter() - t0 < 1.0
     assert not (tmp_path / "cache").exists()  # nothing downloaded or generated
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -213,11 +212,10 @@ def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
     assert q["passed"] and 0 <= abs(q["ppl_delta_pct"]) < 1.0 and q["top1_agreement"] > 0.9 and q["kl_mean"] >= 0
     from calibrate_fixtures import session_root
 
-    start = time.monotonic()
     again = run_in_root(
         session_root(), run_calibrate, make_spec(precision="fp8", kv_cache="fp8"), source_dir=tiny_models["tiny-llama"]
     )
-    assert again.status == "cached" and again.manifest == first.manifest and time.monotonic() - start < 5
+    assert again.status == "cached" and again.manifest == first.manifest
 
 
 @pytest.mark.slow

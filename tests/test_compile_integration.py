@@ -11,7 +11,7 @@ import pytest
 from pipeline.compile import plan_compile
 from pipeline.compile.manifest import check_same_tokenizer, checkpoint_identity
 
-calibrate_fixtures = pytest.importorskip("calibrate_fixtures", reason="needs the calibrate stage's test fixtures")
+import calibrate_fixtures
 
 PAIR = {"precision": "fp8", "kv_cache": "fp8", "draft": "tiny-llama-draft"}
 

@@ -328,7 +328,7 @@ def test_reference_target_has_no_engines(tmp_path):
         plan_compile(spec, checkpoint_dir=tmp_path, output_dir=tmp_path / "e")
 
 
-# --- every FACTS §3 combination that trtllm-build 1.2.1 cannot honour is rejected by resolve_spec ---------------
+# --- every combination that trtllm-build 1.2.1 cannot honour is rejected by resolve_spec ---------------
 
 REJECTED = [
     ({"model": "llama-8b", "precision": "fp8", "gpu": "a100"}, r"SM 8.0 has no FP8"),
@@ -353,7 +353,7 @@ REJECTED = [
 
 
 @pytest.mark.parametrize("kw, match", REJECTED, ids=[m for _, m in REJECTED])
-def test_facts_section3_rejections(kw, match):
+def test_unbuildable_combinations_rejected(kw, match):
     with pytest.raises(SpecError, match=match) as info:
         resolve_spec(**kw)
     assert "\n" not in str(info.value)

@@ -44,11 +44,10 @@ def invoke(*args: str, root: Path) -> subprocess.CompletedProcess:
 # --- preflight -------------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not CPU_HOST, reason="this host has TensorRT-LLM and a GPU driver")
-def test_preflight_fails_fast_on_this_cpu_host():
-    start = time.monotonic()
+def test_preflight_fails_on_this_cpu_host_without_importing_tensorrt_llm():
     with pytest.raises(CompileError) as info:
         preflight(gpu="h100-sxm", workers=1)
-    assert time.monotonic() - start < 1.0
+    assert "tensorrt_llm" not in sys.modules
     msg = str(info.value)
     assert msg.startswith("compiling needs an H100-class GPU (SM 9.0) with TensorRT-LLM 1.2.1")
     assert "`invoke calibrate" in msg and "`invoke package --target reference" in msg
@@ -57,15 +56,12 @@ def test_preflight_fails_fast_on_this_cpu_host():
 
 
 @pytest.mark.skipif(not CPU_HOST, reason="this host has TensorRT-LLM and a GPU driver")
-def test_invoke_compile_exits_4_quickly_on_this_cpu_host(tmp_path):
-    start = time.monotonic()
+def test_invoke_compile_exits_4_on_this_cpu_host(tmp_path):
     r = invoke("compile", "--model", "tiny-llama", "--precision", "fp8", "--draft", "tiny-llama-draft", root=tmp_path)
-    elapsed = time.monotonic() - start
     assert r.returncode == 4, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: compiling needs an H100-class GPU")
     assert "tensorrt_llm is not installed" in lines[0] and "Traceback" not in r.stderr
-    assert elapsed < 5.0  # interpreter + invoke start-up included; the preflight itself is < 1 s (test above)
     assert not (tmp_path / "out").exists()  # nothing heavy ran, nothing was written
 
 
@@ -93,10 +89,8 @@ def test_parse_nvidia_smi():
     assert parse_nvidia_smi("garbage\n") == []
 
 
-def test_probe_host_is_fast_and_import_free():
-    start = time.monotonic()
+def test_probe_host_is_import_free():
     probe = probe_host()
-    assert time.monotonic() - start < 1.0
     assert "tensorrt_llm" not in sys.modules
     assert probe.trtllm_installed == (importlib.util.find_spec("tensorrt_llm") is not None)
 

@@ -1,4 +1,4 @@
-"""Planner arithmetic against the published numbers (FACTS §7)."""
+"""Planner arithmetic against the published numbers."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def test_packaged_models():
 
 
 def test_architecture_param_counts_match_published():
-    # FACTS §7: 70.55 B, 8.03 B, 3.21 B (tied), 1.24 B (tied)
+    # 70.55 B, 8.03 B, 3.21 B (tied), 1.24 B (tied)
     expect = {"llama-70b": 70.55e9, "llama-8b": 8.03e9, "llama-3b": 3.21e9, "llama-1b": 1.24e9}
     for name, n in expect.items():
         assert get_model(name).architecture.total_params == pytest.approx(n, rel=0.005), name
