@@ -73,7 +73,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="calibrate-bench-"))
     os.environ["PIPELINE_ROOT"] = str(work / "out")
     os.environ.setdefault("PIPELINE_CACHE", str(work / "cache"))
-    from pipeline.calibrate import data, run_calibrate
+    from pipeline.calibrate import data
+    from pipeline.calibrate.stage import run_calibrate
     from pipeline.calibrate.stage import _plan
     from pipeline.download import download_model
     from pipeline.spec import resolve_spec

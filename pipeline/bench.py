@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .build import locate_outputs
 from .errors import BenchError, RequestsFailed
+from .serve import TritonServer
+from .triton import pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 SHARED_PREFIX = (
@@ -541,7 +544,6 @@ def load_tokenizer(tokenizer_dir: str | Path | None):
 
 def tokenizer_dir_of(repo: str | Path) -> str | None:
     """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, absolute; None when absent."""
-    from .triton import pbtxt
 
     for model in ("preprocessing", "postprocessing"):
         cfg = Path(repo) / model / "config.pbtxt"
@@ -693,11 +695,8 @@ def bench_spec(
         check_local(url)
         return run_bench(grpc_url=url, metrics_url=metrics_url, gpus=gpus, gpu_price_per_hour=price,
                          tokenizer_dir=tokenizer_dir_of(repo) if repo else None, **kwargs)
-    from .serve import TritonServer
 
     if repo is None:
-        from .build import locate_outputs
-
         repo = locate_outputs(spec).triton_repo.path
     with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
                       ready_timeout_s=ready_timeout_s) as server:

@@ -19,10 +19,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .artifacts import engines_dir, stage_lock
+from .calibrate.stage import run_calibrate
+from .compile import run_compile
+from .compile.preflight import preflight
+from .download import download_model
 from .errors import BuildError
 from .layout import BuildLayout
 from .manifests import StageResult
 from .spec import BuildSpec
+from .triton import package_repo
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
 __all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "locate_outputs",
@@ -133,8 +138,6 @@ def _outcome(stage: str, results: dict[str, StageResult | None], detail: str = "
 
 
 def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
-    from .download import download_model
-
     for role, entry in (("model", spec.model), ("draft", spec.draft_model)):
         if entry is None:
             continue
@@ -156,8 +159,6 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
 
 
 def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
-    from .calibrate import run_calibrate
-
     kw = dict(force=force, check_only=check_only, verify=opts.verify)
     out.checkpoint = run_calibrate(spec, role="target", source_dir=out.download.path, **kw)
     if spec.draft_model is not None:
@@ -174,8 +175,6 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bo
 
 def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool,
              toolchain: Any = None) -> StageOutcome:
-    from .compile import run_compile
-
     lay = out.layout
     out.engine, out.draft_engine = run_compile(
         spec, checkpoint_dir=lay.checkpoint, output_dir=lay.engine, draft_checkpoint_dir=lay.draft_checkpoint,
@@ -188,8 +187,6 @@ def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
 
 
 def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
-    from .triton import package_repo
-
     lay = out.layout
     out.triton_repo = package_repo(
         spec, build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
@@ -208,7 +205,6 @@ def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, A
         return StageOutcome("check", "ok", 0.0, detail="spec ok; reference target (PyTorch backend, no engines)"), None
     if not preflight_compile:
         return StageOutcome("check", "ok", 0.0, detail="spec ok; compile not run"), None
-    from .compile.preflight import preflight
 
     world = spec.parallelism.world_size
     tc = preflight(gpu=spec.hardware.gpu, workers=max(1, min(world, spec.hardware.gpu_count)))

@@ -161,17 +161,8 @@ def _same(parts: list[torch.Tensor], what: str) -> torch.Tensor:
     return parts[0]
 
 
-def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
-    """Read every rank of a checkpoint, dequantize and merge it into HF `LlamaForCausalLM` tensor names.
-
-    Raises:
-        CheckpointError: a rank file is missing, a tensor is missing or shapes are inconsistent.
-    """
-    import torch
-    from safetensors.torch import load_file
-
-    ckpt_dir = Path(ckpt_dir)
-    cfg = read_config(ckpt_dir)
+def _check_rank_files(ckpt_dir: Path, cfg: dict[str, Any]) -> tuple[int, int]:
+    """(tp, pp) of the checkpoint's mapping, once every rank file is present."""
     mapping = cfg.get("mapping") or {}
     tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
     world = int(mapping.get("world_size", tp * pp))
@@ -180,15 +171,106 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
     missing = [f"rank{r}.safetensors" for r in range(world) if not (ckpt_dir / f"rank{r}.safetensors").is_file()]
     if missing:
         raise CheckpointError(f"{ckpt_dir}: missing {', '.join(missing)} (expected {world} rank files); re-export")
-    algo = (cfg.get("quantization") or {}).get("quant_algo")
+    return tp, pp
+
+
+def _merge_qkv(lins: list, cfg: dict[str, Any], tp: int, gid: int) -> dict[str, torch.Tensor]:
+    """Split each rank's fused QKV weight into q/k/v and concatenate across ranks (replicated KV heads once)."""
+    import torch
+
     heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     head = int(cfg.get("head_size") or cfg["hidden_size"] // heads)
+    q_rows, kv_rows = heads // tp * head, max(1, kv_heads // tp) * head
+    qs, ks, vs = [], [], []
+    for x in lins:
+        if x.weight.shape[0] != q_rows + 2 * kv_rows:
+            raise CheckpointError(
+                f"layer {gid} qkv has {x.weight.shape[0]} rows per rank, expected "
+                f"{q_rows + 2 * kv_rows} (heads {heads}, kv heads {kv_heads}, tp {tp})"
+            )
+        q, k, v = x.weight.split([q_rows, kv_rows, kv_rows], dim=0)
+        qs.append(q), ks.append(k), vs.append(v)
+    rep = max(1, tp // kv_heads)  # tp > kv heads: each kv head is replicated on `rep` ranks
+    return {"q_proj": torch.cat(qs), "k_proj": torch.cat(ks[::rep]), "v_proj": torch.cat(vs[::rep])}
 
+
+def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict[str, Any], tp: int,
+                 sd: dict[str, torch.Tensor], act_q: dict[str, tuple]) -> None:
+    """Dequantize and merge one decoder layer's per-rank tensors into `sd` (and activation quant into `act_q`)."""
+    algo = (cfg.get("quantization") or {}).get("quant_algo")
+    act_kind = {"FP8": "fp8", "W4A8_AWQ": "fp8", "W8A8_SQ_PER_CHANNEL": "int8"}.get(algo)
+    hf = f"model.layers.{gid}"
+    for trt, hf_name in (("input_layernorm", "input_layernorm"), ("post_layernorm", "post_attention_layernorm")):
+        sd[f"{hf}.{hf_name}.weight"] = _same([lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}")
+    for trt, (hf_mod, style) in _LINEARS.items():
+        lins = [_dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
+        pqs = None
+        if lins[0].prequant is not None:
+            pqs = (
+                _merge([x.prequant for x in lins], "column")
+                if style == "row"
+                else _same([x.prequant for x in lins], f"layer {gid} {trt} prequant_scaling_factor")
+            )
+        act = lins[0].act_scale
+        if act is not None:
+            act = _same([x.act_scale for x in lins], f"layer {gid} {trt} activation_scaling_factor")
+        if trt == "attention.qkv":
+            merged = _merge_qkv(lins, cfg, tp, gid)
+        else:
+            merged = {hf_mod.split(".")[1]: _merge([x.weight for x in lins], style)}
+        parent = hf_mod.split(".")[0]
+        for name, wt in merged.items():
+            key = f"{hf}.{parent}.{name}"
+            if pqs is not None or (act is not None and act_kind):
+                act_q[key] = (act_kind if act is not None else None, act, pqs)
+            sd[f"{key}.weight"] = wt
+
+
+def _merge_stage_globals(split: list, cfg: dict[str, Any], tp: int, sd: dict[str, torch.Tensor]) -> None:
+    """The embedding, final norm and LM head a pp stage holds (first / last stage), merged across its TP ranks."""
+    import torch
+
+    emb = [s[1].get("transformer.vocab_embedding.weight") for s in split]
+    if emb[0] is not None:
+        sharded = cfg.get("use_parallel_embedding") and tp > 1
+        dim = int(cfg.get("embedding_sharding_dim", 0))
+        sd["model.embed_tokens.weight"] = (
+            torch.cat([e.float() for e in emb], dim=dim) if sharded else _same([e.float() for e in emb], "embedding")
+        )
+    if "transformer.ln_f.weight" in split[0][1]:
+        sd["model.norm.weight"] = split[0][1]["transformer.ln_f.weight"].float()
+    heads = [s[1].get("lm_head.weight") for s in split]
+    if heads[0] is not None:
+        sd["lm_head.weight"] = torch.cat([h.float() for h in heads], dim=0)
+
+
+def _check_complete(ckpt_dir: Path, cfg: dict[str, Any], sd: dict[str, torch.Tensor], layers: int) -> None:
+    if layers != int(cfg["num_hidden_layers"]):
+        raise CheckpointError(
+            f"{ckpt_dir}: found {layers} layers across pp stages, config says {cfg['num_hidden_layers']}"
+        )
+    for need in ("model.embed_tokens.weight", "model.norm.weight"):
+        if need not in sd:
+            raise CheckpointError(f"{ckpt_dir}: tensor for {need} is missing from every rank; re-export")
+    if "lm_head.weight" not in sd and not cfg.get("share_embedding_table"):
+        raise CheckpointError(f"{ckpt_dir}: lm_head.weight is missing from every rank; re-export")
+
+
+def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
+    """Read every rank of a checkpoint, dequantize and merge it into HF `LlamaForCausalLM` tensor names.
+
+    Raises:
+        CheckpointError: a rank file is missing, a tensor is missing or shapes are inconsistent.
+    """
+    from safetensors.torch import load_file
+
+    ckpt_dir = Path(ckpt_dir)
+    cfg = read_config(ckpt_dir)
+    tp, pp = _check_rank_files(ckpt_dir, cfg)
     # rank = pp_rank * tp + tp_rank (TensorRT-LLM Mapping); each pp stage numbers its layers from 0.
     ranks = [[load_file(str(ckpt_dir / f"rank{p * tp + t}.safetensors")) for t in range(tp)] for p in range(pp)]
     sd: dict[str, torch.Tensor] = {}
     act_q: dict[str, tuple[str | None, torch.Tensor | None, torch.Tensor | None]] = {}
-    act_kind = {"FP8": "fp8", "W4A8_AWQ": "fp8", "W8A8_SQ_PER_CHANNEL": "int8"}.get(algo)
     offset = 0
     for p, stage in enumerate(ranks):
         split = [_split_layers(w) for w in stage]
@@ -197,74 +279,10 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
             if sorted(split[t][0]) != local_ids:
                 raise CheckpointError(f"pp stage {p}: tensor-parallel ranks hold different layers")
         for lid in local_ids:
-            gid = offset + lid
-            hf = f"model.layers.{gid}"
-            layer_parts = [s[0][lid] for s in split]
-            for trt, hf_name in (
-                ("input_layernorm", "input_layernorm"),
-                ("post_layernorm", "post_attention_layernorm"),
-            ):
-                sd[f"{hf}.{hf_name}.weight"] = _same(
-                    [lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}"
-                )
-            for trt, (hf_mod, style) in _LINEARS.items():
-                lins = [_dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
-                pqs = None
-                if lins[0].prequant is not None:
-                    pqs = (
-                        _merge([x.prequant for x in lins], "column")
-                        if style == "row"
-                        else _same([x.prequant for x in lins], f"layer {gid} {trt} prequant_scaling_factor")
-                    )
-                act = lins[0].act_scale
-                if act is not None:
-                    act = _same([x.act_scale for x in lins], f"layer {gid} {trt} activation_scaling_factor")
-                if trt == "attention.qkv":
-                    qs, ks, vs = [], [], []
-                    q_rows, kv_rows = heads // tp * head, max(1, kv_heads // tp) * head
-                    for x in lins:
-                        if x.weight.shape[0] != q_rows + 2 * kv_rows:
-                            raise CheckpointError(
-                                f"layer {gid} qkv has {x.weight.shape[0]} rows per rank, expected "
-                                f"{q_rows + 2 * kv_rows} (heads {heads}, kv heads {kv_heads}, tp {tp})"
-                            )
-                        q, k, v = x.weight.split([q_rows, kv_rows, kv_rows], dim=0)
-                        qs.append(q), ks.append(k), vs.append(v)
-                    rep = max(1, tp // kv_heads)  # tp > kv heads: each kv head is replicated on `rep` ranks
-                    ks, vs = ks[::rep], vs[::rep]
-                    merged = {"q_proj": torch.cat(qs), "k_proj": torch.cat(ks), "v_proj": torch.cat(vs)}
-                else:
-                    merged = {hf_mod.split(".")[1]: _merge([x.weight for x in lins], style)}
-                parent = hf_mod.split(".")[0]
-                for name, wt in merged.items():
-                    key = f"{hf}.{parent}.{name}"
-                    if pqs is not None or (act is not None and act_kind):
-                        act_q[key] = (act_kind if act is not None else None, act, pqs)
-                    sd[f"{key}.weight"] = wt
+            _merge_layer([s[0][lid] for s in split], offset + lid, cfg, tp, sd, act_q)
         offset += len(local_ids)
-        emb = [s[1].get("transformer.vocab_embedding.weight") for s in split]
-        if emb[0] is not None:
-            sharded = cfg.get("use_parallel_embedding") and tp > 1
-            dim = int(cfg.get("embedding_sharding_dim", 0))
-            sd["model.embed_tokens.weight"] = (
-                torch.cat([e.float() for e in emb], dim=dim)
-                if sharded
-                else _same([e.float() for e in emb], "embedding")
-            )
-        if "transformer.ln_f.weight" in split[0][1]:
-            sd["model.norm.weight"] = split[0][1]["transformer.ln_f.weight"].float()
-        heads_ = [s[1].get("lm_head.weight") for s in split]
-        if heads_[0] is not None:
-            sd["lm_head.weight"] = torch.cat([h.float() for h in heads_], dim=0)
-    if offset != int(cfg["num_hidden_layers"]):
-        raise CheckpointError(
-            f"{ckpt_dir}: found {offset} layers across pp stages, config says {cfg['num_hidden_layers']}"
-        )
-    for need in ("model.embed_tokens.weight", "model.norm.weight"):
-        if need not in sd:
-            raise CheckpointError(f"{ckpt_dir}: tensor for {need} is missing from every rank; re-export")
-    if "lm_head.weight" not in sd and not cfg.get("share_embedding_table"):
-        raise CheckpointError(f"{ckpt_dir}: lm_head.weight is missing from every rank; re-export")
+        _merge_stage_globals(split, cfg, tp, sd)
+    _check_complete(ckpt_dir, cfg, sd, offset)
     return LoadedCheckpoint(cfg, sd, act_q)
 
 

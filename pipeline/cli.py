@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PipelineError, SpecError, io_error
+from .spec import SECTIONS, resolve_spec
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,6 @@ class Flag:
 
 
 def _spec_help(field: str) -> str:
-    from .spec import SECTIONS
-
     for cls in SECTIONS.values():
         if field in cls.model_fields:
             return cls.model_fields[field].description or field
@@ -72,7 +71,6 @@ SPEC_FLAGS: tuple[Flag, ...] = (
 
 def spec_from_flags(values: dict[str, Any]):
     """Resolve a validated `BuildSpec` from the spec flags' values."""
-    from .spec import resolve_spec
 
     overrides = {f.field: values.get(f.name) for f in SPEC_FLAGS if f.field}
     if values.get("no_kv_reuse"):

@@ -21,16 +21,16 @@ from . import planner
 from .artifacts import engines_dir
 from .build import BuildOptions, locate_outputs
 from .build import build as run_build
-from .calibrate import run_calibrate
+from .calibrate.stage import run_calibrate
 from .cli import int_option
-from .compile.plan import plan_compile
+from .compile.engine_plan import plan_compile
 from .compile.preflight import preflight
 from .compile.stage import run_compile
 from .download import download_model
 from .errors import ServeError, SpecError
 from .manifests import RepoManifest
 from .release import release as make_release
-from .verify import verify as check_release
+from .release_verify import verify as verify_release
 from .serve import TritonServer
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
@@ -57,9 +57,9 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
         output_len: output tokens per request (default 256)
         json_: print the plan as JSON
     """
-    result = planner.plan(spec, input_len=int_option("input_len", input_len),
+    result = planner.plan_capacity(spec, input_len=int_option("input_len", input_len),
                           output_len=int_option("output_len", output_len))
-    print(json.dumps(result.as_dict(), indent=2) if json_ else planner.format_plan(result))
+    print(json.dumps(result.as_dict(), indent=2) if json_ else planner.format_capacity_plan(result))
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def verify_command(path, *, skip_host=False, json_=False) -> None:
     if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
         raise SpecError(f"{path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
                         "(help: invoke --help verify)")
-    report = check_release(path, check_host=not skip_host)
+    report = verify_release(path, check_host=not skip_host)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
         return

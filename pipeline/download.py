@@ -25,6 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from . import tinymodel
 from .artifacts import MANIFEST, cache_dir, output_root, safe_join, sha256_file, stage_key, stage_lock
 from .errors import DownloadError, IntegrityError
 from .manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
@@ -183,8 +184,6 @@ def _generated_hint(entry: ModelEntry) -> str:
 
 
 def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> DownloadResult:
-    from . import tinymodel
-
     path = tinymodel.model_dir(entry.name)
     gen = GeneratedManifest.read(path) if path.is_dir() else None
     current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
@@ -552,53 +551,72 @@ def download_model(
     final = repo_dir / sha
     staging = repo_dir / f".partial-{sha}"
     with stage_lock(final):
-        m = _read(final)
-        if m and not verify and _unchanged(final, m):
-            return DownloadResult(final, m, "cached")
-        if m:
-            _remove_extras(final, set(m.files))
-            bad = _verify_staging(final, files, {})
-            if not bad and set(m.files) == set(files):
-                m = _with_mtimes(final, m)
-                m.write(final)
-                return DownloadResult(final, m, "cached")
-            for name, reason in bad.items():
-                print(f"warning: {where}/{name} in {final} failed verification ({reason}); fetching it again",
-                      file=sys.stderr)
-            shutil.rmtree(staging, ignore_errors=True)
-            os.replace(final, staging)
-            (staging / "manifest.json").unlink(missing_ok=True)
-            for name in bad:
-                _clear_local_metadata(staging, name)
-        elif final.exists():  # a directory without a manifest is not ours to trust
-            shutil.rmtree(final)
+        reused = _reuse_or_stage(final, staging, files, where=where, verify=verify)
+        if reused is not None:
+            return reused
         t0 = time.monotonic()
         refetched = _fetch_verified(entry, sha, files, staging, endpoint=endpoint, token=token,
                                     max_workers=max_workers, errors=errors)
-        check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
-                           model=entry.name)
-        shutil.rmtree(staging / ".cache", ignore_errors=True)
-        for extra in {p.name for p in staging.iterdir()} - set(files):
-            p = staging / extra
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"],
-                     "mtime_ns": (staging / n).stat().st_mtime_ns} for n in sorted(files)}
-        manifest = DownloadManifest(
-            key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
-            model=entry.name,
-            repo_id=entry.repo_id,
-            revision=requested,
-            sha=sha,
-            source="hub",
-            allow_patterns=list(ALLOW_PATTERNS),
-            files=table,
-            total_bytes=sum(t["size"] for t in table.values()),
-            refetched=refetched,
-            seconds=round(time.monotonic() - t0, 2),
-        )
-        manifest.write(staging)
+        manifest = _finish_staging(entry, staging, files, sha=sha, requested=requested, where=where,
+                                   refetched=refetched, seconds=time.monotonic() - t0)
         os.replace(staging, final)
     return DownloadResult(final, manifest, "built")
+
+
+def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]], *, where: str,
+                    verify: bool) -> DownloadResult | None:
+    """Reuse a finished download that still matches the Hub's file list (re-hashing with `verify`); otherwise move
+    what is still good into `staging` (files that failed verification lose their local metadata, so they are
+    fetched again) and return None."""
+    m = _read(final)
+    if m and not verify and _unchanged(final, m):
+        return DownloadResult(final, m, "cached")
+    if m:
+        _remove_extras(final, set(m.files))
+        bad = _verify_staging(final, files, {})
+        if not bad and set(m.files) == set(files):
+            m = _with_mtimes(final, m)
+            m.write(final)
+            return DownloadResult(final, m, "cached")
+        for name, reason in bad.items():
+            print(f"warning: {where}/{name} in {final} failed verification ({reason}); fetching it again",
+                  file=sys.stderr)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.replace(final, staging)
+        (staging / "manifest.json").unlink(missing_ok=True)
+        for name in bad:
+            _clear_local_metadata(staging, name)
+    elif final.exists():  # a directory without a manifest is not ours to trust
+        shutil.rmtree(final)
+    return None
+
+
+def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str, Any]], *, sha: str,
+                    requested: str, where: str, refetched: Any, seconds: float) -> DownloadManifest:
+    """Check the fetched config against the registry, drop everything not in `files`, write the manifest."""
+    check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
+                       model=entry.name)
+    shutil.rmtree(staging / ".cache", ignore_errors=True)
+    for extra in {p.name for p in staging.iterdir()} - set(files):
+        p = staging / extra
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"],
+                 "mtime_ns": (staging / n).stat().st_mtime_ns} for n in sorted(files)}
+    manifest = DownloadManifest(
+        key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
+        model=entry.name,
+        repo_id=entry.repo_id,
+        revision=requested,
+        sha=sha,
+        source="hub",
+        allow_patterns=list(ALLOW_PATTERNS),
+        files=table,
+        total_bytes=sum(t["size"] for t in table.values()),
+        refetched=refetched,
+        seconds=round(seconds, 2),
+    )
+    manifest.write(staging)
+    return manifest
 
 
 def _read(final: Path) -> DownloadManifest | None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
 from .registry import Architecture
-from .spec import BuildSpec
 from .trtllm_rules import engine_max_num_tokens
+
+if TYPE_CHECKING:
+    from .spec import BuildSpec
 
 # Bytes per parameter of the quantized linear layers, and bytes of scales per linear parameter.
 LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
@@ -170,7 +173,7 @@ def fit_shortfall(spec: BuildSpec, target: EngineShape, draft: EngineShape | Non
 
 
 @dataclass
-class Plan:
+class CapacityPlan:
     model: str
     precision: str
     kv_cache: str
@@ -231,7 +234,7 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
     return out
 
 
-def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None) -> Plan:
+def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None) -> CapacityPlan:
     """Plan memory fit, KV capacity, concurrency, decode roofline and cost for a resolved spec.
 
     The decode roofline is the target's alone (the plain ensemble path): what speculation adds depends on the
@@ -282,7 +285,7 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
             draft_kv_cache_tokens=r["draft_tokens"],
             draft_max_concurrent_requests=r["draft_concurrent"],
         )
-    return Plan(
+    return CapacityPlan(
         model=spec.model.name,
         precision=q.precision,
         kv_cache=q.kv,
@@ -313,7 +316,7 @@ def plan(spec: BuildSpec, *, input_len: int | None = None, output_len: int | Non
     )
 
 
-def format_plan(p: Plan) -> str:
+def format_capacity_plan(p: CapacityPlan) -> str:
     """Human-readable table."""
     rows = [
         ("model / precision / KV", f"{p.model} / {p.precision} / {p.kv_cache}"),

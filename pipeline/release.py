@@ -19,15 +19,15 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
+from . import __version__
 from .artifacts import MANIFEST, check_name, output_root, sha256_file
+from .build import BuildOutputs, locate_outputs
 from .errors import IntegrityError, ReleaseError
 from .manifests import ReleaseDocument, integrity_error
-
-if TYPE_CHECKING:
-    from .build import BuildOutputs
-    from .spec import BuildSpec
+from .planner import plan_capacity
+from .spec import BuildSpec
 
 RELEASE_JSON = "release.json"
 RELEASE_FORMAT = 1
@@ -290,7 +290,6 @@ def release_output_dir(output: str | Path | None) -> Path:
 def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
                      components: dict[str, Path]) -> dict[str, Any]:
     """release.json fields other than the file table: spec, revisions, toolchain, GPU, quality, planner figures."""
-    from .planner import plan
 
     def revision(entry, download) -> dict[str, Any] | None:
         if entry is None:
@@ -313,7 +312,7 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
                       "calibrate": out.checkpoint.manifest.toolchain},
         "gpu": engine.gpu if engine else {"planned": spec.hardware.gpu, "built_on": None},
         "quality_gate": out.checkpoint.manifest.quality,
-        "plan": plan(spec).as_dict(),
+        "plan": plan_capacity(spec).as_dict(),
         "components": {arc: sorted(_component_manifests(arc, src)) for arc, src in sorted(components.items())},
         "stage_keys": {role: r.manifest.key for role, r in sorted(results.items())},
         # The download manifests live in the cache, not in a released directory: embed them.
@@ -376,8 +375,6 @@ def release(
         PipelineError: no finished build (the message says what to run), a bad version or output directory.
         IntegrityError: a stage output differs from its manifest (exit 3); nothing is written.
     """
-    from . import __version__
-    from .build import locate_outputs
 
     version = check_name(version or __version__, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
     out_dir = release_output_dir(output)

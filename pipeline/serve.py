@@ -38,6 +38,8 @@ from pathlib import Path
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
 from .procs import parent_death_preexec, pid_alive, terminate
+from .triton import pbtxt
+from .triton.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -205,7 +207,6 @@ def cpu_backends_dir() -> Path:
 
 def _repo_backends(repo: Path) -> dict[str, str]:
     """model -> backend named by its config.pbtxt (empty for ensembles)."""
-    from .triton import pbtxt
 
     return {cfg.parent.name: pbtxt.read(cfg).backend for cfg in sorted(Path(repo).glob("*/config.pbtxt"))}
 
@@ -248,7 +249,6 @@ def launch_repo(repo: Path, *, engine_dir: Path | None = None, draft_engine_dir:
                 validate: bool = True) -> Path:
     """An installed copy of `repo` under cache_dir()/launch (every path parameter absolute and checked, engine
     dirs overridden when given), which the server is started on; the caller removes it."""
-    from .triton.install import install_repo
 
     repo = Path(repo).resolve()
     prune_launch_copies()

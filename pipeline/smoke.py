@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bench import tokenizer_dir_of
 from .errors import ServeError
+from .serve import TritonServer
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -77,7 +79,6 @@ def _text(value: Any) -> str:
 
 def count_tokens(repo: Path | None, text: str) -> int:
     """Tokens of `text` with the repository's own tokenizer (falls back to whitespace words)."""
-    from .bench import tokenizer_dir_of
 
     tok_dir = tokenizer_dir_of(repo) if repo is not None else None
     if tok_dir and Path(tok_dir).is_dir():
@@ -274,7 +275,6 @@ def run_smoke(repo: Path | None = None, *, http_url: str | None = None, grpc_url
                             num_draft_tokens=num_draft_tokens, out=out)
     if repo is None:
         raise ServeError("give a repository (--repo) or a running server (--http-url and --grpc-url)")
-    from .serve import TritonServer
 
     with TritonServer(Path(repo), ready_timeout_s=ready_timeout_s) as server:
         out(f"server up on http {server.http_url}, grpc {server.grpc_url} (log {server.log_file})")

@@ -1,7 +1,7 @@
 """The typed build spec: one pydantic model per concern, resolved from the registry, a YAML file and CLI flags.
 
 `resolve_spec(...)` is the only way in; it validates field types (pydantic) and then every coherence rule
-(`pipeline.validate`), raising `SpecError` with one line naming the field, the value and the fix.
+(`pipeline.spec_rules`), raising `SpecError` with one line naming the field, the value and the fix.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SpecError
 from .registry import ModelEntry, get_model, load_yaml_mapping
+from .spec_rules import validate_spec
 
 Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
 KVCache = Literal["fp8", "int8", "bf16", "fp16"]
@@ -374,7 +375,5 @@ def resolve_spec(
             raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
         spec.draft_model = get_model(name, models_file=models_file)
     if validate:
-        from .validate import validate_spec
-
         spec.warnings = validate_spec(spec)
     return spec

@@ -20,6 +20,7 @@ from typing import Any
 from .artifacts import atomic_dir, cache_dir, file_table, is_current, stage_key, stage_lock
 from .errors import DownloadError
 from .manifests import GeneratedManifest
+from .registry import load_registry
 
 GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")
@@ -106,8 +107,6 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def _config(name: str, tokenizer):
     from transformers import LlamaConfig
-
-    from .registry import load_registry
 
     arch = load_registry()[name].architecture
     if len(tokenizer) > arch.vocab_size:
@@ -211,7 +210,6 @@ def heldout_perplexity(model, tokenizer, texts: list[str], *, seq_len: int = 128
 
 def generation_key(name: str, *, steps: int | None = None) -> str:
     """Cache key of a generated model: generator version, recipe, corpus bytes, registry architecture."""
-    from .registry import load_registry
 
     arch = load_registry()[name].architecture
     recipe = dict(TRAIN, steps=TRAIN["steps"] if steps is None else steps)
@@ -259,8 +257,6 @@ def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -
 
 
 def load_vocab_size(name: str) -> int:
-    from .registry import load_registry
-
     return load_registry()[name].architecture.vocab_size
 
 

@@ -34,7 +34,7 @@ def make_spec(**overrides: Any):
 
     args = {"model": "tiny-llama", **LEAN, **NO_PAGED, **overrides}
     if args.get("draft") and "enable_kv_cache_reuse" not in overrides:
-        args["enable_kv_cache_reuse"] = True  # a draft-target target needs KV reuse (pipeline/validate.py)
+        args["enable_kv_cache_reuse"] = True  # a draft-target target needs KV reuse (pipeline/spec_rules.py)
     return resolve_spec(**args)
 
 
@@ -47,7 +47,7 @@ def run_in_root(root: Path, fn, *args, **kwargs):
 
 def calibrated(tiny_models: dict[str, Path], *, role: str = "target", **overrides: Any):
     """Session-cached `run_calibrate(make_spec(**overrides), role=role, source_dir=<generated model>)`."""
-    from pipeline.calibrate import run_calibrate
+    from pipeline.calibrate.stage import run_calibrate
 
     key = (role, tuple(sorted(overrides.items())))
     if key not in _CACHE:

@@ -12,7 +12,8 @@ import torch
 from calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 from safetensors.torch import load_file
 
-from pipeline.calibrate import data, run_calibrate
+from pipeline.calibrate import data
+from pipeline.calibrate.stage import run_calibrate
 from pipeline.errors import CalibrationError, SpecError
 from pipeline.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO
 

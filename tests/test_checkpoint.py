@@ -75,7 +75,7 @@ def test_corrupted_scale_diverges(tiny_models, tmp_path):
 @pytest.mark.slow
 def test_stage_round_trip_fails_on_corrupted_scale(tiny_models, tmp_path, monkeypatch):
     from pipeline.calibrate import export as exp
-    from pipeline.calibrate import run_calibrate
+    from pipeline.calibrate.stage import run_calibrate
 
     real_check = exp.check
 

@@ -93,8 +93,8 @@ def test_plan_bad_lengths_exit_2_with_one_line():
 
 def test_startup_imports_no_heavy_modules():
     code = (
-        "import sys, tasks; from pipeline.spec import resolve_spec; from pipeline.planner import plan; "
-        "plan(resolve_spec(model='llama-8b')); "
+        "import sys, tasks; from pipeline.spec import resolve_spec; from pipeline.planner import plan_capacity; "
+        "plan_capacity(resolve_spec(model='llama-8b')); "
         "heavy = [m for m in ('torch', 'modelopt', 'tritonclient', 'transformers', 'tensorrt_llm', 'huggingface_hub')"
         " if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)"
     )

@@ -98,7 +98,7 @@ def test_build_release_twice_verify_and_noop_rebuild(reference_build, tmp_path):
         tar.extractall(unpacked, filter="data")
     rel = unpacked / prefix
     assert invoke("verify", str(rel), env=env).returncode == 0
-    from pipeline.triton.validate import validate_repo
+    from pipeline.triton.repo_check import validate_repo
 
     validate_repo(next((rel / "triton_repo").iterdir()))  # servable as unpacked: empty version dirs travel too
     repo = next((root / "triton_repo").iterdir())

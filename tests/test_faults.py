@@ -26,7 +26,7 @@ from pipeline.build import build
 from pipeline.errors import IntegrityError, PipelineError
 from pipeline.release import release
 from pipeline.spec import resolve_spec
-from pipeline.verify import verify
+from pipeline.release_verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAN = ["--calib-size", "2", "--calib-seq-len", "32", "--no-quality-gate"]
@@ -388,7 +388,7 @@ def test_size_bomb_tarball_is_refused_in_bounded_memory(tmp_path):
     bomb = _tar(tmp_path / "bomb.tar.gz", {"r/x/manifest.json": 200 << 20, "r/release.json": 200 << 20})
     assert bomb.stat().st_size < 4 << 20
     # VmHWM: this process's peak resident memory since exec (ru_maxrss would include the forking test process)
-    code = ("import sys\nfrom pipeline.cli import exit_on_error\nfrom pipeline.verify import verify\n"
+    code = ("import sys\nfrom pipeline.cli import exit_on_error\nfrom pipeline.release_verify import verify\n"
             "try:\n    exit_on_error(verify)(sys.argv[1], check_host=False)\nfinally:\n"
             "    print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0], flush=True)\n")
     r = subprocess.run([sys.executable, "-c", code, str(bomb)], cwd=ROOT, capture_output=True, text=True,

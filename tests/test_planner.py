@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import SpecError
 from pipeline.gpus import GIB, GPUS
-from pipeline.planner import kv_bytes_per_token, plan, weight_bytes
+from pipeline.planner import kv_bytes_per_token, plan_capacity, weight_bytes
 from pipeline.registry import get_model
 from pipeline.spec import resolve_spec
 
@@ -31,7 +31,7 @@ def test_70b_kv_bytes_per_token():
 
 
 def test_plan_70b_fp8_single_h100():
-    p = plan(resolve_spec(model="llama-70b", precision="fp8"), input_len=1024, output_len=256)
+    p = plan_capacity(resolve_spec(model="llama-70b", precision="fp8"), input_len=1024, output_len=256)
     assert p.weights_gib_total == pytest.approx(67.7, abs=0.1)
     assert p.weights_gib_per_gpu == p.weights_gib_total
     assert p.kv_bytes_per_token_total == 163840
@@ -44,15 +44,15 @@ def test_plan_70b_fp8_single_h100():
 
 
 def test_plan_70b_bf16_needs_two_gpus():
-    p = plan(resolve_spec(model="llama-70b", precision="bf16"))
+    p = plan_capacity(resolve_spec(model="llama-70b", precision="bf16"))
     assert not p.fits and p.min_tp == 2
-    p4 = plan(resolve_spec(model="llama-70b", precision="bf16", tp=4))
+    p4 = plan_capacity(resolve_spec(model="llama-70b", precision="bf16", tp=4))
     assert p4.fits and p4.weights_gib_per_gpu == pytest.approx(131.4 / 4, abs=0.05)
     assert p4.kv_bytes_per_token_per_gpu == 80 * 1024
 
 
 def test_decode_bound_and_cost_are_consistent():
-    p = plan(resolve_spec(model="llama-8b", precision="fp8", max_batch_size=16, gpu_price_per_hour=3.0))
+    p = plan_capacity(resolve_spec(model="llama-8b", precision="fp8", max_batch_size=16, gpu_price_per_hour=3.0))
     step = p.weights_gib_per_gpu * GIB + 16 * (p.input_len + p.output_len / 2) * p.kv_bytes_per_token_per_gpu
     assert p.decode_batch == 16
     assert p.decode_tokens_per_s_bound == pytest.approx(16 * 3.35e12 / step, rel=0.01)
@@ -60,21 +60,21 @@ def test_decode_bound_and_cost_are_consistent():
 
 
 def test_fp8_halves_kv_and_beats_bf16_on_cost():
-    fp8 = plan(resolve_spec(model="llama-8b", precision="fp8"))
-    bf16 = plan(resolve_spec(model="llama-8b", precision="bf16"))
+    fp8 = plan_capacity(resolve_spec(model="llama-8b", precision="fp8"))
+    bf16 = plan_capacity(resolve_spec(model="llama-8b", precision="bf16"))
     assert fp8.kv_cache_tokens > 1.9 * bf16.kv_cache_tokens
     assert fp8.cost_per_1m_output_tokens_usd < bf16.cost_per_1m_output_tokens_usd
 
 
 def test_h200_holds_more_kv_than_h100():
-    h100 = plan(resolve_spec(model="llama-70b", precision="fp8"))
-    h200 = plan(resolve_spec(model="llama-70b", precision="fp8", gpu="h200"))
+    h100 = plan_capacity(resolve_spec(model="llama-70b", precision="fp8"))
+    h200 = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", gpu="h200"))
     assert h200.kv_cache_tokens > 3 * h100.kv_cache_tokens
 
 
 def test_draft_adds_weights_and_kv():
-    base = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=4))
-    spec = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=4, draft="llama-1b"))
+    base = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=4))
+    spec = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=4, draft="llama-1b"))
     assert spec.draft_weights_gib_per_gpu > 0.3
     assert spec.kv_cache_tokens < base.kv_cache_tokens
     assert base.draft_tp is None and base.draft_kv_cache_tokens is None
@@ -84,8 +84,8 @@ ARCH1B = get_model("llama-1b").architecture
 
 
 def test_draft_weights_and_kv_use_the_drafts_own_tp():
-    one = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
-    two = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_tp=2,
+    one = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
+    two = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_tp=2,
                             max_batch_size=8))
     # TP 1 by default: the whole 1B on one GPU, not a quarter of it on each of the target's four
     assert one.draft_tp == 1 and one.draft_gpu_device_ids == [0]
@@ -97,22 +97,22 @@ def test_draft_weights_and_kv_use_the_drafts_own_tp():
 
 def test_draft_kv_pool_is_sized_for_the_drafts_batch():
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b")  # target batch 64
-    p = plan(spec)
+    p = plan_capacity(spec)
     assert p.draft_max_batch_size == 8
     # its own batch x one (S + K) sequence: 8 x 8224 tokens, far below its 0.2 memory fraction
     assert p.draft_kv_cache_tokens == spec.draft_max_tokens_in_paged_kv_cache == 8 * 8224
     assert p.draft_kv_pool_gib_per_gpu == pytest.approx(8 * 8224 * 16 * 1024 / GIB, abs=0.01)
     assert p.draft_max_concurrent_requests == 8
-    doubled = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b",
+    doubled = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b",
                                 draft_max_batch_size=16))
     assert doubled.draft_kv_cache_tokens == 2 * p.draft_kv_cache_tokens
 
 
 def test_colocated_draft_costs_the_target_its_gpu_share_a_separate_gpu_does_not():
-    shared = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
-    apart = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8,
+    shared = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8))
+    apart = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=8,
                               draft_gpu_device_ids=[4]))
-    alone = plan(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=8))
+    alone = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=8))
     # TP ranks allocate the smallest rank's pool: GPU 0 also holds the draft's weights and runtime
     assert shared.free_gib_per_gpu < apart.free_gib_per_gpu == alone.free_gib_per_gpu
     assert shared.kv_cache_tokens < apart.kv_cache_tokens
@@ -121,19 +121,19 @@ def test_colocated_draft_costs_the_target_its_gpu_share_a_separate_gpu_does_not(
 
 
 def test_default_input_len_leaves_an_output_token_when_input_equals_seq():
-    p = plan(resolve_spec(model="tiny-llama", precision="bf16", max_input_len=512, max_seq_len=512))
+    p = plan_capacity(resolve_spec(model="tiny-llama", precision="bf16", max_input_len=512, max_seq_len=512))
     assert p.input_len == 511 and p.output_len == 1
 
 
 def test_max_tokens_in_paged_kv_cache_caps_pool():
-    p = plan(resolve_spec(model="llama-8b", precision="fp8", max_tokens_in_paged_kv_cache=10000))
+    p = plan_capacity(resolve_spec(model="llama-8b", precision="fp8", max_tokens_in_paged_kv_cache=10000))
     assert p.kv_cache_tokens == 10000
 
 
 def test_lengths_beyond_the_engine_limits_are_rejected():
     spec = resolve_spec(model="tiny-llama", precision="bf16")  # max_input_len 256, max_seq_len 512
     with pytest.raises(SpecError, match=r"--input-len=300 must be within 1\.\.max_input_len=256"):
-        plan(spec, input_len=300)
+        plan_capacity(spec, input_len=300)
     with pytest.raises(SpecError, match=r"--output-len=400 must be within 1\.\.312 \(max_seq_len=512 - input 200\)"):
-        plan(spec, input_len=200, output_len=400)
-    assert plan(spec, input_len=256, output_len=256).output_len == 256
+        plan_capacity(spec, input_len=200, output_len=400)
+    assert plan_capacity(spec, input_len=256, output_len=256).output_len == 256

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CalibrationError
+from ..tinymodel import corpus_split
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,6 @@ class TokenSet:
 
 
 def _bundled() -> tuple[list[str], list[str]]:
-    from ..tinymodel import corpus_split
-
     return corpus_split()
 
 

@@ -14,12 +14,15 @@ import platform
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from ..artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
+from ..checkpoint import load_checkpoint_as_hf
+from ..download import download_model
 from ..errors import CalibrationError
 from ..layout import checkpoint_dir
 from ..manifests import CheckpointManifest, StageResult
@@ -27,7 +30,8 @@ from ..registry import ModelEntry
 from ..spec import BuildSpec
 from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
-from . import data, recipes
+from . import data, quality, recipes
+from . import export as exp
 
 STAGE_VERSION = 1
 EVAL_SAMPLES = 16  # held-out sequences for the quality gate
@@ -80,7 +84,7 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         precision=precision,
         kv=q.kv,
         awq_block_size=q.awq_block_size,
-        # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/compile/plan.py)
+        # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/compile/engine_plan.py)
         tp=spec.draft_tp if role == "draft" else spec.parallelism.tp,
         pp=1 if role == "draft" else spec.parallelism.pp,
         calib_size=size,
@@ -107,8 +111,6 @@ def toolchain() -> dict[str, str]:
 def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[Path, str]:
     """(local HF dir, source revision id): the download stage's result, or a given directory."""
     if source_dir is None:
-        from ..download import download_model
-
         res = download_model(entry)
         return Path(res.path), res.manifest.sha
     src = Path(source_dir)
@@ -247,8 +249,6 @@ def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]],
 
     The KV-cache quantizers are switched off on the reference: the loaded model keeps its KV cache unquantized.
     """
-    from ..checkpoint import load_checkpoint_as_hf
-    from . import quality
 
     loaded = load_checkpoint_as_hf(ckpt)
     exported.float()  # the exported copy is not used afterwards; compare both in float32
@@ -272,76 +272,54 @@ def _peak_memory(device) -> dict[str, int]:
     return out
 
 
-def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encode, tmp: Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    t = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t
+
+
+def _load_model(plan: _Plan, src: Path):
+    """The HF model in full precision on CPU, or in the export dtype across the visible GPUs; and its device."""
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
-    from . import export as exp
-    from . import quality
-
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    export_dtype = getattr(torch, plan.export_dtype)
-    load_kwargs: dict[str, Any] = {"dtype": export_dtype if cuda else torch.float32}
+    load_kwargs: dict[str, Any] = {"dtype": getattr(torch, plan.export_dtype) if cuda else torch.float32}
     if cuda:
         load_kwargs["device_map"] = "auto" if torch.cuda.device_count() > 1 else "cuda"
     model = AutoModelForCausalLM.from_pretrained(str(src), **load_kwargs).eval()
+    device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
         model.to(device)
-    timings["load_s"] = time.perf_counter() - t0
+    return model, device
 
-    eval_len = min(plan.calib_seq_len, EVAL_MAX_SEQ_LEN)
-    eval_n = max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (eval_len * model.config.vocab_size)))
-    heldout = data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
-    t = time.perf_counter()
-    ref = quality.reference_logprobs(model, heldout.samples, device)
-    timings["reference_s"] = time.perf_counter() - t
 
-    cfg = recipes.quant_config(plan.precision, plan.kv, awq_block_size=plan.awq_block_size)
-    t = time.perf_counter()
-    if cfg is not None:
-        import modelopt.torch.quantization as mtq
+def _quantize(model, cfg: dict[str, Any], plan: _Plan, calib: data.TokenSet, device) -> None:
+    """ModelOpt PTQ in place: calibrate `model` on the calibration set in batches of `plan.batch_size`."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from tqdm import tqdm
 
-        batches = [calib.samples[i : i + plan.batch_size] for i in range(0, len(calib.samples), plan.batch_size)]
+    batches = [calib.samples[i : i + plan.batch_size] for i in range(0, len(calib.samples), plan.batch_size)]
 
-        def forward_loop(m) -> None:
-            with torch.no_grad():
-                for b in tqdm(
-                    batches,
-                    desc=f"calibrate {plan.entry.name} {plan.precision}",
-                    unit="batch",
-                    disable=None,
-                    file=sys.stderr,
-                ):
-                    m(torch.tensor(b, dtype=torch.long, device=device))
+    def forward_loop(m) -> None:
+        with torch.no_grad():
+            for b in tqdm(batches, desc=f"calibrate {plan.entry.name} {plan.precision}", unit="batch", disable=None,
+                          file=sys.stderr):
+                m(torch.tensor(b, dtype=torch.long, device=device))
 
-        mtq.quantize(model, cfg, forward_loop)
-    timings["calibrate_s"] = time.perf_counter() - t
+    mtq.quantize(model, cfg, forward_loop)
 
-    t = time.perf_counter()
-    exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=export_dtype)
-    quant_algo, kv_algo = recipes.expected_algos(plan.precision, plan.kv)
-    trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
-    timings["export_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold)
-    timings["quality_s"] = time.perf_counter() - t
-    what = f"{plan.entry.name} {plan.precision}/KV {plan.kv}"
-    quality.gate(report, enforce=plan.enforce, what=what)
-
-    t = time.perf_counter()
+def _checked_roundtrip(plan: _Plan, cfg, model, exported, tmp: Path, samples, device, *, what: str) -> dict[str, Any]:
+    """Re-load the export on CPU and compare it with the quantized model (skipped for very large models)."""
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > ROUNDTRIP_MAX_PARAMS:
-        rt = {"passed": None, "skipped": f"{n_params / 1e9:.1f} B parameters: a float32 CPU copy is too large"}
-    else:
-        rt = _roundtrip(plan, cfg, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device)
-    timings["roundtrip_s"] = time.perf_counter() - t
+        return {"passed": None, "skipped": f"{n_params / 1e9:.1f} B parameters: a float32 CPU copy is too large"}
+    rt = _roundtrip(plan, cfg, exported, tmp, samples, device)
     if rt["passed"] is False:
         raise CalibrationError(
             f"round-trip check failed for {what}: the exported checkpoint re-loaded on CPU differs from the "
@@ -349,8 +327,45 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
             f"{rt['top1_agreement']:.3f}, perplexity differs {rt['ppl_rel_diff_pct']:.3g} %); the export or "
             "sharding is broken: re-run with --force or report it"
         )
+    return rt
+
+
+def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encode, tmp: Path) -> dict[str, Any]:
+    """Load, measure the reference, quantize, export, gate on quality, round-trip; return the manifest fields."""
+    import torch
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    with _timed(timings, "load_s"):
+        model, device = _load_model(plan, src)
+
+    eval_len = min(plan.calib_seq_len, EVAL_MAX_SEQ_LEN)
+    eval_n = max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (eval_len * model.config.vocab_size)))
+    heldout = data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
+    with _timed(timings, "reference_s"):
+        ref = quality.reference_logprobs(model, heldout.samples, device)
+
+    cfg = recipes.quant_config(plan.precision, plan.kv, awq_block_size=plan.awq_block_size)
+    with _timed(timings, "calibrate_s"):
+        if cfg is not None:
+            _quantize(model, cfg, plan, calib, device)
+
+    quant_algo, kv_algo = recipes.expected_algos(plan.precision, plan.kv)
+    with _timed(timings, "export_s"):
+        exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=getattr(torch, plan.export_dtype))
+        trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
+
+    with _timed(timings, "quality_s"):
+        report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold)
+    what = f"{plan.entry.name} {plan.precision}/KV {plan.kv}"
+    quality.gate(report, enforce=plan.enforce, what=what)
+
+    with _timed(timings, "roundtrip_s"):
+        rt = _checked_roundtrip(plan, cfg, model, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device,
+                                what=what)
     tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
     timings["total_s"] = time.perf_counter() - t0
+    cuda = device.type == "cuda"
     return {
         "recipe": {
             "precision": plan.precision,

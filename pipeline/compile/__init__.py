@@ -6,7 +6,7 @@ values), `preflight` (host checks, fast fail on CPU), `runner` (the only code th
 Nothing here imports tensorrt_llm at module level.
 """
 
-from .plan import CompilePlan, EnginePlan, plan_compile
+from .engine_plan import CompilePlan, EnginePlan, plan_compile
 from .stage import run_compile
 
 __all__ = ["CompilePlan", "EnginePlan", "plan_compile", "run_compile"]

@@ -8,7 +8,7 @@ code line that 1.2.1 ships: pydantic `PluginConfig`, no auto-parallel flags, `lo
   @ c20322ffd3dc0740ca530c9fad989b22e64f6e06 — the plugin flags: `bool` fields become `enable|disable` flags,
   `Optional[Literal[...]]` fields become dtype choices where `None` is spelled `disable`, `tokens_per_block` is an int.
 - tensorrt_llm/builder.py `build()` / `BuildConfig` / `EngineConfig.to_dict()` and tensorrt_llm/_common.py
-  `check_max_num_tokens()` — the rules the planner mirrors (see pipeline/compile/plan.py); which value each
+  `check_max_num_tokens()` — the rules the planner mirrors (see pipeline/compile/engine_plan.py); which value each
   performance flag gets, and why, is the decision table in pipeline/trtllm_rules.py.
 
 Not accepted by 1.2.1 (removed in earlier releases): --max_output_len, --use_custom_all_reduce, --multi_block_mode,

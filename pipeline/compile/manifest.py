@@ -12,7 +12,7 @@ from ..artifacts import MANIFEST, file_table, read_manifest, sha256_file, stage_
 from ..errors import CompileError, PipelineError
 from ..manifests import DraftRecord, EngineManifest, TokenizerIdentity
 from ..tokenizer import TOKENIZER_DIR, identity, mismatch
-from .plan import EnginePlan
+from .engine_plan import EnginePlan
 
 STAGE = "compile"
 STAGE_VERSION = 1

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from ..errors import CompileError
 from ..procs import terminate
+from ..trtllm_rules import TRTLLM_VERSION
 
 TAIL_LINES = 40
 
@@ -108,6 +109,4 @@ def run_trtllm_build(
 
 
 def _pinned() -> str:
-    from ..trtllm_rules import TRTLLM_VERSION
-
     return TRTLLM_VERSION

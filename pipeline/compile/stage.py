@@ -9,10 +9,10 @@ from ..errors import CompileError
 from ..manifests import DraftRecord, EngineManifest, StageResult
 from ..spec import BuildSpec
 from .manifest import check_same_tokenizer, checkpoint_identity, compile_key, draft_record, engine_manifest
-from .plan import CompilePlan, EnginePlan, plan_compile
+from .engine_plan import CompilePlan, EnginePlan, plan_compile
 from .preflight import Toolchain, preflight
 from .runner import run_trtllm_build
-from .verify import verify_engine_dir
+from .engine_check import verify_engine_dir
 
 EngineResult = StageResult[EngineManifest]
 

@@ -4,6 +4,6 @@ validation and the package stage. See `pipeline.triton.package` for the layout."
 from .install import InstallResult, install_repo
 from .package import PackageResult, package_repo, repo_name
 from .render import render
-from .validate import validate_repo
+from .repo_check import validate_repo
 
 __all__ = ["InstallResult", "PackageResult", "install_repo", "package_repo", "render", "repo_name", "validate_repo"]

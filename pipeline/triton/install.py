@@ -20,6 +20,8 @@ from pathlib import Path
 
 from ..errors import PackageError
 from . import pbtxt
+from .package import read_engine_source
+from .repo_check import validate_repo
 
 PATH_KEYS = (
     "gpt_model_path",
@@ -59,8 +61,6 @@ def _check_engine(model: str, cfg, path: Path) -> None:
     if not path.is_dir():
         raise PackageError(f"{model}: engine dir {path} does not exist; pass an existing --engine-dir")
     if cfg.backend == "tensorrtllm":
-        from .package import read_engine_source
-
         read_engine_source(path)
 
 
@@ -149,7 +149,6 @@ def install_repo(repo: Path, dest: Path | None = None, *, engine_dir: Path | Non
     Raises:
         PackageError: not a repository, a path parameter names nothing on this host, or validation fails.
     """
-    from .validate import validate_repo
 
     repo = Path(repo).expanduser().resolve()
     if not repo.is_dir():

@@ -37,7 +37,7 @@ from ..manifests import EngineManifest, RepoManifest, StageResult, TokenizerIden
 from ..tokenizer import find_tokenizer, identity, mismatch
 from . import pbtxt
 from .render import render, templates_root
-from .validate import MAX_MEMORY_FRACTION_SUM, validate_repo
+from .repo_check import MAX_MEMORY_FRACTION_SUM, validate_repo
 
 TEMPLATE_VERSION = 1
 _TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
@@ -290,6 +290,43 @@ def _draft_tokenizer(target: str, draft: LLMSource, draft_tokenizer_dir: Path | 
     return recorded.tokenizer
 
 
+def _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+    """--target trtllm: the target (and draft) engine sources, the tokenizer and the build id the engines imply."""
+    if engine_dir is None:
+        raise PackageError("--target trtllm needs the engine dir (engines/<build-id>/engine); run `invoke compile`")
+    llm = read_engine_source(Path(engine_dir))
+    draft = None
+    if spec.draft_model is not None:
+        draft = read_engine_source(Path(draft_engine_dir or Path(engine_dir).parent / "draft_engine"))
+    tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
+    return llm, draft, tok, Path(engine_dir).resolve().parent.name
+
+
+def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+    """--target reference: the target (and draft) checkpoint sources, the tokenizer and the implied build id."""
+    if checkpoint_dir is None:
+        raise PackageError("--target reference needs the checkpoint dir; run `invoke calibrate`")
+    llm = read_checkpoint_source(Path(checkpoint_dir), spec)
+    draft = None
+    if spec.draft_model is not None:
+        if draft_checkpoint_dir is None:
+            raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
+        draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
+    tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
+    resolved = Path(checkpoint_dir).resolve()
+    return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
+
+
+def _extra_parameters(spec, target: str, with_draft: bool) -> dict[str, Any]:
+    """Reference-backend parameters appended to the `tensorrt_llm` model(s); none for the GPU backend."""
+    if target != "reference":
+        return {}
+    extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
+    if with_draft:
+        extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
+    return extra
+
+
 def package_repo(
     spec,
     *,
@@ -326,32 +363,13 @@ def package_repo(
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
     target = target or spec.target
-    if target not in ("trtllm", "reference"):
-        raise PackageError(f"target {target!r} is not one of trtllm, reference")
-    speculative = spec.draft_model is not None
     if target == "trtllm":
-        if engine_dir is None:
-            raise PackageError("--target trtllm needs the engine dir (engines/<build-id>/engine); run `invoke compile`")
-        llm = read_engine_source(Path(engine_dir))
-        draft = None
-        if speculative:
-            if draft_engine_dir is None:
-                draft_engine_dir = Path(engine_dir).parent / "draft_engine"
-            draft = read_engine_source(Path(draft_engine_dir))
-        tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
-        build_id = build_id or Path(engine_dir).resolve().parent.name
+        llm, draft, tok, derived_id = _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
+    elif target == "reference":
+        llm, draft, tok, derived_id = _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
     else:
-        if checkpoint_dir is None:
-            raise PackageError("--target reference needs the checkpoint dir; run `invoke calibrate`")
-        llm = read_checkpoint_source(Path(checkpoint_dir), spec)
-        draft = None
-        if speculative:
-            if draft_checkpoint_dir is None:
-                raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
-            draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
-        tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
-        resolved = Path(checkpoint_dir).resolve()
-        build_id = build_id or (resolved.parent.name if resolved.name == "checkpoint" else resolved.name)
+        raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    build_id = build_id or derived_id
     out_root = Path(output) if output else triton_repo_dir()
     name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
         repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
@@ -361,21 +379,16 @@ def package_repo(
         why = mismatch(identity(tok), _draft_tokenizer(target, draft, draft_tokenizer_dir))
         if why:
             raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
-    factors = {
+    extra = _extra_parameters(spec, target, draft is not None)
+    key = stage_key({
         "stage": "package",
         "target": target,
         "templates": templates_hash(),
         "values": values,
         "sources": {"llm": llm.key, "draft": draft.key if draft else None},
         "tokenizer": _tokenizer_files_hash(tok),
-    }
-    extra = {}
-    if target == "reference":
-        extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
-        if draft is not None:
-            extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
-    factors["extra_parameters"] = extra
-    key = stage_key(factors)
+        "extra_parameters": extra,
+    })
 
     m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
     if m is not None:

@@ -12,8 +12,8 @@ from compile_fixtures import write_fabricated_checkpoint
 
 from pipeline.compile import plan_compile
 from pipeline.compile.flags import ACCEPTED, ENABLE_DISABLE_FLAGS, check_argv
-from pipeline.compile.plan import CHECKPOINT_PLACEHOLDER as CKPT
-from pipeline.compile.plan import OUTPUT_PLACEHOLDER as OUT
+from pipeline.compile.engine_plan import CHECKPOINT_PLACEHOLDER as CKPT
+from pipeline.compile.engine_plan import OUTPUT_PLACEHOLDER as OUT
 from pipeline.errors import CompileError, SpecError
 from pipeline.spec import resolve_spec
 

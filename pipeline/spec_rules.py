@@ -7,11 +7,17 @@ upstream code it comes from; rules of ours (no upstream failure) say so.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .calibrate.data import load_texts
 from .errors import SpecError
-from .gpus import GPUS, SUPPORTED_SM
+from .gpus import GIB, GPUS, SUPPORTED_SM
+from .planner import engine_shapes, fit_shortfall
 from .registry import ModelEntry
-from .spec import BuildSpec
 from .trtllm_rules import MAX_NUM_TOKENS_WARN, needs_fp8_hardware, paged_context_fmha_blocker
+
+if TYPE_CHECKING:  # the spec module calls these rules; they only read a spec
+    from .spec import BuildSpec
 
 AWQ_PRECISIONS = ("int4_awq", "w4a8_awq")
 # Draft length: upstream sets no upper bound for draft_tokens_external (builder.py build() bounds only EAGLE) and
@@ -251,8 +257,6 @@ def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
     makes the executor shrink the attention window or reject the longest requests. Weights that do not fit at all
     are a parallelism question: a warning here, `invoke plan` names the minimum TP.
     """
-    from .gpus import GIB
-    from .planner import engine_shapes, fit_shortfall
 
     gpu = GPUS[spec.hardware.gpu]
 
@@ -332,6 +336,4 @@ def _check_input_files(spec: BuildSpec) -> None:
     """Rule of ours: file inputs exist and parse before anything is downloaded (the calibrate stage reads them
     again; this only fails early)."""
     if spec.quantization.calib_data is not None:
-        from .calibrate.data import load_texts
-
         load_texts(spec.quantization.calib_data)

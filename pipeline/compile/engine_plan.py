@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import CompileError
 from ..gpus import GPUS
+from ..planner import plan_capacity as plan_memory
 from ..registry import ModelEntry
 from ..spec import BuildSpec
 from ..trtllm_rules import (
@@ -333,7 +334,6 @@ def plan_compile(
     Raises:
         CompileError: a checkpoint is missing/mismatched, or a planned flag is not accepted by trtllm-build 1.2.1.
     """
-    from ..planner import plan as plan_memory
 
     if spec.target != "trtllm":
         raise CompileError(

@@ -13,7 +13,7 @@ from typing import Any
 from ..artifacts import read_config_json
 from ..errors import CompileError
 from .flags import SPECULATIVE_MODE_VALUE
-from .plan import EnginePlan
+from .engine_plan import EnginePlan
 
 _MODE_NAMES = {v: k for k, v in SPECULATIVE_MODE_VALUE.items()}
 

@@ -23,7 +23,7 @@ from pipeline.compile.manifest import (
 )
 from pipeline.compile.preflight import Toolchain
 from pipeline.compile.stage import _compile_one, log_path_for
-from pipeline.compile.verify import verify_engine_dir
+from pipeline.compile.engine_check import verify_engine_dir
 from pipeline.errors import CompileError, IntegrityError
 from pipeline.spec import resolve_spec
 

@@ -24,14 +24,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .artifacts import MANIFEST, SYMLINK, check_files, sha256_file
+from .compile.preflight import probe_host as compile_probe
 from .errors import CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError, VerifyError
 from .manifests import FileRecord, ReleaseDocument
 from .release import RELEASE_JSON
+from .triton import pbtxt
 
 _CHUNK = 1 << 20
 MAX_LISTED = 20
 MAX_METADATA_BYTES = 16 << 20  # release.json, manifest.json, config.json: read into memory, so capped
-__all__ = ["HashMismatchError", "HostInfo", "HostMismatchError", "VerifyReport", "probe_host", "verify"]
+__all__ = ["HashMismatchError", "HostInfo", "HostMismatchError", "VerifyReport", "probe_serving_host", "verify"]
 
 
 @dataclass(frozen=True)
@@ -114,15 +116,13 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
 # Host probe.
 
 
-def probe_host() -> HostInfo:
+def probe_serving_host() -> HostInfo:
     """This host's TensorRT-LLM/TensorRT versions and GPU SM, without importing tensorrt_llm.
 
     TensorRT-LLM and the GPU come from the compile stage's probe (package metadata + nvidia-smi/NVML); the
     TensorRT version from package metadata.
     """
     import importlib.metadata as md
-
-    from .compile.preflight import probe_host as compile_probe
 
     probe = compile_probe()
     tensorrt = None
@@ -204,7 +204,7 @@ def _read_capped(path: Path, what: str) -> bytes:
 def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostInfo | None) -> None:
     if not records:
         return
-    host = host if host is not None else probe_host()
+    host = host if host is not None else probe_serving_host()
     if not host.known:
         report.notes.append("host toolchain/GPU unknown (no TensorRT-LLM or GPU here): host check skipped")
         return
@@ -376,7 +376,6 @@ def _manifest(d: Path) -> _AnyManifest:
 
 def _engine_path(cfg: Path) -> str:
     """The `gpt_model_path` of a model config (engine or reference checkpoint dir; "" if none or unparsable)."""
-    from .triton import pbtxt
 
     try:
         model = pbtxt.read(cfg)
