@@ -78,6 +78,7 @@ def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engine
                                                                                     "tensorrt_llm_draft")]
     assert fractions == [0.7, 0.2]
     assert summary.param("tensorrt_llm_bls", "default_num_draft_tokens") == "5"
+    assert summary.param("tensorrt_llm_bls", "max_batch_for_speculation") == "8"  # the load gate's cap
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()  # the C++ backend, not python
     assert (repo / "preprocessing" / "tokenizer" / "tokenizer.json").is_file()
     assert (repo / "postprocessing" / "tokenizer" / "tokenizer.json").is_file()

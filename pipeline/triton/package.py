@@ -238,6 +238,7 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
             "accumulate_tokens": False, "tensorrt_llm_model_name": "tensorrt_llm",
             "tensorrt_llm_draft_model_name": "tensorrt_llm_draft", "multimodal_encoders_name": "",
             "default_num_draft_tokens": spec.draft_len,
+            "max_batch_for_speculation": spec.speculation.max_batch_for_speculation,
         }
     return values, warnings
 
