@@ -181,6 +181,48 @@ def effective_max_num_tokens(spec: BuildSpec, *, role: str = "target") -> int:
                                  context_fmha=lim.context_fmha, draft_len=k)
 
 
+def _expected_build_config(o: dict[str, str], *, engine_seq: int) -> dict[str, Any]:
+    """The `build_config` trtllm-build records for the options `o` (what engine verification compares with)."""
+
+    def on(flag: str) -> bool:
+        return o[flag] == "enable"
+
+    def plugin_value(flag: str) -> str | None:
+        return None if o[flag] == "disable" else o[flag]  # PluginConfig stores "disable" as None
+
+    draft_len = int(o["--max_draft_len"])
+    opt_num_tokens = o.get("--opt_num_tokens")
+    return {
+        "max_batch_size": int(o["--max_batch_size"]),
+        "max_input_len": int(o["--max_input_len"]),
+        "max_seq_len": engine_seq,
+        "max_num_tokens": int(o["--max_num_tokens"]),
+        "opt_num_tokens": int(opt_num_tokens) if opt_num_tokens is not None else None,
+        "max_beam_width": int(o["--max_beam_width"]),
+        "kv_cache_type": "paged",
+        "max_draft_len": draft_len,
+        "speculative_decoding_mode": SPECULATIVE_MODE_VALUE["draft_tokens_external" if draft_len else "none"],
+        "strongly_typed": True,
+        "plugin_config": {
+            "gemm_plugin": plugin_value("--gemm_plugin"),
+            "gpt_attention_plugin": o["--gpt_attention_plugin"],
+            "context_fmha": on("--context_fmha"),
+            "use_paged_context_fmha": on("--use_paged_context_fmha"),
+            "use_fp8_context_fmha": on("--use_fp8_context_fmha"),
+            "remove_input_padding": True,
+            "multiple_profiles": on("--multiple_profiles"),
+            "tokens_per_block": int(o["--tokens_per_block"]),
+            "paged_kv_cache": True,
+            "use_fused_mlp": True,
+            "gemm_swiglu_plugin": plugin_value("--gemm_swiglu_plugin"),
+            "low_latency_gemm_plugin": plugin_value("--low_latency_gemm_plugin"),
+            "low_latency_gemm_swiglu_plugin": plugin_value("--low_latency_gemm_swiglu_plugin"),
+            "reduce_fusion": on("--reduce_fusion"),
+            "user_buffer": on("--user_buffer"),
+        },
+    }
+
+
 def _engine_plan(
     spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, *, role: str, precision: str, output_dir: Path,
 ) -> EnginePlan:
@@ -244,38 +286,7 @@ def _engine_plan(
     else:
         o["--max_draft_len"] = "0"
 
-    def plugin_value(flag: str) -> str | None:
-        return None if o[flag] == "disable" else o[flag]  # PluginConfig stores "disable" as None
-
-    expected = {
-        "max_batch_size": batch,
-        "max_input_len": spec.max_input_len,
-        "max_seq_len": engine_seq,
-        "max_num_tokens": max_num_tokens,
-        "opt_num_tokens": opt_num_tokens,
-        "max_beam_width": lim.max_beam_width,
-        "kv_cache_type": "paged",
-        "max_draft_len": k if speculative else 0,
-        "speculative_decoding_mode": SPECULATIVE_MODE_VALUE["draft_tokens_external" if speculative else "none"],
-        "strongly_typed": True,
-        "plugin_config": {
-            "gemm_plugin": plugin_value("--gemm_plugin"),
-            "gpt_attention_plugin": dtype,
-            "context_fmha": lim.context_fmha,
-            "use_paged_context_fmha": paged_ctx,
-            "use_fp8_context_fmha": fp8_ctx,
-            "remove_input_padding": True,
-            "multiple_profiles": lim.multiple_profiles,
-            "tokens_per_block": lim.tokens_per_block,
-            "paged_kv_cache": True,
-            "use_fused_mlp": True,
-            "gemm_swiglu_plugin": plugin_value("--gemm_swiglu_plugin"),
-            "low_latency_gemm_plugin": plugin_value("--low_latency_gemm_plugin"),
-            "low_latency_gemm_swiglu_plugin": plugin_value("--low_latency_gemm_swiglu_plugin"),
-            "reduce_fusion": fuse_reduce,
-            "user_buffer": ub,
-        },
-    }
+    expected = _expected_build_config(o, engine_seq=engine_seq)
     plan = EnginePlan(
         role=role,
         model=model.name,
