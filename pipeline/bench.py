@@ -92,6 +92,15 @@ def ratio(num: Iterable[int | None], den: Iterable[int | None]) -> float | None:
     return sum(n) / sum(d)
 
 
+def block_hit_ratio(samples) -> float | None:
+    """Reused / (reused + newly allocated) context blocks: `kv_cache_alloc_total_blocks` counts the misses only
+    (the C++ backend's KVCacheManager), so the blocks a prompt needed are reused + alloc_total."""
+    pairs = [(s.reused_blocks, s.total_blocks) for s in samples
+             if s.reused_blocks is not None and s.total_blocks is not None]
+    needed = sum(r + t for r, t in pairs)
+    return sum(r for r, _ in pairs) / needed if needed > 0 else None
+
+
 @dataclass
 class LevelStats:
     concurrency: int
@@ -141,7 +150,7 @@ def summarize(
         latency_ms_p99=ms(percentile((s.latency_s for s in ok), 99)),
         cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
         acceptance_rate=_round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok))),
-        prefix_cache_hit_ratio=_round(ratio((s.reused_blocks for s in ok), (s.total_blocks for s in ok))),
+        prefix_cache_hit_ratio=_round(block_hit_ratio(ok)),
         first_error=errors[0].error if errors else None,
     )
 
@@ -174,11 +183,11 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
     return out
 
 
-def kv_block_counters(metrics: dict[tuple[str, frozenset], float]) -> dict[str, float]:
-    """Sum of `nv_trt_llm_kv_cache_block_metrics` by kv_cache_block_type over models."""
+def kv_block_counters(metrics: dict[tuple[str, frozenset], float], model: str = "tensorrt_llm") -> dict[str, float]:
+    """`nv_trt_llm_kv_cache_block_metrics` of `model` (the target; the draft exports its own) by kv_cache_block_type."""
     out: dict[str, float] = {}
     for (name, labels), value in metrics.items():
-        if name != "nv_trt_llm_kv_cache_block_metrics":
+        if name != "nv_trt_llm_kv_cache_block_metrics" or dict(labels).get("model", model) != model:
             continue
         kind = dict(labels).get("kv_cache_block_type")
         if kind:
@@ -619,7 +628,7 @@ def run_bench(
     after = scrape_metrics(metrics_url) if metrics_url else None
     ok = [s for s in all_samples if s.ok]
     report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
-    per_request = ratio((s.reused_blocks for s in ok), (s.total_blocks for s in ok))
+    per_request = block_hit_ratio(ok)
     if per_request is not None:
         report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
     elif after is not None:

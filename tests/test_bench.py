@@ -56,7 +56,13 @@ def test_summarize_level():
     assert lv.latency_ms_p99 == pytest.approx(1990.0)
     assert lv.cost_per_1m_output_tokens_usd == pytest.approx(3.6 / 3600 / 14.5 * 1e6, rel=1e-3)
     assert lv.acceptance_rate == pytest.approx(0.5)
-    assert lv.prefix_cache_hit_ratio == pytest.approx(0.5)
+    assert lv.prefix_cache_hit_ratio == pytest.approx(4 / 12, abs=1e-4)  # reused / (reused + newly allocated) blocks
+
+
+def test_draft_kv_metrics_do_not_count_toward_the_targets_hit_ratio():
+    text = ('nv_trt_llm_kv_cache_block_metrics{model="tensorrt_llm",version="1",kv_cache_block_type="reused"} 5\n'
+            'nv_trt_llm_kv_cache_block_metrics{model="tensorrt_llm_draft",version="1",kv_cache_block_type="reused"} 7\n')
+    assert kv_block_counters(parse_metrics(text)) == {"reused": 5.0}
 
 
 def test_tpot_needs_ttft_and_two_tokens():

@@ -19,8 +19,25 @@ response with the n sequences on the beam axis when not. `beam_width` > 1 is ref
 Limits as configured (`max_input_len`, `max_seq_len`): a longer prompt, prompt + output over the limit, or
 request_output_len <= 0 is an error response. Inputs that need another engine (LoRA, prompt tables, multimodal,
 encoder-decoder, guided decoding, lookahead, context-phase params, draft logits) are refused per request.
+
+Prefix caching (`enable_kv_cache_reuse`, on unless "false"): a block pool of `max_tokens_in_paged_kv_cache` /
+`tokens_per_block` blocks (empty: max_batch_size x ceil(max_seq_len / tokens_per_block)). After a prompt's prefill
+its full blocks (`tokens_per_block` tokens each) are stored with their per-layer K/V, keyed by a hash chain over the
+token prefix; a finished sequence stores its remaining full blocks. A new prompt reuses the longest chain of stored
+blocks within its first len - 1 tokens (at least one token is always computed, as in the C++ KV-cache manager):
+the past is rebuilt from the blocks and only the rest of the prompt is run. Blocks are reference-counted while a
+sequence uses them; unused ones stay cached and are evicted least-recently-used (leaves first) when a new block
+needs a slot. Requests asking for context logits are prefilled in full. Per request, as the C++ backend reports
+them for the context phase: `kv_cache_reused_blocks` (blocks reused), `kv_cache_alloc_total_blocks` (context blocks
+taken from the pool), `kv_cache_alloc_new_blocks` (those that never held data). Triton's metrics endpoint shows
+`nv_trt_llm_kv_cache_block_metrics` (gauge, `kv_cache_block_type` = max | free | used | tokens_per | reused |
+fraction, as the C++ backend; reused = blocks reused since load), plus the KvCacheStats fields the C++ backend
+does not export: alloc_total | alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed));
+and `nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused:
+prompt tokens run through the model / served from the cache since load).
 """
 
+import collections
 import copy
 import json
 import math
@@ -119,6 +136,215 @@ def load_model(path, dtype_name):
     return model.to(getattr(torch, dtype_name)).eval()
 
 
+# ------------------------------------------------------------------------------------------------ prefix cache
+class Block:
+    """One stored KV block: its chain key, parent key, tokens and per-layer (K, V) slices."""
+
+    __slots__ = ("key", "parent", "tokens", "kv", "refs")
+
+    def __init__(self, key, parent, tokens, kv):
+        self.key, self.parent, self.tokens, self.kv, self.refs = key, parent, tokens, kv, 0
+
+
+class BlockPool:
+    """Block-level prefix cache with the C++ KV-cache manager's accounting, over `capacity` block slots.
+
+    A slot is empty (never used, or released without a key), in use by live sequences (their private blocks and
+    the stored blocks they reference), or cached (a stored block no sequence uses: reusable, evictable LRU). A block
+    allocated from a never-used slot counts as new (`alloc_new`), as in the C++ block manager.
+    Only the scheduler thread calls it.
+    """
+
+    def __init__(self, capacity, tokens_per_block, enabled):
+        self.capacity, self.tpb, self.enabled = max(1, capacity), tokens_per_block, enabled
+        self.blocks = collections.OrderedDict()  # key -> Block, least recently used first
+        self.private = 0  # slots held by live sequences outside the cache
+        self.fresh = self.capacity  # empty slots that never held data (taken first, as the C++ free queue does)
+        self.totals = dict.fromkeys(("reused_blocks", "missed_blocks", "alloc_total_blocks", "alloc_new_blocks",
+                                     "context_tokens", "reused_tokens"), 0)
+        self.overcommitted = False
+
+    @staticmethod
+    def chain(parent, tokens):
+        return hash((parent, tokens))
+
+    def _keys(self, tokens, blocks):
+        keys, parent = [], None
+        for i in range(blocks):
+            chunk = tuple(tokens[i * self.tpb:(i + 1) * self.tpb])
+            parent = self.chain(parent, chunk)
+            keys.append((parent, chunk))
+        return keys
+
+    def empty(self):
+        """Slots holding no reusable data (every slot is empty, private to a sequence, or a stored block)."""
+        return max(0, self.capacity - self.private - len(self.blocks))
+
+    def used(self):
+        return self.private + sum(1 for b in self.blocks.values() if b.refs > 0)
+
+    def _touch(self, keys):
+        for key in reversed(keys):  # the chain's root ends most recent: leaves are evicted first
+            self.blocks.move_to_end(key)
+
+    def _alloc(self):
+        """Take one slot: (True when it never held data). Evicts the least recently used cached block if needed."""
+        if self.empty() > 0:
+            self.private += 1
+            new, self.fresh = self.fresh > 0, max(0, self.fresh - 1)
+            return new
+        for key, block in self.blocks.items():
+            if block.refs == 0:
+                del self.blocks[key]
+                self.private += 1
+                return False
+        if not self.overcommitted:
+            self.overcommitted = True
+            pb_utils.Logger.log_warn(f"reference KV pool: all {self.capacity} blocks in use; allocating beyond it "
+                                     "(raise max_tokens_in_paged_kv_cache)")
+        self.private += 1
+        return True
+
+    def acquire(self, holder, tokens, reuse):
+        """Context blocks for prompt `tokens`: returns the reused Blocks; records the per-request counts."""
+        hit = []
+        if self.enabled and reuse:
+            parent = None
+            for key, chunk in self._keys(tokens, (len(tokens) - 1) // self.tpb):
+                block = self.blocks.get(key)
+                if block is None or block.parent != parent or block.tokens != chunk:
+                    break
+                hit.append(block)
+                parent = block.key
+        for block in hit:
+            block.refs += 1
+        self._touch([b.key for b in hit])
+        holder.keys = [b.key for b in hit]
+        need = -(-len(tokens) // self.tpb) - len(hit)
+        new = sum(self._alloc() for _ in range(need))
+        holder.private = need
+        holder.kv_stats = {"reused": len(hit), "alloc_total": need, "alloc_new": new}
+        t = self.totals
+        t["reused_blocks"] += len(hit)
+        t["missed_blocks"] += need
+        t["alloc_total_blocks"] += need
+        t["alloc_new_blocks"] += new
+        t["reused_tokens"] += len(hit) * self.tpb
+        t["context_tokens"] += len(tokens) - len(hit) * self.tpb
+        return hit
+
+    def grow(self, holder, length):
+        """Generation: one more slot whenever the sequence's length enters a new block."""
+        if getattr(holder, "keys", None) is None:
+            return
+        for _ in range(-(-length // self.tpb) - len(holder.keys) - holder.private):
+            self._alloc()
+            holder.private += 1
+
+    def store(self, holder, tokens, layers):
+        """Store the full blocks of `tokens` (per-layer (K, V) covering at least them) that `holder` does not
+        reference yet, continuing its chain; a block already stored by another sequence is shared instead."""
+        if not self.enabled or getattr(holder, "keys", None) is None:
+            return
+        full = len(tokens) // self.tpb
+        keys = self._keys(tokens, full)
+        if [k for k, _ in keys[: len(holder.keys)]] != holder.keys:
+            return  # the holder's chain is not a prefix of these tokens
+        for i in range(len(holder.keys), full):
+            key, chunk = keys[i]
+            parent = holder.keys[-1] if holder.keys else None
+            block = self.blocks.get(key)
+            if block is not None and (block.parent != parent or block.tokens != chunk):
+                return  # a hash collision: keep the stored block, stop the chain here
+            if holder.private > 0:  # the holder's slot for this block: becomes the stored block, or is freed
+                holder.private -= 1
+                self.private -= 1
+            if block is None:
+                a, b = i * self.tpb, (i + 1) * self.tpb
+                block = Block(key, parent, chunk, [(k[:, :, a:b].clone(), v[:, :, a:b].clone()) for k, v in layers])
+                self.blocks[key] = block
+            block.refs += 1
+            holder.keys.append(key)
+        self._touch(holder.keys)
+
+    def release(self, holder):
+        """A finished sequence: its stored blocks stay cached (unreferenced), its private slots become empty."""
+        keys = getattr(holder, "keys", None)
+        if keys is None:
+            return
+        for key in keys:
+            block = self.blocks.get(key)
+            if block is not None:
+                block.refs -= 1
+        self.private -= holder.private
+        holder.keys, holder.private = None, 0
+        excess = self.private + len(self.blocks) - self.capacity  # after an overcommit: back within the pool
+        for key in [k for k, b in self.blocks.items() if b.refs == 0][:max(0, excess)]:
+            del self.blocks[key]
+
+    @staticmethod
+    def past(blocks):
+        """A DynamicCache holding the concatenated K/V of `blocks`."""
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        layers = zip(*(b.kv for b in blocks))
+        return DynamicCache(ddp_cache_data=[(torch.cat([k for k, _ in layer], dim=2),
+                                             torch.cat([v for _, v in layer], dim=2)) for layer in layers])
+
+
+def cache_layers(past):
+    """Per-layer (K, V) tensors [batch, heads, tokens, dim] of an HF cache."""
+    if hasattr(past, "layers"):
+        return [(layer.keys, layer.values) for layer in past.layers]
+    return [(k, v) for k, v in past.to_legacy_cache()]
+
+
+class KvCacheMetrics:
+    """The block pool on Triton's metrics endpoint; a no-op where metric families cannot be created."""
+
+    CPP_TYPES = ("max", "free", "used", "tokens_per", "reused", "fraction")  # the C++ backend's labels
+    STATS_TYPES = ("alloc_total", "alloc_new", "missed", "cache_hit_rate")  # KvCacheStats fields it does not export
+
+    def __init__(self, model, version):
+        labels = {"model": model, "version": str(version)}
+        self.families, self.block, self.tokens = [], None, None
+        try:
+            block = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics",
+                                          description="TRT LLM KV cache block metrics",
+                                          kind=pb_utils.MetricFamily.GAUGE)
+            tokens = pb_utils.MetricFamily(name="nv_trt_llm_context_token_metrics",
+                                           description="prompt tokens run through the model or served from the "
+                                                       "prefix cache, since load (reference backend)",
+                                           kind=pb_utils.MetricFamily.GAUGE)
+        except Exception as exc:  # noqa: BLE001 (metrics disabled or unsupported: serve without them)
+            pb_utils.Logger.log_warn(f"{model}: no KV-cache metrics ({exc})")
+            return
+        self.families = [block, tokens]
+        self.block = {t: block.Metric(labels=dict(labels, kv_cache_block_type=t))
+                      for t in self.CPP_TYPES + self.STATS_TYPES}
+        self.tokens = {t: tokens.Metric(labels=dict(labels, context_token_type=t)) for t in ("computed", "reused")}
+
+    def update(self, pool):
+        if self.block is None:
+            return
+        used = pool.used()
+        t = pool.totals
+        seen = t["reused_blocks"] + t["missed_blocks"]
+        values = {"max": pool.capacity, "free": max(0, pool.capacity - used), "used": used,
+                  "tokens_per": pool.tpb, "reused": t["reused_blocks"], "fraction": used / pool.capacity,
+                  "alloc_total": t["alloc_total_blocks"], "alloc_new": t["alloc_new_blocks"],
+                  "missed": t["missed_blocks"], "cache_hit_rate": t["reused_blocks"] / seen if seen else 0.0}
+        for name, value in values.items():
+            self.block[name].set(value)
+        self.tokens["computed"].set(t["context_tokens"])
+        self.tokens["reused"].set(t["reused_tokens"])
+
+    def close(self):
+        self.block = self.tokens = None
+        self.families = []
+
+
 # ------------------------------------------------------------------------------------------------ request state
 class RequestError(ValueError):
     """A request the model refuses (answered with an error response, the model keeps serving)."""
@@ -187,6 +413,8 @@ class Seq:
         self.done = False
         self.scheduled = self.first = self.last = 0
         self.accepted = 0
+        self.keys, self.private = None, 0  # prefix-cache blocks referenced / pool slots held (BlockPool)
+        self.kv_stats = None  # the row's context-phase block counts
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -221,6 +449,13 @@ class TritonPythonModel:
         self.exclude_input = _truthy(_param(config, "exclude_input_in_output", "false"))
         self.tokens_per_block = int(_param(config, "tokens_per_block", "32"))
         self.max_beam_width = int(_param(config, "max_beam_width", "1"))
+        pool_tokens = int(_param(config, "max_tokens_in_paged_kv_cache", "0") or 0)
+        per_seq = -(-self.max_seq_len // self.tokens_per_block)
+        blocks = pool_tokens // self.tokens_per_block or max(1, int(config.get("max_batch_size", 0) or 1)) * per_seq
+        self.pool = BlockPool(blocks, self.tokens_per_block,
+                              _truthy(_param(config, "enable_kv_cache_reuse", "true")))
+        self.kv_metrics = KvCacheMetrics(self.name, args.get("model_version", "1"))
+        self.kv_metrics.update(self.pool)
         self.incoming = queue.Queue()
         self.jobs_by_id = {}  # triton request id -> set of running jobs (for `stop`)
         self.jobs_lock = threading.Lock()
@@ -232,6 +467,7 @@ class TritonPythonModel:
         self.running = False
         self.incoming.put(None)
         self.thread.join(timeout=10)
+        self.kv_metrics.close()
 
     # -------------------------------------------------------------------------------------------- execute
     def execute(self, requests):
@@ -389,6 +625,9 @@ class TritonPythonModel:
                     if seq.done or job.closed:
                         seq.done = True
                         active.remove(seq)
+                        if seq.keys is not None:  # a failed request's blocks go back to the pool
+                            self.pool.release(seq)
+                            self.kv_metrics.update(self.pool)
                         if job.closed or job.open == 0:
                             self._forget(job)
             except Exception as exc:  # noqa: BLE001 (the scheduler must survive anything)
@@ -437,13 +676,38 @@ class TritonPythonModel:
             res = self.model(input_ids=torch.tensor([ids], dtype=torch.long), past_key_values=past, use_cache=True)
         return res.logits[0], res.past_key_values
 
+    def _cached_forward(self, seq, tokens, context):
+        """Forward `tokens` (the prompt, then any draft tokens) reusing the prefix cache for the prompt's stored
+        blocks; stores the prompt's full blocks. Returns (logits of the computed tokens, past, tokens skipped)."""
+        hit = self.pool.acquire(seq, context, reuse=not seq.opts["context_logits"])
+        cached = None
+        if hit:
+            try:
+                cached = BlockPool.past(hit)
+            except Exception as exc:  # noqa: BLE001 (a cache layout this code cannot rebuild: prefill in full)
+                pb_utils.Logger.log_warn(f"{self.name}: prefix cache disabled ({type(exc).__name__}: {exc})")
+                self.pool.release(seq)
+                self.pool.enabled = False
+                hit = self.pool.acquire(seq, context, reuse=False)
+        skip = len(hit) * self.tokens_per_block
+        logits, past = self._forward(tokens[skip:], cached)
+        if self.pool.enabled:
+            try:
+                self.pool.store(seq, context, cache_layers(past))
+            except Exception as exc:  # noqa: BLE001 (caching is an optimisation: never fail a request for it)
+                pb_utils.Logger.log_warn(f"{self.name}: prefix cache disabled ({type(exc).__name__}: {exc})")
+                self.pool.enabled = False
+        self.kv_metrics.update(self.pool)
+        return logits, past, skip
+
     def _prefill(self, seq):
-        """Run the prompt once per batch row; the row's other sequences (num_return_sequences) get a KV copy."""
-        logits, past = self._forward(seq.prompt, None)
+        """Run the prompt once per batch row (reusing cached prefix blocks); the row's other sequences
+        (num_return_sequences) get a KV copy."""
+        logits, past, _ = self._cached_forward(seq, seq.prompt, seq.prompt)
         context = logits.float().numpy() if seq.opts["context_logits"] else None
         for other in seq.job.seqs:
             if other.opts is seq.opts and other.logits is None:
-                other.logits, other.context_logits = logits[-1], context
+                other.logits, other.context_logits, other.kv_stats = logits[-1], context, seq.kv_stats
                 other.past = past if other is seq else copy.deepcopy(past)
 
     def _step(self, seq):
@@ -458,14 +722,15 @@ class TritonPythonModel:
             return
         seq.logits, seq.past = self._forward([token], seq.past)
         seq.logits = seq.logits[-1]
+        self.pool.grow(seq, len(seq.prompt) + len(seq.out))
 
     def _verify_draft(self, seq):
         """Target pass over prompt + draft: the longest agreeing prefix plus one token of the target's own."""
         draft, prompt = seq.opts["draft"], seq.prompt
-        logits, _ = self._forward(prompt + draft, None)
+        logits, _, skip = self._cached_forward(seq, prompt + draft, prompt)
         if seq.opts["context_logits"]:
             seq.context_logits = logits[: len(prompt)].float().numpy()
-        logits = logits[len(prompt) - 1:]
+        logits = logits[len(prompt) - 1 - skip:]
         for i in range(len(draft) + 1):
             token = self._emit(seq, logits[i])
             if token is None:
@@ -551,6 +816,14 @@ class TritonPythonModel:
         if seq.done:
             return
         seq.done = True
+        if seq.past is not None and seq.keys is not None:  # keep the generated tokens' full blocks for reuse
+            try:
+                layers = cache_layers(seq.past)
+                self.pool.store(seq, (seq.prompt + seq.out)[: layers[0][0].shape[2]], layers)
+            except Exception as exc:  # noqa: BLE001 (caching is an optimisation: never fail a request for it)
+                pb_utils.Logger.log_warn(f"{self.name}: generated blocks not cached ({type(exc).__name__}: {exc})")
+        self.pool.release(seq)
+        self.kv_metrics.update(self.pool)
         seq.past = seq.logits = None  # free the KV cache now
         job = seq.job
         job.open -= 1
@@ -630,12 +903,12 @@ class TritonPythonModel:
         return arr
 
     def _perf(self, seq):
-        total = -(-(len(seq.prompt) + len(seq.out)) // self.tokens_per_block)
+        kv = seq.kv_stats or {"reused": 0, "alloc_total": 0, "alloc_new": 0}  # none: cancelled before its prefill
         draft = len(seq.opts["draft"])
         values = [
-            ("kv_cache_alloc_new_blocks", np.int32, total),
-            ("kv_cache_reused_blocks", np.int32, 0),  # no prefix cache in the reference backend
-            ("kv_cache_alloc_total_blocks", np.int32, total),
+            ("kv_cache_alloc_new_blocks", np.int32, kv["alloc_new"]),
+            ("kv_cache_reused_blocks", np.int32, kv["reused"]),
+            ("kv_cache_alloc_total_blocks", np.int32, kv["alloc_total"]),
             ("arrival_time_ns", np.int64, seq.job.arrival),
             ("first_scheduled_time_ns", np.int64, seq.scheduled),
             ("first_token_time_ns", np.int64, seq.first),

@@ -21,13 +21,26 @@ limits (max_input_len, max_seq_len) are checked up front. Inputs that need anoth
 text, prompt tables, LoRA, guided decoding) get a per-request error, as do requests without text_input or a positive
 max_tokens. A streamed request the client cancels stops the target (a `stop` request with the same id) and ends with
 an error response.
+
+Concurrency and the speculation gate: `execute()` hands each request to a thread pool and returns; every response
+goes through the request's response sender (one final response when this model is not decoupled), so several
+requests are in flight at once. A draft-target request (num_draft_tokens > 0) takes the draft path only while the
+number of in-flight draft-target requests, itself included, is <= `max_batch_for_speculation` (empty: no cap);
+above it, it is served target-only from the start (one target call; greedy output identical), answering
+`total_draft_tokens` 0. The decision is made once, when the request starts. Triton's metrics endpoint shows
+`nv_trt_llm_speculation_requests` (counter, `speculation_decision` = speculative | target_only),
+`nv_trt_llm_speculation_draft_tokens` (counter, `draft_token_type` = proposed | accepted) and
+`nv_trt_llm_speculation_state` (gauge, `speculation_state_type` = in_flight | max_batch_for_speculation), each
+with `model` and `version` labels.
 """
 
 import json
 import os
 import re
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -193,6 +206,24 @@ class TritonPythonModel:
         repo_dir = os.path.dirname(args["model_repository"])
         self.max_input_len, self.max_seq_len = target_limits(repo_dir, self.target)
         self.decoupled_models = {m: is_decoupled(repo_dir, m) for m in (self.target, self.draft) if m}
+        cap = _param(config, "max_batch_for_speculation", "")
+        try:
+            self.spec_cap = int(cap) if cap else None
+        except ValueError:
+            raise pb_utils.TritonModelException(
+                f"tensorrt_llm_bls: max_batch_for_speculation must be an integer, got {cap!r}") from None
+        if self.spec_cap is not None and self.spec_cap < 0:
+            raise pb_utils.TritonModelException(
+                f"tensorrt_llm_bls: max_batch_for_speculation must be >= 0, got {self.spec_cap}")
+        self.spec_lock = threading.Lock()
+        self.spec_in_flight = 0
+        self.metrics = SpeculationMetrics(config["name"], args.get("model_version", "1"), self.spec_cap)
+        workers = max(8, 2 * int(config.get("max_batch_size", 0) or 0))
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+
+    def finalize(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics.close()
 
     # ------------------------------------------------------------------------------------------ model calls
     @staticmethod
@@ -477,6 +508,7 @@ class TritonPythonModel:
             outputs["num_output_tokens"] = np.array([[len(generated)]], dtype=np.int32)
         if opts["return_perf_metrics"]:
             outputs.update(_perf(calls, arrival))
+        self.metrics.draft_tokens(proposed, accepted)
         send(self._respond(outputs, text), True)
 
     # ------------------------------------------------------------------------------------------ execute
@@ -492,34 +524,102 @@ class TritonPythonModel:
         opts = self._parse(request)
         prompt, base, stop_words = self._preprocess(request)
         self._check_limits(prompt, opts["max_tokens"])
-        if opts["k"] > 0:
-            self._speculate(request, opts, prompt, base, stop_words, send)
-        else:
+        if opts["k"] <= 0:
             self._direct(request, opts, prompt, base, send)
+            return
+        with self.spec_lock:
+            self.spec_in_flight += 1
+            speculate = self.spec_cap is None or self.spec_in_flight <= self.spec_cap
+            self.metrics.in_flight(self.spec_in_flight)
+        self.metrics.decision(speculate)
+        try:
+            if speculate:
+                self._speculate(request, opts, prompt, base, stop_words, send)
+            else:  # over the cap: target-only (the route's checks already passed: unary, one sequence, beam 1)
+                self._direct(request, opts, prompt, base, send)
+        finally:
+            with self.spec_lock:
+                self.spec_in_flight -= 1
+                self.metrics.in_flight(self.spec_in_flight)
 
     def execute(self, requests):
-        responses = []
+        """Hand each request to the thread pool; its responses go through its response sender."""
         for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
-            box = []
+            self.pool.submit(self._run, request, request.get_response_sender())
+        return None
 
-            def send(response, final, sender=sender, box=box):
-                if sender is not None:
-                    sender.send(response, flags=FINAL if final else 0)
-                elif final:
-                    box.append(response)
+    def _run(self, request, sender):
+        """Serve one request on a pool thread: its responses, or one error response, end with the final flag."""
+        done = []
 
+        def send(response, final):
+            if done:
+                return
+            if final:
+                done.append(True)
+            elif not self.decoupled:  # a unary model sends exactly one response: the final one
+                return
+            sender.send(response, flags=FINAL if final else 0)
+
+        try:
+            self._serve(request, send)
+        except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
+            message = "request cancelled by the client" if isinstance(exc, Cancelled) else str(exc)
+            if not isinstance(exc, (RequestError, Cancelled)):
+                message = f"{type(exc).__name__}: {exc}"
+            message = " ".join(message.split())  # one line
             try:
-                self._serve(request, send)
-            except Exception as exc:  # noqa: BLE001 (one bad request must not fail the others)
-                message = "request cancelled by the client" if isinstance(exc, Cancelled) else str(exc)
-                if not isinstance(exc, (RequestError, Cancelled)):
-                    message = f"{type(exc).__name__}: {exc}"
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm_bls: {message}"))
-                send(error, True)
-            if sender is None:
-                responses.append(box[-1])
-        return None if self.decoupled else responses
+                send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm_bls: {message}")), True)
+            except Exception as send_exc:  # noqa: BLE001 (a cancelled client rejects late responses)
+                pb_utils.Logger.log_warn(f"tensorrt_llm_bls: error response not delivered ({send_exc})")
+
+
+class SpeculationMetrics:
+    """The speculation gate on Triton's metrics endpoint (custom metrics of the Python backend); a no-op where
+    the backend cannot create metric families."""
+
+    def __init__(self, model, version, cap):
+        labels = {"model": model, "version": str(version)}
+        self.families = []
+        try:
+            requests = pb_utils.MetricFamily(name="nv_trt_llm_speculation_requests",
+                                             description="draft-target requests by the speculation gate's decision",
+                                             kind=pb_utils.MetricFamily.COUNTER)
+            tokens = pb_utils.MetricFamily(name="nv_trt_llm_speculation_draft_tokens",
+                                           description="draft tokens proposed and accepted by the target",
+                                           kind=pb_utils.MetricFamily.COUNTER)
+            state = pb_utils.MetricFamily(name="nv_trt_llm_speculation_state",
+                                          description="in-flight draft-target requests and the speculation cap",
+                                          kind=pb_utils.MetricFamily.GAUGE)
+        except Exception as exc:  # noqa: BLE001 (metrics disabled or unsupported: serve without them)
+            pb_utils.Logger.log_warn(f"tensorrt_llm_bls: no speculation metrics ({exc})")
+            self.requests = self.tokens = self.state = None
+            return
+        self.families = [requests, tokens, state]
+        self.requests = {d: requests.Metric(labels=dict(labels, speculation_decision=d))
+                         for d in ("speculative", "target_only")}
+        self.tokens = {t: tokens.Metric(labels=dict(labels, draft_token_type=t)) for t in ("proposed", "accepted")}
+        self.state = {s: state.Metric(labels=dict(labels, speculation_state_type=s))
+                      for s in ("in_flight", "max_batch_for_speculation")}
+        self.state["max_batch_for_speculation"].set(-1 if cap is None else cap)
+
+    def close(self):
+        """Drop the metrics before their families (the backend's required order)."""
+        self.requests = self.tokens = self.state = None
+        self.families = []
+
+    def decision(self, speculative):
+        if self.requests:
+            self.requests["speculative" if speculative else "target_only"].increment(1)
+
+    def draft_tokens(self, proposed, accepted):
+        if self.tokens:
+            self.tokens["proposed"].increment(proposed)
+            self.tokens["accepted"].increment(accepted)
+
+    def in_flight(self, count):
+        if self.state:
+            self.state["in_flight"].set(count)
 
 
 def _last(responses, model):
