@@ -29,6 +29,7 @@ from .serve import TritonServer
 from .triton import pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
 SHARED_PREFIX = (
     "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
 )
@@ -60,6 +61,8 @@ class RequestSample:
     draft_tokens: int | None = None
     error: str | None = None
     token_source: str | None = None  # "server" | "stream" | "tokenizer" | "responses"
+    speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
+    ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
 
     @property
     def tpot_s(self) -> float | None:
@@ -92,6 +95,19 @@ def ratio(num: Iterable[int | None], den: Iterable[int | None]) -> float | None:
     return sum(n) / sum(d)
 
 
+def speculated_share(samples) -> float | None:
+    """Share of the requests that took the draft path (`total_draft_tokens` > 0) among those reporting it."""
+    flags = [s.speculated for s in samples if s.speculated is not None]
+    return sum(flags) / len(flags) if flags else None
+
+
+def cold_warm_ttft(samples) -> tuple[float | None, float | None]:
+    """Median TTFT (s) of requests that reused no prefix-cache block (cold) and of those that reused some (warm)."""
+    known = [s for s in samples if s.reused_blocks is not None and s.ttft_s is not None]
+    return (percentile((s.ttft_s for s in known if s.reused_blocks == 0), 50),
+            percentile((s.ttft_s for s in known if s.reused_blocks > 0), 50))
+
+
 def block_hit_ratio(samples) -> float | None:
     """Reused / (reused + newly allocated) context blocks: `kv_cache_alloc_total_blocks` counts the misses only
     (the C++ backend's KVCacheManager), so the blocks a prompt needed are reused + alloc_total."""
@@ -120,10 +136,15 @@ class LevelStats:
     acceptance_rate: float | None
     prefix_cache_hit_ratio: float | None
     first_error: str | None = None
+    speculation: str = "server"  # "server" (the route's default draft length) | "off" (num_draft_tokens 0)
+    speculated_share: float | None = None
+    ttft_ms_cold_p50: float | None = None
+    ttft_ms_warm_p50: float | None = None
 
 
 def summarize(
-    concurrency: int, samples: list[RequestSample], wall_s: float, *, gpus: int, price_per_gpu_hour: float
+    concurrency: int, samples: list[RequestSample], wall_s: float, *, gpus: int, price_per_gpu_hour: float,
+    speculation: str = "server",
 ) -> LevelStats:
     ok = [s for s in samples if s.ok]
     tokens = sum(s.output_tokens for s in ok)
@@ -134,6 +155,7 @@ def summarize(
 
     cost = cost_per_1m_tokens(tok_s, gpus=gpus, price_per_gpu_hour=price_per_gpu_hour)
     errors = [s for s in samples if not s.ok]
+    cold, warm = cold_warm_ttft(ok)
     return LevelStats(
         concurrency=concurrency,
         requests=len(samples),
@@ -152,6 +174,10 @@ def summarize(
         acceptance_rate=_round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok))),
         prefix_cache_hit_ratio=_round(block_hit_ratio(ok)),
         first_error=errors[0].error if errors else None,
+        speculation=speculation,
+        speculated_share=_round(speculated_share(ok)),
+        ttft_ms_cold_p50=ms(cold),
+        ttft_ms_warm_p50=ms(warm),
     )
 
 
@@ -235,6 +261,12 @@ class BenchReport:
     prefix_cache_source: str = "n/a"
     acceptance_rate: float | None = None
     notes: list[str] = field(default_factory=list)
+    shared_prefix_tokens: int = 0
+    shared_prefix_share: float = 0.0
+    speculated_share: float | None = None
+    ttft_ms_cold_p50: float | None = None
+    ttft_ms_warm_p50: float | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -252,20 +284,29 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.1f}%"
+
+
 def format_report(r: BenchReport) -> str:
     """Text table: one row per concurrency level, then the run-wide figures."""
-    head = ("conc", "reqs", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "e2e p50/p99 ms", "$/1M tok")
+    head = ("conc", "spec", "reqs", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "e2e p50/p99 ms",
+            "hit %", "accept %", "spec'd %", "$/1M tok")
     rows = [head]
     for lv in r.levels:
         rows.append(
             (
                 str(lv.concurrency),
+                lv.speculation,
                 str(lv.requests),
                 str(lv.errors),
                 _fmt(lv.output_tokens_per_s),
                 f"{_fmt(lv.ttft_ms_p50)}/{_fmt(lv.ttft_ms_p99)}",
                 f"{_fmt(lv.tpot_ms_p50, '.2f')}/{_fmt(lv.tpot_ms_p99, '.2f')}",
                 f"{_fmt(lv.latency_ms_p50)}/{_fmt(lv.latency_ms_p99)}",
+                _pct(lv.prefix_cache_hit_ratio),
+                _pct(lv.acceptance_rate),
+                _pct(lv.speculated_share),
                 _fmt(lv.cost_per_1m_output_tokens_usd, ".4f"),
             )
         )
@@ -283,14 +324,20 @@ def format_report(r: BenchReport) -> str:
         f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
         f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h",
         f"speculation acceptance rate: {acc}",
-        f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source})",
+        f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
+        f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
+        f"requests that speculated: {_pct(r.speculated_share)}"
+        + (f"; shared prefix {r.shared_prefix_tokens} tokens on {r.shared_prefix_share:.0%} of requests"
+           if r.shared_prefix_tokens else ""),
     ]
     lines += [f"note: {n}" for n in r.notes]
+    lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 
 
 def plot_report(r: BenchReport, path: Path) -> Path | None:
-    """Latency (p50 e2e) vs throughput PNG; None when matplotlib is not installed (it is optional)."""
+    """Throughput and TTFT p50 against concurrency, one line per speculation mode (so the crossover shows), as a
+    PNG; None when matplotlib is not installed (optional: `pip install -e '.[plot]'`)."""
     try:
         import matplotlib
 
@@ -298,15 +345,20 @@ def plot_report(r: BenchReport, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    xs = [lv.output_tokens_per_s for lv in r.levels]
-    ys = [lv.latency_ms_p50 or 0.0 for lv in r.levels]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(xs, ys, marker="o")
-    for lv, x, y in zip(r.levels, xs, ys, strict=False):
-        ax.annotate(f"c={lv.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4))
-    ax.set_xlabel("output tokens/s")
-    ax.set_ylabel("p50 end-to-end latency (ms)")
-    ax.set_title(f"{r.model}: latency vs throughput")
+    labels = {"server": "speculation (route default)", "off": "no speculation"}
+    fig, (ax_tok, ax_ttft) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(lv.speculation for lv in r.levels):
+        lvs = [lv for lv in r.levels if lv.speculation == mode]
+        xs = [lv.concurrency for lv in lvs]
+        ax_tok.plot(xs, [lv.output_tokens_per_s for lv in lvs], marker="o", label=labels.get(mode, mode))
+        ax_ttft.plot(xs, [lv.ttft_ms_p50 if lv.ttft_ms_p50 is not None else float("nan") for lv in lvs],
+                     marker="o", label=labels.get(mode, mode))
+    for ax, ylabel in ((ax_tok, "output tokens/s"), (ax_ttft, "TTFT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    fig.suptitle(f"{r.model}: throughput and TTFT vs concurrency")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -329,6 +381,35 @@ def check_local(url: str) -> None:
 def prompts(n: int) -> list[str]:
     """Deterministic prompts sharing a system prefix (so prefix caching has something to reuse)."""
     return [SHARED_PREFIX + QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+
+
+WARMUP_PROMPT = "Warm up."  # shares nothing with the workloads, so warming up never warms the prefix cache
+
+
+def filler_text(n_tokens: int, tokenizer=None, *, salt: str = "") -> str:
+    """Deterministic text of `n_tokens` tokens (exact with the repo's tokenizer; else n words, about as many)."""
+    words = (salt + " " + " ".join(QUESTIONS) * (1 + n_tokens // 8)).split()
+    if tokenizer is None:
+        return " ".join(words[:n_tokens])
+    ids = tokenizer.encode(" ".join(words[:n_tokens]), add_special_tokens=False).ids[:n_tokens]
+    return tokenizer.decode(ids)
+
+
+def is_shared(i: int, share: float) -> bool:
+    """Request i reuses the shared prefix: spread evenly, `share` of any run of requests (0 none, 1 all)."""
+    return int((i + 1) * share) > int(i * share)
+
+
+def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, start: int = 0) -> list[str]:
+    """The shared-prefix workload: requests start..start+n-1; a `share` of them begin with one common prefix of
+    `prefix_tokens` tokens, the others with a prefix of that length unique to the request (it differs from its
+    first token, so nothing is reusable); each ends with a distinct suffix."""
+    prefix = filler_text(prefix_tokens, tokenizer)
+    out = []
+    for i in range(start, start + n):
+        head = prefix if is_shared(i, share) else filler_text(prefix_tokens, tokenizer, salt=f"Session {i}:")
+        out.append(f"{head} Request {i}: {QUESTIONS[i % len(QUESTIONS)]}")
+    return out
 
 
 @dataclass
@@ -360,7 +441,7 @@ def _is_decoupled(client, cfg: dict) -> bool:
                for step in steps)
 
 
-def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool):
+def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool, draft_tokens: int | None = None):
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -377,6 +458,8 @@ def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool):
     out = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32")]
     optional = {"stream": stream, "temperature": 0.0, "top_k": 1, "return_num_output_tokens": True,
                 "return_perf_metrics": True, "exclude_input_in_output": True}
+    if draft_tokens is not None:
+        optional["num_draft_tokens"] = draft_tokens
     for name, value in optional.items():
         if name in info.inputs:
             out.append(tensor(name, value, info.inputs[name]))
@@ -420,7 +503,8 @@ def stream_token_count(counts: list[int]) -> int:
 class _Worker:
     """One gRPC client with its own stream; sends requests one after another."""
 
-    def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None):
+    def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None,
+                 draft_tokens: int | None = None):
         import tritonclient.grpc as grpcclient
 
         self.client = grpcclient.InferenceServerClient(url)
@@ -428,6 +512,7 @@ class _Worker:
         self.stream = stream
         self.timeout_s = timeout_s
         self.tokenizer = tokenizer
+        self.draft_tokens = draft_tokens
         self.responses: queue.Queue = queue.Queue()
         self.client.start_stream(
             callback=lambda result, error: self.responses.put((time.perf_counter(), result, error))
@@ -440,13 +525,14 @@ class _Worker:
             self.client.close()
 
     def request(self, prompt: str, max_tokens: int, rid: str) -> RequestSample:
-        inputs = _build_inputs(self.info, prompt, max_tokens, self.stream)
+        inputs = _build_inputs(self.info, prompt, max_tokens, self.stream, self.draft_tokens)
         t0 = time.perf_counter()
         self.client.async_stream_infer(self.info.name, inputs, request_id=rid, enable_empty_final_response=True)
         sample = RequestSample(ok=False)
         texts: list[str] = []
         chunks = 0
         counts: list[int] = []
+        stamps: dict[str, int] = {}
         deadline = t0 + self.timeout_s
         while True:
             left = deadline - time.perf_counter()
@@ -483,6 +569,10 @@ class _Worker:
                     v = _scalar(result, name)
                     if v is not None:
                         setattr(sample, attr, int(v))
+                for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns"):
+                    v = _scalar(result, name)
+                    if v is not None and int(v) > 0:
+                        stamps.setdefault(name, int(v))
             if final:
                 sample.latency_s = t - t0
                 break
@@ -496,8 +586,13 @@ class _Worker:
             sample.token_source = "tokenizer"
         else:
             sample.output_tokens, sample.token_source = chunks, "responses"
-        if not self.stream:
-            sample.ttft_s = None  # one response: the first token is not observable
+        if self.stream and sample.ttft_s is not None:
+            sample.ttft_source = "stream"
+        else:  # one response: the first token is observable only through the server's own timestamps
+            sample.ttft_s = server_ttft_s(stamps)
+            sample.ttft_source = "server" if sample.ttft_s is not None else None
+        if sample.draft_tokens is not None:
+            sample.speculated = sample.draft_tokens > 0
         if sample.draft_tokens == 0:
             sample.draft_tokens = sample.accepted_draft_tokens = None
         if sample.total_blocks == 0:
@@ -506,9 +601,17 @@ class _Worker:
         return sample
 
 
-def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer) -> tuple:
-    workers = [_Worker(url, info, stream, timeout_s, tokenizer) for _ in range(concurrency)]
-    texts = prompts(n_requests)
+def server_ttft_s(stamps: dict[str, int]) -> float | None:
+    """First token time minus arrival (else first scheduled) time from a response's perf outputs, in seconds."""
+    first = stamps.get("first_token_time_ns")
+    start = stamps.get("arrival_time_ns") or stamps.get("first_scheduled_time_ns")
+    return (first - start) / 1e9 if first and start and first >= start else None
+
+
+def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer,
+           texts: list[str] | None = None, draft_tokens: int | None = None) -> tuple:
+    workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens) for _ in range(concurrency)]
+    texts = texts or prompts(n_requests)
     samples: list[RequestSample] = []
     lock = threading.Lock()
     next_idx = [0]
@@ -578,6 +681,9 @@ def run_bench(
     gpu_price_per_hour: float = 3.5,
     tokenizer_dir: str | Path | None = None,
     warmup: bool = True,
+    shared_prefix_tokens: int = 0,
+    shared_prefix_share: float = 1.0,
+    speculation: str = "server",
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
@@ -585,6 +691,10 @@ def run_bench(
         model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`.
         stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
             draft-target BLS does not stream).
+        shared_prefix_tokens: > 0: the shared-prefix workload (`shared_prefix_prompts`): `shared_prefix_share` of
+            the requests start with one prefix of this many tokens, each request has a distinct suffix.
+        speculation: "server" (the route's default draft length), "off" (num_draft_tokens 0) or "both" (every
+            level twice, with the route's default and off; needs a model with a num_draft_tokens input).
 
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options.
@@ -595,6 +705,10 @@ def run_bench(
     levels = sorted({int(c) for c in concurrency})
     if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
         raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
+    if shared_prefix_tokens < 0 or not 0.0 <= shared_prefix_share <= 1.0:
+        raise BenchError("--shared-prefix-tokens must be >= 0 and --shared-prefix-share within 0..1")
+    if speculation not in ("server", "off", "both"):
+        raise BenchError(f"--speculation {speculation!r}: expected server, off or both")
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         try:
@@ -613,21 +727,38 @@ def run_bench(
         stream = info.decoupled and model != "tensorrt_llm_bls"
     if stream and not info.decoupled:
         raise BenchError(f"model '{model}' is not decoupled, so it cannot stream; pass --no-stream")
+    if speculation != "server" and "num_draft_tokens" not in info.inputs:
+        raise BenchError(f"--speculation {speculation}: model '{model}' has no num_draft_tokens input; "
+                         "benchmark tensorrt_llm_bls")
     tokenizer = load_tokenizer(tokenizer_dir)
-    report = BenchReport(grpc_url, model, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour)
+    report = BenchReport(grpc_url, model, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
+                         shared_prefix_tokens=shared_prefix_tokens,
+                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
     if warmup:
-        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer)
+        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
+               texts=[WARMUP_PROMPT])
     before = scrape_metrics(metrics_url) if metrics_url else None
     all_samples: list[RequestSample] = []
-    for c in levels:
-        samples, wall = _level(
-            grpc_url, info, stream, c, requests_per_level, max_tokens, level_budget_s, request_timeout_s, tokenizer
-        )
-        all_samples += samples
-        report.levels.append(summarize(c, samples, wall, gpus=gpus, price_per_gpu_hour=gpu_price_per_hour))
+    modes = ("server", "off") if speculation == "both" else (speculation,)
+    sent = 0
+    for mode in modes:
+        for c in levels:
+            texts = (shared_prefix_prompts(requests_per_level, shared_prefix_tokens, shared_prefix_share, tokenizer,
+                                           start=sent) if shared_prefix_tokens else None)
+            samples, wall = _level(grpc_url, info, stream, c, requests_per_level, max_tokens, level_budget_s,
+                                   request_timeout_s, tokenizer, texts=texts,
+                                   draft_tokens=0 if mode == "off" else None)
+            sent += requests_per_level
+            all_samples += samples
+            report.levels.append(summarize(c, samples, wall, gpus=gpus, price_per_gpu_hour=gpu_price_per_hour,
+                                           speculation=mode))
     after = scrape_metrics(metrics_url) if metrics_url else None
     ok = [s for s in all_samples if s.ok]
     report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    report.speculated_share = _round(speculated_share(ok))
+    cold, warm = cold_warm_ttft(ok)
+    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
+    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
     per_request = block_hit_ratio(ok)
     if per_request is not None:
         report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
@@ -637,8 +768,20 @@ def run_bench(
             report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(hit), "metrics endpoint"
         else:
             report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
+    if report.prefix_cache_hit_ratio is not None and report.prefix_cache_hit_ratio < HIT_RATIO_WARNING:
+        report.warnings.append(
+            f"prefix-cache hit ratio {report.prefix_cache_hit_ratio:.0%} is below {HIT_RATIO_WARNING:.0%}: requests "
+            "share little of their prompts' start (a prompt template that varies before the shared part?)")
+    if model == "tensorrt_llm_bls" and report.speculated_share:
+        report.notes.append("draft-target requests sum the block counts of every target call, so a request's own "
+                            "prompt counts as reused on each verification step: the hit ratio overstates reuse "
+                            "across requests")
     if not stream:
-        report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a)")
+        if any(s.ttft_source == "server" for s in ok):
+            report.notes.append("non-streaming requests: TTFT from the server's timestamps (first token - arrival); "
+                                "TPOT = (client latency - that TTFT) / (tokens - 1)")
+        else:
+            report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a)")
     sources = sorted({s.token_source for s in ok if s.token_source})
     if sources:
         report.notes.append(f"output tokens counted from: {', '.join(_TOKEN_SOURCES[s] for s in sources)}")

@@ -49,16 +49,32 @@ def check_command(spec: BuildSpec) -> None:
     print(spec.summary())
 
 
-def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False) -> None:
+def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
+                 prefix_hit=None, efficiency=None) -> None:
     """Plan memory fit, KV capacity, concurrency, decode throughput bound and $ per 1M output tokens.
 
     Args:
         input_len: prompt tokens per request for capacity/throughput (default min(1024, max_input_len))
         output_len: output tokens per request (default 256)
         json_: print the plan as JSON
+        compare: a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this model
+            and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per 1M tokens
+        acceptance: --compare: draft acceptance rate, 0..1 (default 0.7; `invoke bench` measures it)
+        prefix_hit: --compare: prefix-cache hit ratio, 0..1, for the prefill saving (default 0)
+        efficiency: --compare: achieved fraction of the roofline, (0, 1] (default 0.7)
     """
-    result = planner.plan_capacity(spec, input_len=int_option("input_len", input_len),
-                          output_len=int_option("output_len", output_len))
+    lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
+    if compare:
+        c = planner.compare_plans(
+            spec, **lengths,
+            acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
+                                  minimum=0.0),
+            prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0),
+            efficiency=int_option("efficiency", efficiency, default=planner.DEFAULT_EFFICIENCY, kind=float,
+                                  minimum=0.0))
+        print(json.dumps(c.as_dict(), indent=2) if json_ else planner.format_comparison(c))
+        return
+    result = planner.plan_capacity(spec, **lengths)
     print(json.dumps(result.as_dict(), indent=2) if json_ else planner.format_capacity_plan(result))
 
 
@@ -205,7 +221,8 @@ def verify_command(path, *, skip_host=False, json_=False) -> None:
 
 
 def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None, concurrency=None,
-                  requests=None, max_tokens=None, no_stream=False, budget=None, json_=None, plot=None) -> None:
+                  requests=None, max_tokens=None, no_stream=False, budget=None, json_=None, plot=None,
+                  shared_prefix_tokens=None, shared_prefix_share=None, speculation=None) -> None:
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
 
     Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
@@ -222,7 +239,12 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         no_stream: send non-streaming requests (TTFT not measurable)
         budget: seconds per concurrency level before no new requests are sent (default 60)
         json_: write the report as JSON to this file
-        plot: write a latency-vs-throughput PNG to this file (needs matplotlib)
+        plot: write a PNG of throughput and TTFT against concurrency to this file (needs matplotlib: .[plot])
+        shared_prefix_tokens: shared-prefix workload: this many prompt tokens common to a share of the requests
+            (each with a distinct suffix); default 0: the fixed prompt set
+        shared_prefix_share: share of the requests that reuse the shared prefix, 0..1 (default 1)
+        speculation: server (the route's default draft length), off (num_draft_tokens 0), or both (each level
+            twice: the crossover in the plot); default server
     """
     levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
     report = bench_lib.bench_spec(
@@ -231,6 +253,10 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         requests_per_level=int_option("requests", requests, default=8),
         max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
         level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
+        shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
+        shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
+                                       minimum=0.0),
+        speculation=speculation or "server",
     )
     print(bench_lib.format_report(report))
     if json_:

@@ -344,3 +344,203 @@ def format_capacity_plan(p: CapacityPlan) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Comparing choices (`plan --compare`): precisions x TP x draft on/off for one model and GPU.
+
+COMPARE_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
+# The roofline is an upper bound: decode reads every byte at full HBM bandwidth and prefill runs at the dense
+# tensor-core peak. Estimates (tok/s, $ per 1M, prefill ms) scale it by this achieved fraction of peak, which
+# well-tuned TensorRT-LLM decode kernels reach at small and medium batch on Hopper; pass --efficiency to change it.
+DEFAULT_EFFICIENCY = 0.7
+DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
+
+
+def expected_tokens_per_step(acceptance: float, draft_len: int) -> float:
+    """Tokens one target step yields with draft-target speculation: (1 - a^(K+1)) / (1 - a) (K + 1 at a = 1)."""
+    if acceptance >= 1.0:
+        return float(draft_len + 1)
+    return (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)
+
+
+def speculative_speedup(acceptance: float, draft_len: int, *, target_step_s: float, draft_step_s: float) -> float:
+    """Decode speed-up of draft-target over target-only: tokens per target step over the step's time, which adds
+    the draft's K steps (its weights and KV are read every step) to the target's verify step (memory bound, so it
+    costs about one decode step for K + 1 tokens)."""
+    return (expected_tokens_per_step(acceptance, draft_len) * target_step_s
+            / (target_step_s + draft_len * draft_step_s))
+
+
+@dataclass
+class CompareRow:
+    precision: str
+    kv_cache: str
+    tp: int
+    draft: str | None
+    gpus: int
+    fits: bool
+    weights_gib_total: float
+    weights_gib_per_gpu: float
+    kv_bytes_per_token_total: int
+    kv_kib_per_token_total: float
+    kv_cache_tokens: int
+    max_concurrent_requests: int
+    decode_batch: int
+    decode_tokens_per_s_bound: float  # target-only roofline at decode_batch (plan_capacity's)
+    tokens_per_target_step: float | None  # with a draft: (1 - a^(K+1)) / (1 - a)
+    speculative_speedup: float | None  # draft cost included; 1.0 when the batch is above the speculation cap
+    decode_tokens_per_s_estimate: float  # roofline x speed-up x efficiency
+    prefill_ms_cold: float  # one request's prefill at the compute roofline x efficiency
+    prefill_ms_with_reuse: float  # the same with the prefix hit ratio's blocks reused
+    prefill_saving: float  # share of prefill compute skipped
+    cost_per_1m_output_tokens_usd: float | None  # gpus x $/h / 3600 / estimated tok/s x 1e6
+    input_len: int = 0
+    output_len: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Comparison:
+    model: str
+    gpu: str
+    gpu_price_per_hour: float
+    input_len: int
+    output_len: int
+    acceptance_rate: float
+    draft_len: int | None
+    prefix_hit_ratio: float
+    efficiency: float
+    assumption: str
+    rows: list[CompareRow]
+    skipped: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None):
+    """`spec` with another precision (its default KV dtype), TP and draft; limits, serving and hardware kept."""
+    from .spec import resolve_spec
+
+    overrides: dict = {}
+    for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
+        overrides.update(section.model_dump())
+    overrides.update(precision=precision, kv_cache=None, tp=tp, draft=draft, draft_precision=None,
+                     draft_gpu_device_ids=None, calib_data=None)
+    if draft is None:
+        overrides.update(draft_len=None, draft_max_batch_size=None)
+    return resolve_spec(model=spec.model.name, target=spec.target, models_file=spec.models_file, validate=False,
+                        **overrides)
+
+
+def compare_plans(
+    spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
+    acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0, efficiency: float = DEFAULT_EFFICIENCY,
+    precisions: tuple[str, ...] = COMPARE_PRECISIONS,
+) -> Comparison:
+    """`plan_capacity` over precisions x TP sizes (within the host's GPUs) x draft off/on (the spec's draft, else
+    the registry default) for the spec's model and GPU, with speculation's gain, prefix reuse's prefill saving and
+    estimated cost per row."""
+    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0 or not 0.0 < efficiency <= 1.0:
+        raise SpecError("plan --compare: --acceptance and --prefix-hit must be within 0..1, --efficiency within (0, 1]")
+    gpu = GPUS[spec.hardware.gpu]
+    draft_name = spec.draft_model.name if spec.draft_model is not None else spec.model.default_draft
+    rows: list[CompareRow] = []
+    skipped: list[str] = []
+    k_used = None
+    for precision in precisions:
+        if precision in ("fp8", "w4a8_awq") and not gpu.has_fp8:
+            skipped.append(f"{precision}: {gpu.name} has no FP8")
+            continue
+        for tp in TP_CHOICES:
+            if tp * spec.parallelism.pp > spec.hardware.gpu_count:
+                break
+            for draft in (None, draft_name) if draft_name else (None,):
+                label = f"{precision} tp={tp} draft={draft or 'off'}"
+                try:
+                    variant = _variant(spec, precision=precision, tp=tp, draft=draft)
+                    p = plan_capacity(variant, input_len=input_len, output_len=output_len)
+                except SpecError as exc:
+                    skipped.append(f"{label}: {exc}")
+                    continue
+                rows.append(_compare_row(variant, p, gpu, acceptance, prefix_hit_ratio, efficiency))
+                if draft is not None:
+                    k_used = variant.draft_len
+    first = rows[0] if rows else None
+    assumption = (f"estimates = roofline x {efficiency:.0%} efficiency (decode: every weight and the batch's KV read "
+                  f"once per step at {gpu.hbm_tb_s} TB/s HBM; prefill: dense tensor-core peak); speculation at "
+                  f"acceptance {acceptance:.0%}; prefill saving at prefix hit ratio {prefix_hit_ratio:.0%}")
+    lengths = (first.input_len, first.output_len) if first else (input_len or 0, output_len or 0)
+    return Comparison(spec.model.name, gpu.name, spec.hardware.gpu_price_per_hour, *lengths, acceptance, k_used,
+                      prefix_hit_ratio, efficiency, assumption, rows, skipped)
+
+
+def _compare_row(spec: BuildSpec, p: CapacityPlan, gpu: GPU, acceptance: float, hit: float,
+                 efficiency: float) -> CompareRow:
+    target, draft = engine_shapes(spec)
+    bw = gpu.hbm_tb_s * 1e12
+    batch = p.decode_batch
+    tokens_per_step = speedup = None
+    tok_s = p.decode_tokens_per_s_bound
+    note = "" if p.fits else "does not fit"
+    if draft is not None and batch > 0:
+        tokens_per_step = round(expected_tokens_per_step(acceptance, spec.draft_len), 4)
+        if batch <= spec.speculation.max_batch_for_speculation:
+            avg_ctx = p.input_len + p.output_len / 2
+            draft_step_s = (draft.weights_per_gpu() + batch * avg_ctx * draft.kv_per_token_per_gpu()) / bw
+            speedup = speculative_speedup(acceptance, spec.draft_len, target_step_s=batch / tok_s,
+                                          draft_step_s=draft_step_s)
+        else:
+            speedup = 1.0
+            note = (note + "; " if note else "") + (f"batch {batch} > max_batch_for_speculation "
+                                                    f"{spec.speculation.max_batch_for_speculation}: gated off")
+        tok_s *= speedup
+    estimate = tok_s * efficiency
+    # Prefill: 2 FLOPs per linear parameter per prompt token, split over the TP ranks, at the dense peak.
+    tflops = gpu.fp8_tflops if spec.quantization.precision in ("fp8", "w4a8_awq") else gpu.bf16_tflops
+    flops_s = tflops * 1e12 * efficiency * p.tp
+    block = spec.limits.tokens_per_block
+    reused = int(hit * p.input_len) // block * block
+    cold_ms = 2 * spec.model.architecture.linear_params * p.input_len / flops_s * 1e3
+    warm_ms = 2 * spec.model.architecture.linear_params * (p.input_len - reused) / flops_s * 1e3
+    cost = p.gpus * p.gpu_price_per_hour / 3600 / estimate * 1e6 if estimate > 0 else None
+    return CompareRow(
+        precision=p.precision, kv_cache=p.kv_cache, tp=p.tp, draft=spec.draft_model.name if draft else None,
+        gpus=p.gpus, fits=p.fits, weights_gib_total=p.weights_gib_total, weights_gib_per_gpu=p.weights_gib_per_gpu,
+        kv_bytes_per_token_total=p.kv_bytes_per_token_total,
+        kv_kib_per_token_total=round(p.kv_bytes_per_token_total / 1024, 2), kv_cache_tokens=p.kv_cache_tokens,
+        max_concurrent_requests=p.max_concurrent_requests, decode_batch=batch,
+        decode_tokens_per_s_bound=p.decode_tokens_per_s_bound, tokens_per_target_step=tokens_per_step,
+        speculative_speedup=round(speedup, 4) if speedup is not None else None,
+        decode_tokens_per_s_estimate=round(estimate, 1), prefill_ms_cold=round(cold_ms, 2),
+        prefill_ms_with_reuse=round(warm_ms, 2), prefill_saving=round(reused / p.input_len, 4),
+        cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None, input_len=p.input_len,
+        output_len=p.output_len, note=note)
+
+
+def format_comparison(c: Comparison) -> str:
+    """Text table: one row per precision x TP x draft."""
+    head = ("precision", "KV", "tp", "draft", "fits", "weights GiB", "KV KiB/tok", "KV tokens", "max conc",
+            "batch", "bound tok/s", "spec x", "est tok/s", "prefill ms", "$/1M tok", "note")
+    out = [head]
+    for r in c.rows:
+        out.append((r.precision, r.kv_cache, str(r.tp), r.draft or "-", "yes" if r.fits else "NO",
+                    f"{r.weights_gib_total:.1f}", f"{r.kv_kib_per_token_total:g}", f"{r.kv_cache_tokens:,}",
+                    f"{r.max_concurrent_requests:,}", str(r.decode_batch), f"{r.decode_tokens_per_s_bound:,.0f}",
+                    "-" if r.speculative_speedup is None else f"{r.speculative_speedup:.2f}",
+                    f"{r.decode_tokens_per_s_estimate:,.0f}",
+                    f"{r.prefill_ms_cold:.1f}->{r.prefill_ms_with_reuse:.1f}",
+                    "n/a" if r.cost_per_1m_output_tokens_usd is None else f"{r.cost_per_1m_output_tokens_usd:.4f}",
+                    r.note))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in out]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += ["", f"{c.model} on {c.gpu} at ${c.gpu_price_per_hour:.2f}/GPU-h, {c.input_len}+{c.output_len} tokens "
+                  f"per request; draft K={c.draft_len}", f"assumption: {c.assumption}",
+              "$ per 1M output tokens = gpus x $/GPU-h / 3600 / estimated tok/s x 1e6"]
+    lines += [f"skipped: {s}" for s in c.skipped]
+    return "\n".join(lines)

@@ -227,3 +227,38 @@ def test_smoke_and_bench_follow_the_layout(served):
     assert report.failed == 0, report.notes
     check_failures(report)
     assert all(lv.output_tokens > 0 for lv in report.levels)
+
+
+def test_shared_prefix_workload_spreads_the_share_and_keeps_suffixes_distinct():
+    from pipeline.bench import is_shared, shared_prefix_prompts
+
+    assert [is_shared(i, 0.5) for i in range(4)] == [False, True, False, True]
+    assert not any(is_shared(i, 0.0) for i in range(10)) and all(is_shared(i, 1.0) for i in range(10))
+    assert sum(is_shared(i, 0.8) for i in range(20)) == 16
+    ps = shared_prefix_prompts(10, 12, 0.5, start=3)
+    shared = [p for i, p in enumerate(ps, start=3) if is_shared(i, 0.5)]
+    head = shared[0].split(" Request ")[0]
+    assert len(head.split()) == 12 and all(p.startswith(head) for p in shared)
+    assert not any(p.startswith(head.split()[0]) for p in ps if p not in shared)  # unique from the first token
+    assert len(set(ps)) == 10 and shared_prefix_prompts(10, 12, 0.5, start=3) == ps
+
+
+def test_level_reports_speculated_share_cold_warm_ttft_and_the_low_hit_warning():
+    from pipeline.bench import cold_warm_ttft, server_ttft_s
+
+    samples = [RequestSample(ok=True, latency_s=1.0, ttft_s=0.30, output_tokens=4, reused_blocks=0, total_blocks=7,
+                             speculated=True),
+               RequestSample(ok=True, latency_s=1.0, ttft_s=0.10, output_tokens=4, reused_blocks=6, total_blocks=1,
+                             speculated=False),
+               RequestSample(ok=True, latency_s=1.0, ttft_s=0.12, output_tokens=4, reused_blocks=6, total_blocks=1)]
+    assert cold_warm_ttft(samples) == (pytest.approx(0.30), pytest.approx(0.11))
+    lv = summarize(2, samples, 1.0, gpus=1, price_per_gpu_hour=3.5, speculation="off")
+    assert (lv.speculation, lv.speculated_share) == ("off", 0.5)
+    assert (lv.ttft_ms_cold_p50, lv.ttft_ms_warm_p50) == (300.0, 110.0)
+    assert server_ttft_s({"arrival_time_ns": 1_000, "first_token_time_ns": 5_000_001_000}) == pytest.approx(5.0)
+    assert server_ttft_s({"first_token_time_ns": 5}) is None
+    r = BenchReport("127.0.0.1:1", "ensemble", False, 4, 3, 1, 3.5, levels=[lv], warnings=["hit ratio 10%"],
+                    ttft_ms_cold_p50=300.0, ttft_ms_warm_p50=110.0)
+    text = format_report(r)
+    assert "spec'd %" in text and "50.0%" in text and "warning: hit ratio 10%" in text
+    assert "TTFT p50 cold/warm: 300.0/110.0 ms" in text
