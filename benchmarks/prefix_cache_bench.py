@@ -6,7 +6,7 @@ twice: a `--shared-prefix-tokens` prefix on `--share` of the requests, then uniq
 Prints both hit ratios and TTFT p50s (the server's timestamps) and their ratio. The tiny models are generated once
 into $PIPELINE_CACHE (or --model-cache).
 
-    python benchmarks/prefix_cache_bench.py [--prefix 192] [--share 0.8] [--requests 8] [--concurrency 1,2]
+    python benchmarks/prefix_cache_bench.py [--prefix 192] [--share 0.9] [--requests 8] [--concurrency 1,2]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefix", type=int, default=192, help="shared prefix tokens (tiny build: max_input_len 256)")
-    ap.add_argument("--share", type=float, default=0.8, help="share of requests reusing the prefix")
+    ap.add_argument("--share", type=float, default=0.9, help="share of requests reusing the prefix")
     ap.add_argument("--requests", type=int, default=8, help="requests per concurrency level")
     ap.add_argument("--concurrency", default="1,2")
     ap.add_argument("--model-cache", default=os.environ.get("PIPELINE_CACHE"),

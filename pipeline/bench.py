@@ -18,6 +18,7 @@ import re
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -400,14 +401,16 @@ def is_shared(i: int, share: float) -> bool:
     return int((i + 1) * share) > int(i * share)
 
 
-def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, start: int = 0) -> list[str]:
+def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, start: int = 0,
+                          run: str = "") -> list[str]:
     """The shared-prefix workload: requests start..start+n-1; a `share` of them begin with one common prefix of
-    `prefix_tokens` tokens, the others with a prefix of that length unique to the request (it differs from its
-    first token, so nothing is reusable); each ends with a distinct suffix."""
+    `prefix_tokens` tokens, the others with a prefix of that length unique to the request and to `run` (it differs
+    from its first block on, so nothing is reusable, not even from an earlier run on the same server); each ends
+    with a distinct suffix."""
     prefix = filler_text(prefix_tokens, tokenizer)
     out = []
     for i in range(start, start + n):
-        head = prefix if is_shared(i, share) else filler_text(prefix_tokens, tokenizer, salt=f"Session {i}:")
+        head = prefix if is_shared(i, share) else filler_text(prefix_tokens, tokenizer, salt=f"Session {run}{i}:")
         out.append(f"{head} Request {i}: {QUESTIONS[i % len(QUESTIONS)]}")
     return out
 
@@ -741,10 +744,11 @@ def run_bench(
     all_samples: list[RequestSample] = []
     modes = ("server", "off") if speculation == "both" else (speculation,)
     sent = 0
+    run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
     for mode in modes:
         for c in levels:
             texts = (shared_prefix_prompts(requests_per_level, shared_prefix_tokens, shared_prefix_share, tokenizer,
-                                           start=sent) if shared_prefix_tokens else None)
+                                           start=sent, run=run) if shared_prefix_tokens else None)
             samples, wall = _level(grpc_url, info, stream, c, requests_per_level, max_tokens, level_budget_s,
                                    request_timeout_s, tokenizer, texts=texts,
                                    draft_tokens=0 if mode == "off" else None)
