@@ -49,6 +49,11 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+# Every exchange with the server from this model's threads (response senders, cancellation polls, custom metrics)
+# goes through this lock: Triton 2.51's Python backend can crash the server (boost::interprocess::lock_exception in
+# libtriton_python.so) when threads of one model do them concurrently.
+_IPC = threading.RLock()
+
 CANCEL_POLL_S = 0.05
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -335,10 +340,11 @@ class KvCacheMetrics:
                   "tokens_per": pool.tpb, "reused": t["reused_blocks"], "fraction": used / pool.capacity,
                   "alloc_total": t["alloc_total_blocks"], "alloc_new": t["alloc_new_blocks"],
                   "missed": t["missed_blocks"], "cache_hit_rate": t["reused_blocks"] / seen if seen else 0.0}
-        for name, value in values.items():
-            self.block[name].set(value)
-        self.tokens["computed"].set(t["context_tokens"])
-        self.tokens["reused"].set(t["reused_tokens"])
+        with _IPC:
+            for name, value in values.items():
+                self.block[name].set(value)
+            self.tokens["computed"].set(t["context_tokens"])
+            self.tokens["reused"].set(t["reused_tokens"])
 
     def close(self):
         self.block = self.tokens = None
@@ -371,7 +377,8 @@ class Job:
             return False
         self.next_cancel_check = now + CANCEL_POLL_S
         try:
-            return bool(self.sender.is_cancelled() or self.request.is_cancelled())
+            with _IPC:
+                return bool(self.sender.is_cancelled() or self.request.is_cancelled())
         except Exception as exc:  # noqa: BLE001 (a sender that cannot be asked is treated as alive)
             pb_utils.Logger.log_warn(f"tensorrt_llm reference: cannot poll cancellation ({exc})")
             self.next_cancel_check = now + 60
@@ -388,7 +395,8 @@ class Job:
                 return
             self.closed = final
             try:
-                self.sender.send(response, flags=FINAL if final else 0)
+                with _IPC:
+                    self.sender.send(response, flags=FINAL if final else 0)
             except Exception as exc:  # noqa: BLE001 (cancelled clients reject late responses)
                 pb_utils.Logger.log_warn(f"tensorrt_llm reference: response not delivered ({exc})")
             if final:

@@ -45,6 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+# Every exchange with the server (BLS exec and its responses, response senders, custom metrics) goes through this
+# lock: Triton 2.51's Python backend crashes the server (boost::interprocess::lock_exception in libtriton_python.so)
+# when pool threads of one non-decoupled model do them concurrently (reproduced: 16 concurrent BLS requests).
+_IPC = threading.RLock()
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 # BLS inputs that need a build feature this repository does not have: input -> feature.
@@ -127,6 +132,21 @@ def _present(arr):
 
 def _scalar(arr, default=None):
     return default if arr is None or arr.size == 0 else arr.reshape(-1)[0].item()
+
+
+_END = object()
+
+
+def _locked(start):
+    """Start a decoupled BLS call and read its responses, each step under `_IPC`."""
+    with _IPC:
+        responses = iter(start())
+    while True:
+        with _IPC:
+            item = next(responses, _END)
+        if item is _END:
+            return
+        yield item
 
 
 def _column(value, dtype):
@@ -228,8 +248,9 @@ class TritonPythonModel:
     # ------------------------------------------------------------------------------------------ model calls
     @staticmethod
     def _unary(model, tensors, outputs):
-        response = pb_utils.InferenceRequest(model_name=model, inputs=tensors,
-                                             requested_output_names=outputs).exec()
+        with _IPC:
+            response = pb_utils.InferenceRequest(model_name=model, inputs=tensors,
+                                                 requested_output_names=outputs).exec()
         if response.has_error():
             raise RequestError(f"{model}: {response.error().message()}")
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
@@ -244,7 +265,8 @@ class TritonPythonModel:
         request = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=LLM_OUTPUTS,
                                             request_id=request_id)
         if not self.decoupled_models.get(model, True):
-            response = request.exec()
+            with _IPC:
+                response = request.exec()
             if response.has_error():
                 raise RequestError(f"{model}: {response.error().message()}")
             outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
@@ -253,7 +275,7 @@ class TritonPythonModel:
             return
         cancelled = False
         error = None
-        for response in request.exec(decoupled=True):
+        for response in _locked(lambda: request.exec(decoupled=True)):
             if response.has_error():
                 error = error or f"{model}: {response.error().message()}"
                 continue
@@ -277,7 +299,7 @@ class TritonPythonModel:
                    pb_utils.Tensor("stop", np.ones((1, 1), dtype=np.bool_))]
         stop = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[],
                                          request_id=request_id)
-        for _ in stop.exec(decoupled=True):
+        for _ in _locked(lambda: stop.exec(decoupled=True)):
             pass
 
     def _generate(self, model, ids, out_len, base, request_id, parent, **options):
@@ -559,7 +581,8 @@ class TritonPythonModel:
                 done.append(True)
             elif not self.decoupled:  # a unary model sends exactly one response: the final one
                 return
-            sender.send(response, flags=FINAL if final else 0)
+            with _IPC:
+                sender.send(response, flags=FINAL if final else 0)
 
         try:
             self._serve(request, send)
@@ -610,16 +633,19 @@ class SpeculationMetrics:
 
     def decision(self, speculative):
         if self.requests:
-            self.requests["speculative" if speculative else "target_only"].increment(1)
+            with _IPC:
+                self.requests["speculative" if speculative else "target_only"].increment(1)
 
     def draft_tokens(self, proposed, accepted):
         if self.tokens:
-            self.tokens["proposed"].increment(proposed)
-            self.tokens["accepted"].increment(accepted)
+            with _IPC:
+                self.tokens["proposed"].increment(proposed)
+                self.tokens["accepted"].increment(accepted)
 
     def in_flight(self, count):
         if self.state:
-            self.state["in_flight"].set(count)
+            with _IPC:
+                self.state["in_flight"].set(count)
 
 
 def _last(responses, model):
