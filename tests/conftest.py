@@ -100,3 +100,26 @@ def pipeline_env(monkeypatch, tmp_path, tiny_models) -> Path:
     for path in tiny_models.values():
         (cache / "generated" / path.name).symlink_to(path, target_is_directory=True)
     return tmp_path
+
+
+# --- Section: packaged tiny reference repositories (owner: Triton serving tests) ------------------------------------
+@pytest.fixture(scope="session")
+def tiny_reference_repo(tiny_models, tmp_path_factory):
+    """Factory: `package --target reference` of tiny-llama fp8 + tiny-llama-draft under a fresh output root.
+
+    `make(build_id, **spec_overrides)` returns the repository path (serving the generated HF-format models).
+    """
+    from pipeline.spec import resolve_spec
+    from pipeline.triton import package_repo
+
+    def make(build_id: str, **spec_overrides) -> Path:
+        base = tmp_path_factory.mktemp(build_id)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PIPELINE_ROOT", str(base / "out"))
+            mp.setenv("PIPELINE_CACHE", str(base / "cache"))
+            spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference",
+                                **spec_overrides)
+            return package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
+                                draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id=build_id).path
+
+    return make

@@ -11,18 +11,10 @@ PREFIX = 192  # 6 blocks of the tiny build's 32 tokens; + suffix stays within ma
 
 
 @pytest.fixture(scope="module")
-def served(tiny_models, tmp_path_factory):
+def served(tiny_reference_repo):
     from pipeline.serve import TritonServer
-    from pipeline.spec import resolve_spec
-    from pipeline.triton import package_repo
 
-    base = tmp_path_factory.mktemp("bench-prefix")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PIPELINE_ROOT", str(base / "out"))
-        mp.setenv("PIPELINE_CACHE", str(base / "cache"))
-        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-        repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="bench-prefix").path
+    repo = tiny_reference_repo("bench-prefix")
     with TritonServer(repo, ready_timeout_s=300) as server:
         yield repo, server
 

@@ -22,18 +22,10 @@ SUFFIX = 16
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory):
+def server(tiny_reference_repo):
     from pipeline.serve import TritonServer
-    from pipeline.spec import resolve_spec
-    from pipeline.triton import package_repo
 
-    base = tmp_path_factory.mktemp("prefix-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PIPELINE_ROOT", str(base / "out"))
-        mp.setenv("PIPELINE_CACHE", str(base / "cache"))
-        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-        repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="prefix-cache").path
+    repo = tiny_reference_repo("prefix-cache")
     cfg = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert re.search(r'key: "tokens_per_block"\s*value \{\s*string_value: "32"', cfg)
     srv = TritonServer(repo, ready_timeout_s=300)

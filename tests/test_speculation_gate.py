@@ -17,18 +17,11 @@ CAP = 1
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory):
+def server(tiny_reference_repo):
     from pipeline.serve import TritonServer
-    from pipeline.spec import resolve_spec
-    from pipeline.triton import package_repo, pbtxt
+    from pipeline.triton import pbtxt
 
-    base = tmp_path_factory.mktemp("spec-gate")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PIPELINE_ROOT", str(base / "out"))
-        mp.setenv("PIPELINE_CACHE", str(base / "cache"))
-        spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-        repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="spec-gate").path
+    repo = tiny_reference_repo("spec-gate")
     path = repo / "tensorrt_llm_bls" / "config.pbtxt"
     cfg = pbtxt.read(path)
     assert pbtxt.parameter(cfg, "max_batch_for_speculation") == "8"  # the spec's default cap, packaged
