@@ -1,7 +1,7 @@
 """Download throughput: `invoke download` vs huggingface-hub's own `hf download` CLI (the named peer), same run.
 
 A synthetic multi-file repo (~1 GiB: 8 safetensors shards + config/tokenizer files + files the pipeline skips) is
-served by the local Hub server (tests/hubserver.py) on 127.0.0.1 behind an emulated network link (default
+served by the local Hub server (tests/support/hubserver.py) on 127.0.0.1 behind an emulated network link (default
 2.5 Gbit/s shared by all connections; `--link-gbps 0` = raw loopback, which only measures CPU on a small machine).
 Each trial downloads into fresh, empty cache dirs as a separate process (interpreter start included on both
 sides), alternating sides: ours resolves + locks the revision, downloads with the same parallelism, verifies every
@@ -26,9 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from hubserver import LocalHub
+from tests.support.hubserver import LocalHub
 
 from pipeline.registry import get_model
 

@@ -10,7 +10,7 @@ import tempfile
 # --- Section: network isolation -------------------------------------------------------
 # Set before anything imports huggingface_hub or transformers (they read these at import time): a closed loopback
 # endpoint, offline mode, and a private HF_HOME so no real token or cache is ever used. Tests that talk to the
-# local Hub server (tests/hubserver.py) switch offline mode off explicitly for themselves.
+# local Hub server (tests/support/hubserver.py) switch offline mode off explicitly for themselves.
 _HF_HOME = tempfile.mkdtemp(prefix="pipeline-test-hf-home-")
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 os.environ["HF_HOME"] = _HF_HOME

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 import torch
-from calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 from safetensors.torch import load_file, save_file
 
 from pipeline.checkpoint import CheckpointError, _unpack_int4, load_checkpoint_as_hf, read_checkpoint
 from pipeline.errors import CalibrationError, PipelineError
+from tests.support.calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 
 IDS = torch.tensor([[1, 17, 250, 33, 900, 5, 64, 301, 12, 77, 2, 400]])
 

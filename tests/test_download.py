@@ -1,4 +1,4 @@
-"""Download stage against a local Hub server (tests/hubserver.py) running huggingface_hub's real snapshot_download."""
+"""Download stage against a local Hub server (tests/support/hubserver.py) running huggingface_hub's real snapshot_download."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.download import download_model, lock_file_path, read_lock
-from pipeline.manifests import StageResult
 from pipeline.errors import DownloadError
+from pipeline.manifests import StageResult
 from pipeline.registry import get_model
-
-sys.path.insert(0, str(Path(__file__).parent))
-from hubserver import LocalHub, serve_directory
+from tests.support.hubserver import LocalHub, serve_directory
 
 REPO = Path(__file__).resolve().parents[1]
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"

@@ -25,8 +25,8 @@ import pytest
 from pipeline.build import build
 from pipeline.errors import IntegrityError, PipelineError
 from pipeline.release import release
-from pipeline.spec import resolve_spec
 from pipeline.release_verify import verify
+from pipeline.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAN = ["--calib-size", "2", "--calib-seq-len", "32", "--no-quality-gate"]

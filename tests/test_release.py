@@ -8,44 +8,14 @@ import json
 import os
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import file_table, read_manifest, write_manifest
+from pipeline.artifacts import read_manifest
 from pipeline.errors import IntegrityError
 from pipeline.manifests import FileRecord
 from pipeline.release import FIXED_MTIME, RELEASE_JSON, ReleaseError, pack_release, release_output_dir
-
-
-def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:
-    """Fabricated stage outputs shaped like the real ones (tiny fake files, real manifests)."""
-    build = root / "engines" / "tiny-llama-fp8-0123456789ab"
-    comps = {}
-    if engine:
-        e = build / "engine"
-        e.mkdir(parents=True)
-        (e / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": {}, "build_config": {}}))
-        (e / "rank0.engine").write_bytes(os.urandom(4096))
-        write_manifest(e, {"key": "k-engine", "toolchain": {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48",
-                                                           "sm": 90}, "files": file_table(e)})
-        comps[f"engines/{build.name}/engine"] = e
-    ck = build / "checkpoint"
-    (ck / "tokenizer").mkdir(parents=True)
-    (ck / "config.json").write_text('{"architecture": "LlamaForCausalLM"}')
-    (ck / "rank0.safetensors").write_bytes(os.urandom(2048))
-    (ck / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
-    write_manifest(ck, {"key": "k-ckpt", "quality_gate": {"ppl_delta_pct": 0.1}, "files": file_table(ck)})
-    comps[f"engines/{build.name}/checkpoint"] = ck
-    repo = root / "triton_repo" / build.name
-    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"):
-        (repo / model / "1").mkdir(parents=True)
-        (repo / model / "config.pbtxt").write_text(f'name: "{model}"\n')
-    (repo / "preprocessing" / "1" / "model.py").write_text("# python model\n")
-    os.chmod(repo / "preprocessing" / "1" / "model.py", 0o755)
-    write_manifest(repo, {"key": "k-repo", "files": file_table(repo)})
-    comps[f"triton_repo/{build.name}"] = repo
-    return comps
+from tests.support.release_fixtures import fabricate_build
 
 
 def test_two_releases_from_same_fabricated_inputs_have_identical_sha256(tmp_path):

@@ -6,12 +6,12 @@ import json
 import tarfile
 
 import pytest
-from test_release import fabricate_build
 
 from pipeline.artifacts import file_table, write_manifest
 from pipeline.errors import VerifyError
 from pipeline.release import pack_release
 from pipeline.release_verify import HashMismatchError, HostInfo, HostMismatchError, verify
+from tests.support.release_fixtures import fabricate_build
 
 MATCHING_HOST = HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=90)
 

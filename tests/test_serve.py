@@ -24,7 +24,7 @@ PROMPT = "The quick brown fox"
 def ref_repo(tiny_models, tmp_path_factory):
     """`package --target reference` for tiny-llama fp8 + tiny-llama-draft, serving the generated HF-format models,
     with a streaming (decoupled) target beside the draft (`serving.decoupled=True`; the default draft-target layout is
-    all-unary, tested in test_triton_routes.py).
+    all-unary, tested in tests/triton/test_routes.py).
 
     The reference backend serves an exported TensorRT-LLM checkpoint (via pipeline.checkpoint) or an HF-format
     model dir; the HF dirs keep this module independent of the calibrate stage (the build's end-to-end test serves

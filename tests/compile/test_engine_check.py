@@ -1,7 +1,7 @@
 """Engine verification, manifests, the stage cache and the tokenizer check — on FABRICATED directories.
 
-The engine directories here are written by the tests (tests/compile_fixtures.py), shaped like trtllm-build 1.2.1
-output; they are not engines. The real build is covered by tests/test_compile_gpu.py (GPU hosts only).
+The engine directories here are written by the tests (tests/support/compile_fixtures.py), shaped like trtllm-build 1.2.1
+output; they are not engines. The real build is covered by tests/compile/test_gpu.py (GPU hosts only).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from compile_fixtures import write_fabricated_checkpoint, write_fabricated_engine
 
 from pipeline.artifacts import read_manifest, sha256_file
 from pipeline.compile import plan_compile, run_compile
+from pipeline.compile.engine_check import verify_engine_dir
 from pipeline.compile.manifest import (
     build_config_hash,
     check_same_tokenizer,
@@ -23,9 +23,9 @@ from pipeline.compile.manifest import (
 )
 from pipeline.compile.preflight import Toolchain
 from pipeline.compile.stage import _compile_one, log_path_for
-from pipeline.compile.engine_check import verify_engine_dir
 from pipeline.errors import CompileError, IntegrityError
 from pipeline.spec import resolve_spec
+from tests.support.compile_fixtures import write_fabricated_checkpoint, write_fabricated_engine
 
 TOOLCHAIN = Toolchain(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", cuda="13.0", driver="580.95.05",
                       gpu_name="NVIDIA H100 80GB HBM3", sm=90, gpu_count=8)
@@ -238,7 +238,7 @@ def test_sigkill_mid_compile_then_rerun_leaves_no_temporary(pair, monkeypatch):
     plan = pair.target
     out = Path(plan.output_dir)
     arg = pickle.dumps((plan, TOOLCHAIN)).hex()
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_COMPILE, arg], cwd=Path(__file__).resolve().parents[1],
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_COMPILE, arg], cwd=Path(__file__).resolve().parents[2],
                             env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

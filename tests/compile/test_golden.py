@@ -1,8 +1,8 @@
 """Golden `invoke compile --dry-run --json` plans, and every emitted flag walked against the 1.2.1 flag table.
 
-The golden files (tests/golden/compile-<case>.json) are the whole dry-run JSON with the output root replaced by
+The golden files (tests/compile/golden/compile-<case>.json) are the whole dry-run JSON with the output root replaced by
 `$PIPELINE_ROOT`. After an intended plan change, regenerate them with
-`UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_compile_golden.py` and review the diff: each file is what
+`UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/compile/test_golden.py` and review the diff: each file is what
 trtllm-build 1.2.1 will be run with. Besides the byte-for-byte comparison, each case asserts the decisions it
 exists to pin (DECISIONS), so a regenerated golden cannot silently drop one.
 """
@@ -21,7 +21,7 @@ from pipeline.commands import compile_command
 from pipeline.compile.flags import ACCEPTED, BUILD_FLAGS, PLUGIN_FLAGS
 from pipeline.spec import resolve_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden")
 
 CASES: dict[str, dict] = {

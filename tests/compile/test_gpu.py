@@ -31,7 +31,6 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from pipeline.calibrate.stage import run_calibrate
-
     from pipeline.compile import run_compile
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft", gpu_count=1)

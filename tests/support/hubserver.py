@@ -322,7 +322,7 @@ def serve_directory(hub: LocalHub, repo_id: str, directory: Path, **kw) -> str:
     return hub.add_commit(repo_id, files, **kw)
 
 
-if __name__ == "__main__":  # python tests/hubserver.py DIR REPO_ID: serve a directory until Ctrl-C
+if __name__ == "__main__":  # python -m tests.support.hubserver DIR REPO_ID: serve a directory until Ctrl-C
     import sys
 
     hub = LocalHub().start()

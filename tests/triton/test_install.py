@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from triton_fixtures import fabricated_engine, fake_tokenizer
 
 from pipeline.errors import PackageError
 from pipeline.triton import pbtxt
 from pipeline.triton.install import install_repo
+from tests.support.triton_fixtures import fabricated_engine, fake_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _params(**values: str) -> str:

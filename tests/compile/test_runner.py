@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from compile_fixtures import write_fabricated_checkpoint
 
 from pipeline.compile.preflight import (
     GPUInfo,
@@ -29,8 +28,9 @@ from pipeline.compile.preflight import (
 )
 from pipeline.compile.runner import run_trtllm_build
 from pipeline.errors import CompileError
+from tests.support.compile_fixtures import write_fabricated_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU_HOST = importlib.util.find_spec("tensorrt_llm") is None or shutil.which("nvidia-smi") is None
 H100 = GPUInfo(0, "NVIDIA H100 80GB HBM3", 90, 81559, "580.95.05")
 

@@ -10,8 +10,7 @@ import pytest
 
 from pipeline.compile import plan_compile
 from pipeline.compile.manifest import check_same_tokenizer, checkpoint_identity
-
-import calibrate_fixtures
+from tests.support import calibrate_fixtures
 
 PAIR = {"precision": "fp8", "kv_cache": "fp8", "draft": "tiny-llama-draft"}
 

@@ -1,21 +1,21 @@
 """Compile plans (exact trtllm-build argv per engine), derived values, the 1.2.1 flag set, rejections.
 
-The whole-plan golden files (`compile --dry-run --json`) are in tests/test_compile_golden.py.
+The whole-plan golden files (`compile --dry-run --json`) are in tests/compile/test_golden.py.
 
-Checkpoint configs are FABRICATED by the tests (tests/compile_fixtures.py): the planner reads config.json only.
+Checkpoint configs are FABRICATED by the tests (tests/support/compile_fixtures.py): the planner reads config.json only.
 """
 
 from __future__ import annotations
 
 import pytest
-from compile_fixtures import write_fabricated_checkpoint
 
 from pipeline.compile import plan_compile
-from pipeline.compile.flags import ACCEPTED, ENABLE_DISABLE_FLAGS, check_argv
 from pipeline.compile.engine_plan import CHECKPOINT_PLACEHOLDER as CKPT
 from pipeline.compile.engine_plan import OUTPUT_PLACEHOLDER as OUT
+from pipeline.compile.flags import ACCEPTED, ENABLE_DISABLE_FLAGS, check_argv
 from pipeline.errors import CompileError, SpecError
 from pipeline.spec import resolve_spec
+from tests.support.compile_fixtures import write_fabricated_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -239,7 +239,7 @@ def test_max_input_len_equal_to_max_seq_len_plans(tmp_path):
 
 
 def test_other_recipes_argv_use_only_accepted_flags(tmp_path):
-    """Recipes beyond the goldens (tests/test_compile_golden.py walks those): FP8 KV without paged context FMHA,
+    """Recipes beyond the goldens (tests/compile/test_golden.py walks those): FP8 KV without paged context FMHA,
     FP16 with one profile (--opt_num_tokens), a TP 2 draft at small batch."""
     specs = [
         resolve_spec(model="llama-70b", precision="int4_awq", kv_cache="fp8", enable_kv_cache_reuse=False,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import triton_contract_table as table
-from triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
 from pipeline.spec import resolve_spec
 from pipeline.triton import package_repo, validate_repo
+from tests.support import triton_contract_table as table
+from tests.support.triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
 UPSTREAM = {
     "preprocessing": (table.PREPROCESSING_INPUTS, table.PREPROCESSING_OUTPUTS, table.PREPROCESSING_PARAMETERS),

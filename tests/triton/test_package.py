@@ -12,8 +12,7 @@ import pytest
 from pipeline.errors import PackageError, PipelineError, ServeError
 from pipeline.spec import resolve_spec
 from pipeline.triton import package_repo, render, validate_repo
-
-from triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
+from tests.support.triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
 
 @pytest.fixture
@@ -314,7 +313,7 @@ def _invoke(env_root: Path, *args: str):
     import sys
 
     env = {**os.environ, "PIPELINE_ROOT": str(env_root / "out"), "PIPELINE_CACHE": str(env_root / "cache")}
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=Path(__file__).resolve().parent.parent,
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=Path(__file__).resolve().parents[2],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
 
 

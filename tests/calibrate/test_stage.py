@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 from safetensors.torch import load_file
 
 from pipeline.calibrate import data
 from pipeline.calibrate.stage import run_calibrate
 from pipeline.errors import CalibrationError, SpecError
 from pipeline.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO
+from tests.support.calibrate_fixtures import calibrated, leftovers, make_spec, run_in_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRECISIONS = ("bf16", "fp16", "fp8", "int8_sq", "int4_awq", "w4a8_awq")
 KVS = ("fp8", "int8", "bf16", "fp16")
 
@@ -211,7 +211,7 @@ def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
     first = calibrated(tiny_models, precision="fp8", kv_cache="fp8")
     q = first.manifest.quality
     assert q["passed"] and 0 <= abs(q["ppl_delta_pct"]) < 1.0 and q["top1_agreement"] > 0.9 and q["kl_mean"] >= 0
-    from calibrate_fixtures import session_root
+    from tests.support.calibrate_fixtures import session_root
 
     again = run_in_root(
         session_root(), run_calibrate, make_spec(precision="fp8", kv_cache="fp8"), source_dir=tiny_models["tiny-llama"]
