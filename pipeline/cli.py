@@ -59,7 +59,9 @@ SPEC_FLAGS: tuple[Flag, ...] = (
     _flag("mem_fraction", "kv_cache_free_gpu_mem_fraction"),
     _flag("decoupled"),
     _flag("gpu_price", "gpu_price_per_hour"),
-    Flag("target", "target", "runtime: trtllm (GPU engines) or reference (CPU PyTorch backend)"),
+    Flag("target", "target", "serving target: trtllm (GPU, TensorRT-LLM) or reference (CPU PyTorch backend)"),
+    Flag("runtime", "runtime", "TensorRT-LLM runtime: engine (trtllm-build engines) or pytorch (quantized HF "
+         "checkpoint on the PyTorch backend / LLM API)"),
     Flag("spec", None, "YAML file with a whole spec; flags override it"),
     Flag("models_file", None, "extra model registry YAML (entries override the packaged ones)"),
     Flag("no_kv_reuse", None, "disable KV-cache reuse (prefix caching)", False),

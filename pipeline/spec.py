@@ -21,6 +21,7 @@ Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
 KVCache = Literal["fp8", "int8", "bf16", "fp16"]
 GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
 Target = Literal["trtllm", "reference"]
+Runtime = Literal["engine", "pytorch"]
 
 # No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
 _Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -163,6 +164,10 @@ class BuildSpec(BaseModel):
     model: ModelEntry
     draft_model: ModelEntry | None = None
     target: Target = "trtllm"
+    runtime: Runtime = Field(
+        "engine", description="TensorRT-LLM runtime: engine (trtllm-build engines, TensorRT backend) or pytorch "
+        "(a ModelOpt-quantized Hugging Face checkpoint on the PyTorch backend / LLM API)",
+    )
     quantization: QuantizationSpec = QuantizationSpec()
     parallelism: ParallelSpec = ParallelSpec()
     limits: EngineLimits = EngineLimits()
@@ -258,6 +263,8 @@ class BuildSpec(BaseModel):
             f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
             f"target={self.target}",
         ]
+        if self.runtime != "engine":
+            parts.append(f"runtime={self.runtime}")
         if self.draft_model:
             parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
                          f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "
@@ -266,8 +273,11 @@ class BuildSpec(BaseModel):
         return "ok: " + " ".join(parts)
 
     def fingerprint(self, *fields: str) -> str:
-        """sha256 over the named top-level fields (a stage's explicit cache-key factors)."""
+        """sha256 over the named top-level fields (a stage's explicit cache-key factors); `runtime` counts only
+        when it is not the default "engine"."""
         data = self.model_dump(mode="json", include=set(fields) if fields else None)
+        if data.get("runtime") == "engine":
+            data.pop("runtime")  # the default runtime leaves every engine-path key unchanged
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -284,17 +294,20 @@ SECTIONS = {
 }
 
 
+TOP_LEVEL = ("model", "target", "runtime", "models_file")
+
+
 def _load_spec_file(path: str | Path) -> dict[str, Any]:
     """The spec file's mapping, its scalar types checked as written (`tp: true` is not 1, `tp: "4"` not 4)."""
     p = Path(path)
     raw = load_yaml_mapping(p, what="spec file", flag="--spec", error=SpecError,
                             shape=" (model:, quantization:, parallelism:, ...)")
-    unknown = set(raw) - set(SECTIONS) - {"model", "target", "models_file"}
+    unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:
-        valid = ", ".join(["model", "target", "models_file", *SECTIONS])
+        valid = ", ".join([*TOP_LEVEL, *SECTIONS])
         raise SpecError(f"spec file {p}: unknown key(s) {', '.join(map(str, sorted(unknown, key=str)))}; "
                         f"valid keys: {valid}")
-    for key in ("model", "target", "models_file"):
+    for key in TOP_LEVEL:
         if key in raw and not isinstance(raw[key], str):
             raise SpecError(f"spec file {p}: {key}={raw[key]!r}: expected a string")
     for section, cls in SECTIONS.items():
@@ -334,7 +347,8 @@ def resolve_spec(
 ) -> BuildSpec:
     """Build and validate a spec from an optional YAML file and flat overrides (None values are ignored).
 
-    Overrides use field names of the sections (`precision`, `tp`, `draft`, `gpu`, ...) plus `model` and `target`.
+    Overrides use field names of the sections (`precision`, `tp`, `draft`, `gpu`, ...) plus `model`, `target`
+    and `runtime`.
 
     Raises:
         SpecError: a field has a bad value, a model is unknown, or a coherence rule is violated.
@@ -344,7 +358,7 @@ def resolve_spec(
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in ("model", "target"):
+        if key in ("model", "target", "runtime"):
             data[key] = value
             continue
         section = _field_section(key)
