@@ -14,7 +14,14 @@ from .errors import SpecError
 from .gpus import GIB, GPUS, SUPPORTED_SM
 from .planner import engine_shapes, fit_shortfall
 from .registry import ModelEntry
-from .trtllm_rules import MAX_NUM_TOKENS_WARN, needs_fp8_hardware, paged_context_fmha_blocker
+from .trtllm_rules import (
+    MAX_NUM_TOKENS_WARN,
+    PYTORCH_KV,
+    PYTORCH_QUANT_ALGOS,
+    QUANT_ALGO,
+    needs_fp8_hardware,
+    paged_context_fmha_blocker,
+)
 
 if TYPE_CHECKING:  # the spec module calls these rules; they only read a spec
     from .spec import BuildSpec
@@ -35,7 +42,7 @@ def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
                 f"hardware.gpu={gpu.name}: SM {gpu.sm / 10:.1f} has no FP8, but the {role} uses precision={precision} "
                 f"kv_cache={q.kv}; use an H100/H200 (--gpu h100-sxm) or --precision int4_awq/bf16 --kv-cache bf16"
             )
-    if gpu.sm != SUPPORTED_SM and spec.target == "trtllm":
+    if gpu.sm != SUPPORTED_SM and spec.target == "trtllm" and spec.runtime == "engine":
         warnings.append(
             f"hardware.gpu={gpu.name} is SM {gpu.sm / 10:.1f}; this pipeline is tuned and tested for SM 9.0 "
             "(H100/H200) and engines only run on the architecture they were built on"
@@ -72,10 +79,12 @@ def _check_paged_context(spec: BuildSpec) -> None:
     if spec.draft_model:
         precisions.append(("draft", spec.draft_precision))
     for role, precision in precisions:
-        why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha)
+        why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha,
+                                         runtime=spec.runtime)
         if why:
             raise SpecError(
-                f"quantization: {role} {why} (TensorRT-LLM 1.2.1), but {', '.join(needs)} need(s) it; "
+                f"quantization: {role} {why} (TensorRT-LLM 1.2.1, runtime {spec.runtime}), "
+                f"but {', '.join(needs)} need(s) it; "
                 f"use --kv-cache {q.compute_dtype} or an FP8 precision, or drop those features"
             )
 
@@ -220,7 +229,7 @@ def _check_draft_placement(spec: BuildSpec) -> None:
 
 
 def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
-    """A draft-target target aborts at load without KV-cache block reuse.
+    """Runtime engine: a draft-target target engine aborts at load without KV-cache block reuse.
 
     Upstream: triton_backend/inflight_batcher_llm/src/model_instance_state.cc getKvCacheConfigFromParams() passes
     `enable_kv_cache_reuse` into the executor's KvCacheConfig; cpp/tensorrt_llm/batch_manager/
@@ -228,12 +237,41 @@ def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
     with speculative_decoding_mode draft_tokens_external: "KV cache block reuse must be enabled for speculative
     decoding target model".
     """
-    if spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
+    if spec.runtime == "engine" and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
         raise SpecError(
             f"serving.enable_kv_cache_reuse=false with draft {spec.draft_model.name}: the draft-target target aborts "
             "at load in TensorRT-LLM 1.2.1 ('KV cache block reuse must be enabled for speculative decoding target "
             "model'); drop --no-kv-reuse or --draft"
         )
+
+
+# Draft-engine settings with no meaning on the PyTorch backend (its draft shares the target's executor and mapping).
+_ENGINE_ONLY_DRAFT_FIELDS = ("draft_tp", "draft_max_batch_size", "draft_gpu_device_ids")
+
+
+def _check_pytorch_runtime(spec: BuildSpec) -> None:
+    """Runtime pytorch (TensorRT-LLM 1.2.1 PyTorch backend): the precisions its Linear layers load, its KV-cache
+    dtypes, and no separate draft engine (`PYTORCH_*` in pipeline/trtllm_rules.py cite the upstream code)."""
+    q = spec.quantization
+    roles = [("target", q.precision)] + ([("draft", spec.draft_precision)] if spec.draft_model else [])
+    for role, precision in roles:
+        if QUANT_ALGO[precision] not in PYTORCH_QUANT_ALGOS:
+            raise SpecError(
+                f"quantization: {role} precision={precision} has no PyTorch-backend kernels in TensorRT-LLM 1.2.1 "
+                "(no INT8 SmoothQuant linear there); use --precision fp8 or int4_awq, or --runtime engine"
+            )
+    if q.kv not in PYTORCH_KV:
+        raise SpecError(
+            f"quantization.kv_cache={q.kv}: the PyTorch backend's KV cache is fp8 or the compute dtype "
+            f"(kv_cache_config.dtype fp8|auto); use --kv-cache fp8 or {q.compute_dtype}, or --runtime engine"
+        )
+    sp = spec.speculation
+    for name in _ENGINE_ONLY_DRAFT_FIELDS:
+        if spec.draft_model and name in sp.model_fields_set:
+            raise SpecError(
+                f"speculation.{name} is an engine-runtime setting: the PyTorch backend runs the draft inside the "
+                "target's executor, on its GPUs and batch; drop it or use --runtime engine"
+            )
 
 
 def _largest_fitting(fits, low: int, high: int) -> int | None:
@@ -311,6 +349,8 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     """Apply every rule; return warnings, raise `SpecError` on the first violation."""
     warnings: list[str] = []
     _check_kv(spec)
+    if spec.runtime == "pytorch":
+        _check_pytorch_runtime(spec)
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
     _check_paged_context(spec)
@@ -318,13 +358,15 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     p = spec.parallelism
     _check_parallel(spec, spec.model, "target", spec.quantization.precision, tp=p.tp, pp=p.pp)
     if spec.draft_model:
-        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=spec.draft_tp, pp=1)
+        # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
+        draft_tp = spec.draft_tp if spec.runtime == "engine" else p.tp
+        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
     if p.world_size > spec.hardware.gpu_count:
         raise SpecError(
             f"parallelism: tp×pp={p.world_size} exceeds hardware.gpu_count={spec.hardware.gpu_count}; "
             "lower --tp/--pp or raise --gpu-count"
         )
-    if spec.draft_model:
+    if spec.draft_model and spec.runtime == "engine":
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
     _check_memory_fit(spec, warnings)

@@ -33,8 +33,31 @@ def fp8_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = True
     return context_fmha and QUANT_ALGO[precision] in FP8_FMHA_QUANT_ALGOS and kv_cache == "fp8"
 
 
-def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: bool = True) -> str | None:
-    """Why paged context FMHA (KV reuse, chunked context, draft-target) is impossible, or None when it is allowed."""
+# --- The PyTorch backend (runtime pytorch) of the same release. -------------------------------------------------
+# quant_algos its Linear layers load (`_torch/modules/linear.py` get_quant_method: FP8 QDQ, weight-only and
+# INT4/W4A8 AWQ per group, NVFP4, ...; no INT8 SmoothQuant method, so W8A8_SQ_PER_CHANNEL is refused there).
+PYTORCH_QUANT_ALGOS = frozenset({None, "FP8", "W4A16_AWQ", "W4A8_AWQ", "NVFP4", "FP8_BLOCK_SCALES"})
+# KV-cache dtypes its KvCacheConfig.dtype takes (`_torch/pyexecutor/_util.py` _VALID_KV_CACHE_DTYPES: fp8, nvfp4,
+# auto): an unquantized KV is "auto"; there is no INT8 KV cache.
+PYTORCH_KV = frozenset({"fp8", "bf16", "fp16"})
+# quant_algos with FP8 attention, which an FP8 KV cache needs for paged context FMHA (`_torch/attention_backend/
+# trtllm.py` TrtllmAttention.forward: "When FP8 KV cache is being used, paged context FMHA cannot be used without
+# FP8 attention", allowing FP8 QDQ, NVFP4 and FP8 block scales; W4A8_AWQ "excluded for now").
+PYTORCH_FP8_FMHA_QUANT_ALGOS = frozenset({"FP8", "NVFP4", "FP8_BLOCK_SCALES"})
+
+
+def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: bool = True,
+                               runtime: str = "engine") -> str | None:
+    """Why paged context FMHA (KV reuse, chunked context, draft-target) is impossible, or None when it is allowed.
+
+    Engine: the trtllm-build plugin rules (an INT8 KV cache, or an FP8 KV cache without FP8 context FMHA).
+    PyTorch backend: an FP8 KV cache needs FP8 attention (FP8/NVFP4 weights; not W4A8_AWQ there).
+    """
+    if runtime == "pytorch":
+        if kv_cache == "fp8" and QUANT_ALGO[precision] not in PYTORCH_FP8_FMHA_QUANT_ALGOS:
+            return (f"precision {precision} with an FP8 KV cache has no FP8 attention on the PyTorch backend, "
+                    "so no paged context FMHA")
+        return None
     if not context_fmha:
         return "context_fmha is disabled"
     if kv_cache == "int8":

@@ -345,3 +345,52 @@ def test_large_max_num_tokens_warns_like_trtllm_build():
     spec = resolve_spec(model="llama-8b", precision="fp8", max_num_tokens=32768)
     assert any("max_num_tokens=32768 > 16384" in w for w in spec.warnings)
     assert not resolve_spec(model="llama-8b", precision="fp8", max_num_tokens=16384).warnings
+
+
+# --- runtime pytorch (TensorRT-LLM 1.2.1 PyTorch backend) ---------------------------------------------------------
+
+
+def test_pytorch_runtime_refuses_int8_smoothquant():
+    msg = reject(r"precision=int8_sq has no PyTorch-backend kernels", model="llama-8b", precision="int8_sq",
+                 kv_cache="bf16", runtime="pytorch")
+    assert "--runtime engine" in msg
+    resolve_spec(model="llama-8b", precision="int8_sq", kv_cache="bf16")  # the engine runtime builds it
+
+
+def test_pytorch_runtime_refuses_int8_kv():
+    reject(r"kv_cache=int8: the PyTorch backend's KV cache is fp8 or the compute dtype", model="llama-8b",
+           precision="bf16", kv_cache="int8", runtime="pytorch", enable_kv_cache_reuse=False,
+           enable_chunked_context=False)
+
+
+def test_w4a8_fp8_kv_keeps_paged_context_on_engine_but_not_on_pytorch():
+    resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp8")
+    reject(r"w4a8_awq with an FP8 KV cache has no FP8 attention on the PyTorch backend", model="llama-8b",
+           precision="w4a8_awq", kv_cache="fp8", runtime="pytorch")
+    resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp8", runtime="pytorch",
+                 enable_kv_cache_reuse=False, enable_chunked_context=False)
+
+
+def test_int4_awq_fp8_kv_needs_features_off_on_both_runtimes():
+    for runtime in ("engine", "pytorch"):
+        reject(r"int4_awq with an FP8 KV cache", model="llama-8b", precision="int4_awq", kv_cache="fp8",
+               runtime=runtime)
+
+
+def test_pytorch_runtime_refuses_draft_engine_settings():
+    reject(r"speculation.draft_tp is an engine-runtime setting", model="tiny-llama", draft="auto", draft_tp=1,
+           runtime="pytorch", target="reference")
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    assert spec.draft_model.name == "tiny-llama-draft"
+
+
+def test_pytorch_speculation_without_kv_reuse_is_allowed_only_there():
+    reject(r"KV cache block reuse must be enabled", model="tiny-llama", draft="auto", enable_kv_cache_reuse=False)
+    resolve_spec(model="tiny-llama", draft="auto", enable_kv_cache_reuse=False, runtime="pytorch")
+
+
+def test_non_h100_warning_is_about_engines_only():
+    engine = resolve_spec(model="llama-8b", precision="bf16", gpu="a100")
+    pytorch = resolve_spec(model="llama-8b", precision="bf16", gpu="a100", runtime="pytorch")
+    assert any("SM 8.0" in w for w in engine.warnings)
+    assert not any("SM 8.0" in w for w in pytorch.warnings)
