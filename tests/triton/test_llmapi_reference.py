@@ -1,0 +1,154 @@
+"""The reference `llmapi` repository (PyTorch runtime, draft-target) under a real tritonserver: the 1.2 llmapi
+request/response contract over HTTP generate and gRPC streaming, exact greedy output with speculation, prefix-cache
+metrics, stop strings and per-request errors."""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pipeline.llmapi.options import llm_api_options
+from pipeline.serve import TritonServer
+from pipeline.spec import resolve_spec
+from pipeline.triton.llmapi_package import package_llmapi_repo
+from tests.support.llmapi_fixtures import fabricated_fp8_export
+
+pytestmark = pytest.mark.slow
+LONG = ("The little dog ran to the park with the red ball and the happy cat followed it, and then the two of "
+        "them sat under the big tree near the old house to rest in the warm sun until the evening came.")
+
+
+@pytest.fixture(scope="module")
+def llmapi_server(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("llmapi")
+    target = fabricated_fp8_export(tiny_models["tiny-llama"], root / "t" / "hf_checkpoint")
+    draft = fabricated_fp8_export(tiny_models["tiny-llama-draft"], root / "d" / "hf_checkpoint")
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", runtime="pytorch")
+    repo = package_llmapi_repo(spec, checkpoint_dir=target, draft_dir=draft,
+                               options=llm_api_options(spec, draft_dir=draft), out_dir=root / "repos").path
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPELINE_CACHE", str(root / "cache"))
+        srv = TritonServer(repo, ready_timeout_s=300)
+        srv.start()
+    yield srv, target
+    srv.stop()
+
+
+def generate(srv, prompt, **inputs) -> dict:
+    body = json.dumps({"text_input": prompt, **inputs}).encode()
+    req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate", data=body)
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def generate_error(srv, **body) -> str:
+    req = urllib.request.Request(f"http://{srv.http_url}/v2/models/tensorrt_llm/generate",
+                                 data=json.dumps(body).encode())
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    return err.value.read().decode()
+
+
+def stream(srv, prompt, max_tokens) -> list[tuple[str, bool]]:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    inputs = []
+    for name, arr, dt in (("text_input", np.array([prompt], dtype=object), "BYTES"),
+                          ("streaming", np.array([True]), "BOOL"),
+                          ("sampling_param_max_tokens", np.array([max_tokens], dtype=np.int32), "INT32")):
+        inputs.append(grpcclient.InferInput(name, list(arr.shape), dt))
+        inputs[-1].set_data_from_numpy(arr)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    out = []
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            text = result.as_numpy("text_output")
+            out.append((text[0].decode() if text is not None else "", final))
+            if final:
+                return out
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def local_greedy(checkpoint, prompt, n) -> str:
+    """The same FP8 export, dequantized and decoded greedily in this process (no speculation)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.triton.render import templates_root
+
+    path = templates_root("llmapi") / "tensorrt_llm" / "1" / "hf_reference.py"
+    spec = importlib.util.spec_from_file_location("hf_reference_local", path)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    model = ref.load_model(str(checkpoint), torch.float64)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    ids = tok(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=n, do_sample=False, eos_token_id=tok.eos_token_id)
+    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def test_unary_greedy_with_speculation_matches_plain_greedy(llmapi_server):
+    srv, target = llmapi_server
+    r = generate(srv, "Once upon a time", sampling_param_max_tokens=12, sampling_param_return_perf_metrics=True,
+                 return_finish_reason=True)
+    assert r["text_output"] == local_greedy(target, "Once upon a time", 12)
+    assert r["finish_reason"] == "length"
+    assert r["total_draft_tokens"] > 0 and 0 <= r["total_accepted_draft_tokens"] <= r["total_draft_tokens"]
+    assert r["acceptance_rate"] == pytest.approx(r["total_accepted_draft_tokens"] / r["total_draft_tokens"])
+    assert r["arrival_time_ns"] <= r["first_scheduled_time_ns"] <= r["first_token_time_ns"] <= r["last_token_time_ns"]
+
+
+def test_streaming_sends_growing_text_then_final(llmapi_server):
+    srv, _ = llmapi_server
+    parts = stream(srv, "The little dog", 10)
+    assert len(parts) >= 2 and parts[-1][1] and not any(final for _, final in parts[:-1])
+    texts = [t for t, _ in parts]
+    assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))
+    assert texts[-1] == generate(srv, "The little dog", sampling_param_max_tokens=10)["text_output"]
+
+
+def test_prefix_cache_hits_on_a_repeated_long_prompt(llmapi_server):
+    srv, _ = llmapi_server
+    first = generate(srv, LONG, sampling_param_max_tokens=2, sampling_param_return_perf_metrics=True)
+    again = generate(srv, LONG, sampling_param_max_tokens=2, sampling_param_return_perf_metrics=True)
+    assert first["kv_cache_reused_block"] == 0 and first["kv_cache_hit_rate"] == 0
+    assert first["kv_cache_missed_block"] >= 2
+    assert again["kv_cache_reused_block"] >= 1 and again["kv_cache_hit_rate"] > 0
+    total = again["kv_cache_reused_block"] + again["kv_cache_missed_block"]
+    assert again["kv_cache_hit_rate"] == pytest.approx(again["kv_cache_reused_block"] / total)
+    assert again["text_output"] == first["text_output"]
+
+
+def test_stop_string_and_outputs_on_request(llmapi_server):
+    srv, _ = llmapi_server
+    full = generate(srv, "Once upon a time", sampling_param_max_tokens=12)["text_output"]
+    word = full.split()[2]
+    r = generate(srv, "Once upon a time", sampling_param_max_tokens=12, sampling_param_stop=[word],
+                 return_finish_reason=True, return_stop_reason=True)
+    assert r["finish_reason"] == "stop" and r["stop_reason"] == word
+    assert word not in r["text_output"] and full.startswith(r["text_output"])
+    assert "finish_reason" not in generate(srv, "Once upon a time", sampling_param_max_tokens=2)
+
+
+def test_bad_requests_get_one_error_each(llmapi_server):
+    srv, _ = llmapi_server
+    assert "text_input" in generate_error(srv, sampling_param_max_tokens=4)
+    assert "best_of" in generate_error(srv, text_input="hi", sampling_param_best_of=2)
+    assert "max_seq_len" in generate_error(srv, text_input="hi", sampling_param_max_tokens=100000)
+    assert generate(srv, "hi", sampling_param_max_tokens=2)["text_output"]  # the server still serves
