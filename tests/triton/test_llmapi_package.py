@@ -205,3 +205,20 @@ def test_reference_loads_the_fp8_export_close_to_the_original(tiny_models, expor
         a, b = model(**ids).logits, orig(**ids).logits
     assert not torch.equal(a, b)  # FP8 weights really are rounded
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+
+
+def test_validation_catches_model_yaml_drift(tmp_path, exports):
+    from pipeline.triton import validate_repo
+
+    _, res = _package(tmp_path, exports)
+    copy = tmp_path / "copy"
+    shutil.copytree(res.path, copy)
+    path = copy / llmapi_yaml.MODEL_YAML
+    data = llmapi_yaml.read(path)
+    data["triton_config"]["decoupled"] = False
+    llmapi_yaml.write(path, data)
+    with pytest.raises(PackageError, match="differs from config.pbtxt"):
+        validate_repo(copy)
+    path.write_text("model: [unclosed")
+    with pytest.raises(PackageError, match="not valid YAML"):
+        validate_repo(copy)
