@@ -36,7 +36,7 @@ from .repo_check import validate_repo
 PackageResult = StageResult[RepoManifest]
 TEMPLATE_VERSION = 1
 # hf_quant_config.json quant_algo values the CPU reference can dequantize (None: not quantized).
-REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "INT8_SQ")
+REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
 _MODEL_PY = {"trtllm": "model_trtllm.py", "reference": "model_reference.py"}
 _FILES = {"trtllm": ("llmapi_io.py",), "reference": ("llmapi_io.py", "hf_reference.py")}
 
@@ -142,7 +142,7 @@ def _sources(target, checkpoint_dir, draft_dir):
         for what, facts in (("checkpoint", ckpt), ("draft checkpoint", draft)):
             if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:
                 raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
-                                   "W4A16_AWQ and INT8_SQ; package it with --target trtllm")
+                                   "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
     return ckpt, draft
 
 

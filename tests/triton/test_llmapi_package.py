@@ -189,8 +189,13 @@ def test_dequantize_modelopt_formats():
     assert (ref.dequantize("x.weight", fp8, {"x.weight_scale": s}) - w).abs().max() < 0.07 * w.abs().max()
     with pytest.raises(ValueError, match="without weight_scale"):
         ref.dequantize("x.weight", fp8, {})
-    with pytest.raises(ValueError, match="two-level"):
-        ref.dequantize("x.weight", packed, {"x.weight_scale": scale, "x.weight_scale_2": s})
+    # W4A8 AWQ: the per-group dequantized values are FP8 multiples of weight_scale_2
+    s2 = (expect.abs().max() / 448).reshape(())
+    got = ref.dequantize("x.weight", packed, {"x.weight_scale": scale, "x.weight_scale_2": s2})
+    assert torch.equal(got, (expect / s2).to(torch.float8_e4m3fn).float() * s2)
+    assert not torch.equal(got, expect)
+    with pytest.raises(ValueError, match="NVFP4"):
+        ref.dequantize("x.weight", packed, {"x.weight_scale": scale.to(torch.float8_e4m3fn)})
 
 
 def test_reference_loads_the_fp8_export_close_to_the_original(tiny_models, exports):

@@ -3,8 +3,9 @@ Hugging Face checkpoint with transformers (ModelOpt's quantized weights dequanti
 scheduling, block prefix caching and draft-target speculation, reporting the metrics the LLM API reports.
 
 Weights (ModelOpt unified HF export): FP8 (`float8_e4m3fn` weight x `weight_scale`), INT4 AWQ (two signed 4-bit
-values per uint8 along the output dim, x per-group `weight_scale`), INT8 (x per-channel `weight_scale`); an AWQ or
-SmoothQuant `pre_quant_scale` is folded into the weight's columns. Activation and KV-cache quantization are not
+values per uint8 along the output dim, x per-group `weight_scale`; W4A8 also rounded to FP8 multiples of
+`weight_scale_2`), INT8 (x per-channel `weight_scale`); an AWQ `pre_quant_scale` is folded into the weight's
+columns. Activation and KV-cache quantization are not
 simulated (`input_scale`, `k_scale`, `v_scale` are read and dropped).
 
 Scheduling: at most `max_batch_size` sequences are active; each round runs one step of each (prefill, one token, or
@@ -44,20 +45,21 @@ def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 def dequantize(name: str, weight: torch.Tensor, tensors: dict) -> torch.Tensor:
     """The float weight `name` stands for: quantized values x their scales (and any pre_quant_scale folded in)."""
     base = name[: -len("weight")]
-    if base + "weight_scale_2" in tensors:
-        raise ValueError(f"{name}: two-level weight scales (W4A8/NVFP4) are not supported by the reference backend")
     scale = tensors.get(base + "weight_scale")
+    scale_2 = tensors.get(base + "weight_scale_2")
+    if weight.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8) and scale is None:
+        raise ValueError(f"{name}: quantized weight without weight_scale")
     if weight.dtype == torch.float8_e4m3fn or weight.dtype == torch.int8:
-        if scale is None:
-            raise ValueError(f"{name}: quantized weight without weight_scale")
         s = scale.float()
         w = weight.float() * (s.reshape(-1, 1) if s.numel() > 1 else s.reshape(()))
     elif weight.dtype == torch.uint8:
-        if scale is None:
-            raise ValueError(f"{name}: packed INT4 weight without weight_scale")
+        if scale.dtype == torch.float8_e4m3fn:
+            raise ValueError(f"{name}: FP4 block weights (NVFP4) are not supported by the reference backend")
         w = _unpack_int4(weight)
-        block = w.shape[1] // scale.shape[1]
-        w = w * scale.float().repeat_interleave(block, dim=1)
+        w = w * scale.float().repeat_interleave(w.shape[1] // scale.shape[1], dim=1)
+        if scale_2 is not None:  # W4A8: the per-group scales are themselves FP8 multiples of weight_scale_2
+            s2 = scale_2.float()
+            w = (w / s2).to(torch.float8_e4m3fn).float() * s2
     else:
         w = weight.float()
     pre = tensors.get(base + "pre_quant_scale")
@@ -87,7 +89,7 @@ def load_model(path: str, dtype: torch.dtype):
     tensors = _read_tensors(path)
     state = {}
     for key, value in tensors.items():
-        if key.endswith(_DROPPED) or key.endswith(("weight_scale", "pre_quant_scale")):
+        if key.endswith(_DROPPED) or key.endswith(("weight_scale", "weight_scale_2", "pre_quant_scale")):
             continue
         state[key] = (dequantize(key, value, tensors) if key.endswith("weight") else value.float()).to(dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
