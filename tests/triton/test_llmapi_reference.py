@@ -152,3 +152,39 @@ def test_bad_requests_get_one_error_each(llmapi_server):
     assert "best_of" in generate_error(srv, text_input="hi", sampling_param_best_of=2)
     assert "max_seq_len" in generate_error(srv, text_input="hi", sampling_param_max_tokens=100000)
     assert generate(srv, "hi", sampling_param_max_tokens=2)["text_output"]  # the server still serves
+
+
+def test_stop_request_cancels_a_running_stream(llmapi_server):
+    import tritonclient.grpc as grpcclient
+
+    srv, _ = llmapi_server
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+
+    def tensor(name, arr, dt):
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", [
+            tensor("text_input", np.array(["Once upon a time"], dtype=object), "BYTES"),
+            tensor("streaming", np.array([True]), "BOOL"),
+            tensor("sampling_param_max_tokens", np.array([400], dtype=np.int32), "INT32"),
+            tensor("sampling_param_temperature", np.array([1.0], dtype=np.float32), "FP32"),
+        ], request_id="long-one", enable_empty_final_response=True)
+        result, error = got.get(timeout=120)  # the stream is running
+        assert error is None
+        client.async_stream_infer("tensorrt_llm", [tensor("text_input", np.array([""], dtype=object), "BYTES"),
+                                                   tensor("stop", np.array([True]), "BOOL")],
+                                  request_id="long-one", enable_empty_final_response=True)
+        errors = []
+        while len(errors) < 2:  # the stop request's answer and the cancelled stream's final error
+            result, error = got.get(timeout=60)
+            if error is not None:
+                errors.append(str(error))
+        assert all("cancelled" in e.lower() for e in errors)
+    finally:
+        client.stop_stream()
+        client.close()
