@@ -188,3 +188,18 @@ def test_stop_request_cancels_a_running_stream(llmapi_server):
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_llmapi_client_streams_and_collects_metrics(llmapi_server):
+    from pipeline.llmapi import client
+
+    srv, _ = llmapi_server
+    want = generate(srv, "The little dog", sampling_param_max_tokens=10)["text_output"]
+    streamed = client.send(srv.grpc_url, "The little dog", 10, top_k=1, return_perf_metrics=True)
+    assert streamed.text == want and len(streamed.texts) >= 2
+    assert streamed.ttft_s is not None and streamed.ttft_s <= streamed.total_s
+    assert {"kv_cache_hit_rate", "total_draft_tokens", "kv_cache_reused_block"} <= set(streamed.metrics)
+    unary = client.send(srv.grpc_url, "The little dog", 10, streaming=False, top_k=1)
+    assert unary.texts == [want] and "kv_cache_hit_rate" not in unary.metrics
+    with pytest.raises(Exception, match="best_of"):
+        client.send(srv.grpc_url, "The little dog", 4, best_of=3)
