@@ -29,11 +29,12 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
@@ -461,11 +462,13 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
+        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2, network_timeout=2)
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
+            return client.is_server_ready()
+        except (InferenceServerException, OSError):
             return False
+        finally:
+            client.close()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s

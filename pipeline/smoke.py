@@ -14,10 +14,16 @@ import queue
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from .bench import tokenizer_dir_of
 from .errors import ServeError
@@ -53,7 +59,10 @@ class SmokeResult:
 
 
 def http_generate(http_url: str, model: str, payload: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    """POST /v2/models/<model>/generate (Triton's generate extension); returns the JSON response."""
+    """POST /v2/models/<model>/generate (Triton's generate extension); returns the JSON response.
+
+    A plain POST: tritonclient has no client for the generate extension, and Triton's HTTP infer endpoint
+    (what tritonclient.http calls) refuses decoupled models such as the streaming ensemble."""
     req = urllib.request.Request(
         f"http://{http_url}/v2/models/{model}/generate", data=json.dumps(payload).encode(),
         headers={"Content-Type": "application/json"},
@@ -97,9 +106,6 @@ def _tokens(resp: dict[str, Any], repo: Path | None, text: str) -> int:
 
 
 def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, Any]) -> list:
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
     inputs = []
 
     def add(name: str, value: np.ndarray, dtype: str) -> None:
@@ -121,9 +127,6 @@ def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, An
 
 def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra: Any) -> tuple[str, float]:
     """One unary gRPC request (a non-decoupled route); returns (text, seconds)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
     client = grpcclient.InferenceServerClient(url=grpc_url)
     try:
         t0 = time.perf_counter()
@@ -141,8 +144,6 @@ def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra:
 def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream: bool = True,
                 **extra: Any) -> tuple[list[str], float, float]:
     """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds)."""
-    import tritonclient.grpc as grpcclient
-
     responses: queue.Queue = queue.Queue()
 
     def callback(result=None, error=None):  # tritonclient calls it with keyword args result, error
@@ -178,30 +179,39 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
     return chunks, ttft if ttft is not None else total, total
 
 
-def _get(http_url: str, path: str, what: str) -> dict[str, Any]:
+@contextmanager
+def _http_client(http_url: str, failure: Callable[[Exception], str]) -> Iterator[httpclient.InferenceServerClient]:
+    """A tritonclient HTTP client for `http_url`; a failed call raises ServeError(failure(exc))."""
+    client = httpclient.InferenceServerClient(http_url, connection_timeout=30, network_timeout=30)
     try:
-        with urllib.request.urlopen(f"http://{http_url}{path}", timeout=30) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"cannot read {what} at {http_url}: {exc}") from None
+        yield client
+    except (InferenceServerException, OSError) as exc:
+        raise ServeError(failure(exc)) from None
+    finally:
+        client.close()
+
+
+def _cannot_read(http_url: str, what: str) -> Callable[[Exception], str]:
+    return lambda exc: f"cannot read {what} at {http_url}: {exc}"
 
 
 def _decoupled(http_url: str, model: str) -> bool:
-    cfg = _get(http_url, f"/v2/models/{model}/config", f"the config of {model}")
+    with _http_client(http_url, _cannot_read(http_url, f"the config of {model}")) as client:
+        cfg = client.get_model_config(model)
     return bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 def _inputs(http_url: str, model: str) -> set[str]:
-    return {i["name"] for i in _get(http_url, f"/v2/models/{model}", f"the metadata of {model}").get("inputs", [])}
+    with _http_client(http_url, _cannot_read(http_url, f"the metadata of {model}")) as client:
+        return {i["name"] for i in client.get_model_metadata(model).get("inputs", [])}
 
 
 def _models(http_url: str) -> set[str]:
-    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"no Triton server answers at {http_url} ({exc}); start one with `invoke serve`") from None
+    def failure(exc: Exception) -> str:
+        return f"no Triton server answers at {http_url} ({exc}); start one with `invoke serve`"
+
+    with _http_client(http_url, failure) as client:
+        return {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
 
 
 def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prompt: str = DEFAULT_PROMPT,
