@@ -221,7 +221,25 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     models = _models(http_url)
     if "ensemble" not in models:
         raise ServeError(f"no ready 'ensemble' model on {http_url} (ready: {', '.join(sorted(models)) or 'none'})")
-    results = []
+    results = [_http_greedy(http_url, repo, prompt, max_tokens)]
+    out(results[-1].line())
+    results.append(_grpc_ensemble(http_url, grpc_url, repo, prompt, max_tokens, out))
+    out(results[-1].line())
+    text, got = results[0].text, results[-1].text
+    if got != text:  # per-token decoding can split multi-byte characters: a note, not a failure
+        out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
+    if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
+        results.append(_http_draft_target(http_url, repo, prompt, max_tokens, num_draft_tokens))
+        out(results[-1].line())
+        spec_text = results[-1].text
+        if spec_text != text:
+            raise ServeError(f"draft-target output differs from target-only greedy output: {spec_text!r} != {text!r}")
+        out("    draft-target output == target-only greedy output")
+    return results
+
+
+def _http_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: int) -> SmokeResult:
+    """Greedy HTTP generate through the ensemble (after a one-token warm-up)."""
     counted = {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, "ensemble") else {}
     http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
     greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0,
@@ -232,48 +250,42 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     text = _text(resp.get("text_output", ""))
     if not text.strip():
         raise ServeError(f"HTTP generate through the ensemble returned no text: {resp}")
-    results.append(SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text)))
-    out(results[-1].line())
+    return SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text))
 
+
+def _grpc_ensemble(http_url: str, grpc_url: str, repo: Path | None, prompt: str, max_tokens: int,
+                   out: Callable[[str], None]) -> SmokeResult:
+    """gRPC through the ensemble: streaming when `tensorrt_llm` is decoupled, unary otherwise."""
     if _decoupled(http_url, "tensorrt_llm"):
         chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=True)
         if not chunks:
             raise ServeError("gRPC streaming through the ensemble produced no tokens")
-        got = "".join(chunks)
-        results.append(SmokeResult("grpc ensemble (stream)", got, total, len(chunks), ttft_s=ttft,
-                                   extra={"responses": len(chunks)}))
-    else:
-        got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
-        if not got:
-            raise ServeError("gRPC infer through the ensemble returned no text")
-        results.append(SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got)))
-        out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, "
-            "no streaming")
-    out(results[-1].line())
-    if got != text:  # per-token decoding can split multi-byte characters: a note, not a failure
-        out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
+        return SmokeResult("grpc ensemble (stream)", "".join(chunks), total, len(chunks), ttft_s=ttft,
+                           extra={"responses": len(chunks)})
+    got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
+    if not got:
+        raise ServeError("gRPC infer through the ensemble returned no text")
+    out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, no streaming")
+    return SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got))
 
-    if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
-        payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
-                   "exclude_input_in_output": True}
-        if num_draft_tokens:
-            payload["num_draft_tokens"] = num_draft_tokens
-        http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
-        t0 = time.perf_counter()
-        resp = http_generate(http_url, "tensorrt_llm_bls", payload)
-        latency = time.perf_counter() - t0
-        spec_text = _text(resp.get("text_output", ""))
-        rate = float(_text(resp.get("acceptance_rate", 0.0)))
-        res = SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
-                          acceptance_rate=rate,
-                          extra={"accepted": resp.get("total_accepted_draft_tokens"),
-                                 "proposed": resp.get("total_draft_tokens")})
-        results.append(res)
-        out(res.line())
-        if spec_text != text:
-            raise ServeError(f"draft-target output differs from target-only greedy output: {spec_text!r} != {text!r}")
-        out("    draft-target output == target-only greedy output")
-    return results
+
+def _http_draft_target(http_url: str, repo: Path | None, prompt: str, max_tokens: int,
+                       num_draft_tokens: int | None) -> SmokeResult:
+    """Greedy HTTP generate through the BLS draft-target route (after a two-token warm-up)."""
+    payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
+               "exclude_input_in_output": True}
+    if num_draft_tokens:
+        payload["num_draft_tokens"] = num_draft_tokens
+    http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
+    t0 = time.perf_counter()
+    resp = http_generate(http_url, "tensorrt_llm_bls", payload)
+    latency = time.perf_counter() - t0
+    spec_text = _text(resp.get("text_output", ""))
+    rate = float(_text(resp.get("acceptance_rate", 0.0)))
+    return SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
+                       acceptance_rate=rate,
+                       extra={"accepted": resp.get("total_accepted_draft_tokens"),
+                              "proposed": resp.get("total_draft_tokens")})
 
 
 def run_smoke(repo: Path | None = None, *, http_url: str | None = None, grpc_url: str | None = None,
