@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tritonclient.grpc as grpcclient
-
 from .build import locate_outputs
 from .errors import BenchError, RequestsFailed
 from .serve import TritonServer
@@ -448,6 +446,7 @@ def _is_decoupled(client, cfg: dict) -> bool:
 
 def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool, draft_tokens: int | None = None):
     import numpy as np
+    import tritonclient.grpc as grpcclient
 
     def tensor(name: str, value, dtype: str):
         arr = np.array([[value]], dtype=object if dtype == "BYTES" else None)
@@ -509,6 +508,8 @@ class _Worker:
 
     def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None,
                  draft_tokens: int | None = None):
+        import tritonclient.grpc as grpcclient
+
         self.client = grpcclient.InferenceServerClient(url)
         self.info = info
         self.stream = stream
@@ -763,6 +764,8 @@ def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, 
 
 def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
     """The model to benchmark on a ready server (default: `tensorrt_llm_bls` when served, else `ensemble`)."""
+    import tritonclient.grpc as grpcclient
+
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         try:

@@ -33,9 +33,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
 from .procs import parent_death_preexec, pid_alive, terminate
@@ -477,6 +474,9 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
+        import tritonclient.http as httpclient  # heavy (gevent): not at CLI start-up
+        from tritonclient.utils import InferenceServerException
+
         client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2, network_timeout=2)
         try:
             return client.is_server_ready()

@@ -18,16 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from typing import TYPE_CHECKING, Any
 
 from .bench import tokenizer_dir_of
 from .errors import ServeError
 from .serve import TritonServer
+
+if TYPE_CHECKING:
+    import tritonclient.http as httpclient
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -106,6 +104,9 @@ def _tokens(resp: dict[str, Any], repo: Path | None, text: str) -> int:
 
 
 def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, Any]) -> list:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
     inputs = []
 
     def add(name: str, value: np.ndarray, dtype: str) -> None:
@@ -127,6 +128,9 @@ def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, An
 
 def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra: Any) -> tuple[str, float]:
     """One unary gRPC request (a non-decoupled route); returns (text, seconds)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
     client = grpcclient.InferenceServerClient(url=grpc_url)
     try:
         t0 = time.perf_counter()
@@ -144,6 +148,8 @@ def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra:
 def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream: bool = True,
                 **extra: Any) -> tuple[list[str], float, float]:
     """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds)."""
+    import tritonclient.grpc as grpcclient
+
     responses: queue.Queue = queue.Queue()
 
     def callback(result=None, error=None):  # tritonclient calls it with keyword args result, error
@@ -182,6 +188,9 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
 @contextmanager
 def _http_client(http_url: str, failure: Callable[[Exception], str]) -> Iterator[httpclient.InferenceServerClient]:
     """A tritonclient HTTP client for `http_url`; a failed call raises ServeError(failure(exc))."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
     client = httpclient.InferenceServerClient(http_url, connection_timeout=30, network_timeout=30)
     try:
         yield client
