@@ -109,7 +109,7 @@ def parse_report(stdout: str, stderr: str, returncode: int) -> AicResult:
         return AicResult(status="oom", reason="out of GPU memory at this batch")
     m = re.search(r"perf database error: ([^\n;]+)", text) or re.search(r"(not supported[^\n]*)", text)
     if m:
-        return AicResult(status="no_data", reason=m.group(1).strip())
+        return AicResult(status="no_data", reason=re.sub(r" at /\S+", "", m.group(1)).strip())
     last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["no output"]
     raise RunError(f"aiconfigurator failed (exit {returncode}): {last[0].strip()[:300]}")
 

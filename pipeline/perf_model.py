@@ -2,7 +2,8 @@
 
 Each engine step costs GEMMs (weights read at an achieved fraction of HBM bandwidth, or FLOPs at an achieved
 fraction of the precision's tensor-core peak, whichever is slower), attention (decode: the batch's KV read;
-prefill: causal FLOPs), two all-reduces per layer over NVLink at TP > 1, and a fixed launch cost per layer.
+prefill: causal FLOPs), two all-reduces per layer over NVLink at TP > 1, and a fixed cost per layer (launches,
+small kernels and the all-reduces' latency).
 A serving cycle of `batch` requests holds one prefill per mixed step (the prompt's tokens plus every decoding
 request) and decode-only steps for the rest of the output; speculation turns K + 1 verified tokens into the
 expected accepted tokens per step at the draft's K steps' cost; a prefix hit skips the reused blocks' prefill.
@@ -29,6 +30,11 @@ INTERCONNECT_GB_S = {"h100-sxm": 450.0, "h200": 450.0, "h100-nvl": 300.0, "h100-
                      "a100": 300.0}
 
 
+def kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, tp: int = 1) -> int:
+    """KV bytes per token: 2 (K,V) x layers x kv heads (per TP rank, at least 1) x head_dim x dtype bytes."""
+    return 2 * arch.num_layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * KV_BYTES[kv_dtype]
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Achieved fractions of peak and fixed costs, fitted to AIConfigurator 0.12 (H100 SXM, TensorRT-LLM)."""
@@ -36,8 +42,8 @@ class Calibration:
     hbm_efficiency: float  # achieved fraction of HBM bandwidth for weight and KV reads
     gemm_efficiency_fp8: float  # achieved fraction of the FP8 dense peak in prefill-sized GEMMs
     gemm_efficiency_bf16: float
-    attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak
-    allreduce_latency_us: float  # per all-reduce (two per layer)
+    attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak (fitted low: it also
+    # carries the prefill's costs that grow with prompt length and are not modelled apart: softmax, RoPE, norms)
     allreduce_bw_efficiency: float  # achieved fraction of the interconnect bandwidth in the all-reduce
     layer_overhead_us: float  # launches and small kernels per layer per step
     ttft_queue_base: float  # TTFT = one prefill x min(queue_max, base + per_prefill x prefills per cycle)
@@ -46,9 +52,9 @@ class Calibration:
 
 
 CALIBRATION = Calibration(
-    hbm_efficiency=0.8, gemm_efficiency_fp8=0.5, gemm_efficiency_bf16=0.6, attention_efficiency=0.4,
-    allreduce_latency_us=10.0, allreduce_bw_efficiency=0.5, layer_overhead_us=20.0, ttft_queue_base=1.9, ttft_queue_per_prefill=0.05,
-    ttft_queue_max=4.0)
+    hbm_efficiency=0.899, gemm_efficiency_fp8=0.534, gemm_efficiency_bf16=0.639, attention_efficiency=0.0906,
+    allreduce_bw_efficiency=0.416, layer_overhead_us=48.4, ttft_queue_base=1.67, ttft_queue_per_prefill=0.0541,
+    ttft_queue_max=4.12)
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,7 @@ class EngineCost:
         return (a.linear_params * LINEAR_BYTES[self.precision] + a.vocab_size * a.hidden_size * 2) / self.tp
 
     def kv_bytes_per_token(self) -> float:
-        a = self.arch
-        return 2 * a.num_layers * max(1, a.num_kv_heads // self.tp) * a.head_dim * KV_BYTES[self.kv]
+        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp)
 
     def step_ms(self, cal: Calibration, *, context_tokens: int, context_len: float, decode_seqs: float,
                 decode_len: float, tokens_per_seq: int = 1) -> float:
@@ -95,8 +100,7 @@ class EngineCost:
             return 0.0
         link = INTERCONNECT_GB_S.get(self.gpu.name, 64.0) * 1e9 * cal.allreduce_bw_efficiency
         message = tokens * self.arch.hidden_size * 2
-        one = cal.allreduce_latency_us / 1e6 + 2 * (self.tp - 1) / self.tp * message / link
-        return 2 * self.arch.num_layers * one
+        return 2 * self.arch.num_layers * 2 * (self.tp - 1) / self.tp * message / link
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,21 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
-from .perf_model import EngineCost, Estimate, Speculation, estimate, expected_tokens_per_step
+from .perf_model import (
+    LINEAR_BYTES,
+    EngineCost,
+    Estimate,
+    Speculation,
+    estimate,
+    expected_tokens_per_step,
+    kv_bytes_per_token,
+)
 from .registry import Architecture
 from .trtllm_rules import engine_max_num_tokens
 
 if TYPE_CHECKING:
     from .spec import BuildSpec
 
-# Bytes per parameter of the quantized linear layers, and bytes of scales per linear parameter.
-LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
-KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 EMBED_BYTES = 2  # embeddings / lm_head / norms stay 16-bit
 SCALE_BYTES = 2  # AWQ group scales are stored 16-bit in the engine
 # Per GPU, besides weights, activations and KV: CUDA context, cuBLAS workspaces, decoder and runtime buffers, and
@@ -37,12 +42,6 @@ def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) ->
     elif precision == "int8_sq":
         linear += arch.num_layers * 7 * arch.hidden_size * 4  # per-channel fp32 scales, negligible
     return linear + (arch.embedding_params + arch.norm_params) * EMBED_BYTES
-
-
-def kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, tp: int = 1) -> int:
-    """KV bytes per token: 2 (K,V) x layers x kv heads (per TP rank, at least 1) x head_dim x dtype bytes."""
-    heads = max(1, arch.num_kv_heads // tp) if tp > 1 else arch.num_kv_heads
-    return 2 * arch.num_layers * heads * arch.head_dim * KV_BYTES[kv_dtype]
 
 
 def activation_bytes(arch: Architecture, *, max_num_tokens: int, max_batch: int, tp: int) -> float:

@@ -3,7 +3,8 @@
     PIPELINE_AICONFIGURATOR=/path/to/aiconfigurator python scripts/record_aiconfigurator.py [--out FILE]
 
 Without the variable it installs AIConfigurator into the pipeline cache venv first (pipeline.aiconfigurator).
-Each record keeps the exact command line, the parsed numbers and the status (ok / oom / no_data).
+Each record keeps the exact command line, the parsed numbers and the status (ok / oom / no_data). Cases whose
+command the output file already holds are kept, not rerun (delete the file to record everything again).
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ def cases() -> list[tuple[str, AicCase]]:
             add("llama-70b", l70, tp, isl, osl, (1, 8, 32, 64), FP8)
         for tp in (1, 2):
             add("llama-8b", l8, tp, isl, osl, (1, 8, 32, 64), FP8)
-    add("llama-70b", l70, 1, 1024, 256, (16, 24, 28, 34, 36, 38, 48), FP8)
-    add("llama-70b", l70, 1, 2048, 512, (4, 12, 16, 20, 24), FP8)
+    add("llama-70b", l70, 1, 1024, 256, (16, 24, 28, 33, 34, 36, 38, 48), FP8)
+    add("llama-70b", l70, 1, 2048, 512, (4, 12, 16, 17, 18, 20, 24), FP8)
     add("llama-70b", l70, 2, 1024, 256, (1, 32, 64), FP8)
     add("llama-8b", l8, 1, 1024, 256, (128,), FP8)
     add("llama-8b", l8, 1, 1024, 256, (1, 32, 64), BF16)
     add("llama-70b", l70, 4, 1024, 256, (1, 32, 64), BF16)
     add("llama-70b", l70, 8, 1024, 256, (32,), BF16)
-    add("llama-70b", l70, 2, 1024, 256, (1, 8, 16, 32), BF16)
+    add("llama-70b", l70, 2, 1024, 256, (1, 8, 16, 32, 40, 44, 48), BF16)
     add("llama-70b", l70, 4, 1024, 256, (32,), FP8, prefix=512)
     add("llama-8b", l8, 1, 1024, 256, (32,), FP8, prefix=512)
     add("llama-70b", l70, 4, 1024, 256, (64,), dict(gemm="int4_wo", kv="fp8"))
@@ -57,16 +58,24 @@ def main() -> None:
     python = Path(exe).with_name("python")
     version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('aiconfigurator'))"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    out = Path(args.out)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    if old and old.get("aiconfigurator_version") != version:
+        old = {}
+    have = {r["command"]: r for r in old.get("records", [])}
     records = []
     for model, case in cases():
-        result = run_case(case, exe)
         argv = case.argv("aiconfigurator")
+        if " ".join(argv) in have:
+            records.append(have[" ".join(argv)])
+            continue
+        result = run_case(case, exe)
         records.append(dict(model=model, **case.model_dump(), command=" ".join(argv), **result.model_dump()))
         print(f"{model} tp{case.tp} {case.isl}/{case.osl} b{case.batch} {case.gemm}: {result.status} "
               f"{result.tokens_per_s} tok/s ttft {result.ttft_ms} tpot {result.tpot_ms} mem {result.memory_gb} kv_exceeded {result.kv_capacity_exceeded}",
               flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(aiconfigurator_version=version, records=records), indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(aiconfigurator_version=version, records=records), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_parser_reads_a_recorded_estimate():
 def test_parser_reads_out_of_memory_missing_data_and_kv_over_the_pool():
     assert _report("oom", 1).status == "oom"
     missing = _report("no_data", 1)
-    assert missing.status == "no_data" and "GEMM perf data missing for quant 'int4_wo'" in missing.reason
+    assert missing.status == "no_data" and missing.reason == "GEMM perf data missing for quant 'int4_wo'"
     over = _report("kv_exceeded", 0)
     assert over.status == "ok" and over.kv_capacity_exceeded and over.memory_gb == 79.57
 
