@@ -22,7 +22,7 @@ BF16 = dict(gemm="bfloat16", kv="bfloat16")
 
 
 def cases() -> list[tuple[str, AicCase]]:
-    """(registry model, case): FP8 sweeps of the issue's grid, memory-edge probes, BF16 and prefix points."""
+    """(registry model, case): FP8 sweeps (70B TP 1/4/8, 8B TP 1/2, 1024/256 and 2048/512, batch 1-64), memory-edge probes, BF16 and prefix points."""
     out = []
 
     def add(model, path, tp, isl, osl, batches, quant, prefix=0):
