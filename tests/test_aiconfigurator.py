@@ -118,8 +118,12 @@ def test_failed_install_is_one_host_error_and_leaves_nothing(monkeypatch, tmp_pa
 
 @pytest.mark.slow
 def test_real_aiconfigurator_agrees_with_the_recording(tmp_path, monkeypatch):
-    """Runs AIConfigurator for real: $PIPELINE_AICONFIGURATOR if set, else a fresh install from PyPI."""
+    """Runs AIConfigurator for real: $PIPELINE_AICONFIGURATOR if set, else (PIPELINE_TEST_PYPI=1) a fresh install
+    from PyPI. The suite reaches no address but 127.0.0.1 unless asked, so without either it is skipped."""
     if not os.environ.get(aic.AIC_ENV):
+        if os.environ.get("PIPELINE_TEST_PYPI") != "1":
+            pytest.skip(f"needs AIConfigurator: set {aic.AIC_ENV}=/path/to/aiconfigurator, or PIPELINE_TEST_PYPI=1 "
+                        "to install it from PyPI (~200 MB)")
         monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
     exe = aic.ensure_installed(quiet=True)
     plan = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=64))
