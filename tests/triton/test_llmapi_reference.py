@@ -203,3 +203,16 @@ def test_llmapi_client_streams_and_collects_metrics(llmapi_server):
     assert unary.texts == [want] and "kv_cache_hit_rate" not in unary.metrics
     with pytest.raises(Exception, match="best_of"):
         client.send(srv.grpc_url, "The little dog", 4, best_of=3)
+
+
+def test_smoke_speaks_to_the_llmapi_model(llmapi_server):
+    from pipeline.smoke import smoke_server
+
+    srv, _ = llmapi_server
+    lines: list[str] = []
+    results = smoke_server(srv.http_url, srv.grpc_url, prompt="Once upon a time", max_tokens=8, out=lines.append)
+    routes = [r.route for r in results]
+    assert routes == ["http tensorrt_llm (llmapi, greedy)", "grpc tensorrt_llm (llmapi, stream)",
+                      "grpc tensorrt_llm (llmapi, repeated prompt)"]
+    assert results[0].text == results[1].text and results[0].acceptance_rate is not None
+    assert results[2].extra["kv_cache_reused_block"] >= 1 and results[2].extra["kv_cache_hit_rate"] > 0
