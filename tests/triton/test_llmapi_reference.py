@@ -216,3 +216,16 @@ def test_smoke_speaks_to_the_llmapi_model(llmapi_server):
                       "grpc tensorrt_llm (llmapi, repeated prompt)"]
     assert results[0].text == results[1].text and results[0].acceptance_rate is not None
     assert results[2].extra["kv_cache_reused_block"] >= 1 and results[2].extra["kv_cache_hit_rate"] > 0
+
+
+def test_bench_speaks_to_the_llmapi_model(llmapi_server):
+    from pipeline.bench import run_bench
+
+    srv, target = llmapi_server
+    report = run_bench(grpc_url=srv.grpc_url, concurrency=(1, 2), requests_per_level=4, max_tokens=6,
+                       tokenizer_dir=target, shared_prefix_tokens=80, shared_prefix_share=1.0, warmup=False)
+    assert report.model == "tensorrt_llm" and report.streaming and report.failed == 0
+    for level in report.levels:
+        assert level.requests == 4 and level.output_tokens > 0 and level.ttft_ms_p50 is not None
+        assert level.acceptance_rate is not None and 0 <= level.acceptance_rate <= 1
+    assert report.prefix_cache_hit_ratio is not None and report.prefix_cache_hit_ratio > 0
