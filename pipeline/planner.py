@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
+from .placement import capacity, try_place, with_memory
 from .registry import Architecture
 from .trtllm_rules import engine_max_num_tokens
 
@@ -207,6 +208,8 @@ class CapacityPlan:
     draft_kv_pool_gib_per_gpu: float | None = None
     draft_kv_cache_tokens: int | None = None
     draft_max_concurrent_requests: int | None = None
+    nodes: int = 1
+    per_node: list[dict] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -231,6 +234,10 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
         out.update(draft_tight=dtight, draft_tokens=dtokens, draft_kv_gpu=dkv,
                    draft_concurrent=min(draft.max_batch, dtokens // per_request))
         out["fits"] = out["fits"] and dtight.free > 0 and dtokens >= per_request
+    placed = try_place(tp, spec.parallelism.pp, spec.hardware)
+    if placed is not None:
+        out["placement"] = with_memory(placed, {b.index: b.used for b in budgets},
+                                       {b.index: b.target_pool + b.draft_pool for b in budgets}, gpu)
     return out
 
 
@@ -259,7 +266,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     target, draft = r["target"], r["draft"]
     min_tp = None
     for cand in TP_CHOICES:
-        if cand * pp > spec.hardware.gpu_count:
+        if cand * pp > capacity(spec.hardware):
             break
         if _capacity(spec, gpu, input_len, output_len, tp=cand)["fits"]:
             min_tp = cand
@@ -312,6 +319,8 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         decode_tokens_per_s_bound=round(tok_s, 1),
         gpu_price_per_hour=price,
         cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
+        nodes=r["placement"].nodes if "placement" in r else 1,
+        per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
         **extra,
     )
 
@@ -320,7 +329,7 @@ def format_capacity_plan(p: CapacityPlan) -> str:
     """Human-readable table."""
     rows = [
         ("model / precision / KV", f"{p.model} / {p.precision} / {p.kv_cache}"),
-        ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp})"),
+        ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp}, {p.nodes} node{'s' if p.nodes > 1 else ''})"),
         ("weights total / per GPU", f"{p.weights_gib_total:.2f} GiB / {p.weights_gib_per_gpu:.2f} GiB"),
     ]
     if p.draft_tp is not None:
@@ -334,6 +343,9 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         ("KV pool per GPU", f"{p.kv_pool_gib_per_gpu:.2f} GiB"),
         ("KV capacity", f"{p.kv_cache_tokens:,} tokens"),
         (f"concurrent requests @ {p.input_len}+{p.output_len}", f"{p.max_concurrent_requests:,}"),
+        *((f"node {n['node']}: ranks {n['ranks'][0]}-{n['ranks'][-1]}",
+           f"{n['used_gib']:.1f} GiB used + {n['kv_pool_gib']:.1f} GiB KV of {n['capacity_gib']:.1f} GiB")
+          for n in (p.per_node or []) if p.nodes > 1),
         ("fits", "yes" if p.fits else "NO"),
         ("minimum TP that fits", str(p.min_tp) if p.min_tp else "none within the host's GPUs"),
         (f"decode bound @ batch {p.decode_batch}", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
