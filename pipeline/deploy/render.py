@@ -58,12 +58,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def _images(o: DeployOptions, trtllm_version: str, spec: BuildSpec) -> tuple[str, str]:
-    """(server image, pipeline image): the NGC image of the release's TensorRT-LLM (or --image), and ours FROM it.
-    A reference build serves from the pipeline image (its CPU backend imports this pipeline)."""
+def _images(o: DeployOptions, trtllm_version: str) -> tuple[str, str]:
+    """(server image, pipeline image): the NGC image of the release's TensorRT-LLM (or --image), and ours FROM it."""
     server = o.image or ngc_image(trtllm_version)
-    pipe = o.pipeline_image or pipeline_image(server, __version__)
-    return (pipe if spec.target == "reference" else server), pipe
+    return server, o.pipeline_image or pipeline_image(server, __version__)
 
 
 def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: str) -> k8s.K8sOptions:
@@ -96,7 +94,10 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
-    server, pipe = _images(o, src.trtllm_version, src.spec)
+    if src.spec.target != "trtllm":
+        raise DeployError(f"deploy serves TensorRT-LLM engines, but this build is --target {src.spec.target} (the "
+                          "CPU reference backend); serve it with `invoke serve`, or deploy a --target trtllm build")
+    server, pipe = _images(o, src.trtllm_version)
     rt = engine_runtime(src.spec)
     scripts = {"fetch-verify.sh": FETCH_VERIFY, "rank.sh": rt.rank_script}
     if o.platform == "k8s":
@@ -140,7 +141,7 @@ def _cell_args(spec: BuildSpec) -> list[str]:
 def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, output: str) -> dict[str, str]:
     """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
     gpus = max((c.parallelism.world_size for c in cells if c.target == "trtllm"), default=0)
-    server, pipe = _images(o, TRTLLM_VERSION, cells[0])
+    server, pipe = _images(o, TRTLLM_VERSION)
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells])}
     if o.platform == "k8s":
         objects = k8s.matrix_job(_k8s_options(o, None, server, pipe), len(cells), gpus, scripts)

@@ -140,3 +140,10 @@ def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     (rel / "release.json").write_text(json.dumps(doc))
     with pytest.raises(DeployError, match="no NGC tritonserver image is known for TensorRT-LLM 0.9.0.*--image"):
         deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "e"))
+
+
+def test_reference_build_is_not_deployed(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(DeployError, match="--target reference"):
+        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
