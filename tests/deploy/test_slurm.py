@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.commands import deploy_command
+from pipeline.deploy.runtime import FETCH_VERIFY
 from pipeline.spec import resolve_spec
 from tests.support.slurm_cluster import SlurmCluster, ensure_packages
 
@@ -55,6 +56,23 @@ def test_job_array_builds_the_tiny_matrix_like_a_direct_build(slurm, pipeline_en
         _run([*_invoke().split(), "build", *args], denv)
         _run([*_invoke().split(), "release", *args, "--output", str(direct / "releases")], denv)
     assert array == _releases(direct / "releases")
+    _fetch_verify_installs_a_release(out / "releases", tmp_path / "node", env)
+
+
+def _fetch_verify_installs_a_release(releases: Path, work: Path, env: dict) -> None:
+    """The nodes' init step, run for real on one array-built release: sha256, verify, unpack, install-repo."""
+    tarball = sorted(releases.glob("*.tar.gz"))[0]
+    digest = (releases / f"{tarball.name}.sha256").read_text().split()[0]
+    script = work.parent / "fetch-verify.sh"
+    script.write_text(FETCH_VERIFY)
+    node = {**env, "WORK": str(work), "PIPELINE": _invoke(), "RELEASE_DIR": str(releases),
+            "RELEASE_FILE": tarball.name, "RELEASE_SHA256": digest}
+    _run(["/bin/sh", str(script)], node)
+    repo = Path((work / "REPO").read_text().strip())
+    assert repo.parent.name == "triton_repo" and (repo / "ensemble" / "config.pbtxt").is_file()
+    bad = subprocess.run(["/bin/sh", str(script)], env={**node, "RELEASE_SHA256": "0" * 64, "WORK": str(work) + "-2"},
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and not (Path(str(work) + "-2") / "REPO").exists()
 
 
 def _releases(directory: Path) -> dict[str, dict]:
