@@ -1,7 +1,9 @@
 """`invoke deploy --platform k8s`: LeaderWorkerSet across nodes, Deployment on one, strict offline validation."""
 
 import copy
+import io
 import json
+import tarfile
 
 import pytest
 import yaml
@@ -147,3 +149,30 @@ def test_reference_build_is_not_deployed(tmp_path):
     with pytest.raises(DeployError, match="--target reference"):
         deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()
+
+
+def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=2, nodes=2)
+    name = "llama-405b-bf16-abc-v2.0.0"
+    doc = json.dumps({"format": 1, "name": name, "spec": spec.model_dump(mode="json"),
+                      "toolchain": {"engine": {"tensorrt_llm": "1.2.1"}}, "files": {}}).encode()
+    tarball = tmp_path / f"{name}.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        info = tarfile.TarInfo(f"{name}/release.json")
+        info.size = len(doc)
+        tar.addfile(info, io.BytesIO(doc))
+    digest = "ab" * 32
+    (tmp_path / f"{name}.tar.gz.sha256").write_text(f"{digest}  {name}.tar.gz\n")
+    summary = deploy_command(None, platform="k8s", release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
+    assert (summary["kind"], summary["nodes"], summary["world_size"], summary["sha256"]) == (
+        "LeaderWorkerSet", 2, 16, digest)
+    lws = [o for o in yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text())
+           if o["kind"] == "LeaderWorkerSet"][0]
+    init = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["initContainers"][0]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["RELEASE_SHA256"] == digest and env["RELEASE_FILE"] == f"{name}.tar.gz"
+    assert env["RELEASE_DIR"] == "/releases"
+    (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
+    with pytest.raises(DeployError, match="not a readable .tar.gz"):
+        deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
+                       output=str(tmp_path / "e"))
