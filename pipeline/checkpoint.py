@@ -95,7 +95,7 @@ def _fp8_round(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
 
 
-def _dequant_linear(w: dict[str, torch.Tensor], algo: str | None, prefix: str) -> _Linear:
+def dequant_linear(w: dict[str, torch.Tensor], algo: str | None, prefix: str) -> _Linear:
     """Dequantize one linear of one rank from its tensors (`weight`, `*_scaling_factor`)."""
     weight = w.get("weight")
     if weight is None:
@@ -203,7 +203,7 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
     for trt, hf_name in (("input_layernorm", "input_layernorm"), ("post_layernorm", "post_attention_layernorm")):
         sd[f"{hf}.{hf_name}.weight"] = _same([lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}")
     for trt, (hf_mod, style) in _LINEARS.items():
-        lins = [_dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
+        lins = [dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
         pqs = None
         if lins[0].prequant is not None:
             pqs = (
@@ -315,7 +315,7 @@ def hf_config_from(cfg: dict[str, Any]):
     )
 
 
-def _act_hook(kind: str, scale: torch.Tensor, prequant: torch.Tensor | None):
+def activation_hook(kind: str, scale: torch.Tensor, prequant: torch.Tensor | None):
     """Forward pre-hook: pre-quant scale, then per-tensor FP8 (saturating) or INT8 fake quantization."""
     import torch
 
@@ -351,18 +351,32 @@ def load_checkpoint_as_hf(
         CheckpointError: the directory is not a complete, supported checkpoint.
     """
     import torch
-    from transformers import LlamaForCausalLM
 
     dtype = dtype or torch.float32
     loaded = read_checkpoint(ckpt_dir)
-    hf_cfg = hf_config_from(loaded.config)
+    return assemble_llama(hf_config_from(loaded.config), loaded.state_dict, loaded.activation_quant,
+                          dtype=dtype, activation_quant=activation_quant, source=ckpt_dir)
+
+
+def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str, tuple], *, dtype,
+                   activation_quant: bool, source: str | Path) -> LlamaForCausalLM:
+    """A stock `LlamaForCausalLM` holding dequantized HF-named tensors, with activation quantization simulated by
+    forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale); a pre-quant scale without a hook is folded
+    into the weight).
+
+    Raises:
+        CheckpointError: the tensors do not map onto the model.
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
     with torch.device("meta"):
         model = LlamaForCausalLM(hf_cfg)
-    sd = dict(loaded.state_dict)
+    sd = dict(state_dict)
     hooks = {}
-    for name, (kind, scale, prequant) in loaded.activation_quant.items():
+    for name, (kind, scale, prequant) in act_q.items():
         if activation_quant and kind:
-            hooks[name] = _act_hook(kind, scale, prequant)
+            hooks[name] = activation_hook(kind, scale, prequant)
         elif prequant is not None:  # y = (x * s) W^T = x (W * s)^T
             sd[f"{name}.weight"] = sd[f"{name}.weight"] * prequant.reshape(1, -1)
     sd = {k: v.to(dtype) for k, v in sd.items()}
@@ -372,7 +386,7 @@ def load_checkpoint_as_hf(
     missing, extra = expected - set(sd), set(sd) - expected
     if missing or extra:
         raise CheckpointError(
-            f"{ckpt_dir}: tensors do not map onto LlamaForCausalLM (missing {sorted(missing)[:3]}, "
+            f"{source}: tensors do not map onto LlamaForCausalLM (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(extra)[:3]})"
         )
     model.load_state_dict(sd, strict=False, assign=True)

@@ -1,6 +1,8 @@
 """One build layout: a build id (plus the spec's key for what depends on the whole spec) -> every output path.
 
     engines/<build-id>/checkpoint/          calibrate (target); the draft's is engines/<draft-build-id>/checkpoint/
+    engines/<build-id>/hf_checkpoint/       calibrate for runtime pytorch: a quantized Hugging Face checkpoint
+                                            (hf_quant_config.json, tokenizer at its root); the draft's likewise
     engines/<build-id>/engine/, draft_engine/   compile (target trtllm)
     triton_repo/<build-id>-<spec-key8>[-reference]/   package
     releases/<repo-name>-v<version>.tar.gz   release
@@ -24,6 +26,16 @@ def checkpoint_dir(build_id: str) -> Path:
     return engines_dir() / check_name(build_id, what="build id", fix="fix the model name") / "checkpoint"
 
 
+def hf_checkpoint_dir(build_id: str) -> Path:
+    """The runtime-pytorch export of a build: a Hugging Face directory the PyTorch backend loads as `model`."""
+    return engines_dir() / check_name(build_id, what="build id", fix="fix the model name") / "hf_checkpoint"
+
+
+def runtime_checkpoint_dir(build_id: str, runtime: str) -> Path:
+    """The calibrate output of `build_id` for `runtime` (engine: TensorRT-LLM checkpoint; pytorch: HF)."""
+    return hf_checkpoint_dir(build_id) if runtime == "pytorch" else checkpoint_dir(build_id)
+
+
 def repo_name(build_id: str, target: str, spec_key: str | None = None) -> str:
     """`<build-id>[-<spec-key8>][-reference]`: the repository directory name of a build."""
     name = build_id + (f"-{spec_key[:SPEC_KEY_CHARS]}" if spec_key else "")
@@ -39,26 +51,28 @@ class BuildLayout:
     target: str
     spec_key: str
     draft_build_id: str | None = None
+    runtime: str = "engine"
 
     @property
     def checkpoint(self) -> Path:
-        return checkpoint_dir(self.build_id)
+        return runtime_checkpoint_dir(self.build_id, self.runtime)
 
     @property
     def draft_checkpoint(self) -> Path | None:
-        return checkpoint_dir(self.draft_build_id) if self.draft_build_id else None
+        return runtime_checkpoint_dir(self.draft_build_id, self.runtime) if self.draft_build_id else None
 
     @property
     def tokenizer(self) -> Path:
-        return self.checkpoint / "tokenizer"
+        """The tokenizer files: `tokenizer/` of a TensorRT-LLM checkpoint, the root of a Hugging Face one."""
+        return self.checkpoint if self.runtime == "pytorch" else self.checkpoint / "tokenizer"
 
     @property
     def engine(self) -> Path:
-        return self.checkpoint.parent / "engine"
+        return checkpoint_dir(self.build_id).parent / "engine"
 
     @property
     def draft_engine(self) -> Path | None:
-        return self.checkpoint.parent / "draft_engine" if self.draft_build_id else None
+        return checkpoint_dir(self.build_id).parent / "draft_engine" if self.draft_build_id else None
 
     @property
     def repo_name(self) -> str:

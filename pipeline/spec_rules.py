@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .calibrate.data import load_texts
 from .errors import SpecError
 from .gpus import GIB, GPUS, SUPPORTED_SM
+from .placement import place
 from .planner import engine_shapes, fit_shortfall
 from .registry import ModelEntry
 from .trtllm_rules import (
@@ -361,11 +362,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
         # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
         draft_tp = spec.draft_tp if spec.runtime == "engine" else p.tp
         _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
-    if p.world_size > spec.hardware.gpu_count:
-        raise SpecError(
-            f"parallelism: tp×pp={p.world_size} exceeds hardware.gpu_count={spec.hardware.gpu_count}; "
-            "lower --tp/--pp or raise --gpu-count"
-        )
+    place(p.tp, p.pp, spec.hardware)  # TP within a node, PP across nodes, within hardware.nodes
     if spec.draft_model and spec.runtime == "engine":
         _check_draft_placement(spec)
     _check_limits(spec, warnings)

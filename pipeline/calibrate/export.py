@@ -46,11 +46,11 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
         raise CalibrationError(
             f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
         ) from None
-    _snap_prequant_scales(exported, dtype)
+    snap_prequant_scales(exported, dtype)
     return exported
 
 
-def _snap_prequant_scales(model, dtype) -> None:
+def snap_prequant_scales(model, dtype) -> None:
     """Round AWQ/SmoothQuant pre-quant scales to the export dtype, as they are stored in the checkpoint."""
     from modelopt.torch.quantization.nn import TensorQuantizer
 

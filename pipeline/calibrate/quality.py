@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 ROUNDTRIP_TOL = {
     "exact": {"max_rel_logit_err": 1e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.1},
     "awq": {"max_rel_logit_err": 5e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.5},
+    # ModelOpt's HF export quantizes weights as w / (amax/448) where the fake quantizer uses w * (448/amax): ties
+    # round apart by one FP8/INT4 step now and then, which on a tiny model moves perplexity by ~0.1 %.
+    "hf_export": {"max_rel_logit_err": 5e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.5},
 }
 
 
@@ -102,11 +105,13 @@ def gate(report: QualityReport, *, enforce: bool, what: str) -> None:
     )
 
 
-def roundtrip(loaded, reference, samples: list[list[int]], device, *, awq: bool = False) -> dict[str, Any]:
-    """Compare the re-loaded checkpoint's logits with the (exported) fake-quant model's on held-out tokens."""
+def roundtrip(loaded, reference, samples: list[list[int]], device, *, awq: bool = False,
+              tier: str | None = None) -> dict[str, Any]:
+    """Compare the re-loaded checkpoint's logits with the (exported) fake-quant model's on held-out tokens, within
+    the tolerance `tier` of ROUNDTRIP_TOL (default: "awq" or "exact")."""
     import torch
 
-    tol = ROUNDTRIP_TOL["awq" if awq else "exact"]
+    tol = ROUNDTRIP_TOL[tier or ("awq" if awq else "exact")]
     max_err = max_ref = nll_a = nll_b = 0.0
     agree = n = 0
     with torch.no_grad():
