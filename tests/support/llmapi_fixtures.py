@@ -1,6 +1,7 @@
 """FABRICATED exported Hugging Face checkpoints for llmapi packaging and serving tests: a real HF model dir (the
 generated tiny models) re-saved the way ModelOpt's unified HF export stores FP8 weights (float8_e4m3fn weight +
-per-tensor `weight_scale`, `input_scale`, `k_proj.k_scale` / `v_proj.v_scale`, `hf_quant_config.json`)."""
+per-tensor `weight_scale`, `k_proj.k_scale` / `v_proj.v_scale`, `hf_quant_config.json`). No `input_scale`: without
+calibration there is no honest activation scale (tests/triton/test_llmapi_real_export.py covers real exports)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ def fabricated_fp8_export(src: Path, dest: Path) -> Path:
             scale = value.float().abs().max().clamp(min=1e-12) / FP8_MAX
             out[key] = (value.float() / scale).to(torch.float8_e4m3fn)
             out[key[: -len("weight")] + "weight_scale"] = scale.reshape(())
-            out[key[: -len("weight")] + "input_scale"] = torch.tensor(0.01)
             if parts[-2] in ("k_proj", "v_proj"):
                 out[key[: -len("weight")] + f"{parts[-2][0]}_scale"] = torch.tensor(1.0)
         else:
