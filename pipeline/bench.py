@@ -1,11 +1,13 @@
 """Benchmark a running Triton repo: concurrency sweep, TTFT, time per output token, tok/s, p50/p99, $ per 1M tokens.
 
 Requests go over gRPC streams (one per concurrent client) to the ensemble — or to the BLS model for draft-target
-speculation — streaming when the route is decoupled, so the time to first token is the arrival of the first
+speculation, or to the LLM-API `tensorrt_llm` model of a runtime-pytorch repository — streaming when the route is
+decoupled, so the time to first token is the arrival of the first
 streamed response. Output tokens are what the server says it generated (`num_output_tokens`, else
 `sequence_length`) when the model returns them, else one token per streamed response, else the repo's tokenizer
 on the text. A run in which any request failed ends with `RequestsFailed` (exit code 5) after the report. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
-(`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks`/`kv_cache_alloc_total_blocks`) or
+(`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks` (llmapi: `kv_cache_reused_block`) /
+`kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
 every level is bounded by a request count and a time budget.
 """
@@ -26,8 +28,9 @@ from typing import Any
 
 from .build import locate_outputs
 from .errors import BenchError, RequestsFailed
+from .llmapi import client as llmapi
 from .serve import TritonServer
-from .triton import pbtxt
+from .triton import llmapi_yaml, pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
@@ -422,6 +425,11 @@ class _ModelInfo:
     outputs: set[str]
     decoupled: bool
 
+    @property
+    def llmapi(self) -> bool:
+        """The LLM-API model: one prompt per request, SamplingParams inputs, the text so far in each response."""
+        return llmapi.is_llmapi(self.inputs)
+
 
 def _model_info(client, model: str) -> _ModelInfo:
     from tritonclient.utils import InferenceServerException
@@ -456,6 +464,8 @@ def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool, 
         t.set_data_from_numpy(arr)
         return t
 
+    if info.llmapi:
+        return llmapi.request_inputs(prompt, max_tokens, streaming=stream, top_k=1, return_perf_metrics=True)
     if "text_input" not in info.inputs or "max_tokens" not in info.inputs:
         raise BenchError(f"model '{info.name}' has no text_input/max_tokens inputs; benchmark the ensemble or BLS")
     out = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32")]
@@ -554,7 +564,13 @@ class _Worker:
         return sample
 
     def _count_tokens(self, sample: RequestSample, seen: _Seen) -> None:
-        """Output tokens: the server's counts, else streamed responses, else the tokenizer, else responses."""
+        """Output tokens: the server's counts, else streamed responses, else the tokenizer, else responses (the
+        llmapi model streams the text so far, several tokens per response with speculation: its last text is
+        re-tokenized)."""
+        if self.info.llmapi and self.tokenizer is not None and seen.texts:
+            sample.output_tokens = len(self.tokenizer.encode(seen.texts[-1], add_special_tokens=False).ids)
+            sample.token_source = "tokenizer"
+            return
         counted = (stream_token_count(seen.counts) if self.stream else seen.counts[-1]) if seen.counts else 0
         if counted > 0:
             sample.output_tokens, sample.token_source = counted, "server"
@@ -577,7 +593,8 @@ class _Seen:
     stamps: dict[str, int] = field(default_factory=dict)  # first value of each perf timestamp output
 
 
-_SAMPLE_OUTPUTS = (("reused_blocks", "kv_cache_reused_blocks"), ("total_blocks", "kv_cache_alloc_total_blocks"),
+_SAMPLE_OUTPUTS = (("reused_blocks", "kv_cache_reused_blocks"), ("reused_blocks", "kv_cache_reused_block"),
+                   ("total_blocks", "kv_cache_alloc_total_blocks"),
                    ("accepted_draft_tokens", "total_accepted_draft_tokens"), ("draft_tokens", "total_draft_tokens"))
 _PERF_STAMPS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
 
@@ -681,8 +698,12 @@ def load_tokenizer(tokenizer_dir: str | Path | None):
 
 
 def tokenizer_dir_of(repo: str | Path) -> str | None:
-    """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, absolute; None when absent."""
-
+    """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, or the `tokenizer` (else
+    `model`) of an LLM-API repo's model.yaml, absolute; None when absent."""
+    if llmapi_yaml.is_llmapi_repo(Path(repo)):
+        data = llmapi_yaml.read(Path(repo) / llmapi_yaml.MODEL_YAML)
+        value = data.get("tokenizer") or data["model"]
+        return str((Path(repo) / llmapi_yaml.MODEL_YAML).parent / value)
     for model in ("preprocessing", "postprocessing"):
         cfg = Path(repo) / model / "config.pbtxt"
         value = pbtxt.parameter(pbtxt.read(cfg), "tokenizer_dir") if cfg.is_file() else ""
@@ -763,7 +784,8 @@ def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, 
 
 
 def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
-    """The model to benchmark on a ready server (default: `tensorrt_llm_bls` when served, else `ensemble`)."""
+    """The model to benchmark on a ready server (default: `tensorrt_llm_bls` when served, else `ensemble`, else
+    the LLM-API `tensorrt_llm`)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(grpc_url)
@@ -776,7 +798,7 @@ def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
             raise BenchError(f"no ready Triton server at {grpc_url}; start one with `invoke serve`")
         if model is None:
             names = {m["name"] for m in client.get_model_repository_index(as_json=True).get("models", [])}
-            model = "tensorrt_llm_bls" if "tensorrt_llm_bls" in names else "ensemble"
+            model = next((m for m in ("tensorrt_llm_bls", "ensemble") if m in names), llmapi.MODEL)
         return _model_info(client, model)
     finally:
         client.close()

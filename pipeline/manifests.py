@@ -217,6 +217,7 @@ class RepoManifest(Manifest):
     stage: Literal["package"] = "package"
 
     target: Literal["trtllm", "reference"]
+    runtime: Literal["engine", "pytorch"] = "engine"  # pytorch: the LLM-API (llmapi) model layout
     build_id: str
     spec: str
     spec_key: str | None = None

@@ -1,6 +1,8 @@
 """Smoke test of a served model repository: HTTP generate through the ensemble, gRPC through the ensemble
 (streaming when `tensorrt_llm` is decoupled, unary otherwise: the draft-target layout), and (with speculation) the
-BLS draft-target route checked against the target's own greedy output.
+BLS draft-target route checked against the target's own greedy output. A repository with the LLM-API model
+(runtime pytorch) gets its own routes: greedy HTTP generate with perf metrics, gRPC streaming (when decoupled)
+checked against it, and a repeated long prompt that reports the prefix-cache hit rate.
 
 `run_smoke(repo=...)` starts a server on the repository (and stops it), or talks to a running one
 (`http_url`/`grpc_url`). It prints answers, latency, tokens/s and the acceptance rate, and raises `ServeError`
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bench import tokenizer_dir_of
 from .errors import ServeError
+from .llmapi import client as llmapi
 from .serve import TritonServer
 
 if TYPE_CHECKING:
@@ -228,6 +231,8 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
                  out: Callable[[str], None] = print) -> list[SmokeResult]:
     """Run every route against a live server; raises ServeError on the first failure."""
     models = _models(http_url)
+    if "ensemble" not in models and llmapi.MODEL in models and llmapi.is_llmapi(_inputs(http_url, llmapi.MODEL)):
+        return smoke_llmapi(http_url, grpc_url, repo=repo, prompt=prompt, max_tokens=max_tokens, out=out)
     if "ensemble" not in models:
         raise ServeError(f"no ready 'ensemble' model on {http_url} (ready: {', '.join(sorted(models)) or 'none'})")
     results = [_http_greedy(http_url, repo, prompt, max_tokens)]
@@ -295,6 +300,57 @@ def _http_draft_target(http_url: str, repo: Path | None, prompt: str, max_tokens
                        acceptance_rate=rate,
                        extra={"accepted": resp.get("total_accepted_draft_tokens"),
                               "proposed": resp.get("total_draft_tokens")})
+
+
+def smoke_llmapi(http_url: str, grpc_url: str, *, repo: Path | None, prompt: str, max_tokens: int,
+                 out: Callable[[str], None] = print) -> list[SmokeResult]:
+    """The LLM-API model's routes; raises ServeError when one fails or streaming disagrees with greedy."""
+    results = [_llmapi_greedy(http_url, repo, prompt, max_tokens)]
+    out(results[-1].line())
+    if _decoupled(http_url, llmapi.MODEL):
+        answer = llmapi.send(grpc_url, prompt, max_tokens, top_k=1, request_id="smoke-stream")
+        results.append(SmokeResult("grpc tensorrt_llm (llmapi, stream)", answer.text, answer.total_s,
+                                   count_tokens(repo, answer.text), ttft_s=answer.ttft_s,
+                                   extra={"responses": len(answer.texts)}))
+        out(results[-1].line())
+        if answer.text != results[0].text:
+            raise ServeError(f"streamed llmapi text differs from the greedy HTTP text: {answer.text!r} != "
+                             f"{results[0].text!r}")
+    else:
+        out("    tensorrt_llm is not decoupled: no streaming route")
+    results.append(_llmapi_prefix_reuse(grpc_url, prompt))
+    out(results[-1].line() + f"\n    prefix cache: {results[-1].extra}")
+    if not results[-1].extra.get("kv_cache_reused_block"):
+        out("    note: the repeated prompt reused no KV block (block reuse off, or the prompt is under one block)")
+    return results
+
+
+def _llmapi_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: int) -> SmokeResult:
+    """Greedy HTTP generate on the llmapi model with its perf metrics (after a one-token warm-up)."""
+    greedy = {"text_input": prompt, "sampling_param_max_tokens": max_tokens, "sampling_param_top_k": 1,
+              "sampling_param_return_perf_metrics": True, "return_finish_reason": True}
+    http_generate(http_url, llmapi.MODEL, {**greedy, "sampling_param_max_tokens": 1})  # warm-up
+    t0 = time.perf_counter()
+    resp = http_generate(http_url, llmapi.MODEL, greedy)
+    latency = time.perf_counter() - t0
+    text = _text(resp.get("text_output", ""))
+    if not text.strip():
+        raise ServeError(f"HTTP generate on the llmapi model returned no text: {resp}")
+    drafted = int(_text(resp.get("total_draft_tokens", 0)))
+    return SmokeResult("http tensorrt_llm (llmapi, greedy)", text, latency, count_tokens(repo, text),
+                       acceptance_rate=float(_text(resp["acceptance_rate"])) if drafted else None,
+                       extra={"finish_reason": resp.get("finish_reason"), "proposed": drafted,
+                              "accepted": resp.get("total_accepted_draft_tokens")})
+
+
+def _llmapi_prefix_reuse(grpc_url: str, prompt: str) -> SmokeResult:
+    """The same long prompt twice (one token each): the second's KV-cache metrics."""
+    long_prompt = " ".join([prompt] * 24)
+    llmapi.send(grpc_url, long_prompt, 1, streaming=False, top_k=1)
+    answer = llmapi.send(grpc_url, long_prompt, 1, streaming=False, top_k=1, return_perf_metrics=True)
+    keys = ("kv_cache_reused_block", "kv_cache_missed_block", "kv_cache_hit_rate")
+    return SmokeResult("grpc tensorrt_llm (llmapi, repeated prompt)", answer.text, answer.total_s, 1,
+                       extra={k: answer.metrics.get(k) for k in keys})
 
 
 def run_smoke(repo: Path | None = None, *, http_url: str | None = None, grpc_url: str | None = None,

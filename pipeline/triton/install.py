@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PackageError
-from . import pbtxt
+from . import llmapi_yaml, pbtxt
 from .package import read_engine_source
 from .repo_check import validate_repo
 
@@ -80,8 +80,10 @@ def _overrides(cfgs: dict, engine_dir, draft_engine_dir) -> dict[str, Path]:
 
 
 def resolve_paths(repo: Path, cfgs: dict, overrides: dict[str, Path]) -> dict[str, dict[str, Path]]:
-    """model -> key -> absolute, existing path for every non-empty path parameter (PackageError otherwise)."""
+    """model -> key -> absolute, existing path for every non-empty path parameter (PackageError otherwise).
+    An LLM-API repository's tensorrt_llm model names its checkpoint in model.yaml instead (`llmapi_yaml`)."""
     result: dict[str, dict[str, Path]] = {}
+    required = {} if llmapi_yaml.is_llmapi_repo(repo) else REQUIRED
     for model, cfg in cfgs.items():
         found = {}
         for key in PATH_KEYS:
@@ -89,7 +91,7 @@ def resolve_paths(repo: Path, cfgs: dict, overrides: dict[str, Path]) -> dict[st
             if key == "gpt_model_path" and model in overrides:
                 value = str(overrides[model])
             if not value:
-                if key in REQUIRED.get(model, ()):
+                if key in required.get(model, ()):
                     raise PackageError(f"{model}: parameter {key} is empty; re-run `invoke package` (or pass "
                                        f"--engine-dir)")
                 continue
@@ -154,6 +156,9 @@ def install_repo(repo: Path, dest: Path | None = None, *, engine_dir: Path | Non
     if not repo.is_dir():
         raise PackageError(f"model repository {repo} does not exist; run `invoke package` first")
     cfgs = _configs(repo)
+    if llmapi_yaml.is_llmapi_repo(repo) and (engine_dir or draft_engine_dir):
+        raise PackageError(f"{repo} serves a Hugging Face checkpoint (PyTorch runtime), not engines; drop "
+                           "--engine-dir/--draft-engine-dir")
     paths = resolve_paths(repo, cfgs, _overrides(cfgs, engine_dir, draft_engine_dir))
     target = repo
     if dest is not None:
@@ -171,13 +176,17 @@ def install_repo(repo: Path, dest: Path | None = None, *, engine_dir: Path | Non
             if changed:  # written to a new file and renamed: a hard-linked copy never writes through
                 pbtxt.set_parameters(cfg, changed)
                 pbtxt.write(target / model / "config.pbtxt", cfg)
+        yaml_paths = llmapi_yaml.install_paths(repo, target) if llmapi_yaml.is_llmapi_repo(repo) else {}
         if validate:
             validate_repo(target)
     except BaseException:
         if dest is not None:
             shutil.rmtree(target, ignore_errors=True)
         raise
-    return InstallResult(target, {m: {k: str(p) for k, p in kv.items()} for m, kv in paths.items() if kv})
+    result = {m: {k: str(p) for k, p in kv.items()} for m, kv in paths.items() if kv}
+    if yaml_paths:
+        result.setdefault(llmapi_yaml.MODEL, {}).update(yaml_paths)
+    return InstallResult(target, result)
 
 
 def install_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=None) -> InstallResult:

@@ -15,9 +15,10 @@ PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LEFTOVER = re.compile(r"\$\{|\$[A-Za-z_]")
 
 
-def templates_root() -> Path:
-    """The packaged template tree: pipeline/templates/triton/<model>/{config.pbtxt,1/model.py}."""
-    return Path(str(resources.files("pipeline").joinpath("templates", "triton")))
+def templates_root(layout: str = "triton") -> Path:
+    """A packaged template tree: pipeline/templates/triton/<model>/{config.pbtxt,1/model.py} (engine runtime), or
+    pipeline/templates/llmapi/tensorrt_llm/ (`layout="llmapi"`, PyTorch runtime)."""
+    return Path(str(resources.files("pipeline").joinpath("templates", layout)))
 
 
 def placeholders(text: str) -> set[str]:

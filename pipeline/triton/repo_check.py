@@ -6,7 +6,7 @@ have `<version>/model.py`; every ensemble step names a model of the repository, 
 declares, and each ensemble-internal tensor is produced before it is consumed and every ensemble output is
 produced; python models that tokenize have their tokenizer; with speculation the draft model (which the BLS calls
 non-streaming) is not decoupled, the BLS names existing models, and the draft + target KV memory fractions sum to
-<= 0.95.
+<= 0.95; an LLM-API repository's model.yaml parses and agrees with its config.pbtxt (decoupled, max_batch_size).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PackageError
-from . import pbtxt
+from . import llmapi_yaml, pbtxt
 from .render import check_no_placeholders
 
 MAX_MEMORY_FRACTION_SUM = 0.95
@@ -118,7 +118,24 @@ def validate_repo(repo: Path, *, require_tokenizer: bool = True) -> RepoSummary:
                     raise PackageError(f"{name}: tokenizer missing at {tok_path} (tokenizer_dir={tok!r}); "
                                        "re-run `invoke package` so the tokenizer is copied into the repository")
     _check_speculation(summary)
+    _check_llmapi(repo, summary)
     return summary
+
+
+def _check_llmapi(repo: Path, summary: RepoSummary) -> None:
+    """An LLM-API model's model.yaml parses and agrees with its config.pbtxt on decoupled and max_batch_size."""
+    if not llmapi_yaml.is_llmapi_repo(repo):
+        return
+    tc = llmapi_yaml.read(repo / llmapi_yaml.MODEL_YAML)["triton_config"]
+    cfg = summary.models.get(llmapi_yaml.MODEL)
+    if cfg is None or not {"decoupled", "max_batch_size"} <= set(tc):
+        raise PackageError(f"{repo}: model.yaml needs triton_config.decoupled and .max_batch_size beside a "
+                           f"{llmapi_yaml.MODEL} model; re-run `invoke package`")
+    if bool(tc["decoupled"]) != cfg.model_transaction_policy.decoupled or tc["max_batch_size"] != cfg.max_batch_size:
+        raise PackageError(f"{llmapi_yaml.MODEL}: model.yaml triton_config (decoupled {tc['decoupled']}, max_batch_size "
+                           f"{tc['max_batch_size']}) differs from config.pbtxt (decoupled "
+                           f"{cfg.model_transaction_policy.decoupled}, max_batch_size {cfg.max_batch_size}); "
+                           "re-run `invoke package`")
 
 
 def _check_speculation(summary: RepoSummary) -> None:
