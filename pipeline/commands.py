@@ -31,6 +31,7 @@ from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
 from .errors import DeployError, ServeError, SpecError
+from .llmapi.options import llm_api_options
 from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
@@ -38,6 +39,7 @@ from .serve import TritonServer
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
 from .triton.install import install_command
+from .triton.llmapi_package import package_llmapi_repo
 from .triton.package import package_repo
 
 PENDING = "<build-id>"
@@ -303,7 +305,8 @@ def download_command(spec: BuildSpec, *, revision=None, update=False, offline=Fa
 
 
 def calibrate_command(spec: BuildSpec, *, force=False) -> None:
-    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints.
+    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints
+    (runtime pytorch: unified Hugging Face checkpoints with hf_quant_config.json).
 
     Args:
         force: rebuild even when the checkpoint for these inputs exists
@@ -320,7 +323,8 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
 # --- package / serve / smoke / install-repo -----------------------------------------------------------------------
 def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
                     draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False) -> Any:
-    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference.
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference;
+    for --runtime pytorch the `llmapi` model repository over the exported Hugging Face checkpoint.
 
     Earlier stages' outputs are located, never built: run `invoke build --until compile` (or calibrate) first.
     Explicit directories replace the located ones; the repository is named by the build layout unless only
@@ -330,12 +334,16 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         output: parent directory of the repository (default triton_repo/); the repo is <output>/<build-id>[-reference]
         engine_dir: trtllm: target engine dir (default: the compile stage's engines/<build-id>/engine)
         draft_engine_dir: trtllm: draft engine dir (default: <engine-dir>/../draft_engine)
-        checkpoint_dir: reference: target checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)
-        draft_checkpoint_dir: reference: draft checkpoint dir (default: the calibrate stage's draft checkpoint)
+        checkpoint_dir: reference or runtime pytorch: target checkpoint dir (default: the calibrate stage's
+            engines/<build-id>/checkpoint, or hf_checkpoint for runtime pytorch)
+        draft_checkpoint_dir: reference or runtime pytorch: draft checkpoint dir (default: the calibrate stage's)
         tokenizer_dir: tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)
         draft_tokenizer_dir: trtllm: the draft's tokenizer, for a draft engine built outside the pipeline
         force: rewrite the repository even when its manifest key is current
     """
+    if spec.runtime == "pytorch":
+        return _package_llmapi(spec, output=output, checkpoint_dir=checkpoint_dir,
+                               draft_checkpoint_dir=draft_checkpoint_dir, force=force)
     explicit = checkpoint_dir if spec.target == "reference" else engine_dir
     naming: dict[str, Any] = {}
     if explicit is None:
@@ -359,6 +367,27 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         print(f"warning: {w}", file=sys.stderr)
     state = "current (no-op)" if res.status == "cached" else "written"
     print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target})")
+    return res
+
+
+def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint_dir, force) -> Any:
+    """Runtime pytorch: the `llmapi` repository over the exported HF checkpoints (located unless given)."""
+    naming: dict[str, Any] = {}
+    if checkpoint_dir is None:
+        out = locate_outputs(spec, until="calibrate")
+        lay = out.layout
+        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+    draft = _path(draft_checkpoint_dir) if spec.draft_model else None
+    if spec.draft_model and draft is None:
+        raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
+    res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
+                              options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
+                              force=bool(force), **naming)
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
     return res
 
 
