@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ from .deploy.topology import choose as choose_topology
 from .download import download_model
 from .errors import DeployError, ServeError, SpecError
 from .llmapi.options import llm_api_options
+from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
@@ -411,10 +414,17 @@ def _print_addresses(server: TritonServer, path: Path) -> None:
 
 
 def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
-                  ready_timeout=None, engine_dir=None, draft_engine_dir=None) -> None:
+                  ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
+                  print_only=False) -> Any:
     """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task.
 
+    `--mode trtllm-serve` (runtime pytorch) instead runs TensorRT-LLM's OpenAI-compatible server on the exported
+    Hugging Face checkpoint with the build's LLM-API options YAML (GPU host with TensorRT-LLM 1.2.1).
+
     Args:
+        mode: triton (default) or trtllm-serve
+        host: trtllm-serve: address to bind (default 127.0.0.1)
+        print_only: trtllm-serve: write the options YAML and print the command; run nothing
         repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
         http_port: HTTP port on 127.0.0.1 (default: a free port)
         grpc_port: gRPC port on 127.0.0.1 (default: a free port)
@@ -423,6 +433,11 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         engine_dir: serve tensorrt_llm from this engine dir (the repository itself is not changed)
         draft_engine_dir: serve tensorrt_llm_draft from this engine dir
     """
+    if (mode or "triton") not in SERVE_MODES:
+        raise SpecError(f"--mode {mode!r}: use one of {', '.join(SERVE_MODES)}")
+    if mode == "trtllm-serve":
+        return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
+                             host=host or "127.0.0.1", print_only=bool(print_only))
     ports = {name: int_option(name, value) for name, value in
              (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port))}
     timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
@@ -450,6 +465,31 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         server.stop()
         signal.signal(signal.SIGTERM, old)
     print("ok: server stopped")
+
+
+SERVE_MODES = ("triton", "trtllm-serve")
+
+
+def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: bool) -> TrtllmServePlan:
+    """Write the build's LLM-API options next to its HF checkpoint and run (or print) trtllm-serve on them."""
+    if spec is None or spec.runtime != "pytorch":
+        raise SpecError("--mode trtllm-serve serves a runtime-pytorch build: pass its spec with --runtime pytorch")
+    out = locate_outputs(spec, until="calibrate")
+    draft = out.draft_checkpoint.path if out.draft_checkpoint else None
+    options = llm_api_options(spec, draft_dir=draft)
+    options_file = out.checkpoint.path.parent / f"llm_api_options-{out.layout.spec_key[:8]}.yaml"
+    tmp = options_file.with_name(f".{options_file.name}.{os.getpid()}")
+    tmp.write_text(options.to_yaml())
+    os.replace(tmp, options_file)
+    plan = trtllm_serve_plan(spec, model_dir=out.checkpoint.path, options_file=options_file, host=host, port=port)
+    print(plan.command_line())
+    if print_only:
+        return plan
+    require_trtllm_serve()
+    rc = subprocess.run(plan.argv, check=False).returncode
+    if rc != 0:
+        raise ServeError(f"trtllm-serve exited with status {rc}; see its output above")
+    return plan
 
 
 def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,
