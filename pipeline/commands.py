@@ -19,7 +19,7 @@ from typing import Any
 from . import bench as bench_lib
 from . import planner
 from .artifacts import engines_dir
-from .build import BuildOptions, locate_outputs
+from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
 from .calibrate.stage import run_calibrate
 from .cli import int_option
@@ -28,9 +28,11 @@ from .compile.preflight import preflight
 from .compile.stage import run_compile
 from .download import download_model
 from .errors import ServeError, SpecError
+from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
+from .resources import SizeInputs, plan_resources
 from .serve import TritonServer
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
@@ -44,9 +46,22 @@ def _path(p: str | Path | None) -> Path | None:
     return Path(p) if p else None
 
 
-def check_command(spec: BuildSpec) -> None:
-    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line."""
+def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
+    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
+    check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
+
+    Args:
+        skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
+    """
     print(spec.summary())
+    if not skip_host_check:
+        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
+        print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+
+
+def resources_section(spec: BuildSpec):
+    """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
+    return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
 
 
 def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
@@ -75,7 +90,11 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
         print(json.dumps(c.as_dict(), indent=2) if json_ else planner.format_comparison(c))
         return
     result = planner.plan_capacity(spec, **lengths)
-    print(json.dumps(result.as_dict(), indent=2) if json_ else planner.format_capacity_plan(result))
+    resources = resources_section(spec)
+    if json_:
+        print(json.dumps({**result.as_dict(), "resources": resources.as_dict()}, indent=2))
+    else:
+        print(planner.format_capacity_plan(result) + "\n\nbuild resources\n" + format_resources(resources))
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------
@@ -153,7 +172,7 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
 
 # --- build / release / verify / bench --------------------------------------------------------------------------------
 def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
-                  verify_download=False, verify=False, revision=None, endpoint=None) -> None:
+                  verify_download=False, verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
 
     A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
@@ -170,11 +189,14 @@ def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=
         verify: re-hash every stage output (sha256), not only sizes and mtimes, before reusing it
         revision: download: model revision (branch, tag or commit) overriding the registry's
         endpoint: download: Hugging Face Hub endpoint URL
+        skip_host_check: do not compare GPU memory, RAM and disk with what the stages need (unusual setups)
     """
+    host_check = None if skip_host_check else (
+        lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
                         revision=revision, endpoint=endpoint)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
-        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
 
