@@ -1,4 +1,4 @@
-"""bench's shared-prefix workload (issue 16, item 3) on a real tritonserver with the tiny draft-target reference
+"""bench's shared-prefix workload on a real tritonserver with the tiny draft-target reference
 repo: a shared prefix gives a hit ratio above 0.5 and a warm TTFT below the cold one; distinct prefixes give ~0 and
 the low-hit warning; the BLS reports which requests speculated, with and without speculation."""
 

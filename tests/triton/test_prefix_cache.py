@@ -1,4 +1,4 @@
-"""Prefix caching in the reference `tensorrt_llm` backend (issue 16, item 2) on a real tritonserver: a shared-prefix
+"""Prefix caching in the reference `tensorrt_llm` backend on a real tritonserver: a shared-prefix
 workload reuses blocks (per-request `kv_cache_reused_blocks` / `kv_cache_alloc_total_blocks` with the C++ backend's
 meaning; hit ratio on Triton's metrics endpoint in the C++ backend's `nv_trt_llm_kv_cache_block_metrics`), skips the
 prefill of the reused blocks (prompt tokens actually run, `nv_trt_llm_context_token_metrics`), keeps greedy outputs

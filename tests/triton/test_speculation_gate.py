@@ -1,4 +1,4 @@
-"""Load-gated speculation in tensorrt_llm_bls (issue 16, item 1) on a real tritonserver: with
+"""Load-gated speculation in tensorrt_llm_bls on a real tritonserver: with
 `max_batch_for_speculation` 1, a lone draft-target request speculates; with 4 concurrent ones some go target-only
 (`total_draft_tokens` 0); every text equals target-only greedy; the decisions show on Triton's metrics endpoint."""
 
