@@ -134,9 +134,10 @@ def _disk_problems(fit: HostFit) -> list[str]:
 
 def _cpu_way_out(c: CalibrationMemory, host: HostResources) -> str:
     hours = c.cpu_seconds_per_core / max(1, host.cpu_count) / 3600
+    short = " - not enough here" if c.cpu_ram_bytes > host.ram_available_bytes else ""
     return (f"calibrate on CPU (CUDA_VISIBLE_DEVICES= ) with {_gib(c.cpu_ram_bytes)} RAM "
-            f"({_gib(host.ram_available_bytes)} available here), roughly {hours:,.1f} h on {host.cpu_count} cores "
-            f"or more")
+            f"({_gib(host.ram_available_bytes)} available here{short}), roughly {hours:,.1f} h on "
+            f"{host.cpu_count} cores or more")
 
 
 def _calibration_problems(fit: HostFit, name: Callable[[str], str]) -> list[str]:

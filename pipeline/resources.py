@@ -40,13 +40,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .calibrate.recipes import AWQ
+from .calibrate.stage import AWQ_DEFAULT_CALIB_CAP, EVAL_MAX_SEQ_LEN, EVAL_SAMPLES, ROUNDTRIP_MAX_PARAMS
 from .gpus import GIB
 from .registry import Architecture, ModelEntry
 from .spec import BuildSpec
 
 STORED_BYTES = 2  # Hub Llama 3.x safetensors are bf16
 LINEAR_FILE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
-AWQ = ("int4_awq", "w4a8_awq")
 SCALE_BYTES = 2  # AWQ group scales, one per block of input features, 16-bit
 CONFIG_BYTES = 64 * 1024  # config.json, generation_config.json, index, manifest.json
 ENGINE_RANK_OVERHEAD = 64 * 1024**2  # serialized kernels/tactics per rank (estimate; engines are not built here)
@@ -55,12 +56,10 @@ ENGINE_RANK_OVERHEAD = 64 * 1024**2  # serialized kernels/tactics per rank (esti
 TOKENIZER_BYTES = {"llama3": 9_200_000, "tiny-bpe-v1": 60_000}  # tiny-bpe-v1: pipeline.tinymodel's files
 DEFAULT_TOKENIZER_BYTES = 10_000_000
 
-ROUNDTRIP_MAX_PARAMS = 8_000_000_000  # the calibrate stage's round-trip check runs up to this size
 MODELOPT_OVERHEAD = 0.05
 CUDA_CONTEXT_BYTES = GIB
-PROCESS_BASE_BYTES = 2 * GIB  # torch + transformers + ModelOpt imported, tokenizer, calibration set
-EVAL_TOKENS = 16 * 256 * 3  # held-out reference, quality compare, round trip (calibrate stage's EVAL_* caps)
-AWQ_CALIB_CAP = 32  # AWQ calibration is capped at 32 samples unless calib_size is given
+PROCESS_BASE_BYTES = GIB  # torch + transformers + ModelOpt imported (tiny-llama's whole stage peaks at 0.53 GB RSS)
+EVAL_TOKENS = EVAL_SAMPLES * EVAL_MAX_SEQ_LEN * 3  # held-out reference, quality compare, round trip (at most)
 AWQ_GRID = 20  # awq_lite's scale search: 20 candidate alphas per layer
 CPU_FLOPS_PER_CORE = 50e9  # sustained float32 GEMM per core with AVX-512; fake quantization makes it slower
 
@@ -193,7 +192,7 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
                + 2 * _activation_bytes(arch, tokens) + int(MODELOPT_OVERHEAD * params * 4))
     samples = spec.calib_size
     if precision in AWQ and q.calib_size is None:
-        samples = min(samples, AWQ_CALIB_CAP)
+        samples = min(samples, AWQ_DEFAULT_CALIB_CAP)
     passes = 1 + AWQ_GRID if precision in AWQ else 1
     flops = 2 * params * (samples * spec.calib_seq_len * passes + EVAL_TOKENS)
     return CalibrationMemory(role=role, params=params, gpu_bytes=sum(terms.values()), gpu_terms=terms,
