@@ -30,7 +30,7 @@ round trip's float32 re-load instead of the cast, one checkpoint rank held by th
 the round trip's float32 re-load when it runs.
 
 CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per token over the calibration tokens
-(AWQ: 1 + AWQ_GRID passes over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.
+(AWQ: AWQ_PASSES over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ MODELOPT_OVERHEAD = 0.05
 CUDA_CONTEXT_BYTES = GIB
 PROCESS_BASE_BYTES = GIB  # torch + transformers + ModelOpt imported (tiny-llama's whole stage peaks at 0.53 GB RSS)
 EVAL_TOKENS = EVAL_SAMPLES * EVAL_MAX_SEQ_LEN * 3  # held-out reference, quality compare, round trip (at most)
-AWQ_GRID = 20  # awq_lite's scale search: 20 candidate alphas per layer
+# awq_lite (ModelOpt's INT4/W4A8 AWQ configs): a caching pass, then a search pass that runs each linear layer
+# unquantized and once per candidate alpha in 0..1 step 0.1 (11): 13 linear passes over the calibration tokens.
+AWQ_PASSES = 13
 CPU_FLOPS_PER_CORE = 50e9  # sustained float32 GEMM per core with AVX-512; fake quantization makes it slower
 
 Volume = Literal["cache", "root"]
@@ -193,7 +195,7 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     samples = spec.calib_size
     if precision in AWQ and q.calib_size is None:
         samples = min(samples, AWQ_DEFAULT_CALIB_CAP)
-    passes = 1 + AWQ_GRID if precision in AWQ else 1
+    passes = AWQ_PASSES if precision in AWQ else 1
     flops = 2 * params * (samples * spec.calib_seq_len * passes + EVAL_TOKENS)
     return CalibrationMemory(role=role, params=params, gpu_bytes=sum(terms.values()), gpu_terms=terms,
                              host_bytes_with_gpu=host_with_gpu, cpu_ram_bytes=cpu_ram,

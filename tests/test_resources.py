@@ -72,7 +72,7 @@ def test_awq_cpu_time_counts_the_scale_search():
     fp8 = calibration_memory(resolve_spec(model="llama-8b", precision="fp8", calib_size=32), "target")
     awq = calibration_memory(resolve_spec(model="llama-8b", precision="int4_awq", kv_cache="bf16", calib_size=32,
                                           enable_kv_cache_reuse=False, enable_chunked_context=False), "target")
-    assert awq.cpu_seconds_per_core > 10 * fp8.cpu_seconds_per_core
+    assert awq.cpu_seconds_per_core > 5 * fp8.cpu_seconds_per_core
 
 
 def test_present_outputs_need_nothing_and_json_keys():
