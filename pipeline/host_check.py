@@ -66,8 +66,8 @@ def size_inputs(spec: BuildSpec, *, forced: Iterable[str] = ()) -> SizeInputs:
                 locate_outputs(spec, until=until)
             except PipelineError:
                 continue
-            done = STAGES[2 : STAGES.index(until) + 1]
-            have |= {(stage, role) for stage in done for role, _ in roles}
+            done = [s for s in STAGES[2 : STAGES.index(until) + 1] if s != "compile" or spec.target == "trtllm"]
+            have |= {(stage, role) for stage in done for role, _ in roles if stage != "package" or role == "target"}
             break
     forced_from = min((STAGES.index(s) for s in forced), default=len(STAGES))
     have = {(s, r) for s, r in have if STAGES.index(s) < forced_from}

@@ -123,3 +123,17 @@ def test_build_refuses_before_the_first_byte_is_written(empty_tree):
     assert not (empty_tree / "cache").exists() and not (empty_tree / "out" / "engines").exists()
     report = build(spec, until="check", host_check=lambda stages: "host: fits", progress=None)
     assert report.stages[0].detail.endswith("; host: fits")
+
+
+@pytest.mark.slow
+def test_a_built_checkpoint_needs_no_disk_again_unless_forced(pipeline_env):
+    """After a real `build --until calibrate`, only the package stage still needs room."""
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference", calib_size=2, calib_seq_len=32)
+    build(spec, until="calibrate", progress=None)
+    stages = ("download", "calibrate", "package")
+    with pytest.raises(HostResourceError) as e:
+        check_host_fits(spec, stages=stages, probe=fake_host(cache_free=0, root_free=0))
+    assert "disk: root (/out) needs" in str(e.value) and "(package " in str(e.value)
+    assert "calibrate" not in str(e.value) and "cache (/cache)" not in str(e.value)
+    with pytest.raises(HostResourceError, match=r"\(calibrate 3\.\d MiB, package "):
+        check_host_fits(spec, stages=stages, force="calibrate", probe=fake_host(cache_free=0, root_free=0))
