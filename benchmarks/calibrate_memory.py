@@ -4,8 +4,9 @@ shape and vocabulary (fewer layers), so the float32 model, the export's copy and
 
     python benchmarks/calibrate_memory.py [--layers 4] [--precision fp8] [--calib-seq-len 32]
 
-Runs the real stage (`run_calibrate`, ModelOpt on CPU) in a child process and reads its manifest's
-`peak_memory.host_max_rss_bytes`. Heavy: run it under `flock /tmp/heavy.lock` on shared machines.
+Runs the real stage (`run_calibrate`, ModelOpt on CPU) in a child process and takes the child's peak RSS
+(`RUSAGE_CHILDREN`). The weights are drawn wider than a fresh model's (std 0.1) so the logits have clear top-1 tokens
+for the stage's round-trip check. Heavy: run it under `flock /tmp/heavy.lock` on shared machines.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,7 +46,8 @@ def make_model(dest: Path, layers: int, models_file: Path) -> None:
 
     arch = get_model("llama-1b").architecture.model_copy(update={"num_layers": layers})
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**arch.hf_config(), torch_dtype="bfloat16")).to(torch.bfloat16)
+    config = LlamaConfig(**arch.hf_config(), torch_dtype="bfloat16", initializer_range=0.1)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(dest)
     del model
     tiny = ensure_tiny_model("tiny-llama")
@@ -73,19 +76,20 @@ def main() -> None:
         env = dict(os.environ, PIPELINE_ROOT=str(tmp / "out"), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
         r = subprocess.run([sys.executable, "-c", CHILD, str(models_file), args.precision, str(args.calib_seq_len),
                             str(src)], env=env, capture_output=True, text=True, check=False)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         if r.returncode:
-            sys.exit(f"calibrate failed:\n{r.stderr[-3000:]}")
-        manifest = json.loads((Path(r.stdout.strip().splitlines()[-1]) / "manifest.json").read_text())
+            print(f"calibrate failed (its peak RSS is still measured): {r.stderr.strip().splitlines()[-1]}")
         spec = resolve_spec(model="mid-llama", models_file=str(models_file), precision=args.precision, calib_size=2,
                             calib_seq_len=args.calib_seq_len, kv_cache="bf16", enable_kv_cache_reuse=False,
                             enable_chunked_context=False)
         est = calibration_memory(spec, "target")
-        peak = manifest["peak_memory"]["host_max_rss_bytes"]
         print(f"model: llama-1b shape, {args.layers} layers, {est.params / 1e6:.0f} M parameters, {args.precision}")
         print(f"measured peak RSS of the calibrate stage: {peak / 2**30:6.2f} GiB")
         print(f"host check's CPU RAM estimate:            {est.cpu_ram_bytes / 2**30:6.2f} GiB "
               f"(estimate / measured = {est.cpu_ram_bytes / peak:.2f})")
-        print(f"stage timings: {json.dumps({k: round(v, 1) for k, v in manifest['timings'].items()})}")
+        if not r.returncode:
+            manifest = json.loads((Path(r.stdout.strip().splitlines()[-1]) / "manifest.json").read_text())
+            print(f"stage timings: {json.dumps({k: round(v, 1) for k, v in manifest['timings'].items()})}")
 
 
 if __name__ == "__main__":
