@@ -6,7 +6,8 @@ shape and vocabulary (fewer layers), so the float32 model, the export's copy and
 
 Runs the real stage (`run_calibrate`, ModelOpt on CPU) in a child process and takes the child's peak RSS
 (`RUSAGE_CHILDREN`). The weights are drawn wider than a fresh model's (std 0.1) so the logits have clear top-1 tokens
-for the stage's round-trip check. Heavy: run it under `flock /tmp/heavy.lock` on shared machines.
+for the stage's round-trip check. The quality gate is off (random weights).
+Heavy: run it under `flock /tmp/heavy.lock` on shared machines.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pipeline.calibrate.stage import run_calibrate
 from pipeline.spec import resolve_spec
 spec = resolve_spec(model="mid-llama", models_file=sys.argv[1], precision=sys.argv[2], calib_size=2,
                     calib_seq_len=int(sys.argv[3]), kv_cache="bf16", enable_kv_cache_reuse=False,
-                    enable_chunked_context=False)
+                    enable_chunked_context=False, quality_gate=False)
 print(run_calibrate(spec, source_dir=sys.argv[4], force=True).path)
 """
 
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--calib-seq-len", type=int, default=32)
     args = ap.parse_args()
 
-    from pipeline.resources import calibration_memory
+    from pipeline.resources import calibration_memory, plan_resources
     from pipeline.spec import resolve_spec
 
     with tempfile.TemporaryDirectory(prefix="calibrate-memory-") as tmp:
@@ -88,7 +89,12 @@ def main() -> None:
         print(f"host check's CPU RAM estimate:            {est.cpu_ram_bytes / 2**30:6.2f} GiB "
               f"(estimate / measured = {est.cpu_ram_bytes / peak:.2f})")
         if not r.returncode:
-            manifest = json.loads((Path(r.stdout.strip().splitlines()[-1]) / "manifest.json").read_text())
+            ckpt = Path(r.stdout.strip().splitlines()[-1])
+            manifest = json.loads((ckpt / "manifest.json").read_text())
+            written = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+            planned = plan_resources(spec).stage_bytes("calibrate")
+            print(f"checkpoint written {written / 2**20:,.1f} MiB, planned {planned / 2**20:,.1f} MiB "
+                  f"(planned / written = {planned / written:.2f})")
             print(f"stage timings: {json.dumps({k: round(v, 1) for k, v in manifest['timings'].items()})}")
 
 

@@ -5,8 +5,8 @@ Disk (bytes each stage writes; a stage output already current in the caches need
     download   cache volume   parameters x 2 bytes (Hub Llama checkpoints are stored in bf16) + tokenizer + configs
     calibrate  root volume    the TensorRT-LLM checkpoint of this TP x PP shard set: quantized linear weights
                               (bf16/fp16 2 B, fp8/int8_sq 1 B, int4/w4a8 AWQ 0.5 B per parameter, plus AWQ group
-                              scales, 2 B per block) + 16-bit embeddings, lm_head and norms (embeddings are
-                              sharded over TP, norms replicated per TP rank) + tokenizer copy
+                              scales, 2 B per block) + 16-bit embeddings, lm_head (its own tensor even when tied)
+                              and norms (embeddings sharded over TP, norms replicated per TP rank) + tokenizer
     compile    root volume    the engines hold the same quantized weights (+ ENGINE_RANK_OVERHEAD per rank)
     package    root volume    the repository: its model code and configs + two tokenizer copies
     release    root volume    the tarball, at most what it packs (engines or checkpoints, repository)
@@ -153,7 +153,8 @@ def linear_weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 
 def checkpoint_bytes(arch: Architecture, precision: str, *, tp: int, pp: int, awq_block: int = 128) -> int:
     """The rank files of one TP x PP shard set (all ranks together)."""
     norms = arch.norm_params * tp  # replicated on every TP rank; layers are split over PP
-    sixteen_bit = (arch.embedding_params + norms) * 2
+    # ModelOpt exports Llama's lm_head as its own tensor even when tied to the embedding (share_embedding_table false)
+    sixteen_bit = (2 * arch.vocab_size * arch.hidden_size + norms) * 2
     return int(linear_weight_bytes(arch, precision, awq_block=awq_block) + sixteen_bit) + CONFIG_BYTES * tp * pp
 
 
