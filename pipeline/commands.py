@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import aiconfigurator, planner
 from . import bench as bench_lib
-from . import planner
 from .artifacts import engines_dir
 from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
@@ -65,8 +65,9 @@ def resources_section(spec: BuildSpec):
 
 
 def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
-                 prefix_hit=None, efficiency=None) -> None:
-    """Plan memory fit, KV capacity, concurrency, decode throughput bound and $ per 1M output tokens.
+                 prefix_hit=None, estimator=None) -> None:
+    """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
+    bound) and $ per 1M output tokens.
 
     Args:
         input_len: prompt tokens per request for capacity/throughput (default min(1024, max_input_len))
@@ -74,27 +75,36 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
         json_: print the plan as JSON
         compare: a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this model
             and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per 1M tokens
-        acceptance: --compare: draft acceptance rate, 0..1 (default 0.7; `invoke bench` measures it)
-        prefix_hit: --compare: prefix-cache hit ratio, 0..1, for the prefill saving (default 0)
-        efficiency: --compare: achieved fraction of the roofline, (0, 1] (default 0.7)
+        acceptance: draft acceptance rate for the estimate, 0..1 (default 0.7; `invoke bench` measures it)
+        prefix_hit: prefix-cache hit ratio for the estimate, 0..1 (default 0)
+        estimator: "aiconfigurator": also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own
+            venv under the pipeline cache on first use) and print both estimates side by side
     """
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
+    terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
+                                       minimum=0.0),
+                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0))
+    if estimator not in (None, "", "aiconfigurator"):
+        raise SpecError(f"--estimator={estimator!r}: the only second estimator is 'aiconfigurator'; drop the flag "
+                        "for the built-in estimate alone")
     if compare:
-        c = planner.compare_plans(
-            spec, **lengths,
-            acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
-                                  minimum=0.0),
-            prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0),
-            efficiency=int_option("efficiency", efficiency, default=planner.DEFAULT_EFFICIENCY, kind=float,
-                                  minimum=0.0))
+        if estimator:
+            raise SpecError("--estimator and --compare do not combine: run --estimator on one configuration")
+        c = planner.compare_plans(spec, **lengths, **terms)
         print(json.dumps(c.as_dict(), indent=2) if json_ else planner.format_comparison(c))
         return
-    result = planner.plan_capacity(spec, **lengths)
+    result = planner.plan_capacity(spec, **lengths, **terms)
+    other = aiconfigurator.second_opinion(result, tokens_per_block=spec.limits.tokens_per_block) if estimator else None
     resources = resources_section(spec)
     if json_:
-        print(json.dumps({**result.as_dict(), "resources": resources.as_dict()}, indent=2))
-    else:
-        print(planner.format_capacity_plan(result) + "\n\nbuild resources\n" + format_resources(resources))
+        data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
+        print(json.dumps(data | {"resources": resources.as_dict()}, indent=2))
+        return
+    print(planner.format_capacity_plan(result))
+    if other is not None:
+        print()
+        print(aiconfigurator.format_side_by_side(result, other))
+    print("\nbuild resources\n" + format_resources(resources))
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------

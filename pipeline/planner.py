@@ -1,4 +1,4 @@
-"""Memory, capacity, roofline throughput and cost planning. Pure arithmetic, no I/O."""
+"""Memory, capacity, throughput (calibrated estimate and roofline bound) and cost planning. Pure arithmetic, no I/O."""
 
 from __future__ import annotations
 
@@ -8,19 +8,30 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .gpus import GIB, GPU, GPUS
+from .perf_model import (
+    LINEAR_BYTES,
+    EngineCost,
+    Estimate,
+    Speculation,
+    estimate,
+    expected_tokens_per_step,
+    kv_bytes_per_token,
+)
 from .registry import Architecture
 from .trtllm_rules import engine_max_num_tokens
 
 if TYPE_CHECKING:
     from .spec import BuildSpec
 
-# Bytes per parameter of the quantized linear layers, and bytes of scales per linear parameter.
-LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
-KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 EMBED_BYTES = 2  # embeddings / lm_head / norms stay 16-bit
 SCALE_BYTES = 2  # AWQ group scales are stored 16-bit in the engine
-RUNTIME_RESERVE_GIB = 2.0  # CUDA context, cuBLAS workspaces, decoder buffers (rough, per GPU)
+# Per GPU, besides weights, activations and KV: CUDA context, cuBLAS workspaces, decoder and runtime buffers, and
+# NCCL's buffers at TP > 1. Sized as AIConfigurator 0.12 sizes them for TensorRT-LLM on H100 (3.5 GiB "other",
+# 342/392 MiB NCCL), so a batch it reports out of memory is not planned as fitting.
+RUNTIME_RESERVE_GIB = 3.5
+NCCL_RESERVE_GIB = {1: 0.0, 2: 0.334, 4: 0.383}  # 8 and more: the TP 4 figure
 TP_CHOICES = (1, 2, 4, 8)
+DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
 
 
 def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) -> float:
@@ -31,12 +42,6 @@ def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) ->
     elif precision == "int8_sq":
         linear += arch.num_layers * 7 * arch.hidden_size * 4  # per-channel fp32 scales, negligible
     return linear + (arch.embedding_params + arch.norm_params) * EMBED_BYTES
-
-
-def kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, tp: int = 1) -> int:
-    """KV bytes per token: 2 (K,V) x layers x kv heads (per TP rank, at least 1) x head_dim x dtype bytes."""
-    heads = max(1, arch.num_kv_heads // tp) if tp > 1 else arch.num_kv_heads
-    return 2 * arch.num_layers * heads * arch.head_dim * KV_BYTES[kv_dtype]
 
 
 def activation_bytes(arch: Architecture, *, max_num_tokens: int, max_batch: int, tp: int) -> float:
@@ -67,8 +72,9 @@ class EngineShape:
         return weight_bytes(self.arch, self.precision, awq_block=self.awq_block) / self.world
 
     def reserve_per_gpu(self) -> float:
-        """Runtime reserve plus activations of this engine on each of its GPUs."""
-        return RUNTIME_RESERVE_GIB * GIB + activation_bytes(
+        """Runtime and NCCL reserve plus activations of this engine on each of its GPUs."""
+        nccl = NCCL_RESERVE_GIB.get(self.tp, NCCL_RESERVE_GIB[4])
+        return (RUNTIME_RESERVE_GIB + nccl) * GIB + activation_bytes(
             self.arch, max_num_tokens=self.max_num_tokens, max_batch=self.max_batch, tp=self.tp)
 
     def kv_per_token_per_gpu(self) -> float:
@@ -197,9 +203,16 @@ class CapacityPlan:
     fits: bool
     min_tp: int | None
     decode_batch: int
-    decode_tokens_per_s_bound: float
+    decode_tokens_per_s_bound: float  # HBM roofline of pure decode (x tokens per target step): an upper bound
+    ttft_ms_estimate: float  # calibrated estimate at decode_batch concurrent requests (perf_model)
+    tpot_ms_estimate: float
+    output_tokens_per_s_estimate: float  # continuous batching, prefill interleaved, speculation and reuse included
+    acceptance_rate: float | None  # the estimate's draft acceptance (None without a draft)
+    speculation_active: bool  # a draft is planned and decode_batch is within max_batch_for_speculation
+    prefix_hit_ratio: float
     gpu_price_per_hour: float
-    cost_per_1m_output_tokens_usd: float | None
+    cost_per_1m_output_tokens_usd: float | None  # from the estimate
+    cost_per_1m_output_tokens_usd_at_bound: float | None  # from the roofline: a lower bound on cost
     draft_tp: int | None = None
     draft_gpu_device_ids: list[int] | None = None
     draft_max_batch_size: int | None = None
@@ -234,14 +247,8 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
     return out
 
 
-def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None) -> CapacityPlan:
-    """Plan memory fit, KV capacity, concurrency, decode roofline and cost for a resolved spec.
-
-    The decode roofline is the target's alone (the plain ensemble path): what speculation adds depends on the
-    acceptance rate, which `invoke bench` measures.
-    """
-    gpu = GPUS[spec.hardware.gpu]
-    tp, pp = spec.parallelism.tp, spec.parallelism.pp
+def request_lengths(spec: BuildSpec, input_len: int | None, output_len: int | None) -> tuple[int, int]:
+    """Tokens in and out per request: checked against the engine limits, defaulting to 1024 in / 256 out."""
     if input_len is not None and not 0 < input_len <= spec.max_input_len:
         raise SpecError(
             f"plan: --input-len={input_len} must be within 1..max_input_len={spec.max_input_len}; "
@@ -253,66 +260,103 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
             f"plan: --output-len={output_len} must be within 1..{spec.max_seq_len - input_len} "
             f"(max_seq_len={spec.max_seq_len} - input {input_len}); lower it or raise --max-seq-len"
         )
-    output_len = output_len or min(256, spec.max_seq_len - input_len)
-    max_batch = spec.max_batch_size
-    r = _capacity(spec, gpu, input_len, output_len, tp=tp)
-    target, draft = r["target"], r["draft"]
-    min_tp = None
+    return input_len, output_len or min(256, spec.max_seq_len - input_len)
+
+
+def minimum_tp(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> int | None:
+    """The smallest TP size within the host's GPUs at which the spec fits, or None."""
     for cand in TP_CHOICES:
-        if cand * pp > spec.hardware.gpu_count:
+        if cand * spec.parallelism.pp > spec.hardware.gpu_count:
             break
         if _capacity(spec, gpu, input_len, output_len, tp=cand)["fits"]:
-            min_tp = cand
-            break
-    batch = min(max_batch, r["concurrent"])
-    # Decode is memory bound: each step reads every weight once plus the batch's KV (average context).
-    avg_ctx = input_len + output_len / 2
-    w_gpu = target.weights_per_gpu()
-    step_bytes = w_gpu + batch * avg_ctx * r["kv_gpu"]
-    tok_s = batch * gpu.hbm_tb_s * 1e12 / step_bytes if batch > 0 else 0.0
-    world = tp * pp
-    price = spec.hardware.gpu_price_per_hour
-    cost = world * price / 3600 / tok_s * 1e6 if tok_s > 0 else None
-    arch, q = spec.model.architecture, spec.quantization
-    extra = {}
-    if draft is not None:
-        extra = dict(
-            draft_tp=draft.tp,
-            draft_gpu_device_ids=spec.draft_gpu_device_ids,
-            draft_max_batch_size=draft.max_batch,
-            draft_kv_bytes_per_token_per_gpu=int(r["draft_kv_gpu"]),
-            draft_kv_pool_gib_per_gpu=round(r["draft_tight"].draft_pool / GIB, 2),
-            draft_kv_cache_tokens=r["draft_tokens"],
-            draft_max_concurrent_requests=r["draft_concurrent"],
-        )
+            return cand
+    return None
+
+
+def decode_bound(target: EngineShape, gpu: GPU, *, batch: int, input_len: int, output_len: int) -> float:
+    """Pure-decode HBM roofline (tok/s): each step reads every weight once plus the batch's KV at mean context."""
+    if batch <= 0:
+        return 0.0
+    step_bytes = target.weights_per_gpu() + batch * (input_len + output_len / 2) * target.kv_per_token_per_gpu()
+    return batch * gpu.hbm_tb_s * 1e12 / step_bytes
+
+
+def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_len: int, output_len: int,
+                     acceptance: float, prefix_hit_ratio: float) -> tuple[Estimate, bool]:
+    """perf_model's estimate for the spec's target (and draft, when speculation is on at this batch)."""
+    q = spec.quantization
+    target = EngineCost(spec.model.architecture, q.precision, q.kv, tp, gpu)
+    active = spec.draft_model is not None and 0 < batch <= spec.speculation.max_batch_for_speculation
+    speculation = None
+    if active:
+        draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
+        speculation = Speculation(draft, spec.draft_len, acceptance)
+    block = spec.limits.tokens_per_block
+    reused = int(prefix_hit_ratio * input_len) // block * block if spec.serving.enable_kv_cache_reuse else 0
+    est = estimate(target, input_len=input_len, output_len=output_len, batch=batch, prefix_reused=reused,
+                   speculation=speculation)
+    return est, active
+
+
+def cost_per_1m(gpus: int, price_per_hour: float, tokens_per_s: float) -> float | None:
+    """$ per 1M output tokens: GPUs x $/GPU-hour / 3600 / tok/s x 1e6."""
+    return round(gpus * price_per_hour / 3600 / tokens_per_s * 1e6, 4) if tokens_per_s > 0 else None
+
+
+def _draft_fields(spec: BuildSpec, r: dict) -> dict:
+    draft = r["draft"]
+    if draft is None:
+        return {}
+    return dict(
+        draft_tp=draft.tp,
+        draft_gpu_device_ids=spec.draft_gpu_device_ids,
+        draft_max_batch_size=draft.max_batch,
+        draft_kv_bytes_per_token_per_gpu=int(r["draft_kv_gpu"]),
+        draft_kv_pool_gib_per_gpu=round(r["draft_tight"].draft_pool / GIB, 2),
+        draft_kv_cache_tokens=r["draft_tokens"],
+        draft_max_concurrent_requests=r["draft_concurrent"],
+    )
+
+
+def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
+                  acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0) -> CapacityPlan:
+    """Plan memory fit, KV capacity, concurrency, throughput (estimate and roofline bound) and cost for a spec.
+
+    The batch is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate models
+    continuous batching at that batch with speculation at `acceptance` and prefix reuse at `prefix_hit_ratio`.
+    """
+    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
+        raise SpecError("plan: --acceptance and --prefix-hit must be within 0..1")
+    gpu = GPUS[spec.hardware.gpu]
+    tp, pp = spec.parallelism.tp, spec.parallelism.pp
+    input_len, output_len = request_lengths(spec, input_len, output_len)
+    r = _capacity(spec, gpu, input_len, output_len, tp=tp)
+    target, draft = r["target"], r["draft"]
+    batch = min(spec.max_batch_size, r["concurrent"])
+    est, active = serving_estimate(spec, gpu, tp=tp, batch=batch, input_len=input_len, output_len=output_len,
+                                   acceptance=acceptance, prefix_hit_ratio=prefix_hit_ratio)
+    # with speculation the bound counts every expected token of a target step and the draft's steps as free
+    bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
+    bound *= est.tokens_per_target_step
+    arch, q, price = spec.model.architecture, spec.quantization, spec.hardware.gpu_price_per_hour
     return CapacityPlan(
-        model=spec.model.name,
-        precision=q.precision,
-        kv_cache=q.kv,
-        gpu=gpu.name,
-        tp=tp,
-        pp=pp,
-        gpus=world,
-        input_len=input_len,
-        output_len=output_len,
-        max_batch_size=max_batch,
+        model=spec.model.name, precision=q.precision, kv_cache=q.kv, gpu=gpu.name, tp=tp, pp=pp, gpus=tp * pp,
+        input_len=input_len, output_len=output_len, max_batch_size=spec.max_batch_size,
         weights_gib_total=round(weight_bytes(arch, q.precision, awq_block=q.awq_block_size) / GIB, 2),
-        weights_gib_per_gpu=round(w_gpu / GIB, 2),
+        weights_gib_per_gpu=round(target.weights_per_gpu() / GIB, 2),
         draft_weights_gib_per_gpu=round(draft.weights_per_gpu() / GIB, 2) if draft is not None else 0.0,
-        kv_bytes_per_token_total=kv_bytes_per_token(arch, q.kv),
-        kv_bytes_per_token_per_gpu=int(r["kv_gpu"]),
-        reserve_gib_per_gpu=round(target.reserve_per_gpu() / GIB, 2),
-        free_gib_per_gpu=round(r["tight"].free / GIB, 2),
-        kv_pool_gib_per_gpu=round(r["tight"].target_pool / GIB, 2),
-        kv_cache_tokens=r["tokens"],
-        max_concurrent_requests=r["concurrent"],
-        fits=r["fits"],
-        min_tp=min_tp,
-        decode_batch=batch,
-        decode_tokens_per_s_bound=round(tok_s, 1),
-        gpu_price_per_hour=price,
-        cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
-        **extra,
+        kv_bytes_per_token_total=kv_bytes_per_token(arch, q.kv), kv_bytes_per_token_per_gpu=int(r["kv_gpu"]),
+        reserve_gib_per_gpu=round(target.reserve_per_gpu() / GIB, 2), free_gib_per_gpu=round(r["tight"].free / GIB, 2),
+        kv_pool_gib_per_gpu=round(r["tight"].target_pool / GIB, 2), kv_cache_tokens=r["tokens"],
+        max_concurrent_requests=r["concurrent"], fits=r["fits"],
+        min_tp=minimum_tp(spec, gpu, input_len, output_len), decode_batch=batch,
+        decode_tokens_per_s_bound=round(bound, 1), ttft_ms_estimate=round(est.ttft_ms, 1),
+        tpot_ms_estimate=round(est.tpot_ms, 2), output_tokens_per_s_estimate=round(est.output_tokens_per_s, 1),
+        acceptance_rate=acceptance if draft is not None else None, speculation_active=active,
+        prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price,
+        cost_per_1m_output_tokens_usd=cost_per_1m(tp * pp, price, est.output_tokens_per_s),
+        cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
+        **_draft_fields(spec, r),
     )
 
 
@@ -336,40 +380,36 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         (f"concurrent requests @ {p.input_len}+{p.output_len}", f"{p.max_concurrent_requests:,}"),
         ("fits", "yes" if p.fits else "NO"),
         ("minimum TP that fits", str(p.min_tp) if p.min_tp else "none within the host's GPUs"),
-        (f"decode bound @ batch {p.decode_batch}", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
-        (
-            f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
-            f"${p.cost_per_1m_output_tokens_usd:.4f}" if p.cost_per_1m_output_tokens_usd is not None else "n/a",
-        ),
+        *estimate_rows(p),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _usd(value: float | None) -> str:
+    return f"${value:.4f}" if value is not None else "n/a"
+
+
+def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
+    """The throughput and cost rows of the plan table."""
+    terms = [f"prefix hit {p.prefix_hit_ratio:.0%}"]
+    if p.acceptance_rate is not None:
+        terms.insert(0, f"speculation {'on' if p.speculation_active else 'gated off'}, acceptance "
+                        f"{p.acceptance_rate:.0%}")
+    return [
+        (f"estimate @ batch {p.decode_batch} ({', '.join(terms)})",
+         f"TTFT {p.ttft_ms_estimate:,.0f} ms, TPOT {p.tpot_ms_estimate:.1f} ms, "
+         f"{p.output_tokens_per_s_estimate:,.0f} output tok/s"),
+        ("decode roofline (upper bound)", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
+        (f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
+         f"{_usd(p.cost_per_1m_output_tokens_usd)} (at the bound: {_usd(p.cost_per_1m_output_tokens_usd_at_bound)})"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Comparing choices (`plan --compare`): precisions x TP x draft on/off for one model and GPU.
 
 COMPARE_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
-# The roofline is an upper bound: decode reads every byte at full HBM bandwidth and prefill runs at the dense
-# tensor-core peak. Estimates (tok/s, $ per 1M, prefill ms) scale it by this achieved fraction of peak, which
-# well-tuned TensorRT-LLM decode kernels reach at small and medium batch on Hopper; pass --efficiency to change it.
-DEFAULT_EFFICIENCY = 0.7
-DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
-
-
-def expected_tokens_per_step(acceptance: float, draft_len: int) -> float:
-    """Tokens one target step yields with draft-target speculation: (1 - a^(K+1)) / (1 - a) (K + 1 at a = 1)."""
-    if acceptance >= 1.0:
-        return float(draft_len + 1)
-    return (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)
-
-
-def speculative_speedup(acceptance: float, draft_len: int, *, target_step_s: float, draft_step_s: float) -> float:
-    """Decode speed-up of draft-target over target-only: tokens per target step over the step's time, which adds
-    the draft's K steps (its weights and KV are read every step) to the target's verify step (memory bound, so it
-    costs about one decode step for K + 1 tokens)."""
-    return (expected_tokens_per_step(acceptance, draft_len) * target_step_s
-            / (target_step_s + draft_len * draft_step_s))
 
 
 @dataclass
@@ -387,13 +427,15 @@ class CompareRow:
     kv_cache_tokens: int
     max_concurrent_requests: int
     decode_batch: int
-    decode_tokens_per_s_bound: float  # target-only roofline at decode_batch (plan_capacity's)
+    decode_tokens_per_s_bound: float  # plan_capacity's HBM roofline at decode_batch: an upper bound
     tokens_per_target_step: float | None  # with a draft: (1 - a^(K+1)) / (1 - a)
-    speculative_speedup: float | None  # draft cost included; 1.0 when the batch is above the speculation cap
-    decode_tokens_per_s_estimate: float  # roofline x speed-up x efficiency
-    prefill_ms_cold: float  # one request's prefill at the compute roofline x efficiency
+    speculative_speedup: float | None  # estimate with the draft over without; 1.0 when gated off at this batch
+    ttft_ms_estimate: float
+    tpot_ms_estimate: float
+    output_tokens_per_s_estimate: float  # plan_capacity's calibrated estimate
+    prefill_ms_cold: float  # one request's prefill step (perf_model), no prefix reuse
     prefill_ms_with_reuse: float  # the same with the prefix hit ratio's blocks reused
-    prefill_saving: float  # share of prefill compute skipped
+    prefill_saving: float  # share of prompt tokens skipped
     cost_per_1m_output_tokens_usd: float | None  # gpus x $/h / 3600 / estimated tok/s x 1e6
     input_len: int = 0
     output_len: int = 0
@@ -413,7 +455,6 @@ class Comparison:
     acceptance_rate: float
     draft_len: int | None
     prefix_hit_ratio: float
-    efficiency: float
     assumption: str
     rows: list[CompareRow]
     skipped: list[str]
@@ -439,14 +480,14 @@ def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None):
 
 def compare_plans(
     spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
-    acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0, efficiency: float = DEFAULT_EFFICIENCY,
+    acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0,
     precisions: tuple[str, ...] = COMPARE_PRECISIONS,
 ) -> Comparison:
     """`plan_capacity` over precisions x TP sizes (within the host's GPUs) x draft off/on (the spec's draft, else
     the registry default) for the spec's model and GPU, with speculation's gain, prefix reuse's prefill saving and
     estimated cost per row."""
-    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0 or not 0.0 < efficiency <= 1.0:
-        raise SpecError("plan --compare: --acceptance and --prefix-hit must be within 0..1, --efficiency within (0, 1]")
+    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
+        raise SpecError("plan --compare: --acceptance and --prefix-hit must be within 0..1")
     gpu = GPUS[spec.hardware.gpu]
     draft_name = spec.draft_model.name if spec.draft_model is not None else spec.model.default_draft
     rows: list[CompareRow] = []
@@ -463,77 +504,70 @@ def compare_plans(
                 label = f"{precision} tp={tp} draft={draft or 'off'}"
                 try:
                     variant = _variant(spec, precision=precision, tp=tp, draft=draft)
-                    p = plan_capacity(variant, input_len=input_len, output_len=output_len)
+                    p = plan_capacity(variant, input_len=input_len, output_len=output_len, acceptance=acceptance,
+                                      prefix_hit_ratio=prefix_hit_ratio)
                 except SpecError as exc:
                     skipped.append(f"{label}: {exc}")
                     continue
-                rows.append(_compare_row(variant, p, gpu, acceptance, prefix_hit_ratio, efficiency))
+                rows.append(_compare_row(variant, p, gpu, acceptance))
                 if draft is not None:
                     k_used = variant.draft_len
     first = rows[0] if rows else None
-    assumption = (f"estimates = roofline x {efficiency:.0%} efficiency (decode: every weight and the batch's KV read "
-                  f"once per step at {gpu.hbm_tb_s} TB/s HBM; prefill: dense tensor-core peak); speculation at "
-                  f"acceptance {acceptance:.0%}; prefill saving at prefix hit ratio {prefix_hit_ratio:.0%}")
+    assumption = (f"estimates: continuous batching at each row's batch, constants calibrated against AIConfigurator "
+                  f"0.12 (H100 SXM, TensorRT-LLM); speculation at acceptance {acceptance:.0%}; prefix hit ratio "
+                  f"{prefix_hit_ratio:.0%}; bound: pure-decode HBM roofline at {gpu.hbm_tb_s} TB/s")
     lengths = (first.input_len, first.output_len) if first else (input_len or 0, output_len or 0)
     return Comparison(spec.model.name, gpu.name, spec.hardware.gpu_price_per_hour, *lengths, acceptance, k_used,
-                      prefix_hit_ratio, efficiency, assumption, rows, skipped)
+                      prefix_hit_ratio, assumption, rows, skipped)
 
 
-def _compare_row(spec: BuildSpec, p: CapacityPlan, gpu: GPU, acceptance: float, hit: float,
-                 efficiency: float) -> CompareRow:
-    target, draft = engine_shapes(spec)
-    bw = gpu.hbm_tb_s * 1e12
-    batch = p.decode_batch
+def _compare_row(spec: BuildSpec, p: CapacityPlan, gpu: GPU, acceptance: float) -> CompareRow:
+    plain = dict(tp=p.tp, batch=p.decode_batch, input_len=p.input_len, output_len=p.output_len)
+    no_draft = spec.model_copy(update={"draft_model": None}) if spec.draft_model is not None else spec
+    cold, _ = serving_estimate(no_draft, gpu, acceptance=acceptance, prefix_hit_ratio=0.0, **plain)
+    warm, _ = serving_estimate(no_draft, gpu, acceptance=acceptance, prefix_hit_ratio=p.prefix_hit_ratio, **plain)
     tokens_per_step = speedup = None
-    tok_s = p.decode_tokens_per_s_bound
     note = "" if p.fits else "does not fit"
-    if draft is not None and batch > 0:
+    if spec.draft_model is not None and p.decode_batch > 0:
         tokens_per_step = round(expected_tokens_per_step(acceptance, spec.draft_len), 4)
-        if batch <= spec.speculation.max_batch_for_speculation:
-            avg_ctx = p.input_len + p.output_len / 2
-            draft_step_s = (draft.weights_per_gpu() + batch * avg_ctx * draft.kv_per_token_per_gpu()) / bw
-            speedup = speculative_speedup(acceptance, spec.draft_len, target_step_s=batch / tok_s,
-                                          draft_step_s=draft_step_s)
-        else:
-            speedup = 1.0
-            note = (note + "; " if note else "") + (f"batch {batch} > max_batch_for_speculation "
+        speedup = p.output_tokens_per_s_estimate / warm.output_tokens_per_s if p.speculation_active else 1.0
+        if not p.speculation_active:
+            note = (note + "; " if note else "") + (f"batch {p.decode_batch} > max_batch_for_speculation "
                                                     f"{spec.speculation.max_batch_for_speculation}: gated off")
-        tok_s *= speedup
-    estimate = tok_s * efficiency
-    # Prefill: 2 FLOPs per linear parameter per prompt token, split over the TP ranks, at the dense peak.
-    tflops = gpu.fp8_tflops if spec.quantization.precision in ("fp8", "w4a8_awq") else gpu.bf16_tflops
-    flops_s = tflops * 1e12 * efficiency * p.tp
-    block = spec.limits.tokens_per_block
-    reused = int(hit * p.input_len) // block * block
-    cold_ms = 2 * spec.model.architecture.linear_params * p.input_len / flops_s * 1e3
-    warm_ms = 2 * spec.model.architecture.linear_params * (p.input_len - reused) / flops_s * 1e3
-    cost = p.gpus * p.gpu_price_per_hour / 3600 / estimate * 1e6 if estimate > 0 else None
     return CompareRow(
-        precision=p.precision, kv_cache=p.kv_cache, tp=p.tp, draft=spec.draft_model.name if draft else None,
+        precision=p.precision, kv_cache=p.kv_cache, tp=p.tp, draft=spec.draft_model.name if spec.draft_model else None,
         gpus=p.gpus, fits=p.fits, weights_gib_total=p.weights_gib_total, weights_gib_per_gpu=p.weights_gib_per_gpu,
         kv_bytes_per_token_total=p.kv_bytes_per_token_total,
         kv_kib_per_token_total=round(p.kv_bytes_per_token_total / 1024, 2), kv_cache_tokens=p.kv_cache_tokens,
-        max_concurrent_requests=p.max_concurrent_requests, decode_batch=batch,
+        max_concurrent_requests=p.max_concurrent_requests, decode_batch=p.decode_batch,
         decode_tokens_per_s_bound=p.decode_tokens_per_s_bound, tokens_per_target_step=tokens_per_step,
         speculative_speedup=round(speedup, 4) if speedup is not None else None,
-        decode_tokens_per_s_estimate=round(estimate, 1), prefill_ms_cold=round(cold_ms, 2),
-        prefill_ms_with_reuse=round(warm_ms, 2), prefill_saving=round(reused / p.input_len, 4),
-        cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None, input_len=p.input_len,
+        ttft_ms_estimate=p.ttft_ms_estimate, tpot_ms_estimate=p.tpot_ms_estimate,
+        output_tokens_per_s_estimate=p.output_tokens_per_s_estimate, prefill_ms_cold=round(cold.prefill_ms, 2),
+        prefill_ms_with_reuse=round(warm.prefill_ms, 2),
+        prefill_saving=round(1 - _new_prompt_tokens(spec, p) / p.input_len, 4) if p.input_len else 0.0,
+        cost_per_1m_output_tokens_usd=p.cost_per_1m_output_tokens_usd, input_len=p.input_len,
         output_len=p.output_len, note=note)
+
+
+def _new_prompt_tokens(spec: BuildSpec, p: CapacityPlan) -> int:
+    """Prompt tokens prefilled after the prefix hit ratio's whole blocks are reused."""
+    block = spec.limits.tokens_per_block
+    return p.input_len - int(p.prefix_hit_ratio * p.input_len) // block * block
 
 
 def format_comparison(c: Comparison) -> str:
     """Text table: one row per precision x TP x draft."""
     head = ("precision", "KV", "tp", "draft", "fits", "weights GiB", "KV KiB/tok", "KV tokens", "max conc",
-            "batch", "bound tok/s", "spec x", "est tok/s", "prefill ms", "$/1M tok", "note")
+            "batch", "bound tok/s", "spec x", "est tok/s", "TTFT ms", "TPOT ms", "prefill ms", "$/1M tok", "note")
     out = [head]
     for r in c.rows:
         out.append((r.precision, r.kv_cache, str(r.tp), r.draft or "-", "yes" if r.fits else "NO",
                     f"{r.weights_gib_total:.1f}", f"{r.kv_kib_per_token_total:g}", f"{r.kv_cache_tokens:,}",
                     f"{r.max_concurrent_requests:,}", str(r.decode_batch), f"{r.decode_tokens_per_s_bound:,.0f}",
                     "-" if r.speculative_speedup is None else f"{r.speculative_speedup:.2f}",
-                    f"{r.decode_tokens_per_s_estimate:,.0f}",
-                    f"{r.prefill_ms_cold:.1f}->{r.prefill_ms_with_reuse:.1f}",
+                    f"{r.output_tokens_per_s_estimate:,.0f}", f"{r.ttft_ms_estimate:,.0f}",
+                    f"{r.tpot_ms_estimate:.1f}", f"{r.prefill_ms_cold:.1f}->{r.prefill_ms_with_reuse:.1f}",
                     "n/a" if r.cost_per_1m_output_tokens_usd is None else f"{r.cost_per_1m_output_tokens_usd:.4f}",
                     r.note))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
