@@ -24,10 +24,11 @@ GPU memory to calibrate (the calibrate stage on CUDA: weights loaded in the expo
                     max calibration need less) + 5 % of the weights for quantizer state and allocator
                     fragmentation + 1 GiB CUDA context per GPU
 
-Host RAM to calibrate on CPU (no visible GPU): the same terms in float32 (the stage loads in float32 on CPU), the
-round trip's float32 re-load instead of the cast, one checkpoint rank held by the exporter, and the process itself
-(torch + transformers + ModelOpt, PROCESS_BASE_BYTES). On GPU hosts the host needs one rank and the process, plus
-the round trip's float32 re-load when it runs.
+Host RAM, GPU or not: the process (torch + transformers + ModelOpt, PROCESS_BASE_BYTES), one checkpoint rank (the
+exporter's, then the round trip's read), the quality gate's float32 reference log-probs and evaluation logits, and the
+round trip's float32 re-load (lm_head its own tensor) when it runs. Calibrating on CPU (no visible GPU) adds the
+model and its export copy in float32 (the stage loads in float32 on CPU), float32 activations and ModelOpt's state.
+Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 9.65 GiB.
 
 CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per token over the calibration tokens
 (AWQ: AWQ_PASSES over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.
@@ -41,7 +42,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .calibrate.recipes import AWQ
-from .calibrate.stage import AWQ_DEFAULT_CALIB_CAP, EVAL_MAX_SEQ_LEN, EVAL_SAMPLES, ROUNDTRIP_MAX_PARAMS
+from .calibrate.stage import (
+    AWQ_DEFAULT_CALIB_CAP,
+    EVAL_MAX_LOGITS,
+    EVAL_MAX_SEQ_LEN,
+    EVAL_SAMPLES,
+    ROUNDTRIP_MAX_PARAMS,
+)
 from .gpus import GIB
 from .registry import Architecture, ModelEntry
 from .spec import BuildSpec
@@ -59,7 +66,6 @@ DEFAULT_TOKENIZER_BYTES = 10_000_000
 MODELOPT_OVERHEAD = 0.05
 CUDA_CONTEXT_BYTES = GIB
 PROCESS_BASE_BYTES = GIB  # torch + transformers + ModelOpt imported (tiny-llama's whole stage peaks at 0.53 GB RSS)
-EVAL_TOKENS = EVAL_SAMPLES * EVAL_MAX_SEQ_LEN * 3  # held-out reference, quality compare, round trip (at most)
 # awq_lite (ModelOpt's INT4/W4A8 AWQ configs): a caching pass, then a search pass that runs each linear layer
 # unquantized and once per candidate alpha in 0..1 step 0.1 (11): 13 linear passes over the calibration tokens.
 AWQ_PASSES = 13
@@ -174,6 +180,26 @@ def _largest_linear(arch: Architecture) -> int:
     return max(h * arch.intermediate_size, h * (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim)
 
 
+def _eval_shape(arch: Architecture, calib_seq_len: int) -> tuple[int, int]:
+    """(held-out samples, their length) of the stage's quality gate (its EVAL_* caps)."""
+    length = min(calib_seq_len, EVAL_MAX_SEQ_LEN)
+    return max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (length * arch.vocab_size))), length
+
+
+def _host_bytes(arch: Architecture, rank: int, eval_tokens: int, *, cpu: bool, roundtrip: bool,
+                calib_tokens: int) -> int:
+    """Host RAM: the process, one checkpoint rank, the float32 reference log-probs and evaluation logits (stored,
+    one batch, its log-softmax), the round trip's float32 re-load (lm_head separate), and on CPU the float32 model,
+    its export copy, activations and ModelOpt state."""
+    exported_params = arch.linear_params + 2 * arch.vocab_size * arch.hidden_size + arch.norm_params
+    total = PROCESS_BASE_BYTES + rank + 3 * eval_tokens * arch.vocab_size * 4
+    total += exported_params * 4 if roundtrip else 0
+    if cpu:
+        total += arch.total_params * 4 * 2 + 2 * _activation_bytes(arch, calib_tokens)
+        total += int(MODELOPT_OVERHEAD * arch.total_params * 4)
+    return total
+
+
 def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> CalibrationMemory:
     """GPU and host memory to calibrate `role` (see the module docstring for the terms)."""
     entry = spec.model if role == "target" else spec.draft_model
@@ -193,16 +219,16 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     }
     tp, pp = (spec.draft_tp, 1) if role == "draft" else (spec.parallelism.tp, spec.parallelism.pp)
     rank = checkpoint_bytes(arch, precision, tp=tp, pp=pp) // (tp * pp)
-    host_with_gpu = PROCESS_BASE_BYTES + rank + (params * 4 if roundtrip else 0)
-    cpu_ram = (PROCESS_BASE_BYTES + rank + params * 4 * (3 if roundtrip else 2)
-               + 2 * _activation_bytes(arch, tokens) + int(MODELOPT_OVERHEAD * params * 4))
+    eval_n, eval_len = _eval_shape(arch, spec.calib_seq_len)
+    host = dict(rank=rank, eval_tokens=eval_n * eval_len, roundtrip=roundtrip, calib_tokens=tokens)
     samples = spec.calib_size
     if precision in AWQ and q.calib_size is None:
         samples = min(samples, AWQ_DEFAULT_CALIB_CAP)
     passes = AWQ_PASSES if precision in AWQ else 1
-    flops = 2 * params * (samples * spec.calib_seq_len * passes + EVAL_TOKENS)
+    flops = 2 * params * (samples * spec.calib_seq_len * passes + eval_n * eval_len * (3 if roundtrip else 2))
     return CalibrationMemory(role=role, params=params, gpu_bytes=sum(terms.values()), gpu_terms=terms,
-                             host_bytes_with_gpu=host_with_gpu, cpu_ram_bytes=cpu_ram,
+                             host_bytes_with_gpu=_host_bytes(arch, **host, cpu=False),
+                             cpu_ram_bytes=_host_bytes(arch, **host, cpu=True),
                              cpu_seconds_per_core=flops / CPU_FLOPS_PER_CORE, present=present)
 
 

@@ -46,7 +46,7 @@ def test_70b_fp8_calibration_refused_on_one_80gb_gpu(empty_tree):
     assert e.value.exit_code == 4 and "\n" not in msg
     assert "calibrating llama-70b needs" in msg and "1 visible GPU(s) have 79.0 GiB free" in msg
     assert "weights 131.4 GiB" in msg and "use 4 GPUs like these" in msg
-    assert "calibrate on CPU (CUDA_VISIBLE_DEVICES= ) with 557.5 GiB RAM" in msg and "h on 64 cores" in msg
+    assert "calibrate on CPU (CUDA_VISIBLE_DEVICES= ) with 558.2 GiB RAM" in msg and "h on 64 cores" in msg
     assert "--skip-host-check" in msg and "disk" not in msg
 
 
@@ -64,16 +64,16 @@ def test_70b_fp8_accepted_on_four_80gb_gpus(empty_tree):
 def test_hidden_gpus_are_named_as_a_way_out(empty_tree):
     with pytest.raises(HostResourceError, match="expose the host's other 7 GPU"):
         check_host_fits(_70b_fp8(), stages=BUILD, probe=fake_host([79 * GIB], on_host=8))
-    with pytest.raises(HostResourceError, match=r"557\.5 GiB RAM \(256\.0 GiB available here - not enough here\)"):
+    with pytest.raises(HostResourceError, match=r"558\.2 GiB RAM \(256\.0 GiB available here - not enough here\)"):
         check_host_fits(_70b_fp8(), stages=BUILD, probe=fake_host([79 * GIB], ram=256 * GIB))
 
 
 def test_cpu_calibration_needs_its_ram(empty_tree):
     spec = resolve_spec(model="llama-8b", precision="fp8")
-    with pytest.raises(HostResourceError, match=r"calibrating llama-8b on CPU \(no visible GPU\) needs 71\.4 GiB RAM"):
+    with pytest.raises(HostResourceError, match=r"calibrating llama-8b on CPU \(no visible GPU\) needs 72\.1 GiB RAM"):
         check_host_fits(spec, stages=BUILD, probe=fake_host(ram=64 * GIB))
     fit = check_host_fits(spec, stages=BUILD, probe=fake_host(ram=80 * GIB, cores=32))
-    assert "calibrate target on CPU 71.4 GiB RAM of 80.0 GiB available" in fit.summary()
+    assert "calibrate target on CPU 72.1 GiB RAM of 80.0 GiB available" in fit.summary()
 
 
 def _disk_need(spec, stages=BUILD, volume=None) -> int:
