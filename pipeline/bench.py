@@ -531,11 +531,7 @@ class _Worker:
         inputs = _build_inputs(self.info, prompt, max_tokens, self.stream, self.draft_tokens)
         t0 = time.perf_counter()
         self.client.async_stream_infer(self.info.name, inputs, request_id=rid, enable_empty_final_response=True)
-        sample = RequestSample(ok=False)
-        texts: list[str] = []
-        chunks = 0
-        counts: list[int] = []
-        stamps: dict[str, int] = {}
+        sample, seen = RequestSample(ok=False), _Seen()
         deadline = t0 + self.timeout_s
         while True:
             left = deadline - time.perf_counter()
@@ -550,58 +546,85 @@ class _Worker:
                 sample.error = str(error)
                 sample.latency_s = t - t0
                 return sample
-            response = result.get_response()
-            params = response.parameters
-            final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
-            text = _text(result) if response.outputs else ""
-            # Every streamed response carries the next token, even when its text is empty (a partial UTF-8 sequence
-            # of a byte-level tokenizer); only an empty *final* response is bookkeeping, not a token.
-            if response.outputs and (text or not final):
-                if sample.ttft_s is None:
-                    sample.ttft_s = t - t0
-                texts.append(text)
-                chunks += 1
-            if response.outputs:
-                n = _server_count(result)
-                if n is not None:
-                    counts.append(n)
-                for attr, name in (("reused_blocks", "kv_cache_reused_blocks"),
-                                   ("total_blocks", "kv_cache_alloc_total_blocks"),
-                                   ("accepted_draft_tokens", "total_accepted_draft_tokens"),
-                                   ("draft_tokens", "total_draft_tokens")):
-                    v = _scalar(result, name)
-                    if v is not None:
-                        setattr(sample, attr, int(v))
-                for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns"):
-                    v = _scalar(result, name)
-                    if v is not None and int(v) > 0:
-                        stamps.setdefault(name, int(v))
-            if final:
+            if _take_response(result, t - t0, sample, seen):
                 sample.latency_s = t - t0
                 break
-        counted = (stream_token_count(counts) if self.stream else counts[-1]) if counts else 0
+        self._count_tokens(sample, seen)
+        _finish_sample(sample, seen.stamps, self.stream)
+        return sample
+
+    def _count_tokens(self, sample: RequestSample, seen: _Seen) -> None:
+        """Output tokens: the server's counts, else streamed responses, else the tokenizer, else responses."""
+        counted = (stream_token_count(seen.counts) if self.stream else seen.counts[-1]) if seen.counts else 0
         if counted > 0:
             sample.output_tokens, sample.token_source = counted, "server"
-        elif self.stream and chunks:
-            sample.output_tokens, sample.token_source = chunks, "stream"
+        elif self.stream and seen.chunks:
+            sample.output_tokens, sample.token_source = seen.chunks, "stream"
         elif self.tokenizer is not None:
-            sample.output_tokens = len(self.tokenizer.encode("".join(texts), add_special_tokens=False).ids)
+            sample.output_tokens = len(self.tokenizer.encode("".join(seen.texts), add_special_tokens=False).ids)
             sample.token_source = "tokenizer"
         else:
-            sample.output_tokens, sample.token_source = chunks, "responses"
-        if self.stream and sample.ttft_s is not None:
-            sample.ttft_source = "stream"
-        else:  # one response: the first token is observable only through the server's own timestamps
-            sample.ttft_s = server_ttft_s(stamps)
-            sample.ttft_source = "server" if sample.ttft_s is not None else None
-        if sample.draft_tokens is not None:
-            sample.speculated = sample.draft_tokens > 0
-        if sample.draft_tokens == 0:
-            sample.draft_tokens = sample.accepted_draft_tokens = None
-        if sample.total_blocks == 0:
-            sample.total_blocks = sample.reused_blocks = None
-        sample.ok = True
-        return sample
+            sample.output_tokens, sample.token_source = seen.chunks, "responses"
+
+
+@dataclass
+class _Seen:
+    """What the responses of one request carried so far."""
+
+    texts: list[str] = field(default_factory=list)
+    chunks: int = 0
+    counts: list[int] = field(default_factory=list)  # the server's token counts, one per response that has one
+    stamps: dict[str, int] = field(default_factory=dict)  # first value of each perf timestamp output
+
+
+_SAMPLE_OUTPUTS = (("reused_blocks", "kv_cache_reused_blocks"), ("total_blocks", "kv_cache_alloc_total_blocks"),
+                   ("accepted_draft_tokens", "total_accepted_draft_tokens"), ("draft_tokens", "total_draft_tokens"))
+_PERF_STAMPS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
+
+
+def _take_response(result, elapsed_s: float, sample: RequestSample, seen: _Seen) -> bool:
+    """Record one streamed response into `sample`/`seen`; True when it is the request's final response."""
+    response = result.get_response()
+    params = response.parameters
+    final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
+    if not response.outputs:
+        return final
+    text = _text(result)
+    # Every streamed response carries the next token, even when its text is empty (a partial UTF-8 sequence
+    # of a byte-level tokenizer); only an empty *final* response is bookkeeping, not a token.
+    if text or not final:
+        if sample.ttft_s is None:
+            sample.ttft_s = elapsed_s
+        seen.texts.append(text)
+        seen.chunks += 1
+    n = _server_count(result)
+    if n is not None:
+        seen.counts.append(n)
+    for attr, name in _SAMPLE_OUTPUTS:
+        v = _scalar(result, name)
+        if v is not None:
+            setattr(sample, attr, int(v))
+    for name in _PERF_STAMPS:
+        v = _scalar(result, name)
+        if v is not None and int(v) > 0:
+            seen.stamps.setdefault(name, int(v))
+    return final
+
+
+def _finish_sample(sample: RequestSample, stamps: dict[str, int], stream: bool) -> None:
+    """TTFT source, speculation flag, zero counters as n/a; marks the sample ok."""
+    if stream and sample.ttft_s is not None:
+        sample.ttft_source = "stream"
+    else:  # one response: the first token is observable only through the server's own timestamps
+        sample.ttft_s = server_ttft_s(stamps)
+        sample.ttft_source = "server" if sample.ttft_s is not None else None
+    if sample.draft_tokens is not None:
+        sample.speculated = sample.draft_tokens > 0
+    if sample.draft_tokens == 0:
+        sample.draft_tokens = sample.accepted_draft_tokens = None
+    if sample.total_blocks == 0:
+        sample.total_blocks = sample.reused_blocks = None
+    sample.ok = True
 
 
 def server_ttft_s(stamps: dict[str, int]) -> float | None:
@@ -702,16 +725,47 @@ def run_bench(
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options.
     """
-    import tritonclient.grpc as grpcclient
-
     check_local(grpc_url)
     levels = sorted({int(c) for c in concurrency})
+    _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
+    info = _served_model(grpc_url, model)
+    stream = _stream_mode(info, stream, speculation)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
+                         shared_prefix_tokens=shared_prefix_tokens,
+                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
+    if warmup:
+        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
+               texts=[WARMUP_PROMPT])
+    before = scrape_metrics(metrics_url) if metrics_url else None
+    modes = ("server", "off") if speculation == "both" else (speculation,)
+    samples = _sweep(report, info, tokenizer, levels, modes, level_budget_s, request_timeout_s)
+    after = scrape_metrics(metrics_url) if metrics_url else None
+    ok = [s for s in samples if s.ok]
+    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    report.speculated_share = _round(speculated_share(ok))
+    cold, warm = cold_warm_ttft(ok)
+    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
+    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
+    _prefix_cache_ratio(report, ok, before, after)
+    _add_notes(report, ok)
+    return report
+
+
+def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, shared_prefix_tokens: int,
+                   shared_prefix_share: float, speculation: str) -> None:
     if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
         raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
     if shared_prefix_tokens < 0 or not 0.0 <= shared_prefix_share <= 1.0:
         raise BenchError("--shared-prefix-tokens must be >= 0 and --shared-prefix-share within 0..1")
     if speculation not in ("server", "off", "both"):
         raise BenchError(f"--speculation {speculation!r}: expected server, off or both")
+
+
+def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
+    """The model to benchmark on a ready server (default: `tensorrt_llm_bls` when served, else `ensemble`)."""
+    import tritonclient.grpc as grpcclient
+
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         try:
@@ -723,46 +777,47 @@ def run_bench(
         if model is None:
             names = {m["name"] for m in client.get_model_repository_index(as_json=True).get("models", [])}
             model = "tensorrt_llm_bls" if "tensorrt_llm_bls" in names else "ensemble"
-        info = _model_info(client, model)
+        return _model_info(client, model)
     finally:
         client.close()
+
+
+def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> bool:
+    """Whether to stream (default: when the model is decoupled, except the BLS); BenchError for what the route
+    cannot do."""
     if stream is None:
-        stream = info.decoupled and model != "tensorrt_llm_bls"
+        stream = info.decoupled and info.name != "tensorrt_llm_bls"
     if stream and not info.decoupled:
-        raise BenchError(f"model '{model}' is not decoupled, so it cannot stream; pass --no-stream")
+        raise BenchError(f"model '{info.name}' is not decoupled, so it cannot stream; pass --no-stream")
     if speculation != "server" and "num_draft_tokens" not in info.inputs:
-        raise BenchError(f"--speculation {speculation}: model '{model}' has no num_draft_tokens input; "
+        raise BenchError(f"--speculation {speculation}: model '{info.name}' has no num_draft_tokens input; "
                          "benchmark tensorrt_llm_bls")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    report = BenchReport(grpc_url, model, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
-                         shared_prefix_tokens=shared_prefix_tokens,
-                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
-    if warmup:
-        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
-               texts=[WARMUP_PROMPT])
-    before = scrape_metrics(metrics_url) if metrics_url else None
-    all_samples: list[RequestSample] = []
-    modes = ("server", "off") if speculation == "both" else (speculation,)
+    return stream
+
+
+def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, levels: list[int], modes: tuple[str, ...],
+           level_budget_s: float, request_timeout_s: float) -> list[RequestSample]:
+    """Every concurrency level (once per speculation mode); appends each level's stats to `report`."""
+    samples: list[RequestSample] = []
+    n = report.requests_per_level
     sent = 0
     run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
     for mode in modes:
         for c in levels:
-            texts = (shared_prefix_prompts(requests_per_level, shared_prefix_tokens, shared_prefix_share, tokenizer,
-                                           start=sent, run=run) if shared_prefix_tokens else None)
-            samples, wall = _level(grpc_url, info, stream, c, requests_per_level, max_tokens, level_budget_s,
-                                   request_timeout_s, tokenizer, texts=texts,
-                                   draft_tokens=0 if mode == "off" else None)
-            sent += requests_per_level
-            all_samples += samples
-            report.levels.append(summarize(c, samples, wall, gpus=gpus, price_per_gpu_hour=gpu_price_per_hour,
-                                           speculation=mode))
-    after = scrape_metrics(metrics_url) if metrics_url else None
-    ok = [s for s in all_samples if s.ok]
-    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
-    report.speculated_share = _round(speculated_share(ok))
-    cold, warm = cold_warm_ttft(ok)
-    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
-    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
+            texts = (shared_prefix_prompts(n, report.shared_prefix_tokens, report.shared_prefix_share, tokenizer,
+                                           start=sent, run=run) if report.shared_prefix_tokens else None)
+            level, wall = _level(report.url, info, report.streaming, c, n, report.max_tokens, level_budget_s,
+                                 request_timeout_s, tokenizer, texts=texts, draft_tokens=0 if mode == "off" else None)
+            sent += n
+            samples += level
+            report.levels.append(summarize(c, level, wall, gpus=report.gpus,
+                                           price_per_gpu_hour=report.gpu_price_per_hour, speculation=mode))
+    return samples
+
+
+def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: dict | None,
+                        after: dict | None) -> None:
+    """Prefix-cache hit ratio from per-request outputs, else the metrics endpoint; warns when it is low."""
     per_request = block_hit_ratio(ok)
     if per_request is not None:
         report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
@@ -776,11 +831,16 @@ def run_bench(
         report.warnings.append(
             f"prefix-cache hit ratio {report.prefix_cache_hit_ratio:.0%} is below {HIT_RATIO_WARNING:.0%}: requests "
             "share little of their prompts' start (a prompt template that varies before the shared part?)")
-    if model == "tensorrt_llm_bls" and report.speculated_share:
+
+
+def _add_notes(report: BenchReport, ok: list[RequestSample]) -> None:
+    """Notes on how the report's figures were measured (and the failure line when requests failed)."""
+    bls = report.model == "tensorrt_llm_bls"
+    if bls and report.speculated_share:
         report.notes.append("draft-target requests sum the block counts of every target call, so a request's own "
                             "prompt counts as reused on each verification step: the hit ratio overstates reuse "
                             "across requests")
-    if not stream:
+    if not report.streaming:
         if any(s.ttft_source == "server" for s in ok):
             report.notes.append("non-streaming requests: TTFT from the server's timestamps (first token - arrival); "
                                 "TPOT = (client latency - that TTFT) / (tokens - 1)")
@@ -789,11 +849,10 @@ def run_bench(
     sources = sorted({s.token_source for s in ok if s.token_source})
     if sources:
         report.notes.append(f"output tokens counted from: {', '.join(_TOKEN_SOURCES[s] for s in sources)}")
-    if report.acceptance_rate is None and model == "tensorrt_llm_bls":
+    if report.acceptance_rate is None and bls:
         report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
     if report.failed:
         report.notes.append(failure_line(report))
-    return report
 
 
 _TOKEN_SOURCES = {"server": "the server's num_output_tokens/sequence_length", "stream": "streamed responses",

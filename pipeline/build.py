@@ -251,36 +251,21 @@ def build(
     run = [] if check_only else stage_range(until=until, from_stage=from_stage, force=force, target=spec.target)
     forced = set(STAGES[STAGES.index(force):]) if force else set()
     out = BuildOutputs()
-    outcomes: list[StageOutcome] = []
-    last = until or STAGES[-1]
+    chain = _chain(spec, until or STAGES[-1])
+    n = 1 + len([s for s in chain if s in run])
     # check (spec validation + compile preflight) always runs first, outside the lock, even with --from: it is
     # instant, guards every stage, and leaves nothing behind when the build is impossible.
-    chain = [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and spec.target != "trtllm")]
-    n = 1 + len([s for s in chain if s in run])
     say(f"[1/{n}] check: {_doing('check', spec)} ...")
     t0 = time.perf_counter()
     oc, toolchain = _check(spec, preflight_compile="compile" in run)
     if host_check is not None and run:
         oc.detail += "; " + host_check(run)
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
-    outcomes.append(oc)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
-    i = 1
+    outcomes = [oc]
     lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}")
     with lock:
-        for stage in chain:
-            located = stage not in run
-            if not located:
-                i += 1
-                say(f"[{i}/{n}] {stage}: {_doing(stage, spec)} ...")
-            t0 = time.perf_counter()
-            extra = {"toolchain": toolchain} if stage == "compile" else {}
-            oc = _ADAPTERS[stage](spec, out, options, stage in forced, located, **extra)
-            oc.elapsed_s = round(time.perf_counter() - t0, 3)
-            if not located:
-                outcomes.append(oc)
-                detail = f" ({oc.detail})" if oc.detail else ""
-                say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
+        outcomes += _run_chain(spec, chain, run, forced, out, options, toolchain, n=n, say=say)
         if spec.target != "trtllm" and "compile" in run:
             at = next((k for k, o in enumerate(outcomes) if o.stage == "package"), len(outcomes))
             outcomes.insert(at, StageOutcome("compile", "skipped", 0.0, detail="target reference: no engines"))
@@ -288,6 +273,32 @@ def build(
     report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out)
     say(f"build {'unchanged' if report.noop else 'done'}: {out.build_id or '-'} in {total:.2f}s")
     return report
+
+
+def _chain(spec: BuildSpec, last: str) -> list[str]:
+    """The stages after check up to `last` that apply to the spec's target (compile only for trtllm)."""
+    return [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and spec.target != "trtllm")]
+
+
+def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
+               options: BuildOptions, toolchain: Any, *, n: int, say: Callable[[str], None]) -> list[StageOutcome]:
+    """Run the stages of `chain` that are in `run`, locate the others (check-only); the outcomes of those run."""
+    outcomes: list[StageOutcome] = []
+    i = 1
+    for stage in chain:
+        located = stage not in run
+        if not located:
+            i += 1
+            say(f"[{i}/{n}] {stage}: {_doing(stage, spec)} ...")
+        t0 = time.perf_counter()
+        extra = {"toolchain": toolchain} if stage == "compile" else {}
+        oc = _ADAPTERS[stage](spec, out, options, stage in forced, located, **extra)
+        oc.elapsed_s = round(time.perf_counter() - t0, 3)
+        if not located:
+            outcomes.append(oc)
+            detail = f" ({oc.detail})" if oc.detail else ""
+            say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
+    return outcomes
 
 
 def _doing(stage: str, spec: BuildSpec) -> str:

@@ -42,6 +42,8 @@ SPEC_FLAGS: tuple[Flag, ...] = (
     _flag("pp"),
     _flag("gpu"),
     _flag("gpu_count"),
+    _flag("nodes"),
+    _flag("gpus_per_node"),
     _flag("draft"),
     _flag("draft_len"),
     _flag("draft_precision"),
@@ -66,6 +68,7 @@ SPEC_FLAGS: tuple[Flag, ...] = (
     Flag("no_chunked_context", None, "disable chunked context", False),
     Flag("no_quality_gate", None, "record but do not enforce the calibration quality gate", False),
     Flag("no_multiple_profiles", None, "build a single TensorRT optimization profile", False),
+    Flag("tp_across_nodes", None, "allow a TP group to span nodes (all-reduce over the network; slow)", False),
 )
 
 
@@ -81,6 +84,8 @@ def spec_from_flags(values: dict[str, Any]):
         overrides["quality_gate"] = False
     if values.get("no_multiple_profiles"):
         overrides["multiple_profiles"] = False
+    if values.get("tp_across_nodes"):
+        overrides["tp_across_nodes"] = True
     return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 

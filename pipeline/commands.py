@@ -26,8 +26,11 @@ from .cli import int_option
 from .compile.engine_plan import plan_compile
 from .compile.preflight import preflight
 from .compile.stage import run_compile
+from .deploy import render as deploy_render
+from .deploy import source as deploy_source
+from .deploy.topology import choose as choose_topology
 from .download import download_model
-from .errors import ServeError, SpecError
+from .errors import DeployError, ServeError, SpecError
 from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .manifests import RepoManifest
 from .release import release as make_release
@@ -472,3 +475,103 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
         draft_engine_dir: point tensorrt_llm_draft at this engine dir
     """
     install_command(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+
+
+# --- deploy ----------------------------------------------------------------------------------------------------------
+def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
+                    partition, no_container) -> deploy_render.DeployOptions:
+    if platform not in ("k8s", "slurm"):
+        raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
+    if release_url and not release_url.startswith(("https://", "http://")):
+        raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
+    opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
+                image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
+                partition=partition, container=not no_container)
+    if pipeline_cmd:
+        opts["pipeline_cmd"] = pipeline_cmd
+    return deploy_render.DeployOptions(**opts)
+
+
+def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, output=None, name=None, namespace=None,
+                   release_url=None, release_volume=None, image=None, pipeline_image=None, pipeline_cmd=None,
+                   partition=None, no_container=False, max_nodes=None, matrix=None, matrix_target=None,
+                   matrix_output=None, force=False, json_=False) -> dict[str, Any]:
+    """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
+
+    Args:
+        platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
+        release: release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags
+        output: directory to write (default <output tree>/deploy/<name>); replaced only with --force
+        name: deployment name, DNS-1123 (default <model>-<precision>)
+        namespace: Kubernetes namespace (default default)
+        release_url: http(s) URL the nodes fetch the release tarball from
+        release_volume: where the nodes find the tarball instead: a PVC name (k8s) or a shared directory (slurm)
+        image: server image (default: the NGC tritonserver image of the release's TensorRT-LLM)
+        pipeline_image: image with this pipeline (runs `invoke verify` and the build matrix; default derived)
+        pipeline_cmd: how the scripts call the pipeline (default: invoke -r /opt/trtllm-pipeline)
+        partition: Slurm partition
+        no_container: Slurm: run on the hosts instead of srun --container-image (pyxis)
+        max_nodes: most nodes the placement may use when tp/pp are not given (default 16)
+        matrix: build matrix instead of serving: MODEL:PRECISION[:TP],... (Indexed Job / job array)
+        matrix_target: target of every matrix cell: trtllm (default) or reference
+        matrix_output: where the matrix writes (k8s: a PVC name; slurm: a shared directory)
+        force: replace an existing output directory
+        json_: print the deployment summary as JSON
+    """
+    if not platform:
+        raise DeployError("give --platform k8s or --platform slurm")
+    if matrix:
+        return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
+                              output=output, name=name, force=force, json_=json_,
+                              opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
+                                        pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
+                                        partition=partition, no_container=no_container))
+    if release:
+        src = deploy_source.from_release(release)
+    elif spec is not None:
+        src = deploy_source.from_spec(spec)
+    else:
+        raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
+    explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
+    chosen, placement = choose_topology(src.spec, explicit=explicit,
+                                        max_nodes=int_option("max_nodes", max_nodes))
+    if src.origin == "spec":
+        src = deploy_source.from_spec(chosen)
+    else:
+        src = src.model_copy(update={"spec": chosen})
+    o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
+                        release_url=release_url, release_volume=release_volume, image=image,
+                        pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
+                        no_container=no_container)
+    dest = deploy_render.deploy_dir(output, o.name)
+    files = deploy_render.render_serving(o, src, placement, dest)
+    deploy_render.write_directory(dest, files, force=bool(force))
+    summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
+    for w in chosen.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if json_:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"ok: {dest}: {summary['kind']}, {placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
+              f"(tp={placement.tp}, pp={placement.pp}, {placement.world_size} ranks), image {summary['image']}")
+    return summary
+
+
+def _deploy_matrix(spec, platform, matrix, *, matrix_target, matrix_output, output, name, force, json_,
+                   opts) -> dict[str, Any]:
+    base = {"target": matrix_target or "trtllm"}
+    if spec is not None:
+        base["gpu"] = spec.hardware.gpu
+    cells = deploy_render.matrix_cells(matrix, base)
+    o = _deploy_options(platform, name or "build-matrix", **opts)
+    dest = deploy_render.deploy_dir(output, o.name)
+    if platform == "slurm" and not (matrix_output and Path(matrix_output).is_absolute()):
+        raise DeployError("--matrix on slurm: give --matrix-output /shared/dir (absolute) for the cells' outputs")
+    if platform == "k8s" and matrix_output:
+        o = o.model_copy(update={"output_pvc": matrix_output})
+    files = deploy_render.render_matrix(o, cells, dest, matrix_output or "")
+    deploy_render.write_directory(dest, files, force=bool(force))
+    summary = {"kind": "build-matrix", "platform": platform, "directory": str(dest), "files": sorted(files),
+               "cells": [c.summary() for c in cells]}
+    print(json.dumps(summary, indent=2) if json_ else f"ok: {dest}: build matrix of {len(cells)} cells ({platform})")
+    return summary

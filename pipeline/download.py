@@ -526,10 +526,9 @@ def download_model(
         return _offline(entry, requested, sha, repo_dir, verify)
 
     if sha is not None:  # pinned: a finished, unchanged download needs no network at all
-        final = repo_dir / sha
-        m = _read(final)
-        if m and not verify and _unchanged(final, m):
-            return DownloadResult(final, m, "cached")
+        m = _read(repo_dir / sha)
+        if m and not verify and _unchanged(repo_dir / sha, m):
+            return DownloadResult(repo_dir / sha, m, "cached")
 
     from huggingface_hub import HfApi, get_token
 
@@ -538,6 +537,14 @@ def download_model(
         raise DownloadError(_gated_message(entry.repo_id, f"{endpoint}/{entry.repo_id}", False))
     errors = _HubErrors(entry, requested, endpoint, have_token=bool(token))
     api = HfApi(endpoint=endpoint, token=token or False)
+    sha, files = _resolve_files(api, errors, entry, requested, sha, lock_path, endpoint)
+    return _fetch_download(entry, repo_dir, sha, requested, files, verify=verify, endpoint=endpoint, token=token,
+                           max_workers=max_workers, errors=errors)
+
+
+def _resolve_files(api, errors: _HubErrors, entry: ModelEntry, requested: str, sha: str | None, lock_path: Path,
+                   endpoint: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(commit SHA, files to fetch) from the Hub; an unpinned revision is resolved and written to the lock file."""
     with errors:
         info = api.model_info(entry.repo_id, revision=sha or requested, files_metadata=True)
     if sha is None:
@@ -545,9 +552,15 @@ def download_model(
         if not sha or not _SHA_RE.match(sha):
             raise DownloadError(f"{endpoint} returned no commit SHA for {entry.repo_id}@{requested}; retry later")
         write_lock(lock_path, entry, requested, sha)
-    where = f"{entry.repo_id}@{sha[:12]}"
-    files = _select(info.siblings, where=where)
+    return sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}")
 
+
+def _fetch_download(entry: ModelEntry, repo_dir: Path, sha: str, requested: str, files: dict[str, dict[str, Any]],
+                    *, verify: bool, endpoint: str, token: str | None, max_workers: int,
+                    errors: _HubErrors) -> DownloadResult:
+    """Reuse `<repo_dir>/<sha>` when it still matches `files`; otherwise fetch what is missing into a staging
+    dir, verify it and publish it atomically."""
+    where = f"{entry.repo_id}@{sha[:12]}"
     final = repo_dir / sha
     staging = repo_dir / f".partial-{sha}"
     with stage_lock(final):

@@ -76,6 +76,10 @@ class BenchError(PipelineError):
     """The benchmark cannot run (server unreachable, not local, model missing, bad options)."""
 
 
+class DeployError(PipelineError):
+    """Deployment files cannot be rendered: bad options, an unplaceable model, or a manifest that fails its schema."""
+
+
 class IntegrityError(PipelineError):
     """An artifact does not match its manifest or release record: corrupt, truncated, modified or incomplete."""
 

@@ -17,6 +17,7 @@ from .perf_model import (
     expected_tokens_per_step,
     kv_bytes_per_token,
 )
+from .placement import capacity, try_place, with_memory
 from .registry import Architecture
 from .trtllm_rules import engine_max_num_tokens
 
@@ -220,6 +221,8 @@ class CapacityPlan:
     draft_kv_pool_gib_per_gpu: float | None = None
     draft_kv_cache_tokens: int | None = None
     draft_max_concurrent_requests: int | None = None
+    nodes: int = 1
+    per_node: list[dict] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -244,6 +247,10 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
         out.update(draft_tight=dtight, draft_tokens=dtokens, draft_kv_gpu=dkv,
                    draft_concurrent=min(draft.max_batch, dtokens // per_request))
         out["fits"] = out["fits"] and dtight.free > 0 and dtokens >= per_request
+    placed = try_place(tp, spec.parallelism.pp, spec.hardware)
+    if placed is not None:
+        out["placement"] = with_memory(placed, {b.index: b.used for b in budgets},
+                                       {b.index: b.target_pool + b.draft_pool for b in budgets}, gpu)
     return out
 
 
@@ -266,7 +273,7 @@ def request_lengths(spec: BuildSpec, input_len: int | None, output_len: int | No
 def minimum_tp(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> int | None:
     """The smallest TP size within the host's GPUs at which the spec fits, or None."""
     for cand in TP_CHOICES:
-        if cand * spec.parallelism.pp > spec.hardware.gpu_count:
+        if cand * spec.parallelism.pp > capacity(spec.hardware):
             break
         if _capacity(spec, gpu, input_len, output_len, tp=cand)["fits"]:
             return cand
@@ -356,6 +363,8 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price,
         cost_per_1m_output_tokens_usd=cost_per_1m(tp * pp, price, est.output_tokens_per_s),
         cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
+        nodes=r["placement"].nodes if "placement" in r else 1,
+        per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
         **_draft_fields(spec, r),
     )
 
@@ -364,7 +373,7 @@ def format_capacity_plan(p: CapacityPlan) -> str:
     """Human-readable table."""
     rows = [
         ("model / precision / KV", f"{p.model} / {p.precision} / {p.kv_cache}"),
-        ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp})"),
+        ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp}, {p.nodes} node{'s' if p.nodes > 1 else ''})"),
         ("weights total / per GPU", f"{p.weights_gib_total:.2f} GiB / {p.weights_gib_per_gpu:.2f} GiB"),
     ]
     if p.draft_tp is not None:
@@ -378,6 +387,9 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         ("KV pool per GPU", f"{p.kv_pool_gib_per_gpu:.2f} GiB"),
         ("KV capacity", f"{p.kv_cache_tokens:,} tokens"),
         (f"concurrent requests @ {p.input_len}+{p.output_len}", f"{p.max_concurrent_requests:,}"),
+        *((f"node {n['node']}: ranks {n['ranks'][0]}-{n['ranks'][-1]}",
+           f"{n['used_gib']:.1f} GiB used + {n['kv_pool_gib']:.1f} GiB KV of {n['capacity_gib']:.1f} GiB")
+          for n in (p.per_node or []) if p.nodes > 1),
         ("fits", "yes" if p.fits else "NO"),
         ("minimum TP that fits", str(p.min_tp) if p.min_tp else "none within the host's GPUs"),
         *estimate_rows(p),

@@ -29,8 +29,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,7 +282,6 @@ def build_command(
     env = server_env()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # python models must not add __pycache__ to a hashed repository
     backends = _repo_backends(repo)
-    needs_trtllm = "tensorrtllm" in backends.values()
     common = [
         f"--model-repository={repo}",
         f"--http-address={host}",
@@ -297,40 +294,56 @@ def build_command(
         f"--exit-timeout-secs={exit_timeout_s}",
         f"--log-verbose={log_verbose}",
     ]
-    if needs_trtllm or binary:
-        exe = Path(binary) if binary else find_gpu_tritonserver()
-        if exe is None:
-            raise ServeError(
-                f"{repo} uses the tensorrtllm backend but no tritonserver with it is here; run inside "
-                "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
-                "--target reference for CPU"
-            )
+    if "tensorrtllm" in backends.values() or binary:
         trtllm_models = sorted(m for m, b in backends.items() if b == "tensorrtllm")
-        if len(trtllm_models) > 1:
-            # Draft + target in one server: orchestrator mode (launch_triton_server.py --multi-model).
-            env["TRTLLM_ORCHESTRATOR"] = "1"
-            env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
-        if world_size <= 1:
-            return ServerCommand([str(exe), *common, "--disable-auto-complete-config"], env, "gpu-ngc")
-        # Leader mode: one process per rank under mpirun; rank 0 serves every model and the endpoints, the other
-        # ranks load only the tensorrt_llm model(s) (what the backend's launch_triton_server.py does).
-        argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root"]
-        for rank in range(world_size):
-            if rank:
-                argv.append(":")
-                rank_args = [
-                    f"--model-repository={repo}",
-                    "--allow-http=false",
-                    "--allow-grpc=false",
-                    "--allow-metrics=false",
-                    "--model-control-mode=explicit",
-                    *(f"--load-model={m}" for m in trtllm_models),
-                    f"--backend-config=python,shm-region-prefix-name={shm_prefix}r{rank}-",
-                ]
-            else:
-                rank_args = common
-            argv += ["-n", "1", str(exe), *rank_args, "--disable-auto-complete-config"]
-        return ServerCommand(argv, env, "gpu-ngc")
+        return _gpu_command(repo, binary, trtllm_models, common, env, world_size, shm_prefix)
+    return _cpu_command(common, env)
+
+
+def _gpu_command(repo: Path, binary: str | Path | None, trtllm_models: list[str], common: list[str],
+                 env: dict[str, str], world_size: int, shm_prefix: str) -> ServerCommand:
+    """The NGC image's tritonserver with the tensorrtllm backend (under mpirun, one process per rank, for TP/PP)."""
+    exe = Path(binary) if binary else find_gpu_tritonserver()
+    if exe is None:
+        raise ServeError(
+            f"{repo} uses the tensorrtllm backend but no tritonserver with it is here; run inside "
+            "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
+            "--target reference for CPU"
+        )
+    if len(trtllm_models) > 1:
+        # Draft + target in one server: orchestrator mode (launch_triton_server.py --multi-model).
+        env["TRTLLM_ORCHESTRATOR"] = "1"
+        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
+    if world_size <= 1:
+        return ServerCommand([str(exe), *common, "--disable-auto-complete-config"], env, "gpu-ngc")
+    return ServerCommand(_mpirun_argv(exe, repo, trtllm_models, common, world_size, shm_prefix), env, "gpu-ngc")
+
+
+def _mpirun_argv(exe: Path, repo: Path, trtllm_models: list[str], common: list[str], world_size: int,
+                 shm_prefix: str) -> list[str]:
+    """Leader mode: rank 0 serves every model and the endpoints, the other ranks load only the tensorrt_llm
+    model(s) (what the backend's launch_triton_server.py does)."""
+    argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        if rank:
+            argv.append(":")
+            rank_args = [
+                f"--model-repository={repo}",
+                "--allow-http=false",
+                "--allow-grpc=false",
+                "--allow-metrics=false",
+                "--model-control-mode=explicit",
+                *(f"--load-model={m}" for m in trtllm_models),
+                f"--backend-config=python,shm-region-prefix-name={shm_prefix}r{rank}-",
+            ]
+        else:
+            rank_args = common
+        argv += ["-n", "1", str(exe), *rank_args, "--disable-auto-complete-config"]
+    return argv
+
+
+def _cpu_command(common: list[str], env: dict[str, str]) -> ServerCommand:
+    """The pytriton wheel's tritonserver with the Python backend, running this venv's interpreter and sources."""
     dist = _pytriton_dist()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     libs = dist.parent.parent / "nvidia_pytriton.libs"
@@ -461,11 +474,16 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
+        import tritonclient.http as httpclient  # heavy (gevent): not at CLI start-up
+        from tritonclient.utils import InferenceServerException
+
+        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2, network_timeout=2)
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
+            return client.is_server_ready()
+        except (InferenceServerException, OSError):
             return False
+        finally:
+            client.close()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s

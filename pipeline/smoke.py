@@ -14,14 +14,18 @@ import queue
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .bench import tokenizer_dir_of
 from .errors import ServeError
 from .serve import TritonServer
+
+if TYPE_CHECKING:
+    import tritonclient.http as httpclient
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -53,7 +57,10 @@ class SmokeResult:
 
 
 def http_generate(http_url: str, model: str, payload: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    """POST /v2/models/<model>/generate (Triton's generate extension); returns the JSON response."""
+    """POST /v2/models/<model>/generate (Triton's generate extension); returns the JSON response.
+
+    A plain POST: tritonclient has no client for the generate extension, and Triton's HTTP infer endpoint
+    (what tritonclient.http calls) refuses decoupled models such as the streaming ensemble."""
     req = urllib.request.Request(
         f"http://{http_url}/v2/models/{model}/generate", data=json.dumps(payload).encode(),
         headers={"Content-Type": "application/json"},
@@ -178,30 +185,42 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
     return chunks, ttft if ttft is not None else total, total
 
 
-def _get(http_url: str, path: str, what: str) -> dict[str, Any]:
+@contextmanager
+def _http_client(http_url: str, failure: Callable[[Exception], str]) -> Iterator[httpclient.InferenceServerClient]:
+    """A tritonclient HTTP client for `http_url`; a failed call raises ServeError(failure(exc))."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(http_url, connection_timeout=30, network_timeout=30)
     try:
-        with urllib.request.urlopen(f"http://{http_url}{path}", timeout=30) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"cannot read {what} at {http_url}: {exc}") from None
+        yield client
+    except (InferenceServerException, OSError) as exc:
+        raise ServeError(failure(exc)) from None
+    finally:
+        client.close()
+
+
+def _cannot_read(http_url: str, what: str) -> Callable[[Exception], str]:
+    return lambda exc: f"cannot read {what} at {http_url}: {exc}"
 
 
 def _decoupled(http_url: str, model: str) -> bool:
-    cfg = _get(http_url, f"/v2/models/{model}/config", f"the config of {model}")
+    with _http_client(http_url, _cannot_read(http_url, f"the config of {model}")) as client:
+        cfg = client.get_model_config(model)
     return bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
 
 
 def _inputs(http_url: str, model: str) -> set[str]:
-    return {i["name"] for i in _get(http_url, f"/v2/models/{model}", f"the metadata of {model}").get("inputs", [])}
+    with _http_client(http_url, _cannot_read(http_url, f"the metadata of {model}")) as client:
+        return {i["name"] for i in client.get_model_metadata(model).get("inputs", [])}
 
 
 def _models(http_url: str) -> set[str]:
-    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"no Triton server answers at {http_url} ({exc}); start one with `invoke serve`") from None
+    def failure(exc: Exception) -> str:
+        return f"no Triton server answers at {http_url} ({exc}); start one with `invoke serve`"
+
+    with _http_client(http_url, failure) as client:
+        return {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
 
 
 def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prompt: str = DEFAULT_PROMPT,
@@ -211,7 +230,25 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     models = _models(http_url)
     if "ensemble" not in models:
         raise ServeError(f"no ready 'ensemble' model on {http_url} (ready: {', '.join(sorted(models)) or 'none'})")
-    results = []
+    results = [_http_greedy(http_url, repo, prompt, max_tokens)]
+    out(results[-1].line())
+    results.append(_grpc_ensemble(http_url, grpc_url, repo, prompt, max_tokens, out))
+    out(results[-1].line())
+    text, got = results[0].text, results[-1].text
+    if got != text:  # per-token decoding can split multi-byte characters: a note, not a failure
+        out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
+    if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
+        results.append(_http_draft_target(http_url, repo, prompt, max_tokens, num_draft_tokens))
+        out(results[-1].line())
+        spec_text = results[-1].text
+        if spec_text != text:
+            raise ServeError(f"draft-target output differs from target-only greedy output: {spec_text!r} != {text!r}")
+        out("    draft-target output == target-only greedy output")
+    return results
+
+
+def _http_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: int) -> SmokeResult:
+    """Greedy HTTP generate through the ensemble (after a one-token warm-up)."""
     counted = {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, "ensemble") else {}
     http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
     greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0,
@@ -222,48 +259,42 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
     text = _text(resp.get("text_output", ""))
     if not text.strip():
         raise ServeError(f"HTTP generate through the ensemble returned no text: {resp}")
-    results.append(SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text)))
-    out(results[-1].line())
+    return SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text))
 
+
+def _grpc_ensemble(http_url: str, grpc_url: str, repo: Path | None, prompt: str, max_tokens: int,
+                   out: Callable[[str], None]) -> SmokeResult:
+    """gRPC through the ensemble: streaming when `tensorrt_llm` is decoupled, unary otherwise."""
     if _decoupled(http_url, "tensorrt_llm"):
         chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=True)
         if not chunks:
             raise ServeError("gRPC streaming through the ensemble produced no tokens")
-        got = "".join(chunks)
-        results.append(SmokeResult("grpc ensemble (stream)", got, total, len(chunks), ttft_s=ttft,
-                                   extra={"responses": len(chunks)}))
-    else:
-        got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
-        if not got:
-            raise ServeError("gRPC infer through the ensemble returned no text")
-        results.append(SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got)))
-        out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, "
-            "no streaming")
-    out(results[-1].line())
-    if got != text:  # per-token decoding can split multi-byte characters: a note, not a failure
-        out(f"    note: gRPC text differs from the HTTP greedy text ({got!r} != {text!r})")
+        return SmokeResult("grpc ensemble (stream)", "".join(chunks), total, len(chunks), ttft_s=ttft,
+                           extra={"responses": len(chunks)})
+    got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
+    if not got:
+        raise ServeError("gRPC infer through the ensemble returned no text")
+    out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, no streaming")
+    return SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got))
 
-    if "tensorrt_llm_bls" in models and "tensorrt_llm_draft" in models:
-        payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
-                   "exclude_input_in_output": True}
-        if num_draft_tokens:
-            payload["num_draft_tokens"] = num_draft_tokens
-        http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
-        t0 = time.perf_counter()
-        resp = http_generate(http_url, "tensorrt_llm_bls", payload)
-        latency = time.perf_counter() - t0
-        spec_text = _text(resp.get("text_output", ""))
-        rate = float(_text(resp.get("acceptance_rate", 0.0)))
-        res = SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
-                          acceptance_rate=rate,
-                          extra={"accepted": resp.get("total_accepted_draft_tokens"),
-                                 "proposed": resp.get("total_draft_tokens")})
-        results.append(res)
-        out(res.line())
-        if spec_text != text:
-            raise ServeError(f"draft-target output differs from target-only greedy output: {spec_text!r} != {text!r}")
-        out("    draft-target output == target-only greedy output")
-    return results
+
+def _http_draft_target(http_url: str, repo: Path | None, prompt: str, max_tokens: int,
+                       num_draft_tokens: int | None) -> SmokeResult:
+    """Greedy HTTP generate through the BLS draft-target route (after a two-token warm-up)."""
+    payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
+               "exclude_input_in_output": True}
+    if num_draft_tokens:
+        payload["num_draft_tokens"] = num_draft_tokens
+    http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
+    t0 = time.perf_counter()
+    resp = http_generate(http_url, "tensorrt_llm_bls", payload)
+    latency = time.perf_counter() - t0
+    spec_text = _text(resp.get("text_output", ""))
+    rate = float(_text(resp.get("acceptance_rate", 0.0)))
+    return SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
+                       acceptance_rate=rate,
+                       extra={"accepted": resp.get("total_accepted_draft_tokens"),
+                              "proposed": resp.get("total_draft_tokens")})
 
 
 def run_smoke(repo: Path | None = None, *, http_url: str | None = None, grpc_url: str | None = None,

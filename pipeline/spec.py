@@ -143,6 +143,9 @@ class HardwareSpec(BaseModel):
 
     gpu: GPUName = Field("h100-sxm", description="target GPU")
     gpu_count: int = Field(8, ge=1, le=1024, description="GPUs on one host")
+    nodes: int = Field(1, ge=1, le=256, description="nodes the ranks may span: TP within a node, PP across nodes")
+    gpus_per_node: int | None = Field(None, ge=1, le=64, description="GPUs per node (default: gpu_count)")
+    tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
     gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
 
 

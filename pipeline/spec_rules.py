@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .calibrate.data import load_texts
 from .errors import SpecError
 from .gpus import GIB, GPUS, SUPPORTED_SM
+from .placement import place
 from .planner import engine_shapes, fit_shortfall
 from .registry import ModelEntry
 from .trtllm_rules import MAX_NUM_TOKENS_WARN, needs_fp8_hardware, paged_context_fmha_blocker
@@ -319,11 +320,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     _check_parallel(spec, spec.model, "target", spec.quantization.precision, tp=p.tp, pp=p.pp)
     if spec.draft_model:
         _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=spec.draft_tp, pp=1)
-    if p.world_size > spec.hardware.gpu_count:
-        raise SpecError(
-            f"parallelism: tp×pp={p.world_size} exceeds hardware.gpu_count={spec.hardware.gpu_count}; "
-            "lower --tp/--pp or raise --gpu-count"
-        )
+    place(p.tp, p.pp, spec.hardware)  # TP within a node, PP across nodes, within hardware.nodes
     if spec.draft_model:
         _check_draft_placement(spec)
     _check_limits(spec, warnings)

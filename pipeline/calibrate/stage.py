@@ -190,33 +190,11 @@ def run_calibrate(
     _check_architecture(src, plan.entry)
     encode = data.tokenizer_fn(src)
     calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
-    factors = {
-        "stage": "calibrate",
-        "version": STAGE_VERSION,
-        "model": {"name": plan.entry.name, "repo_id": plan.entry.repo_id, "sha": source_sha},
-        "recipe": {
-            "precision": plan.precision,
-            "kv_cache": plan.kv,
-            "export_dtype": plan.export_dtype,
-            "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
-            "calib_batch_size": plan.batch_size,
-        },
-        "calibration": calib.fingerprint,
-        "parallelism": {"tp": plan.tp, "pp": plan.pp},
-        "toolchain": toolchain(),
-    }
+    factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)
     build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"
     final = checkpoint_dir(build_id)
-
-    def cached() -> CheckpointResult | None:
-        m = None if force else CheckpointManifest.current(final, key, verify=verify, strict=check_only)
-        if m is None:
-            return None
-        _gate_from_manifest(m, plan)
-        return CheckpointResult(final, m, "cached")
-
-    if (hit := cached()) is not None:
+    if (hit := _cached(final, key, plan, force=force, verify=verify, strict=check_only)) is not None:
         return hit
     if check_only:
         raise CalibrationError(
@@ -224,7 +202,7 @@ def run_calibrate(
             f"(expected {final}); run `invoke build` (or `invoke calibrate`) first", path=final
         )
     with stage_lock(final):
-        if (hit := cached()) is not None:
+        if (hit := _cached(final, key, plan, force=force, verify=verify, strict=False)) is not None:
             return hit
         # ModelOpt prints progress to stdout; keep stdout for the stage's own result lines.
         with atomic_dir(final) as tmp, contextlib.redirect_stdout(sys.stderr):
@@ -242,6 +220,35 @@ def run_calibrate(
             )
             manifest.write(tmp)
     return CheckpointResult(final, manifest, "built")
+
+
+def _factors(plan: _Plan, source_sha: str, calibration: str) -> dict[str, Any]:
+    """Everything the checkpoint depends on (hashed into the stage key and the build id)."""
+    return {
+        "stage": "calibrate",
+        "version": STAGE_VERSION,
+        "model": {"name": plan.entry.name, "repo_id": plan.entry.repo_id, "sha": source_sha},
+        "recipe": {
+            "precision": plan.precision,
+            "kv_cache": plan.kv,
+            "export_dtype": plan.export_dtype,
+            "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
+            "calib_batch_size": plan.batch_size,
+        },
+        "calibration": calibration,
+        "parallelism": {"tp": plan.tp, "pp": plan.pp},
+        "toolchain": toolchain(),
+    }
+
+
+def _cached(final: Path, key: str, plan: _Plan, *, force: bool, verify: bool,
+            strict: bool) -> CheckpointResult | None:
+    """The current, intact checkpoint at `final` (its quality gate re-checked), else None."""
+    m = None if force else CheckpointManifest.current(final, key, verify=verify, strict=strict)
+    if m is None:
+        return None
+    _gate_from_manifest(m, plan)
+    return CheckpointResult(final, m, "cached")
 
 
 def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]], device) -> dict[str, Any]:
@@ -339,9 +346,7 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     with _timed(timings, "load_s"):
         model, device = _load_model(plan, src)
 
-    eval_len = min(plan.calib_seq_len, EVAL_MAX_SEQ_LEN)
-    eval_n = max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (eval_len * model.config.vocab_size)))
-    heldout = data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
+    heldout = _heldout(plan, texts, encode, model.config.vocab_size)
     with _timed(timings, "reference_s"):
         ref = quality.reference_logprobs(model, heldout.samples, device)
 
@@ -365,27 +370,9 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
                                 what=what)
     tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
     timings["total_s"] = time.perf_counter() - t0
-    cuda = device.type == "cuda"
     return {
-        "recipe": {
-            "precision": plan.precision,
-            "kv_cache": plan.kv,
-            "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
-            "quant_algo": quant_algo,
-            "kv_cache_quant_algo": kv_algo,
-            "export_dtype": plan.export_dtype,
-            "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
-        },
-        "calibration": {
-            "source": calib.source,
-            "fingerprint": calib.fingerprint,
-            "samples": len(calib.samples),
-            "requested_samples": plan.calib_size,
-            "seq_len": plan.calib_seq_len,
-            "tokens": calib.tokens,
-            "batch_size": plan.batch_size,
-            "seed": plan.seed,
-        },
+        "recipe": _recipe_fields(plan, quant_algo, kv_algo),
+        "calibration": _calibration_fields(plan, calib),
         "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
         "checkpoint": {
             "quantization": trt_cfg.get("quantization"),
@@ -396,11 +383,50 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
         "quality": {**report.as_dict(), "enforced": plan.enforce, "heldout_fingerprint": heldout.fingerprint},
         "roundtrip": rt,
         "toolchain": toolchain(),
-        "device": {
-            "type": device.type,
-            "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-            "count": torch.cuda.device_count() if cuda else os.cpu_count(),
-        },
+        "device": _device_fields(device),
         "timings": timings,
         "peak_memory": _peak_memory(device),
+    }
+
+
+def _heldout(plan: _Plan, texts: list[str], encode, vocab_size: int) -> data.TokenSet:
+    """The held-out evaluation samples, capped so their reference logits stay within EVAL_MAX_LOGITS."""
+    eval_len = min(plan.calib_seq_len, EVAL_MAX_SEQ_LEN)
+    eval_n = max(1, min(EVAL_SAMPLES, EVAL_MAX_LOGITS // (eval_len * vocab_size)))
+    return data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
+
+
+def _recipe_fields(plan: _Plan, quant_algo: str | None, kv_algo: str | None) -> dict[str, Any]:
+    return {
+        "precision": plan.precision,
+        "kv_cache": plan.kv,
+        "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
+        "quant_algo": quant_algo,
+        "kv_cache_quant_algo": kv_algo,
+        "export_dtype": plan.export_dtype,
+        "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
+    }
+
+
+def _calibration_fields(plan: _Plan, calib: data.TokenSet) -> dict[str, Any]:
+    return {
+        "source": calib.source,
+        "fingerprint": calib.fingerprint,
+        "samples": len(calib.samples),
+        "requested_samples": plan.calib_size,
+        "seq_len": plan.calib_seq_len,
+        "tokens": calib.tokens,
+        "batch_size": plan.batch_size,
+        "seed": plan.seed,
+    }
+
+
+def _device_fields(device) -> dict[str, Any]:
+    import torch
+
+    cuda = device.type == "cuda"
+    return {
+        "type": device.type,
+        "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+        "count": torch.cuda.device_count() if cuda else os.cpu_count(),
     }

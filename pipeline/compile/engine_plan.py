@@ -226,7 +226,6 @@ def _expected_build_config(o: dict[str, str], *, engine_seq: int) -> dict[str, A
 def _engine_plan(
     spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, *, role: str, precision: str, output_dir: Path,
 ) -> EnginePlan:
-    q, lim = spec.quantization, spec.limits
     k = spec.draft_len
     speculative = role == "target" and k > 0
     if role == "target":
@@ -235,51 +234,13 @@ def _engine_plan(
     else:
         batch, seq = spec.draft_max_batch_size, spec.draft_max_seq_len
         engine_seq = seq
-    max_num_tokens = effective_max_num_tokens(spec, role=role)
-    paged_ctx = paged_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
-    fp8_ctx = fp8_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)
-    dtype = ckpt.dtype
-    gemm = gemm_plugin(precision, q.compute_dtype)
-    if gemm in ("bfloat16", "float16") and gemm != dtype:
-        gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
-    architecture = ckpt.architecture
-    fuse_reduce = reduce_fusion(architecture, ckpt.tp)
-    ub = user_buffer(precision, architecture, ckpt.tp)
-    fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
-                                   total_params=model.architecture.total_params)
     workers = max(1, min(ckpt.world_size, spec.hardware.gpu_count))
-    opt_num_tokens = None
-    if not lim.multiple_profiles:
-        opt_num_tokens = min(lim.opt_num_tokens or batch * lim.max_beam_width, max_num_tokens)
-
-    o: dict[str, str] = {
-        "--checkpoint_dir": CHECKPOINT_PLACEHOLDER,
-        "--output_dir": OUTPUT_PLACEHOLDER,
-        "--max_batch_size": str(batch),
-        "--max_input_len": str(spec.max_input_len),
-        "--max_seq_len": str(seq),
-        "--max_num_tokens": str(max_num_tokens),
-        "--max_beam_width": str(lim.max_beam_width),
-    }
-    if opt_num_tokens is not None:
-        o["--opt_num_tokens"] = str(opt_num_tokens)
-    o.update({
-        "--kv_cache_type": "paged",
-        "--tokens_per_block": str(lim.tokens_per_block),
-        "--gemm_plugin": gemm,
-        "--gpt_attention_plugin": dtype,
-        "--context_fmha": _ed(lim.context_fmha),
-        "--use_paged_context_fmha": _ed(paged_ctx),
-        "--use_fp8_context_fmha": _ed(fp8_ctx),
-        "--remove_input_padding": "enable",
-        "--multiple_profiles": _ed(lim.multiple_profiles),
-        "--use_fused_mlp": "enable",
-        **fp8_plugins,
-        "--reduce_fusion": _ed(fuse_reduce),
-        "--user_buffer": _ed(ub),
+    o = {
+        **_limit_options(spec, role=role, batch=batch, seq=seq),
+        **_kernel_options(spec, ckpt, model, precision=precision, batch=batch),
         "--workers": str(workers),
         "--output_timing_cache": f"{OUTPUT_PLACEHOLDER}/{TIMING_CACHE}",
-    })
+    }
     if speculative:
         o["--speculative_decoding_mode"] = "draft_tokens_external"
         o["--max_draft_len"] = str(k)
@@ -291,7 +252,7 @@ def _engine_plan(
         role=role,
         model=model.name,
         precision=precision,
-        kv_cache=q.kv,
+        kv_cache=spec.quantization.kv,
         checkpoint_dir=str(ckpt.path),
         output_dir=str(output_dir),
         checkpoint_derived=ckpt.derived,
@@ -306,6 +267,51 @@ def _engine_plan(
     )
     check_argv(plan.argv)  # every planned flag and value exists in trtllm-build 1.2.1
     return plan
+
+
+def _limit_options(spec: BuildSpec, *, role: str, batch: int, seq: int) -> dict[str, str]:
+    """Placeholders for the directories, and the engine's shape limits."""
+    lim = spec.limits
+    max_num_tokens = effective_max_num_tokens(spec, role=role)
+    o = {
+        "--checkpoint_dir": CHECKPOINT_PLACEHOLDER,
+        "--output_dir": OUTPUT_PLACEHOLDER,
+        "--max_batch_size": str(batch),
+        "--max_input_len": str(spec.max_input_len),
+        "--max_seq_len": str(seq),
+        "--max_num_tokens": str(max_num_tokens),
+        "--max_beam_width": str(lim.max_beam_width),
+    }
+    if not lim.multiple_profiles:
+        o["--opt_num_tokens"] = str(min(lim.opt_num_tokens or batch * lim.max_beam_width, max_num_tokens))
+    return o
+
+
+def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, *, precision: str,
+                    batch: int) -> dict[str, str]:
+    """KV cache layout, plugins, attention kernels and fusions for this precision, dtype, architecture and TP."""
+    q, lim = spec.quantization, spec.limits
+    dtype = ckpt.dtype
+    gemm = gemm_plugin(precision, q.compute_dtype)
+    if gemm in ("bfloat16", "float16") and gemm != dtype:
+        gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
+    fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
+                                   total_params=model.architecture.total_params)
+    return {
+        "--kv_cache_type": "paged",
+        "--tokens_per_block": str(lim.tokens_per_block),
+        "--gemm_plugin": gemm,
+        "--gpt_attention_plugin": dtype,
+        "--context_fmha": _ed(lim.context_fmha),
+        "--use_paged_context_fmha": _ed(paged_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)),
+        "--use_fp8_context_fmha": _ed(fp8_context_fmha(precision, q.kv, context_fmha=lim.context_fmha)),
+        "--remove_input_padding": "enable",
+        "--multiple_profiles": _ed(lim.multiple_profiles),
+        "--use_fused_mlp": "enable",
+        **fp8_plugins,
+        "--reduce_fusion": _ed(reduce_fusion(ckpt.architecture, ckpt.tp)),
+        "--user_buffer": _ed(user_buffer(precision, ckpt.architecture, ckpt.tp)),
+    }
 
 
 def _checkpoint(spec: BuildSpec, ckpt_dir: Path, model: ModelEntry, *, role: str, precision: str,

@@ -9,13 +9,15 @@ removes the half-built directory.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -49,8 +51,6 @@ def run_trtllm_build(
     Raises:
         CompileError: the command is missing, exits non-zero, or is interrupted (message: argv, log, log tail).
     """
-    import time
-
     if echo is True:
         echo = sys.stdout
     log_path = Path(log_path)
@@ -61,42 +61,9 @@ def run_trtllm_build(
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {cmd}\n")
         log.flush()
-        try:
-            proc = subprocess.Popen(
-                list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
-            )
-        except FileNotFoundError:
-            raise CompileError(
-                f"{argv[0]} was not found on PATH; install TensorRT-LLM {_pinned()} (it provides trtllm-build)"
-            ) from None
-
-        previous = {}
-        interrupted: list[int] = []
-
-        def on_signal(signum, _frame):
-            interrupted.append(signum)
-            _stop(proc)
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                tail.append(line.rstrip("\n"))
-                if echo:
-                    echo.write(line)
-                    echo.flush()
-            rc = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        proc = _start(argv, env, cwd)
+        with _stop_on_signals(proc) as interrupted:
+            rc = _pump(proc, log, tail, echo or None)
     elapsed = time.monotonic() - start
     if interrupted:
         raise BuildInterrupted(
@@ -106,6 +73,58 @@ def run_trtllm_build(
         last = " | ".join(line for line in list(tail)[-12:] if line.strip())
         raise CompileError(f"trtllm-build exited with {rc}: {cmd} (log: {log_path}); last lines: {last}")
     return elapsed
+
+
+def _start(argv: Sequence[str], env: dict[str, str] | None, cwd: Path | None) -> subprocess.Popen:
+    """`argv` in its own process group, stdout and stderr merged into one text pipe."""
+    try:
+        return subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise CompileError(
+            f"{argv[0]} was not found on PATH; install TensorRT-LLM {_pinned()} (it provides trtllm-build)"
+        ) from None
+
+
+@contextlib.contextmanager
+def _stop_on_signals(proc: subprocess.Popen) -> Iterator[list[int]]:
+    """While inside: SIGTERM/SIGINT (main thread only) stop `proc` and are recorded in the yielded list; the
+    previous handlers are restored on exit."""
+    previous = {}
+    interrupted: list[int] = []
+
+    def on_signal(signum, _frame):
+        interrupted.append(signum)
+        _stop(proc)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        yield interrupted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _pump(proc: subprocess.Popen, log: TextIO, tail: collections.deque[str], echo: TextIO | None) -> int:
+    """Copy the child's output to the log, `tail` and `echo` until it exits; its exit code. Any exception
+    (KeyboardInterrupt included) stops the child before it propagates."""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            tail.append(line.rstrip("\n"))
+            if echo:
+                echo.write(line)
+                echo.flush()
+        return proc.wait()
+    except BaseException:
+        _stop(proc)
+        raise
 
 
 def _pinned() -> str:

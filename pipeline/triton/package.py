@@ -364,17 +364,10 @@ def package_repo(
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
     target = target or spec.target
-    if target == "trtllm":
-        llm, draft, tok, derived_id = _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
-    elif target == "reference":
-        llm, draft, tok, derived_id = _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
-    else:
-        raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    llm, draft, tok, derived_id = _sources(spec, target, engine_dir, draft_engine_dir, checkpoint_dir,
+                                           draft_checkpoint_dir, tokenizer_dir)
     build_id = build_id or derived_id
-    out_root = Path(output) if output else triton_repo_dir()
-    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
-        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
-    final = out_root / name
+    final = _repo_path(output, name, build_id, target, spec_key)
     values, warnings = plan_values(spec, target=target, repo=final, llm=llm, draft=draft)
     if draft is not None:
         why = mismatch(identity(tok), _draft_tokenizer(target, draft, draft_tokenizer_dir))
@@ -400,24 +393,49 @@ def package_repo(
     with atomic_dir(final) as tmp:
         write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
-        manifest = RepoManifest(
-            key=key,
-            target=target,
-            build_id=build_id,
-            spec=spec.summary(),
-            spec_key=spec_key,
-            models=sorted(summary.models),
-            speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
-            sources={
-                "llm": str(llm.path.resolve()),
-                "draft": str(draft.path.resolve()) if draft else None,
-                "tokenizer": str(tok.resolve()),
-            },
-            gpt_model_path={m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
-            world_size=llm.world_size,
-            kv_cache_reuse=values["tensorrt_llm"]["enable_kv_cache_reuse"],
-            warnings=warnings,
-            files=file_table(tmp),
-        )
+        manifest = _repo_manifest(spec, key, target, build_id, spec_key, sorted(summary.models), values, warnings,
+                                  llm, draft, tok, files=file_table(tmp))
         manifest.write(tmp)
     return PackageResult(final, manifest, "built")
+
+
+def _sources(spec, target: str, engine_dir: Path | None, draft_engine_dir: Path | None,
+             checkpoint_dir: Path | None, draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None):
+    """(llm, draft, tokenizer dir, derived build id) for `target`: engines for trtllm, checkpoints for reference."""
+    if target == "trtllm":
+        return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
+    if target == "reference":
+        return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
+    raise PackageError(f"target {target!r} is not one of trtllm, reference")
+
+
+def _repo_path(output: Path | None, name: str | None, build_id: str, target: str, spec_key: str | None) -> Path:
+    """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, target, spec_key)`."""
+    out_root = Path(output) if output else triton_repo_dir()
+    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
+        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
+    return out_root / name
+
+
+def _repo_manifest(spec, key: str, target: str, build_id: str, spec_key: str | None, models: list[str],
+                   values: dict, warnings: list[str], llm, draft, tok: Path, files: dict) -> RepoManifest:
+    """The manifest of a rendered repository whose files are `files`."""
+    return RepoManifest(
+        key=key,
+        target=target,
+        build_id=build_id,
+        spec=spec.summary(),
+        spec_key=spec_key,
+        models=models,
+        speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
+        sources={
+            "llm": str(llm.path.resolve()),
+            "draft": str(draft.path.resolve()) if draft else None,
+            "tokenizer": str(tok.resolve()),
+        },
+        gpt_model_path={m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
+        world_size=llm.world_size,
+        kv_cache_reuse=values["tensorrt_llm"]["enable_kv_cache_reuse"],
+        warnings=warnings,
+        files=files,
+    )

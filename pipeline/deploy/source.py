@@ -1,0 +1,94 @@
+"""What a deployment serves: a release (its `release.json`: spec, toolchain, file name, sha256) or a spec alone.
+
+Only `release.json` is read (size-capped); the files themselves are verified on the serving nodes by `invoke verify`,
+where the engine/toolchain mismatch refusal belongs.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import DeployError
+from ..release import RELEASE_JSON
+from ..release_verify import MAX_METADATA_BYTES
+from ..spec import BuildSpec
+from .images import TRTLLM_VERSION
+
+SHA256_HEX = 64
+
+
+class DeploySource(BaseModel):
+    """The build a deployment serves and how the nodes get it."""
+
+    spec: BuildSpec
+    release_file: str  # the tarball's file name (what the init step fetches)
+    sha256: str | None = None  # pinned when known (from the release's .sha256)
+    trtllm_version: str  # the toolchain the engines were built with (or the pipeline's, for a spec alone)
+    origin: str  # "release" or "spec"
+
+
+def _tar_release_json(path: Path) -> bytes:
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if len(parts) == 2 and parts[1] == RELEASE_JSON and member.isfile():
+                    if member.size > MAX_METADATA_BYTES:
+                        raise DeployError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
+                                          f"{MAX_METADATA_BYTES >> 20} MiB limit; not a release of this pipeline")
+                    return tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DeployError(f"--release {path}: not a readable .tar.gz ({exc}); give a release made by `invoke release`")
+    raise DeployError(f"--release {path}: no <name>/{RELEASE_JSON} inside; give a release made by `invoke release`")
+
+
+def _read_document(path: Path) -> tuple[dict, str | None]:
+    """release.json and the sha256 of the tarball (from its `.sha256` sidecar; None for a directory)."""
+    if path.is_dir():
+        doc_path = path / RELEASE_JSON
+        if not doc_path.is_file() or doc_path.stat().st_size > MAX_METADATA_BYTES:
+            raise DeployError(f"--release {path}: no {RELEASE_JSON} (or an oversized one); give a release directory "
+                              "or tarball made by `invoke release`")
+        raw, digest = doc_path.read_bytes(), None
+    elif path.is_file():
+        raw, digest = _tar_release_json(path), None
+        sidecar = path.with_name(path.name + ".sha256")
+        if sidecar.is_file() and sidecar.stat().st_size < 4096:
+            first = sidecar.read_text(errors="replace").split()
+            digest = first[0] if first and len(first[0]) == SHA256_HEX else None
+    else:
+        raise DeployError(f"--release {path} does not exist; give a release tarball or unpacked release directory")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DeployError(f"--release {path}: {RELEASE_JSON} is not JSON ({exc}); re-create it with `invoke release`")
+    if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict) or not isinstance(doc.get("name"), str):
+        raise DeployError(f"--release {path}: {RELEASE_JSON} has no spec/name; re-create it with `invoke release`")
+    return doc, digest
+
+
+def from_release(path: str | Path) -> DeploySource:
+    """The release at `path` (tarball with its `.sha256`, or an unpacked directory)."""
+    path = Path(path)
+    doc, digest = _read_document(path)
+    try:
+        spec = BuildSpec.model_validate(doc["spec"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise DeployError(f"--release {path}: recorded spec field {'.'.join(map(str, err['loc']))}: {err['msg']}; "
+                          "re-create the release with this pipeline version") from None
+    engine = ((doc.get("toolchain") or {}).get("engine") or {})
+    version = engine.get("tensorrt_llm") if isinstance(engine, dict) else None
+    return DeploySource(spec=spec, release_file=f"{doc['name']}.tar.gz", sha256=digest,
+                        trtllm_version=str(version or TRTLLM_VERSION), origin="release")
+
+
+def from_spec(spec: BuildSpec, release_file: str | None = None) -> DeploySource:
+    """A spec whose release will be at `release_file` (default `<model>-<precision>-tp<T>-pp<P>.tar.gz`)."""
+    p = spec.parallelism
+    name = release_file or f"{spec.model.name}-{spec.quantization.precision}-tp{p.tp}-pp{p.pp}.tar.gz"
+    return DeploySource(spec=spec, release_file=name, trtllm_version=TRTLLM_VERSION, origin="spec")
