@@ -119,3 +119,23 @@ def test_tiny_download_and_repository_estimates_within_10_percent(tiny_models, t
     assert _within(roles["draft"], _tree_bytes(tiny_models["tiny-llama-draft"]))
     repo = tiny_reference_repo("h17-sizes")
     assert _within(plan.stage_bytes("package"), _tree_bytes(repo)), (plan.stage_bytes("package"), _tree_bytes(repo))
+
+
+@pytest.mark.slow
+def test_tied_embeddings_are_exported_twice(tmp_path):
+    """ModelOpt writes lm_head as its own tensor for a tied Llama (Llama 3.2 1B/3B), so the checkpoint holds both."""
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.registry import Architecture
+
+    arch = Architecture(num_layers=2, hidden_size=256, num_heads=8, num_kv_heads=4, head_dim=32,
+                        intermediate_size=512, vocab_size=1024, max_position_embeddings=512, tie_word_embeddings=True)
+    model = LlamaForCausalLM(LlamaConfig(**arch.hf_config())).eval()
+    with torch.inference_mode():
+        export_tensorrt_llm_checkpoint(model, "llama", torch.bfloat16, export_dir=tmp_path,
+                                       inference_tensor_parallel=1, inference_pipeline_parallel=1)
+    written = _tree_bytes(tmp_path)
+    assert written > arch.total_params * 2 + arch.vocab_size * arch.hidden_size * 2  # lm_head on top of the tie
+    assert _within(checkpoint_bytes(arch, "bf16", tp=1, pp=1), written)
