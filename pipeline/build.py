@@ -251,6 +251,7 @@ def build(
     options: BuildOptions | None = None,
     progress: Callable[[str], None] | None = _stderr,
     check_only: bool = False,
+    host_check: Callable[[list[str]], str] | None = None,
 ) -> BuildReport:
     """Run the build chain for `spec`.
 
@@ -262,6 +263,8 @@ def build(
         options: download options (offline/update/verify/endpoint/token/revision) and `verify` (re-hash all).
         progress: callback for the one-line-per-stage progress (default: stderr); None for silence.
         check_only: locate every stage up to `until`; nothing is built (`locate_outputs`).
+        host_check: called with the stages to run after the spec and preflight checks, before any download;
+            returns a line for the check stage's detail or raises (`pipeline.host_check`).
 
     Raises:
         BuildError: bad --until/--from/--force. PipelineError subclasses from the stages, e.g. IntegrityError
@@ -281,6 +284,8 @@ def build(
     say(f"[1/{n}] check: {_doing('check', spec)} ...")
     t0 = time.perf_counter()
     oc, toolchain = _check(spec, preflight_compile="compile" in run)
+    if host_check is not None and run:
+        oc.detail += "; " + host_check(run)
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
     outcomes = [oc]

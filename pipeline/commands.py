@@ -21,7 +21,7 @@ from typing import Any
 from . import aiconfigurator, planner
 from . import bench as bench_lib
 from .artifacts import engines_dir
-from .build import BuildOptions, locate_outputs
+from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
 from .calibrate.stage import run_calibrate
 from .cli import int_option
@@ -33,11 +33,13 @@ from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
 from .errors import DeployError, ServeError, SpecError
+from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .llmapi.options import llm_api_options
 from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
+from .resources import SizeInputs, plan_resources
 from .serve import TritonServer
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
@@ -52,9 +54,22 @@ def _path(p: str | Path | None) -> Path | None:
     return Path(p) if p else None
 
 
-def check_command(spec: BuildSpec) -> None:
-    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line."""
+def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
+    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
+    check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
+
+    Args:
+        skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
+    """
     print(spec.summary())
+    if not skip_host_check:
+        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
+        print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+
+
+def resources_section(spec: BuildSpec):
+    """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
+    return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
 
 
 def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
@@ -88,14 +103,16 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
         return
     result = planner.plan_capacity(spec, **lengths, **terms)
     other = aiconfigurator.second_opinion(result, tokens_per_block=spec.limits.tokens_per_block) if estimator else None
+    resources = resources_section(spec)
     if json_:
         data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data | {"resources": resources.as_dict()}, indent=2))
         return
     print(planner.format_capacity_plan(result))
     if other is not None:
         print()
         print(aiconfigurator.format_side_by_side(result, other))
+    print("\nbuild resources\n" + format_resources(resources))
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------
@@ -173,7 +190,7 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
 
 # --- build / release / verify / bench --------------------------------------------------------------------------------
 def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
-                  verify_download=False, verify=False, revision=None, endpoint=None) -> None:
+                  verify_download=False, verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
 
     A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
@@ -190,11 +207,14 @@ def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=
         verify: re-hash every stage output (sha256), not only sizes and mtimes, before reusing it
         revision: download: model revision (branch, tag or commit) overriding the registry's
         endpoint: download: Hugging Face Hub endpoint URL
+        skip_host_check: do not compare GPU memory, RAM and disk with what the stages need (unusual setups)
     """
+    host_check = None if skip_host_check else (
+        lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
                         revision=revision, endpoint=endpoint)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
-        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
 
