@@ -5,8 +5,8 @@ scheduling, block prefix caching and draft-target speculation, reporting the met
 Weights (ModelOpt unified HF export): FP8 (`float8_e4m3fn` weight x `weight_scale`), INT4 AWQ (two signed 4-bit
 values per uint8 along the output dim, x per-group `weight_scale`; W4A8 also rounded to FP8 multiples of
 `weight_scale_2`), INT8 (x per-channel `weight_scale`); an AWQ `pre_quant_scale` is folded into the weight's
-columns. Activation and KV-cache quantization are not
-simulated (`input_scale`, `k_scale`, `v_scale` are read and dropped).
+columns, or (with FP8 activations) applied to the input. FP8 activations are simulated: a linear with an `input_scale` rounds its input to FP8 multiples of it
+(static per-tensor, as the FP8 GEMM does); KV-cache quantization is not (`k_scale`, `v_scale` are dropped).
 
 Scheduling: at most `max_batch_size` sequences are active; each round runs one step of each (prefill, one token, or
 one speculative step). Prefix caching (`kv_cache_config.enable_block_reuse`, default on): after a prefill the
@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 _DROPPED = (".input_scale", ".k_scale", ".v_scale", ".k_bias", ".v_bias", "_amax")
+FP8_MAX = 448.0
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -63,8 +64,8 @@ def dequantize(name: str, weight: torch.Tensor, tensors: dict) -> torch.Tensor:
     else:
         w = weight.float()
     pre = tensors.get(base + "pre_quant_scale")
-    if pre is not None:  # y = (x * s) W^T = x (W * s)^T
-        w = w * pre.float().reshape(1, -1)
+    if pre is not None and base + "input_scale" not in tensors:  # y = (x * s) W^T = x (W * s)^T
+        w = w * pre.float().reshape(1, -1)  # (with an input_scale, the activation hook applies it before FP8)
     return w
 
 
@@ -100,7 +101,28 @@ def load_model(path: str, dtype: torch.dtype):
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     if tied:
         model.tie_weights()
+    _fp8_activation_hooks(model, tensors)
     return model.eval()
+
+
+def _fp8_activation_hooks(model, tensors: dict) -> None:
+    """Round the input of every linear that has an `input_scale` to FP8 (E4M3) multiples of that scale, after its
+    AWQ `pre_quant_scale` (which the scale was calibrated on)."""
+    modules = dict(model.named_modules())
+    for key, scale in tensors.items():
+        name = key[: -len(".input_scale")]
+        if not key.endswith(".input_scale") or name not in modules:
+            continue
+        s = scale.float().reshape(())
+        pre = tensors.get(name + ".pre_quant_scale")
+        pre = pre.float() if pre is not None else None
+
+        def hook(_module, args, s=s, pre=pre):
+            x = args[0].float() if pre is None else args[0].float() * pre
+            q = (x / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+            return (q.to(args[0].dtype), *args[1:])
+
+        modules[key[: -len(".input_scale")]].register_forward_pre_hook(hook)
 
 
 # ------------------------------------------------------------------------------------------------ prefix cache
