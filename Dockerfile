@@ -12,6 +12,9 @@ FROM nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-trtllm-python-py3
 ARG TRTLLM_VERSION=1.2.1
 RUN python3 -c "import importlib.metadata as m, sys; v = m.version('tensorrt_llm'); \
 sys.exit(0 if v == '${TRTLLM_VERSION}' else f'image has tensorrt_llm {v}, the pipeline needs ${TRTLLM_VERSION}')"
+# The same image serves --runtime pytorch: trtllm-serve / trtllm-llmapi-launch (OpenAI server) and the Python
+# backend the Triton `llmapi` model runs on (tensorrt_llm.LLM on the PyTorch backend); fail early without them.
+RUN command -v trtllm-serve >/dev/null && command -v trtllm-llmapi-launch >/dev/null
 
 WORKDIR /opt/trtllm-pipeline
 COPY pyproject.toml README.md tasks.py ./
@@ -33,4 +36,7 @@ EXPOSE 8000 8001 8002
 # Run invoke tasks from the package dir (tasks.py), e.g.:
 #   docker run --gpus all -v $PWD/out:/workspace/out -v $PWD/cache:/workspace/cache IMAGE \
 #     invoke build --model llama-70b --precision fp8 --tp 4
+#   ... IMAGE invoke build --model llama-70b --precision fp8 --tp 4 --runtime pytorch     (HF checkpoint, no engines)
+#   ... -p 8000:8000 IMAGE invoke serve --mode trtllm-serve --host 0.0.0.0 --model llama-70b --precision fp8 \
+#     --tp 4 --runtime pytorch                                                            (OpenAI /v1/completions)
 CMD ["invoke", "--list"]

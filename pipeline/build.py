@@ -1,4 +1,7 @@
-"""One-command build: check → download → calibrate → compile (target trtllm) or reference → package.
+"""One-command build: check → download → calibrate → compile (target trtllm, runtime engine) → package.
+
+Runtime pytorch: calibrate exports a unified Hugging Face checkpoint, compile is a no-op (the PyTorch backend loads
+the checkpoint; the report says so) and package writes the Triton `llmapi` repository with the LLM-API options.
 
 Every stage owns its cache (its output dir's `manifest.json` records `key`, the hash of exactly its inputs, and the
 file table of its output), so a finished build re-run reads manifests and file sizes/mtimes only, a changed input
@@ -26,11 +29,13 @@ from .download import download_model
 from .errors import BuildError
 from .layout import BuildLayout
 from .manifests import StageResult
+from .llmapi.options import llm_api_options
 from .spec import BuildSpec
 from .triton import package_repo
+from .triton.llmapi_package import package_llmapi_repo
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
-__all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "locate_outputs",
+__all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "compiles", "locate_outputs",
            "stage_range"]
 
 
@@ -98,11 +103,19 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def stage_range(*, until: str | None, from_stage: str | None, force: str | None, target: str) -> list[str]:
+def compiles(spec: BuildSpec) -> bool:
+    """Whether the build has a real compile stage (TensorRT engines: target trtllm on runtime engine)."""
+    return spec.target == "trtllm" and spec.runtime == "engine"
+
+
+def stage_range(*, until: str | None, from_stage: str | None, force: str | None, target: str,
+                runtime: str = "engine") -> list[str]:
     """The stages to execute, validated. Raises BuildError for unknown names or an empty/inverted range."""
     for name, value in (("--until", until), ("--from", from_stage), ("--force", force)):
         if value is not None and value not in STAGES:
             raise BuildError(f"{name} {value!r} is not a stage; stages: {', '.join(STAGES)}")
+    if force == "compile" and runtime == "pytorch":
+        raise BuildError("--force compile: runtime pytorch has nothing to compile; use --force calibrate or package")
     if force == "compile" and target != "trtllm":
         raise BuildError("--force compile: target=reference has no compile stage; use --target trtllm")
     lo = STAGES.index(from_stage) if from_stage else 0
@@ -166,6 +179,7 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bo
     out.layout = BuildLayout(
         build_id=out.checkpoint.manifest.build_id, target=spec.target, spec_key=spec.fingerprint(),
         draft_build_id=out.draft_checkpoint.manifest.build_id if out.draft_checkpoint else None,
+        runtime=spec.runtime,
     )
     results = {"target": out.checkpoint, "draft": out.draft_checkpoint}
     detail = " ".join(f"{role} ppl Δ {float(r.manifest.quality['ppl_delta_pct']):+.2f}%"
@@ -188,6 +202,14 @@ def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
 
 def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
     lay = out.layout
+    if spec.runtime == "pytorch":
+        draft = out.draft_checkpoint.path if out.draft_checkpoint else None
+        out.triton_repo = package_llmapi_repo(
+            spec, checkpoint_dir=out.checkpoint.path, draft_dir=draft,
+            options=llm_api_options(spec, draft_dir=draft), build_id=lay.build_id, name=lay.repo_name,
+            spec_key=lay.spec_key, force=force, check_only=check_only, verify=opts.verify,
+        )
+        return _outcome("package", {"triton_repo": out.triton_repo}, "llmapi model")
     out.triton_repo = package_repo(
         spec, build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
         checkpoint_dir=out.checkpoint.path, tokenizer_dir=out.checkpoint.path,
@@ -201,6 +223,9 @@ def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
 
 def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, Any]:
     """The spec is validated by resolve_spec; before a trtllm compile also run the preflight (< 1 s on CPU)."""
+    if spec.runtime == "pytorch":
+        return StageOutcome("check", "ok", 0.0, detail=f"spec ok; runtime pytorch, target {spec.target} "
+                            "(Hugging Face checkpoint, no engines)"), None
     if spec.target != "trtllm":
         return StageOutcome("check", "ok", 0.0, detail="spec ok; reference target (PyTorch backend, no engines)"), None
     if not preflight_compile:
@@ -226,6 +251,7 @@ def build(
     options: BuildOptions | None = None,
     progress: Callable[[str], None] | None = _stderr,
     check_only: bool = False,
+    host_check: Callable[[list[str]], str] | None = None,
 ) -> BuildReport:
     """Run the build chain for `spec`.
 
@@ -237,6 +263,8 @@ def build(
         options: download options (offline/update/verify/endpoint/token/revision) and `verify` (re-hash all).
         progress: callback for the one-line-per-stage progress (default: stderr); None for silence.
         check_only: locate every stage up to `until`; nothing is built (`locate_outputs`).
+        host_check: called with the stages to run after the spec and preflight checks, before any download;
+            returns a line for the check stage's detail or raises (`pipeline.host_check`).
 
     Raises:
         BuildError: bad --until/--from/--force. PipelineError subclasses from the stages, e.g. IntegrityError
@@ -245,7 +273,8 @@ def build(
     options = options or BuildOptions()
     say = progress or (lambda line: None)
     t_start = time.perf_counter()
-    run = [] if check_only else stage_range(until=until, from_stage=from_stage, force=force, target=spec.target)
+    run = [] if check_only else stage_range(until=until, from_stage=from_stage, force=force, target=spec.target,
+                                            runtime=spec.runtime)
     forced = set(STAGES[STAGES.index(force):]) if force else set()
     out = BuildOutputs()
     chain = _chain(spec, until or STAGES[-1])
@@ -255,24 +284,33 @@ def build(
     say(f"[1/{n}] check: {_doing('check', spec)} ...")
     t0 = time.perf_counter()
     oc, toolchain = _check(spec, preflight_compile="compile" in run)
+    if host_check is not None and run:
+        oc.detail += "; " + host_check(run)
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
     outcomes = [oc]
     lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}")
     with lock:
         outcomes += _run_chain(spec, chain, run, forced, out, options, toolchain, n=n, say=say)
-        if spec.target != "trtllm" and "compile" in run:
+        if not compiles(spec) and "compile" in run:
             at = next((k for k, o in enumerate(outcomes) if o.stage == "package"), len(outcomes))
-            outcomes.insert(at, StageOutcome("compile", "skipped", 0.0, detail="target reference: no engines"))
+            outcomes.insert(at, StageOutcome("compile", "skipped", 0.0, detail=_no_compile(spec)))
+            say(f"compile: skipped ({_no_compile(spec)})")
     total = time.perf_counter() - t_start
     report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out)
     say(f"build {'unchanged' if report.noop else 'done'}: {out.build_id or '-'} in {total:.2f}s")
     return report
 
 
+def _no_compile(spec: BuildSpec) -> str:
+    if spec.runtime == "pytorch":
+        return "no-op, nothing to compile: runtime pytorch loads the Hugging Face checkpoint at serve time"
+    return "target reference: no engines"
+
+
 def _chain(spec: BuildSpec, last: str) -> list[str]:
-    """The stages after check up to `last` that apply to the spec's target (compile only for trtllm)."""
-    return [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and spec.target != "trtllm")]
+    """The stages after check up to `last` that apply to the spec (compile only for trtllm engines)."""
+    return [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and not compiles(spec))]
 
 
 def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
@@ -299,12 +337,14 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
 def _doing(stage: str, spec: BuildSpec) -> str:
     q = spec.quantization
     return {
-        "check": "validating spec" + (" and GPU/toolchain preflight" if spec.target == "trtllm" else ""),
+        "check": "validating spec" + (" and GPU/toolchain preflight" if compiles(spec) else ""),
         "download": f"fetching {spec.model.repo_id}@{spec.model.revision}"
         + (f" + {spec.draft_model.repo_id}" if spec.draft_model else ""),
-        "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, checkpoint export",
+        "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, "
+        + ("Hugging Face checkpoint export" if spec.runtime == "pytorch" else "checkpoint export"),
         "compile": f"trtllm-build tp={spec.parallelism.tp} pp={spec.parallelism.pp} for {spec.hardware.gpu}",
-        "package": f"Triton model repository ({spec.target})",
+        "package": f"Triton model repository ({spec.target}"
+        + (", llmapi model)" if spec.runtime == "pytorch" else ")"),
     }[stage]
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 from . import aiconfigurator, planner
 from . import bench as bench_lib
 from .artifacts import engines_dir
-from .build import BuildOptions, locate_outputs
+from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
 from .calibrate.stage import run_calibrate
 from .cli import int_option
@@ -31,13 +33,18 @@ from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
 from .errors import DeployError, ServeError, SpecError
+from .host_check import check_host_fits, format_resources, repo_code_bytes
+from .llmapi.options import llm_api_options
+from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
+from .resources import SizeInputs, plan_resources
 from .serve import TritonServer
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
 from .triton.install import install_command
+from .triton.llmapi_package import package_llmapi_repo
 from .triton.package import package_repo
 
 PENDING = "<build-id>"
@@ -47,9 +54,22 @@ def _path(p: str | Path | None) -> Path | None:
     return Path(p) if p else None
 
 
-def check_command(spec: BuildSpec) -> None:
-    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line."""
+def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
+    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
+    check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
+
+    Args:
+        skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
+    """
     print(spec.summary())
+    if not skip_host_check:
+        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
+        print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+
+
+def resources_section(spec: BuildSpec):
+    """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
+    return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
 
 
 def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
@@ -83,14 +103,16 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
         return
     result = planner.plan_capacity(spec, **lengths, **terms)
     other = aiconfigurator.second_opinion(result, tokens_per_block=spec.limits.tokens_per_block) if estimator else None
+    resources = resources_section(spec)
     if json_:
         data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data | {"resources": resources.as_dict()}, indent=2))
         return
     print(planner.format_capacity_plan(result))
     if other is not None:
         print()
         print(aiconfigurator.format_side_by_side(result, other))
+    print("\nbuild resources\n" + format_resources(resources))
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------
@@ -168,7 +190,7 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
 
 # --- build / release / verify / bench --------------------------------------------------------------------------------
 def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
-                  verify_download=False, verify=False, revision=None, endpoint=None) -> None:
+                  verify_download=False, verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
 
     A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
@@ -185,11 +207,14 @@ def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=
         verify: re-hash every stage output (sha256), not only sizes and mtimes, before reusing it
         revision: download: model revision (branch, tag or commit) overriding the registry's
         endpoint: download: Hugging Face Hub endpoint URL
+        skip_host_check: do not compare GPU memory, RAM and disk with what the stages need (unusual setups)
     """
+    host_check = None if skip_host_check else (
+        lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
                         revision=revision, endpoint=endpoint)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
-        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts)
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
 
@@ -303,7 +328,8 @@ def download_command(spec: BuildSpec, *, revision=None, update=False, offline=Fa
 
 
 def calibrate_command(spec: BuildSpec, *, force=False) -> None:
-    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints.
+    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints
+    (runtime pytorch: unified Hugging Face checkpoints with hf_quant_config.json).
 
     Args:
         force: rebuild even when the checkpoint for these inputs exists
@@ -320,7 +346,8 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
 # --- package / serve / smoke / install-repo -----------------------------------------------------------------------
 def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
                     draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False) -> Any:
-    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference.
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference;
+    for --runtime pytorch the `llmapi` model repository over the exported Hugging Face checkpoint.
 
     Earlier stages' outputs are located, never built: run `invoke build --until compile` (or calibrate) first.
     Explicit directories replace the located ones; the repository is named by the build layout unless only
@@ -330,12 +357,16 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         output: parent directory of the repository (default triton_repo/); the repo is <output>/<build-id>[-reference]
         engine_dir: trtllm: target engine dir (default: the compile stage's engines/<build-id>/engine)
         draft_engine_dir: trtllm: draft engine dir (default: <engine-dir>/../draft_engine)
-        checkpoint_dir: reference: target checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)
-        draft_checkpoint_dir: reference: draft checkpoint dir (default: the calibrate stage's draft checkpoint)
+        checkpoint_dir: reference or runtime pytorch: target checkpoint dir (default: the calibrate stage's
+            engines/<build-id>/checkpoint, or hf_checkpoint for runtime pytorch)
+        draft_checkpoint_dir: reference or runtime pytorch: draft checkpoint dir (default: the calibrate stage's)
         tokenizer_dir: tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)
         draft_tokenizer_dir: trtllm: the draft's tokenizer, for a draft engine built outside the pipeline
         force: rewrite the repository even when its manifest key is current
     """
+    if spec.runtime == "pytorch":
+        return _package_llmapi(spec, output=output, checkpoint_dir=checkpoint_dir,
+                               draft_checkpoint_dir=draft_checkpoint_dir, force=force)
     explicit = checkpoint_dir if spec.target == "reference" else engine_dir
     naming: dict[str, Any] = {}
     if explicit is None:
@@ -362,6 +393,27 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
     return res
 
 
+def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint_dir, force) -> Any:
+    """Runtime pytorch: the `llmapi` repository over the exported HF checkpoints (located unless given)."""
+    naming: dict[str, Any] = {}
+    if checkpoint_dir is None:
+        out = locate_outputs(spec, until="calibrate")
+        lay = out.layout
+        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+    draft = _path(draft_checkpoint_dir) if spec.draft_model else None
+    if spec.draft_model and draft is None:
+        raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
+    res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
+                              options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
+                              force=bool(force), **naming)
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
+    return res
+
+
 def _repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
     if repo:
         return Path(repo)
@@ -382,10 +434,17 @@ def _print_addresses(server: TritonServer, path: Path) -> None:
 
 
 def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
-                  ready_timeout=None, engine_dir=None, draft_engine_dir=None) -> None:
+                  ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
+                  print_only=False) -> Any:
     """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task.
 
+    `--mode trtllm-serve` (runtime pytorch) instead runs TensorRT-LLM's OpenAI-compatible server on the exported
+    Hugging Face checkpoint with the build's LLM-API options YAML (GPU host with TensorRT-LLM 1.2.1).
+
     Args:
+        mode: triton (default) or trtllm-serve
+        host: trtllm-serve: address to bind (default 127.0.0.1)
+        print_only: trtllm-serve: write the options YAML and print the command; run nothing
         repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
         http_port: HTTP port on 127.0.0.1 (default: a free port)
         grpc_port: gRPC port on 127.0.0.1 (default: a free port)
@@ -394,6 +453,11 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         engine_dir: serve tensorrt_llm from this engine dir (the repository itself is not changed)
         draft_engine_dir: serve tensorrt_llm_draft from this engine dir
     """
+    if (mode or "triton") not in SERVE_MODES:
+        raise SpecError(f"--mode {mode!r}: use one of {', '.join(SERVE_MODES)}")
+    if mode == "trtllm-serve":
+        return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
+                             host=host or "127.0.0.1", print_only=bool(print_only))
     ports = {name: int_option(name, value) for name, value in
              (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port))}
     timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
@@ -421,6 +485,31 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         server.stop()
         signal.signal(signal.SIGTERM, old)
     print("ok: server stopped")
+
+
+SERVE_MODES = ("triton", "trtllm-serve")
+
+
+def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: bool) -> TrtllmServePlan:
+    """Write the build's LLM-API options next to its HF checkpoint and run (or print) trtllm-serve on them."""
+    if spec is None or spec.runtime != "pytorch":
+        raise SpecError("--mode trtllm-serve serves a runtime-pytorch build: pass its spec with --runtime pytorch")
+    out = locate_outputs(spec, until="calibrate")
+    draft = out.draft_checkpoint.path if out.draft_checkpoint else None
+    options = llm_api_options(spec, draft_dir=draft)
+    options_file = out.checkpoint.path.parent / f"llm_api_options-{out.layout.spec_key[:8]}.yaml"
+    tmp = options_file.with_name(f".{options_file.name}.{os.getpid()}")
+    tmp.write_text(options.to_yaml())
+    os.replace(tmp, options_file)
+    plan = trtllm_serve_plan(spec, model_dir=out.checkpoint.path, options_file=options_file, host=host, port=port)
+    print(plan.command_line())
+    if print_only:
+        return plan
+    require_trtllm_serve()
+    rc = subprocess.run(plan.argv, check=False).returncode
+    if rc != 0:
+        raise ServeError(f"trtllm-serve exited with status {rc}; see its output above")
+    return plan
 
 
 def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,

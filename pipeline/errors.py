@@ -7,7 +7,7 @@ printed by the CLI as `error: <line>`, which then exits with the class's `exit_c
 | 1 | unexpected failure (a bug: Python prints a traceback) | |
 | 2 | bad input, or a prerequisite output is missing: fix the command, the spec or run the earlier stage | most |
 | 3 | integrity: an artifact differs from its manifest or release record (corrupt, modified, extra) | `IntegrityError` |
-| 4 | this host cannot do it: no GPU / TensorRT-LLM, or an engine built for another toolchain or GPU | `HostError` |
+| 4 | this host cannot do it: no GPU / TensorRT-LLM, too little GPU memory, RAM or disk for the build, or an engine built for another toolchain or GPU | `HostError` |
 | 5 | the work ran and failed: an I/O error (disk full, file too large, permission), or requests failed | `RunError` |
 """
 
@@ -114,6 +114,10 @@ class HostMismatchError(HostError, VerifyError):
     def __init__(self, message: str, report: Any = None, **fields: Any):
         super().__init__(message, **fields)
         self.report = report
+
+
+class HostResourceError(HostError):
+    """This host lacks the GPU memory, RAM or disk a build needs (checked before any download)."""
 
 
 class RunError(PipelineError):

@@ -28,6 +28,7 @@ from .errors import IntegrityError, ReleaseError
 from .manifests import ReleaseDocument, integrity_error
 from .planner import plan_capacity
 from .spec import BuildSpec
+from .trtllm_rules import TRTLLM_VERSION
 
 RELEASE_JSON = "release.json"
 RELEASE_FORMAT = 1
@@ -303,6 +304,11 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
         "version": version,
         "build_id": out.build_id,
         "target": spec.target,
+        "runtime": spec.runtime,
+        # what serves it: engines pin TensorRT-LLM, TensorRT and the SM (their manifests); a runtime-pytorch HF
+        # checkpoint pins only the TensorRT-LLM release its LLM-API options are written for (no SM)
+        "serving": {"runtime": spec.runtime, "tensorrt_llm": TRTLLM_VERSION,
+                    "sm_pinned": spec.runtime == "engine" and spec.target == "trtllm"},
         "spec": spec.model_dump(mode="json"),
         "spec_key": out.layout.spec_key,
         "summary": spec.summary(),
@@ -332,7 +338,8 @@ def _component_manifests(arc: str, source: Path) -> list[str]:
 def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], dict[str, tuple[str, dict]]]:
     """Release components in the output-tree layout (arc dir -> source dir) and what each manifest records."""
     root = output_root()
-    roles = ("engine", "draft_engine") if spec.target == "trtllm" else ("checkpoint", "draft_checkpoint")
+    engines = spec.target == "trtllm" and spec.runtime == "engine"
+    roles = ("engine", "draft_engine") if engines else ("checkpoint", "draft_checkpoint")
     results = {role: getattr(out, role) for role in (*roles, "triton_repo")}
     components: dict[str, Path] = {}
     recorded: dict[str, tuple[str, dict]] = {}
@@ -349,6 +356,8 @@ def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], di
         components[arc] = Path(res.path)
         recorded[arc] = (res.manifest.stage, res.manifest.files)
     ckpt = out.checkpoint
+    if spec.runtime == "pytorch":  # the HF checkpoint holds its tokenizer at its root
+        return components, recorded
     components["tokenizer"] = ckpt.path / "tokenizer"
     recorded["tokenizer"] = ("calibrate", {rel[len("tokenizer/"):]: rec for rel, rec in ckpt.manifest.files.items()
                                            if rel.startswith("tokenizer/")})

@@ -162,7 +162,7 @@ def host_diff(record: dict[str, Any], host: HostInfo) -> list[str]:
     for key, label in (("tensorrt_llm", "TensorRT-LLM"), ("tensorrt", "TensorRT")):
         want, have = record.get(key), getattr(host, key)
         if want and have and str(want) != str(have):
-            diff.append(f"{label}: engine built with {want}, host has {have}")
+            diff.append(f"{label}: {record.get('built', 'engine built with')} {want}, host has {have}")
     if record.get("sm") and host.sm and int(record["sm"]) != int(host.sm):
         diff.append(f"GPU: engine built for SM {record['sm'] / 10:.1f}, host GPU is SM {host.sm / 10:.1f}")
     return diff
@@ -191,6 +191,18 @@ def _engines_in_release(doc: ReleaseDocument) -> list[str]:
     dirs = {rel.rsplit("/", 1)[0] for rel in doc.files if re.search(r"(^|/)rank\d+\.engine$", rel)}
     dirs |= {arc for arc in doc.components if arc.endswith(("/engine", "/draft_engine"))}
     return sorted(dirs)
+
+
+def runtime_records(doc: ReleaseDocument) -> list[dict[str, Any]]:
+    """A runtime-pytorch release's serving record: the TensorRT-LLM release it is written for, no TensorRT or SM
+    (the PyTorch backend loads the HF checkpoint on any supported GPU)."""
+    serving = (doc.model_extra or {}).get("serving")
+    if not isinstance(serving, dict) or serving.get("runtime") != "pytorch":
+        return []
+    trtllm = serving.get("tensorrt_llm")
+    path = f"engines/{(doc.model_extra or {}).get('build_id')}/hf_checkpoint"
+    return [{"path": path, "tensorrt_llm": trtllm if isinstance(trtllm, str) else None,
+             "tensorrt": None, "sm": None, "built": "HF checkpoint and LLM-API options written for"}]
 
 
 def _read_capped(path: Path, what: str) -> bytes:
@@ -324,12 +336,14 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
         for d in _engines_in_release(doc):
             rec = engine_record(_json_object(small.get(f"{d}/{MANIFEST}")), _json_object(small.get(f"{d}/config.json")))
             records.append({"path": d, **rec})
+        records += runtime_records(doc)
     elif (path / RELEASE_JSON).is_file():
         report = VerifyReport(path, "release")
         doc = _verify_unpacked(path, report)
         report.files_checked = len(doc.files)
         for d in _engines_in_release(doc):
             records.append({"path": d, **_engine_record_on_disk(path / d)})
+        records += runtime_records(doc)
     else:
         report = _verify_manifest_tree(path, records)
     report.engines = records
@@ -345,7 +359,7 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
         _check_host(report, records, host)
         if report.host_diff:
             raise HostMismatchError(
-                f"{path}: engine does not match this host: {'; '.join(report.host_diff)}; rebuild the engine on a "
+                f"{path}: release does not match this host: {'; '.join(report.host_diff)}; rebuild it on a "
                 "host with this toolchain/GPU or serve it from the image/GPU it was built for",
                 report,
             )

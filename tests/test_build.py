@@ -29,6 +29,7 @@ def test_stage_range_defaults_and_bounds():
         (dict(from_stage="package", until="download"), "--from package comes after --until download"),
         (dict(force="download", from_stage="calibrate"), "--force download is outside"),
         (dict(force="compile", target="reference"), "--force compile: target=reference has no compile stage"),
+        (dict(force="compile", runtime="pytorch"), "--force compile: runtime pytorch has nothing to compile"),
     ],
 )
 def test_stage_range_errors(kwargs, needle):
@@ -105,3 +106,34 @@ def test_package_and_compile_find_the_checkpoint_but_never_calibrate(pipeline_en
     with pytest.raises(CalibrationError, match="no current target checkpoint"):
         locate_checkpoints(spec, checkpoint_dir=None, draft_checkpoint_dir=None, dry_run=False)
     assert not (pipeline_env / "out" / "engines").exists()  # nothing calibrated, nothing started
+
+
+@pytest.mark.slow
+def test_runtime_pytorch_build_exports_hf_skips_compile_and_packages_llmapi(pipeline_env):
+    import json
+
+    import yaml
+
+    from pipeline.llmapi.options import LlmApiOptions
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch", calib_size=4,
+                        calib_seq_len=32)
+    lines: list[str] = []
+    report = build(spec, progress=lines.append)
+    stages = {o.stage: o for o in report.stages}
+    assert stages["compile"].status == "skipped" and "no-op, nothing to compile" in stages["compile"].detail
+    assert any(line.startswith("compile: skipped (no-op") for line in lines)
+    ckpt, draft = report.outputs.checkpoint.path, report.outputs.draft_checkpoint.path
+    assert ckpt.name == draft.name == "hf_checkpoint" and report.outputs.engine is None
+    q = json.loads((ckpt / "hf_quant_config.json").read_text())["quantization"]
+    assert (q["quant_algo"], q["kv_cache_quant_algo"]) == ("FP8", "FP8")
+    repo = report.outputs.triton_repo.path
+    # target trtllm builds on a CPU host too: nothing is compiled, the llmapi repo runs tensorrt_llm.LLM at serve time
+    m = report.outputs.triton_repo.manifest
+    assert not repo.name.endswith("-reference") and (m.target, m.runtime) == ("trtllm", "pytorch")
+    data = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    options = LlmApiOptions.from_mapping({k: v for k, v in data.items() if k in LlmApiOptions.model_fields},
+                                         what="model.yaml")
+    assert options.speculative_config.max_draft_len == 4 and options.kv_cache_config.dtype == "fp8"
+    again = build(spec, progress=None)
+    assert again.noop and again.outputs.triton_repo.path == repo

@@ -17,7 +17,7 @@ def invoke(*args: str) -> subprocess.CompletedProcess:
 
 def test_check_ok_prints_one_line():
     r = invoke("check", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft", "llama-1b",
-               "--max-batch", "4")
+               "--max-batch", "4", "--skip-host-check")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and r.stdout.startswith("ok: llama-70b")
     assert "draft=llama-1b K=5" in r.stdout
@@ -39,7 +39,7 @@ def test_check_unknown_model_exits_2():
 def test_check_spec_file_with_flag_override(tmp_path):
     f = tmp_path / "spec.yaml"
     f.write_text("model: llama-8b\nquantization: {precision: int4_awq}\nparallelism: {tp: 2}\n")
-    r = invoke("check", "--spec", str(f), "--precision", "fp8")
+    r = invoke("check", "--spec", str(f), "--precision", "fp8", "--skip-host-check")
     assert r.returncode == 0, r.stderr
     assert "precision=fp8 kv=fp8 tp=2" in r.stdout
 
@@ -58,7 +58,7 @@ def test_check_bad_int_flag():
 
 def test_no_kv_reuse_flag_unblocks_int4_fp8_kv():
     r = invoke("check", "--model", "llama-70b", "--precision", "int4_awq", "--kv-cache", "fp8", "--no-kv-reuse",
-               "--no-chunked-context")
+               "--no-chunked-context", "--skip-host-check")
     assert r.returncode == 0, r.stderr
     assert "kv_reuse=off" in r.stdout
 
@@ -168,7 +168,7 @@ def test_spec_file_duplicate_keys_and_wrong_scalar_types_are_refused(tmp_path):
 def test_spec_file_with_a_bom_is_read(tmp_path):
     f = tmp_path / "spec.yaml"
     f.write_bytes(b"\xef\xbb\xbfmodel: llama-8b\nparallelism: {tp: 2}\n")
-    r = invoke("check", "--spec", str(f))
+    r = invoke("check", "--spec", str(f), "--skip-host-check")
     assert r.returncode == 0 and "tp=2" in r.stdout, r.stderr
 
 
@@ -213,3 +213,19 @@ def test_io_errors_are_one_line_exit_5(capsys):
     assert info.value.code == 5 and err.count("\n") == 1
     assert err == ("error: `invoke release` failed: /out/releases/x.tar.gz: No space left on device; free disk "
                    "space, then re-run (nothing half-written is kept)\n")
+
+
+def test_check_compares_with_this_host_and_plan_shows_the_resources(tmp_path):
+    import os
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "invoke", "check", "--model", "tiny-llama", "--target", "reference"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and r.stderr.startswith("host: fits: disk ")
+    r = invoke("plan", "--model", "llama-8b", "--precision", "fp8", "--json")
+    res = json.loads(r.stdout)["resources"]
+    assert [d["stage"] for d in res["disk"]] == ["download", "calibrate", "compile", "package", "release"]
+    assert res["calibration"][0]["gpu_terms_bytes"]["export_copy"] == res["calibration"][0]["params"] * 2
+    r = invoke("plan", "--model", "llama-8b", "--precision", "fp8")
+    assert "build resources" in r.stdout and "calibrate target: GPU 32.2 GiB" in r.stdout

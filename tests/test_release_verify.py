@@ -133,3 +133,30 @@ def test_not_a_release_is_refused(tmp_path):
         tar.add(f, "x/f.txt")
     with pytest.raises(VerifyError, match="has no release.json"):
         verify(plain)
+
+
+# --- runtime pytorch: TensorRT-LLM version checked, no engine or SM pinning ----------------------------------------
+
+
+@pytest.fixture
+def pytorch_release(tmp_path):
+    ck = tmp_path / "out" / "engines" / "b1" / "hf_checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    (ck / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "FP8"}}')
+    write_manifest(ck, {"key": "k-hf", "files": file_table(ck)})
+    meta = {"version": "1", "build_id": "b1", "runtime": "pytorch",
+            "serving": {"runtime": "pytorch", "tensorrt_llm": "1.2.1", "sm_pinned": False}}
+    return pack_release(name="rel", components={"engines/b1/hf_checkpoint": ck}, metadata=meta,
+                        output_dir=tmp_path / "r")
+
+
+def test_pytorch_release_checks_the_trtllm_version_but_not_the_sm(pytorch_release):
+    report = verify(pytorch_release.tarball, host=HostInfo(tensorrt_llm="1.2.1", tensorrt=None, sm=80))
+    assert report.ok and report.host_checked
+    assert report.engines == [{"path": "engines/b1/hf_checkpoint", "tensorrt_llm": "1.2.1", "tensorrt": None,
+                               "sm": None, "built": "HF checkpoint and LLM-API options written for"}]
+    with pytest.raises(HostMismatchError, match="TensorRT-LLM: HF checkpoint and LLM-API options written for 1.2.1, "
+                                                 "host has 1.3.0") as exc:
+        verify(pytorch_release.tarball, host=HostInfo(tensorrt_llm="1.3.0", tensorrt=None, sm=90))
+    assert exc.value.exit_code == 4

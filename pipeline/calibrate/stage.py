@@ -3,6 +3,8 @@
 Output layout: `engines/<model>-<precision>-<hash12>/checkpoint/` with TensorRT-LLM's `config.json`,
 `rank{i}.safetensors` (i < tp*pp), `tokenizer/` and `manifest.json`. The hash is the stage key over exactly the
 inputs that change the checkpoint: source revision, recipe, calibration-sample fingerprint, tp/pp, toolchain.
+For runtime pytorch the output is `engines/<build-id>/hf_checkpoint/`: ModelOpt's unified Hugging Face export
+(`hf_quant_config.json`, unsharded, tokenizer files at the root), with the same gate and round-trip check.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from ..artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_
 from ..checkpoint import load_checkpoint_as_hf
 from ..download import download_model
 from ..errors import CalibrationError
-from ..layout import checkpoint_dir
+from ..hf_checkpoint import load_hf_checkpoint
+from ..layout import runtime_checkpoint_dir
 from ..manifests import CheckpointManifest, StageResult
 from ..registry import ModelEntry
 from ..spec import BuildSpec
 from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
-from . import data, quality, recipes
+from . import data, export_hf, quality, recipes
 from . import export as exp
 
 STAGE_VERSION = 1
@@ -63,6 +66,7 @@ class _Plan:
     threshold: float
     enforce: bool
     export_dtype: str
+    runtime: str = "engine"
 
 
 def _plan(spec: BuildSpec, role: Role) -> _Plan:
@@ -75,6 +79,7 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         entry, precision = spec.draft_model, spec.draft_precision
     else:
         raise CalibrationError(f"role={role!r}: use 'target' or 'draft'")
+    pytorch = spec.runtime == "pytorch"
     size = q.calib_size or entry.calibration.calib_size
     if precision in recipes.AWQ and q.calib_size is None:
         size = min(size, AWQ_DEFAULT_CALIB_CAP)
@@ -84,9 +89,10 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         precision=precision,
         kv=q.kv,
         awq_block_size=q.awq_block_size,
-        # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/compile/engine_plan.py)
-        tp=spec.draft_tp if role == "draft" else spec.parallelism.tp,
-        pp=1 if role == "draft" else spec.parallelism.pp,
+        # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/compile/engine_plan.py); a
+        # Hugging Face export (runtime pytorch) is never sharded: the PyTorch backend shards it at load
+        tp=1 if pytorch else spec.draft_tp if role == "draft" else spec.parallelism.tp,
+        pp=1 if pytorch or role == "draft" else spec.parallelism.pp,
         calib_size=size,
         calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len,
         batch_size=q.calib_batch_size,
@@ -94,6 +100,7 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         threshold=q.max_ppl_delta_pct or entry.calibration.max_ppl_delta_pct,
         enforce=q.quality_gate,
         export_dtype="float16" if precision == "fp16" else "bfloat16",
+        runtime=spec.runtime,
     )
 
 
@@ -166,7 +173,8 @@ def run_calibrate(
     check_only: bool = False,
     verify: bool = False,
 ) -> CheckpointResult:
-    """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint.
+    """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint (or, for
+    runtime pytorch, a unified Hugging Face checkpoint).
 
     Args:
         spec: a validated build spec.
@@ -177,7 +185,8 @@ def run_calibrate(
         verify: re-hash every file of a current checkpoint (default: sizes and mtimes, hashing what changed).
 
     Returns:
-        The checkpoint at engines/<build-id>/checkpoint; status "cached" when it was current and intact.
+        The checkpoint at engines/<build-id>/checkpoint (hf_checkpoint for runtime pytorch); status "cached" when
+        it was current and intact.
 
     Raises:
         CalibrationError: bad calibration data, unsupported architecture, failed quality gate, export or
@@ -193,7 +202,7 @@ def run_calibrate(
     factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)
     build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"
-    final = checkpoint_dir(build_id)
+    final = runtime_checkpoint_dir(build_id, plan.runtime)
     if (hit := _cached(final, key, plan, force=force, verify=verify, strict=check_only)) is not None:
         return hit
     if check_only:
@@ -214,7 +223,7 @@ def run_calibrate(
                 factors=factors,
                 role=role,
                 model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
-                tokenizer=identity(tmp / "tokenizer"),
+                tokenizer=identity(tmp if plan.runtime == "pytorch" else tmp / "tokenizer"),
                 argv=[str(a) for a in sys.argv],
                 files=file_table(tmp),
             )
@@ -238,6 +247,8 @@ def _factors(plan: _Plan, source_sha: str, calibration: str) -> dict[str, Any]:
         "calibration": calibration,
         "parallelism": {"tp": plan.tp, "pp": plan.pp},
         "toolchain": toolchain(),
+        # a runtime-pytorch export differs in format; the engine runtime's keys (and build ids) stay as they were
+        **({"runtime": plan.runtime} if plan.runtime != "engine" else {}),
     }
 
 
@@ -255,17 +266,19 @@ def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]],
     """Re-load the checkpoint on CPU (float32) and compare it with the exported fake-quant model in float32.
 
     The KV-cache quantizers are switched off on the reference: the loaded model keeps its KV cache unquantized.
+    A Hugging Face export is read by `load_hf_checkpoint` (transformers has no loader for ModelOpt's format).
     """
 
-    loaded = load_checkpoint_as_hf(ckpt)
+    hf = plan.runtime == "pytorch"
+    loaded = load_hf_checkpoint(ckpt) if hf else load_checkpoint_as_hf(ckpt)
     exported.float()  # the exported copy is not used afterwards; compare both in float32
-    awq = plan.precision in recipes.AWQ
+    tier = "hf_export" if hf and cfg is not None else "awq" if plan.precision in recipes.AWQ else "exact"
     if cfg is not None and KV_QUANT_ALGO[plan.kv]:
         import modelopt.torch.quantization as mtq
 
         with mtq.set_quantizer_by_cfg_context(exported, recipes.KV_QUANTIZERS_OFF):
-            return quality.roundtrip(loaded, exported, samples, device, awq=awq)
-    return quality.roundtrip(loaded, exported, samples, device, awq=awq)
+            return quality.roundtrip(loaded, exported, samples, device, tier=tier)
+    return quality.roundtrip(loaded, exported, samples, device, tier=tier)
 
 
 def _peak_memory(device) -> dict[str, int]:
@@ -339,7 +352,6 @@ def _checked_roundtrip(plan: _Plan, cfg, model, exported, tmp: Path, samples, de
 
 def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encode, tmp: Path) -> dict[str, Any]:
     """Load, measure the reference, quantize, export, gate on quality, round-trip; return the manifest fields."""
-    import torch
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -357,8 +369,7 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
 
     quant_algo, kv_algo = recipes.expected_algos(plan.precision, plan.kv)
     with _timed(timings, "export_s"):
-        exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=getattr(torch, plan.export_dtype))
-        trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
+        exported, ckpt_fields = _export(plan, model, tmp, quant_algo, kv_algo)
 
     with _timed(timings, "quality_s"):
         report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold)
@@ -368,18 +379,16 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     with _timed(timings, "roundtrip_s"):
         rt = _checked_roundtrip(plan, cfg, model, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device,
                                 what=what)
-    tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
+    if plan.runtime == "pytorch":
+        tok_files = export_hf.copy_tokenizer(src, tmp)
+    else:
+        tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
     timings["total_s"] = time.perf_counter() - t0
     return {
         "recipe": _recipe_fields(plan, quant_algo, kv_algo),
         "calibration": _calibration_fields(plan, calib),
         "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
-        "checkpoint": {
-            "quantization": trt_cfg.get("quantization"),
-            "mapping": trt_cfg.get("mapping"),
-            "dtype": trt_cfg.get("dtype"),
-            "tokenizer_files": tok_files,
-        },
+        "checkpoint": {**ckpt_fields, "tokenizer_files": tok_files},
         "quality": {**report.as_dict(), "enforced": plan.enforce, "heldout_fingerprint": heldout.fingerprint},
         "roundtrip": rt,
         "toolchain": toolchain(),
@@ -387,6 +396,21 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
         "timings": timings,
         "peak_memory": _peak_memory(device),
     }
+
+
+def _export(plan: _Plan, model, tmp: Path, quant_algo: str | None, kv_algo: str | None) -> tuple[Any, dict]:
+    """Export for the plan's runtime (TensorRT-LLM checkpoint, or unified HF checkpoint for pytorch) and check it;
+    return the fake-quant model the export corresponds to and the manifest's `checkpoint` fields."""
+    import torch
+
+    dtype = getattr(torch, plan.export_dtype)
+    if plan.runtime == "pytorch":
+        exported = export_hf.export(model, tmp, dtype=dtype)
+        hf_q = export_hf.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, dtype=plan.export_dtype)
+        return exported, {"format": "hf", "hf_quant_config": hf_q, "dtype": plan.export_dtype}
+    exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=dtype)
+    trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
+    return exported, {key: trt_cfg.get(key) for key in ("quantization", "mapping", "dtype")}
 
 
 def _heldout(plan: _Plan, texts: list[str], encode, vocab_size: int) -> data.TokenSet:

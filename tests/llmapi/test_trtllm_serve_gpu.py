@@ -1,0 +1,61 @@
+"""trtllm-serve on a runtime-pytorch build of the tiny model — GPU hosts with TensorRT-LLM 1.2.1 only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from pipeline.serve import free_port
+
+
+def _skip_reason() -> str | None:
+    if shutil.which("trtllm-serve") is None:
+        return "needs TensorRT-LLM 1.2.1 (trtllm-serve is not on PATH)"
+    if shutil.which("nvidia-smi") is None:
+        return "needs an NVIDIA GPU with FP8 (nvidia-smi not found)"
+    return None
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - 127.0.0.1 only
+        return json.loads(resp.read())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_trtllm_serve_openai_routes(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    from pipeline.build import build
+    from pipeline.commands import serve_command
+    from pipeline.spec import resolve_spec
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch", gpu_count=1)
+    build(spec, until="calibrate", progress=None)
+    port = free_port()
+    plan = serve_command(spec, mode="trtllm-serve", http_port=port, print_only=True)
+    proc = subprocess.Popen(plan.argv)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=5)  # noqa: S310
+                break
+            except OSError:
+                assert proc.poll() is None, "trtllm-serve exited during startup"
+                time.sleep(2)
+        out = _post(f"{base}/v1/completions", {"model": "tiny", "prompt": "The hive", "max_tokens": 8})
+        assert out["choices"][0]["text"] and out["usage"]["completion_tokens"] > 0
+        chat = _post(f"{base}/v1/chat/completions",
+                     {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+        assert chat["choices"][0]["message"]["content"] is not None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
