@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
+from .manifests import RepoManifest
 from .procs import parent_death_preexec, pid_alive, terminate
 from .triton import pbtxt
 from .triton.install import install_repo
@@ -294,10 +295,18 @@ def build_command(
         f"--exit-timeout-secs={exit_timeout_s}",
         f"--log-verbose={log_verbose}",
     ]
+    if _llm_api_on_gpu(repo):  # one server process: the LLM spawns its own TP/PP workers
+        return _gpu_command(repo, binary, [], common, env, 1, shm_prefix)
     if "tensorrtllm" in backends.values() or binary:
         trtllm_models = sorted(m for m, b in backends.items() if b == "tensorrtllm")
         return _gpu_command(repo, binary, trtllm_models, common, env, world_size, shm_prefix)
     return _cpu_command(common, env)
+
+
+def _llm_api_on_gpu(repo: Path) -> bool:
+    """A runtime-pytorch repository packaged for the GPU (its model.py runs tensorrt_llm.LLM)."""
+    manifest = RepoManifest.read(repo, strict=False)
+    return manifest is not None and manifest.runtime == "pytorch" and manifest.target == "trtllm"
 
 
 def _gpu_command(repo: Path, binary: str | Path | None, trtllm_models: list[str], common: list[str],
@@ -306,7 +315,8 @@ def _gpu_command(repo: Path, binary: str | Path | None, trtllm_models: list[str]
     exe = Path(binary) if binary else find_gpu_tritonserver()
     if exe is None:
         raise ServeError(
-            f"{repo} uses the tensorrtllm backend but no tritonserver with it is here; run inside "
+            f"{repo} needs the GPU tritonserver (tensorrtllm backend or TensorRT-LLM LLM API) but none is here; "
+            "run inside "
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
             "--target reference for CPU"
         )

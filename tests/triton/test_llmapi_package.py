@@ -227,3 +227,17 @@ def test_validation_catches_model_yaml_drift(tmp_path, exports):
     path.write_text("model: [unclosed")
     with pytest.raises(PackageError, match="not valid YAML"):
         validate_repo(copy)
+
+
+def test_serve_command_per_target(tmp_path, exports, monkeypatch):
+    from pipeline.serve import build_command
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    _, gpu = _package(tmp_path / "g", exports, target="trtllm")
+    _, ref = _package(tmp_path / "r", exports, target="reference")
+    ports = {"http_port": 1, "grpc_port": 2, "metrics_port": 3, "shm_prefix": "p-"}
+    cmd = build_command(gpu.path, binary="/opt/tritonserver/bin/tritonserver", world_size=2, **ports)
+    assert cmd.flavour == "gpu-ngc" and cmd.argv[0] == "/opt/tritonserver/bin/tritonserver"  # no mpirun: the
+    assert "--disable-auto-complete-config" in cmd.argv  # LLM spawns its own workers; config.pbtxt is complete
+    assert "TRTLLM_ORCHESTRATOR" not in cmd.env
+    assert build_command(ref.path, **ports).flavour == "cpu-pytriton"
