@@ -6,8 +6,10 @@ Disk (bytes each stage writes; a stage output already current in the caches need
     calibrate  root volume    the TensorRT-LLM checkpoint of this TP x PP shard set: quantized linear weights
                               (bf16/fp16 2 B, fp8/int8_sq 1 B, int4/w4a8 AWQ 0.5 B per parameter, plus AWQ group
                               scales, 2 B per block) + 16-bit embeddings, lm_head (its own tensor even when tied)
-                              and norms (embeddings sharded over TP, norms replicated per TP rank) + tokenizer
-    compile    root volume    the engines hold the same quantized weights (+ ENGINE_RANK_OVERHEAD per rank)
+                              and norms (embeddings sharded over TP, norms replicated per TP rank) + tokenizer;
+                              runtime pytorch: the same weights as one unsharded HF checkpoint
+    compile    root volume    the engines hold the same quantized weights (+ ENGINE_RANK_OVERHEAD per rank); nothing
+                              for runtime pytorch (no compile stage)
     package    root volume    the repository: its model code and configs + two tokenizer copies
     release    root volume    the tarball, at most what it packs (engines or checkpoints, repository)
 
@@ -15,7 +17,10 @@ GPU memory to calibrate (the calibrate stage on CUDA: weights loaded in the expo
 `device_map="auto"` across the visible GPUs):
 
     weights         parameters x 2 B
-    export copy     parameters x 2 B: the export deep-copies the quantized model on its devices and keeps both
+    export copy     runtime engine: none (ModelOpt's TensorRT-LLM exporter runs on the model in place);
+                    runtime pytorch: parameters x 8 B when the round trip runs (the HF export works on two
+                    float32 copies: the reference the gate compares against and the one the exporter packs),
+                    else parameters x 2 B (one copy in the export dtype for the exporter to pack)
     round trip      parameters x 2 B more when the stage's CPU round-trip check runs (<= 8 B parameters): the
                     exported copy is cast to float32 in place
     activations     calib_batch_size x calib_seq_len tokens x the live tensors of one decoder layer (16-bit
@@ -27,8 +32,10 @@ GPU memory to calibrate (the calibrate stage on CUDA: weights loaded in the expo
 Host RAM, GPU or not: the process (torch + transformers + ModelOpt, PROCESS_BASE_BYTES), one checkpoint rank (the
 exporter's, then the round trip's read), the quality gate's float32 reference log-probs and evaluation logits, and the
 round trip's float32 re-load (lm_head its own tensor) when it runs. Calibrating on CPU (no visible GPU) adds the
-model and its export copy in float32 (the stage loads in float32 on CPU), float32 activations and ModelOpt's state.
-Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 9.65 GiB.
+model in float32 (the stage loads in float32 on CPU) and the export copy above, float32 activations and ModelOpt's
+state.
+Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 9.65 GiB while
+the engine export still deep-copied the model (estimate 9.70 GiB with that copy counted).
 
 CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per token over the calibration tokens
 (AWQ: AWQ_PASSES over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.
@@ -64,6 +71,7 @@ TOKENIZER_BYTES = {"llama3": 9_200_000, "tiny-bpe-v1": 60_000}  # tiny-bpe-v1: p
 DEFAULT_TOKENIZER_BYTES = 10_000_000
 
 MODELOPT_OVERHEAD = 0.05
+EXPORT_COPY_BYTES_PER_PARAM = {"engine": 0, "pytorch": 8, "pytorch-large": 2}  # see "export copy" above
 CUDA_CONTEXT_BYTES = GIB
 PROCESS_BASE_BYTES = GIB  # torch + transformers + ModelOpt imported (tiny-llama's whole stage peaks at 0.53 GB RSS)
 # awq_lite (ModelOpt's INT4/W4A8 AWQ configs): a caching pass, then a search pass that runs each linear layer
@@ -187,15 +195,15 @@ def _eval_shape(arch: Architecture, calib_seq_len: int) -> tuple[int, int]:
 
 
 def _host_bytes(arch: Architecture, rank: int, eval_tokens: int, *, cpu: bool, roundtrip: bool,
-                calib_tokens: int) -> int:
+                calib_tokens: int, export_copy: int) -> int:
     """Host RAM: the process, one checkpoint rank, the float32 reference log-probs and evaluation logits (stored,
     one batch, its log-softmax), the round trip's float32 re-load (lm_head separate), and on CPU the float32 model,
-    its export copy, activations and ModelOpt state."""
+    the export copy, activations and ModelOpt state."""
     exported_params = arch.linear_params + 2 * arch.vocab_size * arch.hidden_size + arch.norm_params
     total = PROCESS_BASE_BYTES + rank + 3 * eval_tokens * arch.vocab_size * 4
     total += exported_params * 4 if roundtrip else 0
     if cpu:
-        total += arch.total_params * 4 * 2 + 2 * _activation_bytes(arch, calib_tokens)
+        total += arch.total_params * 4 + export_copy + 2 * _activation_bytes(arch, calib_tokens)
         total += int(MODELOPT_OVERHEAD * arch.total_params * 4)
     return total
 
@@ -209,9 +217,11 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     roundtrip = params <= ROUNDTRIP_MAX_PARAMS
     tokens = q.calib_batch_size * spec.calib_seq_len
     weights = params * 2
+    copy_kind = spec.runtime if spec.runtime == "engine" or roundtrip else "pytorch-large"
+    export_copy = params * EXPORT_COPY_BYTES_PER_PARAM[copy_kind]
     terms = {
         "weights": weights,
-        "export_copy": weights,
+        "export_copy": export_copy,
         "roundtrip_float32": weights if roundtrip else 0,
         "activations": _activation_bytes(arch, tokens),
         "modelopt": int(2 * _largest_linear(arch) * 2 + MODELOPT_OVERHEAD * weights),
@@ -220,7 +230,8 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     tp, pp = (spec.draft_tp, 1) if role == "draft" else (spec.parallelism.tp, spec.parallelism.pp)
     rank = checkpoint_bytes(arch, precision, tp=tp, pp=pp) // (tp * pp)
     eval_n, eval_len = _eval_shape(arch, spec.calib_seq_len)
-    host = dict(rank=rank, eval_tokens=eval_n * eval_len, roundtrip=roundtrip, calib_tokens=tokens)
+    host = dict(rank=rank, eval_tokens=eval_n * eval_len, roundtrip=roundtrip, calib_tokens=tokens,
+                export_copy=export_copy)
     samples = spec.calib_size
     if precision in AWQ and q.calib_size is None:
         samples = min(samples, AWQ_DEFAULT_CALIB_CAP)
@@ -252,15 +263,18 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     have = inputs.present
     block = spec.quantization.awq_block_size
     disk: list[StageDisk] = []
+    engines = spec.target == "trtllm" and spec.runtime == "engine"
     for role, entry, precision, tp, pp in _roles(spec):
         tok = _tokenizer(entry, role, inputs.tokenizer_bytes)
         arch = entry.architecture
+        if spec.runtime == "pytorch":
+            tp = pp = 1  # the HF export is unsharded: the PyTorch backend shards it at load
         ckpt = checkpoint_bytes(arch, precision, tp=tp, pp=pp, awq_block=block) + tok
         disk.append(StageDisk(stage="download", role=role, volume="cache", bytes=download_bytes(entry, tok),
                               present=("download", role) in have))
         disk.append(StageDisk(stage="calibrate", role=role, volume="root", bytes=ckpt,
                               present=("calibrate", role) in have))
-        if spec.target == "trtllm":
+        if engines:
             disk.append(StageDisk(stage="compile", role=role, volume="root",
                                   bytes=engine_bytes(arch, precision, tp=tp, pp=pp, awq_block=block),
                                   present=("compile", role) in have))
@@ -268,7 +282,7 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     repo = inputs.repo_code_bytes + 2 * tok + CONFIG_BYTES
     disk.append(StageDisk(stage="package", role="target", volume="root", bytes=repo,
                           present=("package", "target") in have))
-    packed = "compile" if spec.target == "trtllm" else "calibrate"
+    packed = "compile" if engines else "calibrate"
     release = repo + sum(d.bytes for d in disk if d.stage == packed)
     disk.append(StageDisk(stage="release", role="target", volume="root", bytes=release))
     calib = [calibration_memory(spec, role, present=("calibrate", role) in have) for role, *_ in _roles(spec)]

@@ -226,6 +226,6 @@ def test_check_compares_with_this_host_and_plan_shows_the_resources(tmp_path):
     r = invoke("plan", "--model", "llama-8b", "--precision", "fp8", "--json")
     res = json.loads(r.stdout)["resources"]
     assert [d["stage"] for d in res["disk"]] == ["download", "calibrate", "compile", "package", "release"]
-    assert res["calibration"][0]["gpu_terms_bytes"]["export_copy"] == res["calibration"][0]["params"] * 2
+    assert res["calibration"][0]["gpu_terms_bytes"]["weights"] == res["calibration"][0]["params"] * 2
     r = invoke("plan", "--model", "llama-8b", "--precision", "fp8")
-    assert "build resources" in r.stdout and "calibrate target: GPU 32.2 GiB" in r.stdout
+    assert "build resources" in r.stdout and "calibrate target: GPU 17.2 GiB" in r.stdout

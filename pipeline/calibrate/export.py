@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
@@ -23,19 +22,19 @@ TOKENIZER_FILES = (
 
 
 def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
-    """Export a deep copy of `model` (the exporter mutates its input); return that mutated copy.
+    """Export `model` in place (the exporter mutates its input) and return it.
 
-    The copy is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant scales
-    rounded to the export dtype), which is what the quality gate and the round-trip check compare against.
+    The mutated model is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant
+    scales rounded to the export dtype), which is what the quality gate and the round-trip check compare against.
+    Exporting in place keeps a single copy of the weights on the devices (no deep copy: 70B is 131 GiB in bf16).
     """
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    exported = copy.deepcopy(model)
     try:
         with torch.inference_mode():
             export_tensorrt_llm_checkpoint(
-                exported,
+                model,
                 "llama",
                 dtype,
                 export_dir=out_dir,
@@ -46,8 +45,8 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
         raise CalibrationError(
             f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
         ) from None
-    snap_prequant_scales(exported, dtype)
-    return exported
+    snap_prequant_scales(model, dtype)
+    return model
 
 
 def snap_prequant_scales(model, dtype) -> None:

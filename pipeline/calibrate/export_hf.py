@@ -22,8 +22,12 @@ from .export import TOKENIZER_FILES, snap_prequant_scales
 _FLOAT32_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale")
 
 
-def export(model, out_dir: Path, *, dtype) -> Any:
+def export(model, out_dir: Path, *, dtype, exact: bool = True) -> Any:
     """Export a copy of `model` with `dtype` weights; return the fake-quant reference the export corresponds to.
+
+    `exact=False` (models too large for the round-trip check) keeps memory at one extra `dtype` copy: the
+    exporter (which replaces the weights it packs, so the model no longer runs) gets a plain copy and `model`
+    itself, its fused layers' scales unified, is the reference.
 
     ModelOpt quantizes weights in the dtype it is given, and in bf16 the scaled weights are rounded once more than
     the fake quantizers round them; so the export runs on a float32 copy holding `dtype`-rounded values and the
@@ -36,6 +40,8 @@ def export(model, out_dir: Path, *, dtype) -> Any:
     from modelopt.torch.export import export_hf_checkpoint
     from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
+    if not exact:
+        return _export_in_dtype(model, out_dir, dtype=dtype)
     prepared = copy.deepcopy(model).to(dtype).float()
     _restore_rotary(prepared, model)
     exported = copy.deepcopy(prepared)
@@ -53,6 +59,26 @@ def export(model, out_dir: Path, *, dtype) -> Any:
                 p.data = p.data.to(dtype).float()
     snap_prequant_scales(prepared, dtype)
     return prepared
+
+
+def _export_in_dtype(model, out_dir: Path, *, dtype) -> Any:
+    """Export a `dtype` copy of `model`; unify `model`'s fused-layer scales as the export does; return `model`."""
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+    exported = copy.deepcopy(model)
+    try:
+        with torch.inference_mode():
+            export_hf_checkpoint(exported, dtype=dtype, export_dir=out_dir)
+    except (AssertionError, NotImplementedError, ValueError, RuntimeError, KeyError) as exc:
+        raise CalibrationError(f"ModelOpt HF export failed: {exc}; check the model and precision") from None
+    del exported
+    _store_in_dtype(out_dir, dtype)
+    with torch.no_grad():
+        requantize_resmooth_fused_llm_layers(model)
+    snap_prequant_scales(model, dtype)
+    return model
 
 
 def _quantizes_weight(module) -> bool:

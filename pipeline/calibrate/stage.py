@@ -405,7 +405,8 @@ def _export(plan: _Plan, model, tmp: Path, quant_algo: str | None, kv_algo: str 
 
     dtype = getattr(torch, plan.export_dtype)
     if plan.runtime == "pytorch":
-        exported = export_hf.export(model, tmp, dtype=dtype)
+        exact = sum(p.numel() for p in model.parameters()) <= ROUNDTRIP_MAX_PARAMS
+        exported = export_hf.export(model, tmp, dtype=dtype, exact=exact)
         hf_q = export_hf.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, dtype=plan.export_dtype)
         return exported, {"format": "hf", "hf_quant_config": hf_q, "dtype": plan.export_dtype}
     exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=dtype)

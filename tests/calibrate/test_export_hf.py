@@ -75,3 +75,24 @@ def test_unsupported_or_missing_quant_config(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text("[1]")
     with pytest.raises(CheckpointError, match="no 'quantization' mapping"):
         read_quant_config(tmp_path)
+
+
+@pytest.mark.slow
+def test_large_model_hf_export_packs_one_copy_and_matches_the_exact_export(tiny_models, tmp_path, monkeypatch):
+    """Above the round-trip size the export packs a plain copy and the model itself is the gate's reference: the
+    written checkpoint holds the same tensors as the exact (float32) export, up to bf16 rounding ties."""
+    from pipeline.calibrate import stage
+    from tests.support.calibrate_fixtures import make_spec, run_in_root
+
+    exact = calibrated(tiny_models, precision="fp8", kv_cache="fp8", runtime="pytorch")
+    monkeypatch.setattr(stage, "ROUNDTRIP_MAX_PARAMS", 0)
+    spec = make_spec(precision="fp8", kv_cache="fp8", runtime="pytorch")
+    large = run_in_root(tmp_path, stage.run_calibrate, spec, role="target", source_dir=tiny_models["tiny-llama"])
+    assert large.manifest.roundtrip["passed"] is None and large.manifest.quality["passed"]
+    a, b = load_file(str(exact.path / "model.safetensors")), load_file(str(large.path / "model.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in a)
+    v = "model.layers.0.self_attn.v_proj.weight"
+    same = (a[v].view(torch.uint8) == b[v].view(torch.uint8)).float().mean().item()
+    assert b[v].dtype == torch.float8_e4m3fn and same > 0.95
+    assert json.loads((large.path / "hf_quant_config.json").read_text()) == json.loads(
+        (exact.path / "hf_quant_config.json").read_text())
