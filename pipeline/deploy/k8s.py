@@ -2,7 +2,8 @@
 
 Serving: one node -> Deployment; several -> LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`, group size = nodes,
 `RecreateGroupOnPodRestart`), whose leader mpiruns every rank over the group's pods (kubectl exec: a Role for
-pods/exec). Both get a Service (HTTP 8000, gRPC 8001, metrics 8002), a ConfigMap with the scripts, GPU limits,
+pods/exec). Both get a Service on the runtime's ports (engine: HTTP 8000, gRPC 8001, metrics 8002; pytorch: the
+OpenAI HTTP port 8000), a ConfigMap with the scripts, GPU limits,
 /dev/shm, probes on the runtime's health endpoints and an init container that fetches and verifies the release on
 the node. Build matrix: an Indexed Job, one index per cell, HF token from a Secret.
 """
@@ -14,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..placement import Placement
-from .runtime import CONFIG, GRPC_PORT, HTTP_PORT, METRICS_PORT, WORK, Runtime
+from .runtime import CONFIG, HTTP_PORT, WORK, Runtime
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -69,8 +70,7 @@ def _server_container(o: K8sOptions, rt: Runtime | None, gpus: int, command: lis
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if rt is not None:  # the pod that serves the endpoints
-        c["ports"] = [{"name": "http", "containerPort": HTTP_PORT}, {"name": "grpc", "containerPort": GRPC_PORT},
-                      {"name": "metrics", "containerPort": METRICS_PORT}]
+        c["ports"] = [{"name": n, "containerPort": port} for n, port in rt.ports]
         c["startupProbe"] = _probe(rt.ready_path, 10, 360)  # engines of a large model load for many minutes
         c["readinessProbe"] = _probe(rt.ready_path, 10, 3)
         c["livenessProbe"] = _probe(rt.live_path, 30, 3)
@@ -97,17 +97,17 @@ def config_map(o: K8sOptions, scripts: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(o, f"{o.name}-scripts"), "data": scripts}
 
 
-def service(o: K8sOptions, selector: dict[str, str]) -> dict[str, Any]:
-    ports = [{"name": n, "port": p, "targetPort": p}
-             for n, p in (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))]
+def service(o: K8sOptions, rt: Runtime, selector: dict[str, str]) -> dict[str, Any]:
+    ports = [{"name": n, "port": p, "targetPort": p} for n, p in rt.ports]
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(o, o.name),
             "spec": {"selector": selector, "ports": ports}}
 
 
 def deployment(o: K8sOptions, rt: Runtime, p: Placement) -> dict[str, Any]:
-    """One node: the pod runs every rank (mpirun on the pod itself when world size > 1)."""
+    """One node: the pod runs every rank (mpirun on the pod itself when the runtime wants world-size ranks), or the
+    runtime's one process."""
     command = ["/bin/sh", f"{CONFIG}/rank.sh"]
-    if p.world_size > 1:
+    if rt.ranks_launched and p.world_size > 1:
         command = ["mpirun", "--allow-run-as-root", "-np", str(p.world_size), "-x", "WORK", *command]
     labels = {"app.kubernetes.io/instance": o.name, "app.kubernetes.io/component": "server"}
     server = _server_container(o, rt, p.ranks_per_node, command, [])
@@ -160,9 +160,9 @@ def launcher_rbac(o: K8sOptions) -> list[dict[str, Any]]:
 def serving_objects(o: K8sOptions, rt: Runtime, p: Placement, scripts: dict[str, str]) -> list[dict[str, Any]]:
     if not p.multi_node:
         selector = {"app.kubernetes.io/instance": o.name, "app.kubernetes.io/component": "server"}
-        return [config_map(o, scripts), deployment(o, rt, p), service(o, selector)]
+        return [config_map(o, scripts), deployment(o, rt, p), service(o, rt, selector)]
     selector = {LWS_NAME_LABEL: o.name, "role": "leader"}
-    return [config_map(o, scripts), *launcher_rbac(o), leader_worker_set(o, rt, p), service(o, selector)]
+    return [config_map(o, scripts), *launcher_rbac(o), leader_worker_set(o, rt, p), service(o, rt, selector)]
 
 
 def matrix_job(o: K8sOptions, cells: int, gpus: int, scripts: dict[str, str]) -> list[dict[str, Any]]:

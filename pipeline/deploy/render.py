@@ -24,7 +24,7 @@ from ..placement import Placement
 from ..spec import BuildSpec, resolve_spec
 from . import k8s, slurm
 from .images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
-from .runtime import FETCH_VERIFY, engine_runtime, kubexec_script, leader_script
+from .runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
 from .source import DeploySource
 from .validate import validate_objects
 
@@ -83,7 +83,7 @@ def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, 
 
 def _summary(src: DeploySource, p: Placement, server: str, kind: str) -> dict[str, Any]:
     return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
-            "target": src.spec.target, "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "nodes": p.nodes,
+            "target": src.spec.target, "runtime": src.spec.runtime, "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "nodes": p.nodes,
             "ranks_per_node": p.ranks_per_node, "image": server, "trtllm_version": src.trtllm_version,
             "release_file": src.release_file, "sha256": src.sha256, "origin": src.origin,
             "summary": src.spec.summary()}
@@ -95,11 +95,11 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
     if src.spec.target != "trtllm":
-        raise DeployError(f"deploy serves TensorRT-LLM engines, but this build is --target {src.spec.target} (the "
+        raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, or deploy a --target trtllm build")
     server, pipe = _images(o, src.trtllm_version)
-    rt = engine_runtime(src.spec)
-    scripts = {"fetch-verify.sh": FETCH_VERIFY, "rank.sh": rt.rank_script}
+    rt = runtime_for(src.spec, o.name, multi_node=p.multi_node, platform=o.platform)
+    scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}
     if o.platform == "k8s":
         if p.multi_node:
             scripts |= {"launch-leader.sh": leader_script(), "kubexec.sh": kubexec_script()}
@@ -109,7 +109,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:
         kind = "sbatch"
-        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), p)}
+        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p)}
     files["deploy.json"] = json.dumps(_summary(src, p, server, kind), indent=2) + "\n"
     return files
 

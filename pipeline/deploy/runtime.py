@@ -1,9 +1,13 @@
 """What runs on the nodes: the shell scripts of a deployment (shared by Kubernetes and Slurm) and the server's ports.
 
-A `Runtime` is the slot a serving stack fills: the per-rank program and its health endpoints. The engine runtime runs
-`tritonserver` over the release's model repository, one process per rank (rank 0 serves HTTP/gRPC/metrics and every
-model; the other ranks load only the TensorRT-LLM models, as the backend's launch_triton_server.py does). A PyTorch
-runtime (`trtllm-llmapi-launch trtllm-serve ...`, /health) fills the same slot with its own rank program.
+A `Runtime` is the slot a serving stack fills: the per-rank program, its health endpoints and ports, and what the
+node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository, one
+process per rank (rank 0 serves HTTP/gRPC/metrics and every model; the other ranks load only the TensorRT-LLM
+models, as the backend's launch_triton_server.py does). The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
+release's Hugging Face checkpoint: the argv of `pipeline.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
+... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
+`srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
+`/health` route.
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from ..llmapi.serve_plan import LLMAPI_LAUNCH, serve_argv
 from ..spec import BuildSpec
+from .serve_inputs import OPTIONS_FILE
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
 CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
+SERVE_DIR = "serve"  # under $WORK, runtime pytorch: the checkpoint link and the LLM-API options YAML
 
 
 @dataclass(frozen=True)
@@ -23,12 +30,15 @@ class Runtime:
     name: str
     ready_path: str
     live_path: str
-    rank_script: str  # /bin/sh: one rank (its rank number from MPI or Slurm)
-
+    rank_script: str  # /bin/sh: one rank (its rank number from MPI or Slurm), or the one process
+    ports: tuple[tuple[str, int], ...]  # (name, port) the serving pod exposes
+    ranks_launched: bool  # the platform starts world-size processes (else one process per deployment)
+    node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release, check its sha256, verify it on this node
-# (hashes, and the engine's TensorRT-LLM/GPU against this host: exit 4 on a mismatch), unpack, install the repo.
+# (hashes, and the engine's TensorRT-LLM/GPU, or a pytorch release's TensorRT-LLM, against this host: exit 4 on a
+# mismatch), unpack, install the repo.
 set -eu
 work="${WORK:-/work}"
 pipeline="${PIPELINE:-invoke -r /opt/trtllm-pipeline}"
@@ -79,7 +89,52 @@ exec tritonserver --model-repository="$repo" --model-control-mode=explicit {load
 
 
 def engine_runtime(spec: BuildSpec) -> Runtime:
-    return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(spec))
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(spec), ports,
+                   ranks_launched=True)
+
+
+def _shell_word(arg: str) -> str:
+    """`arg` quoted for /bin/sh, a leading WORK/ left to the node's $WORK (Slurm: a per-job directory)."""
+    if arg.startswith(f"{WORK}/"):
+        return '"$WORK"/' + shlex.quote(arg[len(WORK) + 1:])
+    return shlex.quote(arg)
+
+
+def pytorch_rank_argv(spec: BuildSpec, served_name: str, *, launched: bool) -> list[str]:
+    """The rank program (paths under WORK): serve_plan's trtllm-serve argv, behind trtllm-llmapi-launch if
+    `launched` (every one of world-size ranks runs it; rank 0 serves HTTP)."""
+    serve = serve_argv(spec, model_dir=f"{WORK}/{SERVE_DIR}/{served_name}",
+                       options_file=f"{WORK}/{SERVE_DIR}/{OPTIONS_FILE}", host="0.0.0.0", port=HTTP_PORT)
+    return [LLMAPI_LAUNCH, *serve] if launched else serve
+
+
+def pytorch_runtime(spec: BuildSpec, served_name: str, *, launched: bool) -> Runtime:
+    """trtllm-serve on the release's HF checkpoint; `launched`: the platform starts world-size ranks."""
+    argv = " ".join(_shell_word(a) for a in pytorch_rank_argv(spec, served_name, launched=launched))
+    how = "every rank runs trtllm-llmapi-launch, rank 0 serves HTTP" if launched else \
+        "one process, the LLM spawns its TP/PP workers"
+    script = f"""#!/bin/sh
+# The PyTorch runtime: TensorRT-LLM's OpenAI server on the release's checkpoint ({how}).
+set -eu
+WORK="${{WORK:-{WORK}}}"
+exec {argv}
+"""
+    setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.deploy.serve_inputs "$repo" "$work/{SERVE_DIR}" '
+             f"{shlex.quote(served_name)}\n")
+    return Runtime("pytorch", "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
+                   node_setup=setup)
+
+
+def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform: str) -> Runtime:
+    """The runtime of `spec`; Slurm and multi-node Kubernetes start world-size ranks (srun / mpirun over pods)."""
+    if spec.runtime == "pytorch":
+        return pytorch_runtime(spec, served_name, launched=multi_node or platform == "slurm")
+    return engine_runtime(spec)
+
+
+def fetch_verify_script(rt: Runtime) -> str:
+    return FETCH_VERIFY + rt.node_setup
 
 
 def leader_script(kubectl: str = f"{WORK}/bin/kubectl") -> str:

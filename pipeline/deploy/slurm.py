@@ -10,6 +10,7 @@ import shlex
 from pydantic import BaseModel
 
 from ..placement import Placement
+from .runtime import Runtime
 
 
 class SlurmOptions(BaseModel):
@@ -42,7 +43,7 @@ def _srun(o: SlurmOptions, image: str, mounts: list[str], extra: list[str]) -> s
     return " ".join(args)
 
 
-def serve_script(o: SlurmOptions, p: Placement) -> str:
+def serve_script(o: SlurmOptions, rt: Runtime, p: Placement) -> str:
     """sbatch for serving on p.nodes nodes: fetch + verify once per node, then every rank under srun --mpi=pmix."""
     d = shlex.quote(o.directory)
     exports = {"RELEASE_FILE": o.release_file, "RELEASE_URL": o.release_url, "RELEASE_DIR": o.release_dir,
@@ -52,8 +53,10 @@ def serve_script(o: SlurmOptions, p: Placement) -> str:
                                f"#SBATCH --gpus-per-node={p.ranks_per_node}", "#SBATCH --exclusive",
                                f"#SBATCH --output={o.directory}/logs/%x-%j.out"])
     fetch = _srun(o, o.pipeline_image, mounts, [f"--nodes={p.nodes}", "--ntasks-per-node=1"])
-    ranks = _srun(o, o.server_image, mounts, ["--mpi=pmix", f"--nodes={p.nodes}",
-                                              f"--ntasks-per-node={p.ranks_per_node}"])
+    per_node = p.ranks_per_node if rt.ranks_launched else 1
+    ranks = _srun(o, o.server_image, mounts, [*(["--mpi=pmix"] if rt.ranks_launched else []), f"--nodes={p.nodes}",
+                                              f"--ntasks-per-node={per_node}"])
+    ports = " / ".join(f"{name} {port}" for name, port in rt.ports)
     body = [
         "set -euo pipefail",
         f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "
@@ -62,7 +65,7 @@ def serve_script(o: SlurmOptions, p: Placement) -> str:
         *(f"export {k}={shlex.quote(v)}" for k, v in exports.items() if v),
         "# every node: fetch the release, verify it against this node's TensorRT-LLM and GPU, unpack, install",
         f"{fetch} /bin/sh {d}/fetch-verify.sh",
-        "# every rank: rank 0 serves HTTP 8000 / gRPC 8001 / metrics 8002 on the first node",
+        f"# every rank ({rt.name} runtime): rank 0 serves {ports} on the first node",
         f"{ranks} /bin/sh {d}/rank.sh",
     ]
     return "\n".join([*head, "", *body]) + "\n"

@@ -27,7 +27,7 @@ class DeploySource(BaseModel):
     spec: BuildSpec
     release_file: str  # the tarball's file name (what the init step fetches)
     sha256: str | None = None  # pinned when known (from the release's .sha256)
-    trtllm_version: str  # the toolchain the engines were built with (or the pipeline's, for a spec alone)
+    trtllm_version: str  # the engines' toolchain, the TensorRT-LLM a pytorch release is for, or the pipeline's
     origin: str  # "release" or "spec"
 
 
@@ -76,13 +76,18 @@ def from_release(path: str | Path) -> DeploySource:
     path = Path(path)
     doc, digest = _read_document(path)
     try:
-        spec = BuildSpec.model_validate(doc["spec"])
+        # A dump sets every field; read back, only non-default values count as given (the rules re-run on a new
+        # placement refuse some fields when given, e.g. engine-only draft settings on runtime pytorch).
+        spec = BuildSpec.model_validate(BuildSpec.model_validate(doc["spec"]).model_dump(mode="json",
+                                                                                           exclude_defaults=True))
     except ValidationError as exc:
         err = exc.errors()[0]
         raise DeployError(f"--release {path}: recorded spec field {'.'.join(map(str, err['loc']))}: {err['msg']}; "
                           "re-create the release with this pipeline version") from None
     engine = ((doc.get("toolchain") or {}).get("engine") or {})
-    version = engine.get("tensorrt_llm") if isinstance(engine, dict) else None
+    serving = doc.get("serving") or {}  # a runtime-pytorch release has no engine: the TensorRT-LLM it is written for
+    version = (engine.get("tensorrt_llm") if isinstance(engine, dict) else None) or (
+        serving.get("tensorrt_llm") if isinstance(serving, dict) else None)
     return DeploySource(spec=spec, release_file=f"{doc['name']}.tar.gz", sha256=digest,
                         trtllm_version=str(version or TRTLLM_VERSION), origin="release")
 

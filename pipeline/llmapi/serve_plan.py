@@ -35,13 +35,20 @@ class TrtllmServePlan(BaseModel):
         return " ".join(self.argv)
 
 
+def serve_argv(spec: BuildSpec, *, model_dir: Path | str, options_file: Path | str, host: str,
+               port: int) -> list[str]:
+    """`trtllm-serve MODEL --backend pytorch ...` for one process (the program every rank runs across nodes)."""
+    p = spec.parallelism
+    return [TRTLLM_SERVE, str(model_dir), "--backend", "pytorch", "--tp_size", str(p.tp), "--pp_size", str(p.pp),
+            "--host", host, "--port", str(port), "--extra_llm_api_options", str(options_file)]
+
+
 def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, host: str = "127.0.0.1",
                       port: int = 8000) -> TrtllmServePlan:
     """The trtllm-serve command of `spec` over its exported checkpoint `model_dir` and options YAML."""
     p = spec.parallelism
     placement = place(p.tp, p.pp, spec.hardware)
-    serve = [TRTLLM_SERVE, str(model_dir), "--backend", "pytorch", "--tp_size", str(p.tp), "--pp_size", str(p.pp),
-             "--host", host, "--port", str(port), "--extra_llm_api_options", str(options_file)]
+    serve = serve_argv(spec, model_dir=model_dir, options_file=options_file, host=host, port=port)
     multi = placement.nodes > 1
     launch = ["srun", "--mpi=pmix", f"--nodes={placement.nodes}", f"--ntasks={placement.world_size}",
               f"--ntasks-per-node={placement.ranks_per_node}", LLMAPI_LAUNCH] if multi else []
