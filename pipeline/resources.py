@@ -34,8 +34,8 @@ exporter's, then the round trip's read), the quality gate's float32 reference lo
 round trip's float32 re-load (lm_head its own tensor) when it runs. Calibrating on CPU (no visible GPU) adds the
 model in float32 (the stage loads in float32 on CPU) and the export copy above, float32 activations and ModelOpt's
 state.
-Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 9.65 GiB while
-the engine export still deep-copied the model (estimate 9.70 GiB with that copy counted).
+Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 7.68 GiB, estimate
+7.82 GiB.
 
 CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per token over the calibration tokens
 (AWQ: AWQ_PASSES over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.

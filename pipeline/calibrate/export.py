@@ -86,7 +86,7 @@ def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int
     return cfg
 
 
-def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+def copy_tokenizer(src: Path, dst: Path, *, needed_by: str = "the Triton repo") -> list[str]:
     """Copy the tokenizer (and generation config) files of a HF model dir into `dst`."""
     dst.mkdir(parents=True, exist_ok=True)
     copied = []
@@ -95,5 +95,5 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
-        raise CalibrationError(f"{src} has no tokenizer.json or tokenizer.model; the Triton repo needs the tokenizer")
+        raise CalibrationError(f"{src} has no tokenizer.json or tokenizer.model; {needed_by} needs the tokenizer")
     return copied

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from ..errors import CalibrationError
 from ..hf_checkpoint import HF_QUANT_CONFIG, read_quant_config
-from .export import TOKENIZER_FILES, snap_prequant_scales
+from .export import copy_tokenizer as export_copy_tokenizer
+from .export import snap_prequant_scales
 
 
 # Tensors kept in float32 in the export (scales); every other float32 tensor is stored in the export dtype.
@@ -137,11 +137,4 @@ def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, dtype: 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     """Copy the tokenizer (and generation config) files next to the weights, where HF loaders look for them."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
-            copied.append(name)
-    if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
-        raise CalibrationError(f"{src} has no tokenizer.json or tokenizer.model; the PyTorch backend needs it")
-    return copied
+    return export_copy_tokenizer(src, dst, needed_by="the PyTorch backend")

@@ -27,13 +27,13 @@ from ..artifacts import atomic_dir, check_name, file_table, stage_key, triton_re
 from ..errors import PackageError, PipelineError
 from ..layout import repo_name
 from ..llmapi.options import LlmApiOptions
-from ..manifests import RepoManifest, StageResult
+from ..manifests import RepoManifest
 from ..tokenizer import find_tokenizer, identity, mismatch
 from . import llmapi_yaml, pbtxt
+from .package import PackageResult, current_repo
 from .render import render, templates_root
 from .repo_check import validate_repo
 
-PackageResult = StageResult[RepoManifest]
 TEMPLATE_VERSION = 1
 # hf_quant_config.json quant_algo values the CPU reference can dequantize (None: not quantized).
 REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
@@ -188,12 +188,9 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
                      "templates": templates_hash(), "model_yaml": data,
                      "parameters": parameters, "sources": {"llm": _dir_key(checkpoint_dir),
                                                             "draft": _dir_key(draft_dir) if draft_dir else None}})
-    m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
-    if m is not None:
-        return PackageResult(final, m, "cached")
-    if check_only:
-        raise PackageError(f"no current Triton repository at {final} for this spec; run `invoke package` or "
-                           "`invoke build` first", path=final)
+    cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
+    if cached is not None:
+        return cached
     with atomic_dir(final) as tmp:
         write_llmapi_repo(tmp, target=target, data=data, parameters=parameters)
         check_model_yaml(tmp / llmapi_yaml.MODEL_YAML)

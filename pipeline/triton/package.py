@@ -328,6 +328,22 @@ def _extra_parameters(spec, target: str, with_draft: bool) -> dict[str, Any]:
     return extra
 
 
+def current_repo(final: Path, key: str, *, force: bool, verify: bool, check_only: bool) -> PackageResult | None:
+    """The repository at `final` when its manifest is current for `key` (None: build it).
+
+    Raises:
+        PackageError: `check_only` and there is no current repository.
+        IntegrityError: the repository differs from its manifest.
+    """
+    m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
+    if m is not None:
+        return PackageResult(final, m, "cached")
+    if check_only:
+        raise PackageError(f"no current Triton repository at {final} for this spec; run `invoke package` or "
+                           "`invoke build` first", path=final)
+    return None
+
+
 def package_repo(
     spec,
     *,
@@ -384,12 +400,9 @@ def package_repo(
         "extra_parameters": extra,
     })
 
-    m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
-    if m is not None:
-        return PackageResult(final, m, "cached")
-    if check_only:
-        raise PackageError(f"no current Triton repository at {final} for this spec; run `invoke package` or "
-                           "`invoke build` first", path=final)
+    cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
+    if cached is not None:
+        return cached
     with atomic_dir(final) as tmp:
         write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
