@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +230,12 @@ def test_check_compares_with_this_host_and_plan_shows_the_resources(tmp_path):
     assert res["calibration"][0]["gpu_terms_bytes"]["weights"] == res["calibration"][0]["params"] * 2
     r = invoke("plan", "--model", "llama-8b", "--precision", "fp8")
     assert "build resources" in r.stdout and "calibrate target: GPU 17.2 GiB" in r.stdout
+
+
+def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_path):
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
+                        "--precision", "fp8", "--release-volume", "releases"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "(tp=8, pp=1, 8 ranks)" in r.stdout and "at tp=1 does not fit" not in r.stderr
