@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The acceptance run for a GPU host, inside nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 (TensorRT-LLM 1.2.1):
+# tiny engines with trtllm-build (TP 2 when two GPUs are visible, then with a draft), served through the C++
+# tensorrtllm backend exactly as `invoke serve` launches them (leader mode, orchestrator draft-target), our smoke
+# routes, NVIDIA's clients when TRTLLM_TRITON_CLIENTS names the release's triton_backend directory, and greedy text
+# compared with the CPU reference backend. Where TensorRT-LLM or a GPU is missing, pytest reports every test skipped
+# with its reason (-rs) and this script exits 3: a skipped acceptance run is never a pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+"$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_acceptance.py "$@" | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
+if ! grep -qE '^[0-9]+ passed' "$log" || grep -qE ' skipped' "$log"; then
+  echo "gpu acceptance: not run on this host (see the skip reasons above)" >&2
+  exit 3
+fi
+echo "gpu acceptance: passed"

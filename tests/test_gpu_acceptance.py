@@ -1,0 +1,132 @@
+"""The acceptance run for a GPU host: real engines through the C++ `tensorrtllm` backend, launched by our launch plan.
+
+Runs only on a GPU host with TensorRT-LLM 1.2.1 and the NGC Triton image (`scripts/gpu_acceptance.sh`); elsewhere
+every test here is reported as skipped with its reason, never as passed. Per layout it builds the tiny models with
+`trtllm-build` (target TP 2 when two GPUs are visible), packages the `--target trtllm` repository, starts it exactly
+as `invoke serve` does (leader mode without a draft, orchestrator mode with one), runs our smoke routes and, when
+`TRTLLM_TRITON_CLIENTS` names NVIDIA's `triton_backend` directory of the same release, NVIDIA's clients unchanged;
+then it compares the greedy text with the CPU reference backend serving the same calibrated checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import build
+from pipeline.manifests import RepoManifest
+from pipeline.serve import TritonServer, find_gpu_tritonserver
+from pipeline.smoke import smoke_server
+from pipeline.spec import resolve_spec
+
+PROMPT = "The bee lives in the field."
+CLIENTS_ENV = "TRTLLM_TRITON_CLIENTS"
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    count = len([line for line in out.splitlines() if line.startswith("GPU ")])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
+def _skip_reason() -> str | None:
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return "needs TensorRT-LLM 1.2.1 (tensorrt_llm is not installed on this host)"
+    if shutil.which("trtllm-build") is None:
+        return "needs trtllm-build on PATH (TensorRT-LLM 1.2.1)"
+    if shutil.which("nvidia-smi") is None or visible_gpus() == 0:
+        return "needs an NVIDIA GPU with SM >= 89 (no GPU visible)"
+    if find_gpu_tritonserver() is None:
+        return "needs the NGC tritonserver with the tensorrtllm backend (nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3)"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    """One output tree and cache for the module: the reference builds reuse the GPU builds' calibration."""
+    root = tmp_path_factory.mktemp("acceptance")
+    saved = {k: os.environ.get(k) for k in ("PIPELINE_ROOT", "PIPELINE_CACHE", "HF_HUB_OFFLINE")}
+    os.environ.update(PIPELINE_ROOT=str(root / "root"), PIPELINE_CACHE=str(root / "cache"), HF_HUB_OFFLINE="1")
+    yield root
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _repo(spec) -> Path:
+    report = build(spec, progress=None)
+    return Path(report.outputs.triton_repo.path)
+
+
+def _serve_and_smoke(repo: Path, *, binary: Path | None) -> tuple[list, TritonServer]:
+    """Start `repo` the way `invoke serve` does and run every smoke route; returns the results."""
+    manifest = RepoManifest.read(repo)
+    world = manifest.world_size if manifest is not None and manifest.target == "trtllm" else 1
+    with TritonServer(repo, binary=binary, world_size=world, ready_timeout_s=900) as srv:
+        results = smoke_server(srv.http_url, srv.grpc_url, repo=repo, prompt=PROMPT, max_tokens=16)
+        _nvidia_clients(srv, repo, draft=(repo / "tensorrt_llm_draft").is_dir())
+    return results, srv
+
+
+def _nvidia_clients(srv: TritonServer, repo: Path, *, draft: bool) -> None:
+    """NVIDIA's own clients, unchanged, when TRTLLM_TRITON_CLIENTS names their `triton_backend` directory."""
+    root = os.environ.get(CLIENTS_ENV)
+    if not root:
+        print(f"NVIDIA clients not run: set {CLIENTS_ENV} to the 1.2.1 triton_backend directory")
+        return
+    root = Path(root)
+    client = root / "inflight_batcher_llm" / "client" / "end_to_end_grpc_client.py"
+    runs = [[sys.executable, str(client), "-u", srv.grpc_url, "-p", PROMPT, "-o", "16"]]
+    if not draft:
+        runs.append([*runs[0], "--streaming"])
+    else:
+        dataset = repo.parent / "acceptance-dataset.json"
+        dataset.write_text('[{"input": "", "instruction": "The bee lives in the field.", "output": ""}]\n')
+        runs.append([sys.executable, str(root / "tools" / "inflight_batcher_llm" / "speculative_decoding_test.py"),
+                     "--url-target", srv.grpc_url, "--url-draft", srv.grpc_url, "--url-control", srv.grpc_url,
+                     "--dataset", str(dataset), "--num-draft-tokens", "3", "--max-input-len", "64",
+                     "--output-len", "16", "--verbose"])
+        runs.append([*runs[-1], "--execute-bls-speculative-decoding"])
+    for argv in runs:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"{' '.join(argv)} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+        assert "field" in proc.stdout or "Outputs match" in proc.stdout, proc.stdout[-2000:]
+
+
+def _reference_text(spec_args: dict) -> str:
+    """Greedy text of the CPU reference backend on the same calibrated checkpoint."""
+    ref = _repo(resolve_spec(**spec_args, target="reference"))
+    results, _ = _serve_and_smoke(ref, binary=None)
+    return results[0].text
+
+
+@pytest.mark.parametrize("draft", [None, "tiny-llama-draft"], ids=["leader", "orchestrator-draft-target"])
+def test_engines_serve_like_the_reference(roots, draft):
+    gpus = visible_gpus()
+    args = {"model": "tiny-llama", "precision": "fp8", "tp": 2 if gpus >= 2 else 1, "gpu_count": gpus}
+    if draft:
+        args["draft"] = draft
+    repo = _repo(resolve_spec(**args, target="trtllm"))
+    results, _ = _serve_and_smoke(repo, binary=find_gpu_tritonserver())
+    engine_text = results[0].text
+    assert engine_text.strip()
+    assert engine_text == _reference_text(args), "engine greedy text differs from the CPU reference backend"
