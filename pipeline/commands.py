@@ -504,8 +504,7 @@ def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: b
         inputs.write_options()
     print(plan.command_line())
     if not inputs.found:
-        print(f"# {inputs.options_file} (written when served; {PENDING_NOTE}):")
-        print("\n".join(f"#   {line}" for line in inputs.options_yaml.splitlines()))
+        print(inputs.pending_options())
         print(f"note: the paths are where the build will put its outputs; none is finished here ({inputs.reason})",
               file=sys.stderr)
     if print_only:
@@ -515,9 +514,6 @@ def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: b
     if rc != 0:
         raise ServeError(f"trtllm-serve exited with status {rc}; see its output above")
     return plan
-
-
-PENDING_NOTE = "<build-id> is the id calibration gives the build, known once the model is downloaded"
 
 
 def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,

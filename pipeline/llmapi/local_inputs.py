@@ -35,6 +35,12 @@ class LocalServeInputs:
     found: bool  # a finished build: the paths exist
     reason: str = ""  # why no finished build was found (print-only)
 
+    def pending_options(self) -> str:
+        """The options YAML as `#` lines under the path it will be written to (for a build not finished here)."""
+        head = (f"# {self.options_file} (written when served; {PENDING} is the id calibration gives the build, "
+                "known once the model is downloaded):")
+        return "\n".join([head, *(f"#   {line}" for line in self.options_yaml.splitlines())])
+
     def write_options(self) -> None:
         """Write the options YAML atomically (only for a finished build)."""
         tmp = self.options_file.with_name(f".{self.options_file.name}.{os.getpid()}")
