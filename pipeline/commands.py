@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from .deploy.topology import choose as choose_topology
 from .download import download_model
 from .errors import DeployError, ServeError, SpecError
 from .host_check import check_host_fits, format_resources, repo_code_bytes
+from .llmapi.local_inputs import locate_serve_inputs
 from .llmapi.options import llm_api_options
 from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from .manifests import RepoManifest
@@ -438,13 +438,15 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
                   print_only=False) -> Any:
     """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task.
 
-    `--mode trtllm-serve` (runtime pytorch) instead runs TensorRT-LLM's OpenAI-compatible server on the exported
-    Hugging Face checkpoint with the build's LLM-API options YAML (GPU host with TensorRT-LLM 1.2.1).
+    `--mode trtllm-serve` instead runs TensorRT-LLM's OpenAI-compatible server (/v1/chat/completions): on the
+    exported Hugging Face checkpoint (--runtime pytorch) or on the engine with --backend tensorrt (--runtime engine),
+    with the build's LLM-API options YAML (GPU host with TensorRT-LLM 1.2.1).
 
     Args:
         mode: triton (default) or trtllm-serve
         host: trtllm-serve: address to bind (default 127.0.0.1)
-        print_only: trtllm-serve: write the options YAML and print the command; run nothing
+        print_only: trtllm-serve: print the command, run nothing, need no download (a finished build gets its
+            options YAML written so the command runs as printed; without one <build-id> stands in the paths)
         repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
         http_port: HTTP port on 127.0.0.1 (default: a free port)
         grpc_port: gRPC port on 127.0.0.1 (default: a free port)
@@ -491,18 +493,20 @@ SERVE_MODES = ("triton", "trtllm-serve")
 
 
 def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: bool) -> TrtllmServePlan:
-    """Write the build's LLM-API options next to its HF checkpoint and run (or print) trtllm-serve on them."""
-    if spec is None or spec.runtime != "pytorch":
-        raise SpecError("--mode trtllm-serve serves a runtime-pytorch build: pass its spec with --runtime pytorch")
-    out = locate_outputs(spec, until="calibrate")
-    draft = out.draft_checkpoint.path if out.draft_checkpoint else None
-    options = llm_api_options(spec, draft_dir=draft)
-    options_file = out.checkpoint.path.parent / f"llm_api_options-{out.layout.spec_key[:8]}.yaml"
-    tmp = options_file.with_name(f".{options_file.name}.{os.getpid()}")
-    tmp.write_text(options.to_yaml())
-    os.replace(tmp, options_file)
-    plan = trtllm_serve_plan(spec, model_dir=out.checkpoint.path, options_file=options_file, host=host, port=port)
+    """Run (or print) trtllm-serve on the build's HF checkpoint (runtime pytorch) or engine (runtime engine), with
+    its options YAML; `--print-only` works from the spec alone (see `pipeline.llmapi.local_inputs`)."""
+    if spec is None:
+        raise SpecError("--mode trtllm-serve serves a build: give its spec (--model ... or --spec FILE)")
+    inputs = locate_serve_inputs(spec, allow_pending=print_only)
+    plan = trtllm_serve_plan(spec, model_dir=inputs.model_dir, tokenizer_dir=inputs.tokenizer_dir,
+                             options_file=inputs.options_file, host=host, port=port)
+    if inputs.found:
+        inputs.write_options()
     print(plan.command_line())
+    if not inputs.found:
+        print(inputs.pending_options())
+        print(f"note: the paths are where the build will put its outputs; none is finished here ({inputs.reason})",
+              file=sys.stderr)
     if print_only:
         return plan
     require_trtllm_serve()
@@ -548,14 +552,14 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
-                    partition, no_container) -> deploy_render.DeployOptions:
+                    partition, no_container, serve_mode=None) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     if release_url and not release_url.startswith(("https://", "http://")):
         raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
-                partition=partition, container=not no_container)
+                partition=partition, container=not no_container, serve_mode=serve_mode)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -564,7 +568,7 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
 def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, output=None, name=None, namespace=None,
                    release_url=None, release_volume=None, image=None, pipeline_image=None, pipeline_cmd=None,
                    partition=None, no_container=False, max_nodes=None, matrix=None, matrix_target=None,
-                   matrix_output=None, force=False, json_=False) -> dict[str, Any]:
+                   matrix_output=None, force=False, json_=False, serve_mode=None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Args:
@@ -586,6 +590,8 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
         matrix_output: where the matrix writes (k8s: a PVC name; slurm: a shared directory)
         force: replace an existing output directory
         json_: print the deployment summary as JSON
+        serve_mode: what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI
+            /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
@@ -611,7 +617,7 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
     o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
                         release_url=release_url, release_volume=release_volume, image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
-                        no_container=no_container)
+                        no_container=no_container, serve_mode=serve_mode)
     dest = deploy_render.deploy_dir(output, o.name)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))

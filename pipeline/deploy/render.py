@@ -43,6 +43,7 @@ class DeployOptions(BaseModel):
     release_volume: str | None = None  # k8s: a PVC name; slurm: a directory on the cluster
     partition: str | None = None
     container: bool = True
+    serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
 
@@ -98,7 +99,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, or deploy a --target trtllm build")
     server, pipe = _images(o, src.trtllm_version)
-    rt = runtime_for(src.spec, o.name, multi_node=p.multi_node, platform=o.platform)
+    rt = runtime_for(src.spec, o.name, multi_node=p.multi_node, platform=o.platform, serve_mode=o.serve_mode)
     scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}
     if o.platform == "k8s":
         if p.multi_node:
@@ -110,7 +111,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     else:
         kind = "sbatch"
         files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p)}
-    files["deploy.json"] = json.dumps(_summary(src, p, server, kind), indent=2) + "\n"
+    files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 

@@ -7,7 +7,9 @@ models, as the backend's launch_triton_server.py does). The PyTorch runtime runs
 release's Hugging Face checkpoint: the argv of `pipeline.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
 ... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
-`/health` route.
+`/health` route. An engine release can be served the same way instead of by tritonserver (`--serve-mode
+trtllm-serve`): serve_plan's `trtllm-serve ENGINE --backend tensorrt --tokenizer TOK ...` over the installed
+release's engine and tokenizer.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ..llmapi.serve_plan import LLMAPI_LAUNCH, serve_argv
+from ..errors import DeployError
+from ..llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
 from ..spec import BuildSpec
-from .serve_inputs import OPTIONS_FILE
+from .serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
 CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
-SERVE_DIR = "serve"  # under $WORK, runtime pytorch: the checkpoint link and the LLM-API options YAML
+SERVE_DIR = "serve"  # under $WORK, trtllm-serve: the model (and tokenizer) links and the LLM-API options YAML
+SERVE_MODES = ("triton", "trtllm-serve")  # deploy --serve-mode, as serve --mode
 
 
 @dataclass(frozen=True)
@@ -111,25 +115,56 @@ def pytorch_rank_argv(spec: BuildSpec, served_name: str, *, launched: bool) -> l
 
 def pytorch_runtime(spec: BuildSpec, served_name: str, *, launched: bool) -> Runtime:
     """trtllm-serve on the release's HF checkpoint; `launched`: the platform starts world-size ranks."""
-    argv = " ".join(_shell_word(a) for a in pytorch_rank_argv(spec, served_name, launched=launched))
+    return _trtllm_serve_runtime("pytorch", pytorch_rank_argv(spec, served_name, launched=launched), served_name,
+                                 launched=launched, what="the release's checkpoint")
+
+
+def engine_serve_rank_argv(spec: BuildSpec, served_name: str, *, launched: bool) -> list[str]:
+    """The rank program of an engine under trtllm-serve (paths under WORK, written by serve_inputs --engine)."""
+    serve = engine_serve_argv(spec, engine_dir=f"{WORK}/{SERVE_DIR}/{served_name}",
+                              tokenizer_dir=f"{WORK}/{SERVE_DIR}/{TOKENIZER_LINK}",
+                              options_file=f"{WORK}/{SERVE_DIR}/{OPTIONS_FILE}", host="0.0.0.0", port=HTTP_PORT)
+    return [LLMAPI_LAUNCH, *serve] if launched else serve
+
+
+def engine_serve_runtime(spec: BuildSpec, served_name: str, *, launched: bool) -> Runtime:
+    """trtllm-serve --backend tensorrt on the release's engine; `launched`: the platform starts world-size ranks."""
+    return _trtllm_serve_runtime("engine-trtllm-serve", engine_serve_rank_argv(spec, served_name, launched=launched),
+                                 served_name, launched=launched, what="the release's engine", engine=True)
+
+
+def _trtllm_serve_runtime(name: str, argv: list[str], served_name: str, *, launched: bool, what: str,
+                          engine: bool = False) -> Runtime:
+    line = " ".join(_shell_word(a) for a in argv)
     how = "every rank runs trtllm-llmapi-launch, rank 0 serves HTTP" if launched else \
         "one process, the LLM spawns its TP/PP workers"
     script = f"""#!/bin/sh
-# The PyTorch runtime: TensorRT-LLM's OpenAI server on the release's checkpoint ({how}).
+# TensorRT-LLM's OpenAI server on {what} ({how}).
 set -eu
 WORK="${{WORK:-{WORK}}}"
-exec {argv}
+exec {line}
 """
-    setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.deploy.serve_inputs "$repo" "$work/{SERVE_DIR}" '
+    flag = "--engine " if engine else ""
+    setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.deploy.serve_inputs {flag}"$repo" "$work/{SERVE_DIR}" '
              f"{shlex.quote(served_name)}\n")
-    return Runtime("pytorch", "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
+    return Runtime(name, "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
                    node_setup=setup)
 
 
-def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform: str) -> Runtime:
-    """The runtime of `spec`; Slurm and multi-node Kubernetes start world-size ranks (srun / mpirun over pods)."""
+def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform: str,
+                serve_mode: str | None = None) -> Runtime:
+    """The runtime of `spec` (`serve_mode`: triton or trtllm-serve; default: tritonserver for engines, trtllm-serve
+    for runtime pytorch); Slurm and multi-node Kubernetes start world-size ranks (srun / mpirun over pods)."""
+    if serve_mode not in (None, *SERVE_MODES):
+        raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
+    launched = multi_node or platform == "slurm"
     if spec.runtime == "pytorch":
-        return pytorch_runtime(spec, served_name, launched=multi_node or platform == "slurm")
+        if serve_mode == "triton":
+            raise DeployError("--serve-mode triton: a runtime-pytorch release is deployed with trtllm-serve; drop "
+                              "--serve-mode (or pass --serve-mode trtllm-serve)")
+        return pytorch_runtime(spec, served_name, launched=launched)
+    if serve_mode == "trtllm-serve":
+        return engine_serve_runtime(spec, served_name, launched=launched)
     return engine_runtime(spec)
 
 

@@ -6,6 +6,9 @@ Field names and accepted values are those of `tensorrt_llm/llmapi/llm_args.py` (
 `DecodingBaseConfig.from_dict`, whose key for it is "DraftTarget"). The same YAML feeds
 `trtllm-serve --extra_llm_api_options` and the Triton `llmapi` model's `model.yaml`. Unknown keys are refused
 here as `LlmArgs` (a `StrictBaseModel`, extra="forbid") refuses them there.
+
+An engine served by `trtllm-serve --backend tensorrt` takes a smaller YAML (`EngineServeOptions`): the engine fixes
+batch, sequence lengths, TP/PP and the KV dtype, so only the runtime KV-cache settings and chunked prefill remain.
 """
 
 from __future__ import annotations
@@ -124,3 +127,27 @@ def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiO
         kv_cache_config=kv,
         speculative_config=draft,
     )
+
+
+class EngineServeOptions(BaseModel):
+    """The extra LLM-API options of an engine under `trtllm-serve --backend tensorrt` (1.2.1 `TrtLlmArgs`)."""
+
+    model_config = _Strict
+
+    kv_cache_config: KvCacheConfig
+    enable_chunked_prefill: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as upstream reads them; the KV dtype is the engine's, so `dtype` is left out."""
+        return self.model_dump(mode="json", exclude={"kv_cache_config": {"dtype"}})
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.as_dict(), sort_keys=False)
+
+
+def engine_serve_options(spec: BuildSpec) -> EngineServeOptions:
+    """The runtime options of `spec`'s target engine: the spec's KV pool share, KV reuse and chunked prefill (the spec
+    rules already refuse those two where the engine would lack paged context FMHA)."""
+    s = spec.serving
+    kv = KvCacheConfig(enable_block_reuse=s.enable_kv_cache_reuse, free_gpu_memory_fraction=s.target_fraction(False))
+    return EngineServeOptions(kv_cache_config=kv, enable_chunked_prefill=s.enable_chunked_context)
