@@ -55,7 +55,7 @@ def pipeline_image(server_image: str, version: str) -> str:
         DeployError: `server_image` has no tag to name ours after (the message says to pass --pipeline-image).
     """
     name, _, tag = server_image.split("@", 1)[0].rpartition(":")
-    if not name or "/" in tag or not TAG.match(f"{version}-{tag}"):
+    if not name or "/" in tag or not TAG.fullmatch(f"{version}-{tag}"):
         raise DeployError(f"--image {server_image!r} has no tag to name the pipeline image after; pass "
                           "--pipeline-image with the image you built FROM it (see the Dockerfile)")
     return f"{PIPELINE_REPOSITORY}:{version}-{tag}"
