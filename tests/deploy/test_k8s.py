@@ -203,7 +203,7 @@ def test_work_volume_is_sized_from_the_release(tmp_path, precision):
     release = plan_resources(spec).stage_bytes("release", needed=False)
     size = quantity(work_bytes(spec, download=True))
     # the tarball and its unpacked copy, both on the node
-    assert 2 * release + WORK_HEADROOM <= int(size[:-2]) * GIB <= 2.2 * release + WORK_HEADROOM + GIB
+    assert 2 * release + WORK_HEADROOM <= int(size.removesuffix("Gi")) * GIB <= 2.2 * release + WORK_HEADROOM + GIB
     pods = list(_pods(objects))
     assert len(pods) == (2 if precision == "bf16" else 1)
     for pod in pods:
@@ -224,7 +224,8 @@ def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
     for d in ("u", "v"):
         objects = list(yaml.safe_load_all((tmp_path / d / "serving.yaml").read_text()))
         (pod,) = _pods(objects)
-        sizes.append(int(pod["volumes"][1]["emptyDir"]["sizeLimit"][:-2]))
+        (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+        sizes.append(int(work["emptyDir"]["sizeLimit"].removesuffix("Gi")))
     assert 1.8 < sizes[0] / sizes[1] < 2.0  # a downloaded tarball doubles it (headroom aside)
 
 
@@ -302,3 +303,20 @@ def test_default_images_are_the_ngc_one_and_ours(tmp_path):
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
     assert pod["initContainers"][0]["image"] == DEFAULT_PIPELINE_IMAGE
     assert pod["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
+                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: --namespace 'Prod': not a DNS-1123 label (1-63 lowercase "
+                                                 "letters, digits and '-', starting and ending with a letter or "
+                                                 "digit); e.g. inference")
+    assert "Traceback" not in r.stderr and not (tmp_path / "deploy").exists()
