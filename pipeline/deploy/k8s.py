@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 from ..gpus import GIB
 from ..placement import Placement
@@ -40,8 +40,7 @@ WORK_MARGIN = 0.05
 WORK_HEADROOM = 2 * GIB
 # The flag each user-set name comes from (errors name it).
 FLAGS = {"namespace": "--namespace", "release_pvc": "--release-volume", "output_pvc": "--matrix-output",
-         "hf_secret": "hf_secret (the Secret holding HF_TOKEN)", "server_image": "--image",
-         "pipeline_image": "--pipeline-image"}
+         "hf_secret": "hf_secret", "server_image": "--image", "pipeline_image": "--pipeline-image"}
 
 
 class K8sOptions(BaseModel):
@@ -60,17 +59,17 @@ class K8sOptions(BaseModel):
 
     @field_validator("namespace")
     @classmethod
-    def _label(cls, v: str, info) -> str:
+    def _label(cls, v: str, info: ValidationInfo) -> str:
         return names.dns1123_label(v, FLAGS[info.field_name])
 
     @field_validator("release_pvc", "output_pvc", "hf_secret")
     @classmethod
-    def _subdomain(cls, v: str | None, info) -> str | None:
+    def _subdomain(cls, v: str | None, info: ValidationInfo) -> str | None:
         return v if v is None else names.dns1123_subdomain(v, FLAGS[info.field_name])
 
     @field_validator("server_image", "pipeline_image")
     @classmethod
-    def _image(cls, v: str, info) -> str:
+    def _image(cls, v: str, info: ValidationInfo) -> str:
         return names.image_reference(v, FLAGS[info.field_name])
 
 

@@ -292,7 +292,7 @@ def test_matrix_output_and_secret_names_are_checked(tmp_path):
     assert not (tmp_path / "m").exists()
     cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
     opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN")
-    with pytest.raises(DeployError, match="hf_secret .*'HF_TOKEN': not a DNS-1123 subdomain"):
+    with pytest.raises(DeployError, match="^hf_secret 'HF_TOKEN': not a DNS-1123 subdomain"):
         render.render_matrix(opts, cells, tmp_path / "m", "trtllm-build-output")
 
 
