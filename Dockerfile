@@ -1,4 +1,7 @@
-# GPU build/serve host image: NGC Triton with the TensorRT-LLM 1.2.1 backend + this pipeline.
+# GPU build/serve host image: NGC Triton with the TensorRT-LLM 1.2.1 backend + this pipeline + kubectl.
+# Build (the tag `invoke deploy` uses by default, pipeline.deploy.images.DEFAULT_PIPELINE_IMAGE):
+#   docker build -t trtllm-pipeline:0.1.0-26.04-trtllm-python-py3 .
+# Another Triton release: --build-arg TRITON_VERSION=yy.mm and tag it trtllm-pipeline:0.1.0-<yy.mm>-trtllm-python-py3.
 #
 # Which tag carries TensorRT-LLM 1.2.1: triton-inference-server/tensorrtllm_backend branch r26.04 (and r26.05-r26.07),
 # dockerfile/Dockerfile.triton.trt_llm_backend, pins TENSORRTLLM_REPO_TAG=release/1.2.1, TENSORRTLLM_VER=1.2.1,
@@ -16,14 +19,38 @@ sys.exit(0 if v == '${TRTLLM_VERSION}' else f'image has tensorrt_llm {v}, the pi
 # backend the Triton `llmapi` model runs on (tensorrt_llm.LLM on the PyTorch backend); fail early without them.
 RUN command -v trtllm-serve >/dev/null && command -v trtllm-llmapi-launch >/dev/null
 
+# kubectl: the LeaderWorkerSet leader's mpirun reaches its worker pods with `kubectl exec` (fetch-verify copies this
+# binary into the pod's work volume). The release binary from dl.k8s.io, pinned by version and sha256 per
+# architecture (the sha256 of dl.k8s.io's v1.36.0 linux/amd64 and linux/arm64 binaries, the same values pinned by
+# several independent public projects; any mismatch fails the build). kubectl talks to API servers one minor
+# version either side: for another cluster version pass all three build args (sha256 from <url>.sha256).
+ARG KUBECTL_VERSION=v1.36.0
+ARG KUBECTL_SHA256_AMD64=123d8c8844f46b1244c547fffb3c17180c0c26dac9890589fe7e67763298748e
+ARG KUBECTL_SHA256_ARM64=9f9d9c44a7b5264515ac9da5991584e2395bd50662e651132337e7b4d0c56f8f
+RUN case "$(uname -m)" in \
+      x86_64) arch=amd64 sum="${KUBECTL_SHA256_AMD64}" ;; \
+      aarch64) arch=arm64 sum="${KUBECTL_SHA256_ARM64}" ;; \
+      *) echo "no kubectl pin for $(uname -m)" >&2; exit 1 ;; \
+    esac \
+ && curl -fsSL --retry 5 -o /tmp/kubectl "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/${arch}/kubectl" \
+ && echo "${sum}  /tmp/kubectl" | sha256sum -c - \
+ && install -m 0755 /tmp/kubectl /usr/local/bin/kubectl \
+ && rm /tmp/kubectl \
+ && kubectl version --client
+ENV KUBECTL=/usr/local/bin/kubectl
+
 WORKDIR /opt/trtllm-pipeline
 COPY pyproject.toml README.md tasks.py ./
 COPY pipeline ./pipeline
-# Keep the image's own torch / TensorRT / TensorRT-LLM / ModelOpt / transformers exactly as NVIDIA built them:
-# every package already installed is a constraint (client/protobuf stacks excepted: the pipeline pins its own).
-RUN python3 -m pip freeze | grep -v ' @ ' | grep -viE '^(tritonclient|protobuf|grpcio)==' > /tmp/image-constraints.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/image-constraints.txt . \
- && rm /tmp/image-constraints.txt \
+# Install this repository against the image's stack without freezing it: only the engine contract (ENGINE_STACK in
+# pipeline/deploy/images.py: tensorrt_llm and torch, at the versions installed here) is a constraint; the rest of
+# our requirements (pyproject.toml: transformers 4.57.x, nvidia-modelopt 0.37.x, numpy<2, ...) are the ranges
+# TensorRT-LLM 1.2.1 itself requires, so the image's own versions satisfy them and stay (tests/deploy/test_images.py
+# checks the ranges against its requirements.txt). The constraints come from the standard library alone.
+RUN python3 -m pipeline.deploy.images > /tmp/engine-stack.txt \
+ && cat /tmp/engine-stack.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/engine-stack.txt . \
+ && rm /tmp/engine-stack.txt \
  && invoke --list >/dev/null
 
 # Outputs (engines/, triton_repo/, releases/) and the download cache live on mounted volumes.

@@ -5,22 +5,42 @@ Serving: one node -> Deployment; several -> LeaderWorkerSet (`leaderworkerset.x-
 pods/exec). Both get a Service on the runtime's ports (engine: HTTP 8000, gRPC 8001, metrics 8002; pytorch: the
 OpenAI HTTP port 8000), a ConfigMap with the scripts, GPU limits,
 /dev/shm, probes on the runtime's health endpoints and an init container that fetches and verifies the release on
-the node. Build matrix: an Indexed Job, one index per cell, HF token from a Secret.
+the node. The node-local WORK volume is an emptyDir with a `sizeLimit`, and the containers that use it request and
+limit the same `ephemeral-storage`, sized from the plan's release bytes (`work_bytes`), so the scheduler places the
+pod on a node with that much disk instead of the kubelet evicting it mid-unpack. The one-node Deployment uses the
+`Recreate` strategy: its GPUs are released before the new pod asks for them. Build matrix: an Indexed Job, one index
+per cell, HF token from a Secret.
+
+Names are checked as the API server and the container runtime would (`pipeline.deploy.names`), each error naming
+its flag.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationInfo, field_validator
 
+from ..gpus import GIB
 from ..placement import Placement
+from ..resources import plan_resources
+from ..spec import BuildSpec
+from . import names
 from .runtime import CONFIG, HTTP_PORT, WORK, Runtime
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GPU = "nvidia.com/gpu"
 SCRIPT_MODE = 0o755
+EPHEMERAL = "ephemeral-storage"
+# WORK beyond the release: the kubectl copy, the serving inputs, container logs and writable layers, and the
+# estimate's error (the release bytes are the plan's figure, not a measurement of the tarball).
+WORK_MARGIN = 0.05
+WORK_HEADROOM = 2 * GIB
+# The flag each user-set name comes from (errors name it).
+FLAGS = {"namespace": "--namespace", "release_pvc": "--release-volume", "output_pvc": "--matrix-output",
+         "hf_secret": "hf_secret", "server_image": "--image", "pipeline_image": "--pipeline-image"}
 
 
 class K8sOptions(BaseModel):
@@ -35,6 +55,35 @@ class K8sOptions(BaseModel):
     sha256: str | None = None
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
+    work_bytes: int | None = None  # WORK's size on a serving node (`work_bytes()`; required by serving pods)
+
+    @field_validator("namespace")
+    @classmethod
+    def _label(cls, v: str, info: ValidationInfo) -> str:
+        return names.dns1123_label(v, FLAGS[info.field_name])
+
+    @field_validator("release_pvc", "output_pvc", "hf_secret")
+    @classmethod
+    def _subdomain(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else names.dns1123_subdomain(v, FLAGS[info.field_name])
+
+    @field_validator("server_image", "pipeline_image")
+    @classmethod
+    def _image(cls, v: str, info: ValidationInfo) -> str:
+        return names.image_reference(v, FLAGS[info.field_name])
+
+
+def work_bytes(spec: BuildSpec, *, download: bool) -> int:
+    """Disk WORK holds on a node: the unpacked release, plus its tarball when it is downloaded there (`download`:
+    --release-url; a --release-volume tarball is read in place), with WORK_MARGIN and WORK_HEADROOM."""
+    release = plan_resources(spec).stage_bytes("release", needed=False)
+    copies = 2 if download else 1
+    return int(copies * release * (1 + WORK_MARGIN)) + WORK_HEADROOM
+
+
+def quantity(nbytes: int) -> str:
+    """`nbytes` rounded up to a whole GiB, as a Kubernetes quantity."""
+    return f"{math.ceil(nbytes / GIB)}Gi"
 
 
 def _meta(o: K8sOptions, name: str, **labels: str) -> dict[str, Any]:
@@ -46,6 +95,18 @@ def _env(**values: str | None) -> list[dict[str, Any]]:
     return [{"name": k, "value": str(v)} for k, v in values.items() if v is not None]
 
 
+def _work_size(o: K8sOptions) -> str:
+    if o.work_bytes is None:
+        raise ValueError("K8sOptions.work_bytes is required to render serving pods")
+    return quantity(o.work_bytes)
+
+
+def _resources(o: K8sOptions, gpus: int) -> dict[str, Any]:
+    """GPU limit, and the WORK volume's size as ephemeral-storage request = limit (a pod's effective request is the
+    larger of its init container's and the sum of its app containers', so the two don't add up)."""
+    return {"requests": {EPHEMERAL: _work_size(o)}, "limits": {GPU: str(gpus), EPHEMERAL: _work_size(o)}}
+
+
 def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[str, Any]:
     env = _env(WORK=WORK, PIPELINE=o.pipeline_cmd, RELEASE_FILE=o.release_file, RELEASE_URL=o.release_url,
                RELEASE_DIR="/releases" if o.release_pvc else None, RELEASE_SHA256=o.sha256,
@@ -54,7 +115,7 @@ def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[st
     if o.release_pvc:
         mounts.append({"name": "releases", "mountPath": "/releases", "readOnly": True})
     return {"name": "fetch-verify", "image": o.pipeline_image, "command": ["/bin/sh", f"{CONFIG}/fetch-verify.sh"],
-            "env": env, "resources": {"limits": {GPU: str(gpus)}}, "volumeMounts": mounts}
+            "env": env, "resources": _resources(o, gpus), "volumeMounts": mounts}
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -65,7 +126,7 @@ def _server_container(o: K8sOptions, rt: Runtime | None, gpus: int, command: lis
                       env: list[dict[str, Any]]) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": "server", "image": o.server_image, "command": command, "env": [*_env(WORK=WORK), *env],
-        "resources": {"limits": {GPU: str(gpus)}},
+        "resources": _resources(o, gpus),
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -81,7 +142,7 @@ def _pod_spec(o: K8sOptions, server: dict[str, Any], gpus: int, *, copy_kubectl:
               service_account: str | None = None) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": f"{o.name}-scripts", "defaultMode": SCRIPT_MODE}},
-        {"name": "work", "emptyDir": {}},
+        {"name": "work", "emptyDir": {"sizeLimit": _work_size(o)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
     if o.release_pvc:
@@ -112,7 +173,7 @@ def deployment(o: K8sOptions, rt: Runtime, p: Placement) -> dict[str, Any]:
     labels = {"app.kubernetes.io/instance": o.name, "app.kubernetes.io/component": "server"}
     server = _server_container(o, rt, p.ranks_per_node, command, [])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(o, o.name),
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+            "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": _pod_spec(o, server, p.ranks_per_node)}}}
 

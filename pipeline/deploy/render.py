@@ -22,7 +22,7 @@ from ..artifacts import output_root
 from ..errors import DeployError, SpecError, io_error
 from ..placement import Placement
 from ..spec import BuildSpec, resolve_spec
-from . import k8s, slurm
+from . import k8s, names, slurm
 from .images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
 from .runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
 from .source import DeploySource
@@ -53,7 +53,7 @@ def default_name(spec: BuildSpec) -> str:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise DeployError(f"--name {name!r}: a deployment name is 1-40 lowercase letters, digits and '-', starting "
                           "and ending with a letter or digit (Kubernetes DNS-1123); e.g. llama-405b-bf16")
     return name
@@ -61,6 +61,8 @@ def check_name(name: str) -> str:
 
 def _images(o: DeployOptions, trtllm_version: str) -> tuple[str, str]:
     """(server image, pipeline image): the NGC image of the release's TensorRT-LLM (or --image), and ours FROM it."""
+    if o.image and o.platform == "k8s":
+        names.image_reference(o.image, "--image")  # before ours is named after its tag
     server = o.image or ngc_image(trtllm_version)
     return server, o.pipeline_image or pipeline_image(server, __version__)
 
@@ -70,7 +72,8 @@ def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: 
         name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         release_file=src.release_file if src else "", release_url=o.release_url,
         release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
-        hf_secret=o.hf_secret, output_pvc=o.output_pvc)
+        hf_secret=o.hf_secret, output_pvc=o.output_pvc,
+        work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
 
 
 def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, server: str,

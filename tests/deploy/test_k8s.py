@@ -103,6 +103,8 @@ def test_nothing_written_when_options_are_bad(tmp_path):
         deploy_command(spec, platform="k8s", output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
         deploy_command(spec, platform="k8s", release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
+    with pytest.raises(DeployError, match="DNS-1123"):
+        deploy_command(spec, platform="k8s", release_url=URL, name="llama\n", output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
 
 
@@ -176,3 +178,145 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
     with pytest.raises(DeployError, match="not a readable .tar.gz"):
         deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
                        output=str(tmp_path / "e"))
+
+
+def _pods(objects):
+    """Every pod template's spec in `objects` (Deployment, LeaderWorkerSet leader and worker)."""
+    for o in objects:
+        if o["kind"] == "Deployment":
+            yield o["spec"]["template"]["spec"]
+        elif o["kind"] == "LeaderWorkerSet":
+            tmpl = o["spec"]["leaderWorkerTemplate"]
+            yield tmpl["leaderTemplate"]["spec"]
+            yield tmpl["workerTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_work_volume_is_sized_from_the_release(tmp_path, precision):
+    from pipeline.deploy.k8s import WORK_HEADROOM, quantity, work_bytes
+    from pipeline.gpus import GIB
+    from pipeline.resources import plan_resources
+
+    summary, by_kind, objects = _deploy(tmp_path, precision)
+    spec = resolve_spec(model="llama-405b", precision=precision, tp=summary["tp"], pp=summary["pp"],
+                        nodes=summary["nodes"])
+    release = plan_resources(spec).stage_bytes("release", needed=False)
+    size = quantity(work_bytes(spec, download=True))
+    # the tarball and its unpacked copy, both on the node
+    assert 2 * release + WORK_HEADROOM <= int(size.removesuffix("Gi")) * GIB <= 2.2 * release + WORK_HEADROOM + GIB
+    pods = list(_pods(objects))
+    assert len(pods) == (2 if precision == "bf16" else 1)
+    for pod in pods:
+        (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+        assert work["emptyDir"] == {"sizeLimit": size}
+        for c in (*pod["initContainers"], *pod["containers"]):
+            assert c["resources"]["requests"] == {"ephemeral-storage": size}
+            assert c["resources"]["limits"]["ephemeral-storage"] == size
+    validate_objects(objects)
+
+
+def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    url = deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "u"), json_=True)
+    vol = deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "v"))
+    assert url["tp"] == vol["tp"]
+    sizes = []
+    for d in ("u", "v"):
+        objects = list(yaml.safe_load_all((tmp_path / d / "serving.yaml").read_text()))
+        (pod,) = _pods(objects)
+        (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+        sizes.append(int(work["emptyDir"]["sizeLimit"].removesuffix("Gi")))
+    assert 1.8 < sizes[0] / sizes[1] < 2.0  # a downloaded tarball doubles it (headroom aside)
+
+
+def test_gpu_deployment_recreates_instead_of_surging(tmp_path):
+    _, by_kind, objects = _deploy(tmp_path, "fp8")
+    dep = by_kind["Deployment"]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    server = dep["spec"]["template"]["spec"]["containers"][0]
+    assert server["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"  # probes unchanged
+    broken = copy.deepcopy(dep)
+    broken["spec"]["strategy"] = {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}, "surge": 0}
+    with pytest.raises(DeployError, match="fails the Kubernetes 1.31 schema"):
+        validate_object(broken)
+
+
+# Exact inputs `kubectl apply` or the container runtime would reject, and the flag each error must name.
+BAD_K8S_OPTIONS = [
+    ({"namespace": "Inference"}, "--namespace 'Inference': not a DNS-1123 label"),
+    ({"namespace": "team_a"}, "--namespace 'team_a': not a DNS-1123 label"),
+    ({"namespace": "-prod"}, "--namespace '-prod': not a DNS-1123 label"),
+    ({"namespace": "a" * 64}, "--namespace 'a{64}': not a DNS-1123 label"),
+    ({"namespace": "prod\n"}, "--namespace 'prod\\\\n': not a DNS-1123 label"),
+    ({"release_url": None, "release_volume": "Releases_PVC"}, "--release-volume 'Releases_PVC': not a DNS-1123"),
+    ({"release_url": None, "release_volume": "pvc/../etc"}, r"--release-volume 'pvc/\.\./etc': not a DNS-1123"),
+    ({"release_url": None, "release_volume": "a..b"}, r"--release-volume 'a\.\.b': not a DNS-1123 subdomain"),
+    ({"image": "nvcr.io/NVIDIA/tritonserver:26.04-trtllm-python-py3"}, "--image 'nvcr.io/NVIDIA/.*not an image"),
+    ({"image": "nvcr.io/nvidia/tritonserver:26.04 ; rm -rf /"}, "--image .*not an image reference"),
+    ({"image": "nvcr.io#nvidia/tritonserver:26.04-trtllm-python-py3"}, "--image 'nvcr.io#nvidia.*not an image"),
+    ({"image": "nvcr.io/nvidia/tritonserver:26.04:latest", "pipeline_image": "ours:1"}, "--image .*not an image"),
+    ({"pipeline_image": "trtllm pipeline:0.1.0"}, "--pipeline-image 'trtllm pipeline:0.1.0': not an image"),
+    ({"pipeline_image": "trtllm-pipeline:"}, "--pipeline-image 'trtllm-pipeline:': not an image reference"),
+    ({"pipeline_image": "trtllm-pipeline@sha256:abc"}, "--pipeline-image .*not an image reference"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_K8S_OPTIONS)
+def test_names_kubernetes_would_reject_are_refused_naming_the_flag(tmp_path, options, message):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    kw = {"release_url": URL, **options}
+    with pytest.raises(DeployError, match=message) as err:
+        deploy_command(spec, platform="k8s", output=str(tmp_path / "d"), **kw)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert not (tmp_path / "d").exists()
+
+
+def test_names_kubernetes_accepts_pass(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    digest = "sha256:" + "0123456789abcdef" * 4
+    deploy_command(spec, platform="k8s", release_volume="model-releases.v2", namespace="inference-prod",
+                   image=f"registry.example.com:5000/team/triton_server__x:26.04-trtllm@{digest}",
+                   pipeline_image=f"localhost:5000/trtllm-pipeline@{digest}", output=str(tmp_path / "d"))
+    objects = list(yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text()))
+    assert {o["metadata"]["namespace"] for o in objects} == {"inference-prod"}
+    (pod,) = _pods(objects)
+    assert pod["initContainers"][0]["image"] == f"localhost:5000/trtllm-pipeline@{digest}"
+
+
+def test_matrix_output_and_secret_names_are_checked(tmp_path):
+    from pipeline.deploy import render
+
+    with pytest.raises(DeployError, match="--matrix-output 'Build PVC': not a DNS-1123 subdomain"):
+        deploy_command(None, platform="k8s", matrix="llama-8b:fp8", matrix_output="Build PVC",
+                       output=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+    cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
+    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN")
+    with pytest.raises(DeployError, match="^hf_secret 'HF_TOKEN': not a DNS-1123 subdomain"):
+        render.render_matrix(opts, cells, tmp_path / "m", "trtllm-build-output")
+
+
+def test_default_images_are_the_ngc_one_and_ours(tmp_path):
+    from pipeline.deploy.images import DEFAULT_PIPELINE_IMAGE
+
+    _, by_kind, _ = _deploy(tmp_path, "fp8")
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == DEFAULT_PIPELINE_IMAGE
+    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
+                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: --namespace 'Prod': not a DNS-1123 label (1-63 lowercase "
+                                                 "letters, digits and '-', starting and ending with a letter or "
+                                                 "digit); e.g. inference")
+    assert "Traceback" not in r.stderr and not (tmp_path / "deploy").exists()
