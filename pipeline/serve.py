@@ -530,8 +530,8 @@ class TritonServer:
                 raise ServeError(f"tritonserver exited with code {self._proc.returncode} (another process answers on "
                                  f"its ports?); see {self.log_file}: {self.log_tail()}")
             listening = listening_addresses(self._proc.pid)
-            bound = {what: next((f"{h}:{p}" for h, p in sorted(listening) if p == port), None)
-                     for what, port in ports.items()}
+            bound = {what: next((f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in sorted(listening) if p == port),
+                                None) for what, port in ports.items()}
             missing = [what for what, addr in bound.items() if addr is None]
             if not missing:
                 return bound

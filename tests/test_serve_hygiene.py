@@ -417,10 +417,14 @@ def test_invoke_serve_host_0000_binds_every_interface(tmp_path):
         except AssertionError as exc:
             raise AssertionError(f"{exc}; stderr: {(tmp_path / 'serve.err').read_text()[-2000:]}") from None
         bound = {ln.split()[0]: ln.split()[1] for ln in lines if ln.endswith("(bound)")}
-        assert bound == {"http": f"0.0.0.0:{http}", "grpc": f"0.0.0.0:{grpc}", "metrics": f"0.0.0.0:{metrics}"}
+        # gRPC binds 0.0.0.0 as a dual-stack IPv6 socket ([::]: every IPv4 and IPv6 address)
+        assert bound["http"] == f"0.0.0.0:{http}" and bound["metrics"] == f"0.0.0.0:{metrics}"
+        assert bound["grpc"] in (f"0.0.0.0:{grpc}", f"[::]:{grpc}")
         server = next(p for p in process_tree(serve.pid)
                       if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver")
-        assert {("0.0.0.0", http), ("0.0.0.0", grpc), ("0.0.0.0", metrics)} <= listening_addresses(server)
+        listening = listening_addresses(server)
+        assert {("0.0.0.0", http), ("0.0.0.0", metrics)} <= listening
+        assert ("0.0.0.0", grpc) in listening or ("::", grpc) in listening
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=120) == 0
     finally:
