@@ -26,6 +26,10 @@ Upstream sources (read in the code index, never copied):
   recommended layout, examples/draft_target_model/README.md).
 - tensorrtllm_backend `docs/llama_multi_instance.md`: "If `MPI_Comm_Spawn` is used, it is not possible to distribute
   the model across multiple nodes." Leader mode runs under mpirun/srun across nodes.
+
+Orchestrator mode keeps spawning on (upstream's default): one process for every platform and no `participant_ids`
+in the configs. `--disable-spawn-processes` would need participant ids (rank 0 the orchestrator, then each model's
+ranks: world size 1 + draft TP + target TP×PP) and an MPI world started by the platform; it buys fast logits only.
 """
 
 from __future__ import annotations

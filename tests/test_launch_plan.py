@@ -247,3 +247,21 @@ def test_multi_node_draft_target_deploy_is_refused(out_env, tmp_path):
     with pytest.raises(DeployError, match="keep the target within one node"):
         deploy_command(spec, platform="slurm", release_volume="/shared/releases", output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()
+
+
+def test_serve_print_only_needs_only_the_spec(out_env, capsys):
+    from pipeline.commands import serve_command
+
+    spec = resolve_spec(**SPECS["tp4 target + tp1 draft"])
+    plan = serve_command(spec, print_only=True, host="0.0.0.0", port_offset="10")
+    text = capsys.readouterr().out
+    assert plan.mode == "orchestrator" and "# mode orchestrator: 1 process(es)" in text
+    assert "export TRTLLM_ORCHESTRATOR=1\nexport TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1\n" in text
+    command = shlex.split(text.strip().splitlines()[-1])
+    assert command == list(plan.ranks[0]) and "--http-port=8010" in command and "--http-address=0.0.0.0" in command
+    repo = next(a for a in command if a.startswith("--model-repository=")).split("=", 1)[1]
+    assert Path(repo).parent == out_env / "out" / "triton_repo" and "<build-id>" in repo  # not built yet
+    leader = serve_command(resolve_spec(**SPECS["leader tp4"]), print_only=True)
+    assert shlex.split(capsys.readouterr().out.strip().splitlines()[-1])[:4] == ["mpirun", "--allow-run-as-root",
+                                                                                  "-n", "1"]
+    assert leader.processes == 4
