@@ -265,3 +265,39 @@ def test_serve_print_only_needs_only_the_spec(out_env, capsys):
     assert shlex.split(capsys.readouterr().out.strip().splitlines()[-1])[:4] == ["mpirun", "--allow-run-as-root",
                                                                                   "-n", "1"]
     assert leader.processes == 4
+
+
+@pytest.mark.parametrize("layout", ["leader tp4", "tp4 target + tp1 draft"])
+def test_rank_script_execs_the_plan_argv_of_its_rank(layout, tmp_path, out_env):
+    """/bin/sh runs the rendered rank.sh with a stand-in tritonserver that records the argv and env it gets."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.deploy.runtime import REPO_WORD, engine_launch_plan
+    from pipeline.placement import place
+
+    spec = resolve_spec(**SPECS[layout])
+    _slurm_processes(spec, tmp_path / "d")
+    bindir, work = tmp_path / "bin", tmp_path / "work dir"
+    bindir.mkdir()
+    work.mkdir()
+    (work / "REPO").write_text("/srv/repo with space\n")
+    stand_in = bindir / "tritonserver"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        "print(json.dumps([sys.argv[1:], {k: v for k, v in os.environ.items() "
+                        "if k.startswith('TRTLLM_')}]))\n")
+    stand_in.chmod(0o755)
+    plan = engine_launch_plan(spec, place(spec.parallelism.tp, spec.parallelism.pp, spec.hardware))
+    for rank in range(plan.processes):
+        env = {"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work), "SLURM_PROCID": str(rank)}
+        out = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], env=env, capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+        argv, got_env = json.loads(out)
+        assert argv == [a.replace(REPO_WORD, "/srv/repo with space") for a in plan.ranks[rank][1:]]
+        assert got_env == plan.env
+    beyond = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], capture_output=True, text=True,
+                            env={"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work),
+                                 "SLURM_PROCID": str(plan.processes)})
+    assert beyond.returncode == 2 and "outside the" in beyond.stderr
