@@ -4,13 +4,13 @@
 LLM-API model, or the CPU reference backend) and the host shape (nodes, GPUs per node) to a mode, the processes
 the platform starts (each one's exact `tritonserver` argv, rank 0 first) and the environment they need.
 
-| mode | when | processes | env | upstream |
-|---|---|---|---|---|
-| single | one `tensorrt_llm` model, TP×PP = 1 | 1 | | launch_triton_server.py, world size 1 |
-| leader | one `tensorrt_llm` model, TP×PP = N > 1 | N (rank 0 serves the endpoints and every model; ranks ≥ 1 load only `tensorrt_llm`, endpoints off) | | launch_triton_server.py `get_cmd` |
-| orchestrator | several TensorRT-LLM models (draft + target) | 1 (the backend spawns each model's ranks on its `gpu_device_ids`) | TRTLLM_ORCHESTRATOR=1, TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 | launch_triton_server.py `--multi-model` |
-| llmapi | runtime-pytorch repository on GPU | 1 (the LLM spawns its TP/PP workers) | | LLM API Triton model |
-| cpu-reference | Python-backend reference repository | 1 | | FACTS §5 (nvidia-pytriton's tritonserver) |
+| mode | repository | processes | env |
+|---|---|---|---|
+| single | one `tensorrt_llm`, TP×PP = 1 | 1 | |
+| leader | one `tensorrt_llm`, TP×PP = N > 1 | N: rank 0 serves the endpoints and every model, ranks >= 1 load only `tensorrt_llm` (endpoints off) | |
+| orchestrator | draft + target (two `tensorrtllm` models) | 1: the backend spawns each model's ranks on its `gpu_device_ids` | TRTLLM_ORCHESTRATOR(_SPAWN_PROCESSES)=1 |
+| llmapi | runtime-pytorch, GPU | 1: the LLM spawns its TP/PP workers | |
+| cpu-reference | Python-backend reference | 1 (nvidia-pytriton's tritonserver) | |
 
 Upstream sources (read in the code index, never copied):
 - tensorrtllm_backend `scripts/launch_triton_server.py` (TensorRT-LLM 1.2 `triton_backend/scripts/`): `get_cmd` runs
@@ -116,7 +116,8 @@ class LaunchPlan:
 
     def format(self) -> str:
         """The plan as shell lines (env, then the command), with the mode and its upstream source as comments."""
-        lines = [f"# mode {self.mode}: {self.processes} process(es) on {self.nodes} node(s)", f"# upstream: {self.source}"]
+        lines = [f"# mode {self.mode}: {self.processes} process(es) on {self.nodes} node(s)",
+                 f"# upstream: {self.source}"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
         lines.append(shlex.join(self.local_argv()))
         return "\n".join(lines)
@@ -203,7 +204,8 @@ def _common(repo: str, ep: Endpoints, shm: str, log_verbose: int, exit_timeout_s
 def _worker(binary: str, repo: str, model: str, shm: str, log_verbose: int, exit_timeout_s: int) -> tuple[str, ...]:
     """Leader mode, rank >= 1: only the TensorRT-LLM model, no endpoints."""
     return (binary, f"--model-repository={repo}", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
-            "--model-control-mode=explicit", f"--load-model={model}", f"--backend-config=python,shm-region-prefix-name={shm}",
+            "--model-control-mode=explicit", f"--load-model={model}",
+            f"--backend-config=python,shm-region-prefix-name={shm}",
             f"--exit-timeout-secs={exit_timeout_s}", f"--log-verbose={log_verbose}", "--disable-auto-complete-config")
 
 
