@@ -19,7 +19,7 @@ from typing import Any
 
 from . import aiconfigurator, planner
 from . import bench as bench_lib
-from .artifacts import engines_dir
+from .artifacts import engines_dir, triton_repo_dir
 from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
 from .calibrate.stage import run_calibrate
@@ -31,23 +31,24 @@ from .deploy import render as deploy_render
 from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
-from .errors import DeployError, ServeError, SpecError
+from .errors import DeployError, PipelineError, ServeError, SpecError
 from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .llmapi.local_inputs import locate_serve_inputs
 from .llmapi.options import llm_api_options
 from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
-from .manifests import RepoManifest
 from .release import release as make_release
 from .release_verify import verify as verify_release
 from .resources import SizeInputs, plan_resources
-from .serve import TritonServer
+from .launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
+from .layout import PENDING, SPEC_KEY_CHARS
+from .placement import node_gpus
+from .serve import NGC_TRITONSERVER, TritonServer, check_host, find_gpu_tritonserver, local_gpu_count, serve_ports
 from .smoke import DEFAULT_PROMPT, run_smoke
 from .spec import BuildSpec
 from .triton.install import install_command
 from .triton.llmapi_package import package_llmapi_repo
 from .triton.package import package_repo
 
-PENDING = "<build-id>"
 
 
 def _path(p: str | Path | None) -> Path | None:
@@ -434,9 +435,11 @@ def _print_addresses(server: TritonServer, path: Path) -> None:
 
 
 def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
-                  ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
+                  port_offset=None, ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
                   print_only=False) -> Any:
-    """Run tritonserver (127.0.0.1) on an installed copy of the repository until Ctrl-C; it dies with this task.
+    """Run tritonserver on an installed copy of the repository until Ctrl-C; it dies with this task. It is launched
+    as the repository's launch plan says (one process; leader-mode ranks under mpirun; or one orchestrator process
+    for draft-target), the same plan `deploy` renders.
 
     `--mode trtllm-serve` instead runs TensorRT-LLM's OpenAI-compatible server (/v1/chat/completions): on the
     exported Hugging Face checkpoint (--runtime pytorch) or on the engine with --backend tensorrt (--runtime engine),
@@ -444,13 +447,15 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
 
     Args:
         mode: triton (default) or trtllm-serve
-        host: trtllm-serve: address to bind (default 127.0.0.1)
-        print_only: trtllm-serve: print the command, run nothing, need no download (a finished build gets its
-            options YAML written so the command runs as printed; without one <build-id> stands in the paths)
+        host: address to bind (default 127.0.0.1; 0.0.0.0: every interface)
+        print_only: print the launch command(s) and env and run nothing, needing no download (triton: from the spec
+            alone, or --repo; trtllm-serve: a finished build gets its options YAML written so the command runs as
+            printed, without one <build-id> stands in the paths)
         repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
-        http_port: HTTP port on 127.0.0.1 (default: a free port)
-        grpc_port: gRPC port on 127.0.0.1 (default: a free port)
-        metrics_port: metrics port on 127.0.0.1 (default: a free port)
+        http_port: HTTP port (default 8000 + --port-offset)
+        grpc_port: gRPC port (default 8001 + --port-offset)
+        metrics_port: metrics port (default 8002 + --port-offset)
+        port_offset: shift the three default ports by N (e.g. 100: 8100/8101/8102)
         ready_timeout: seconds to wait for readiness (default 300)
         engine_dir: serve tensorrt_llm from this engine dir (the repository itself is not changed)
         draft_engine_dir: serve tensorrt_llm_draft from this engine dir
@@ -460,14 +465,18 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
     if mode == "trtllm-serve":
         return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
                              host=host or "127.0.0.1", print_only=bool(print_only))
-    ports = {name: int_option(name, value) for name, value in
-             (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port))}
+    host = check_host(host or "127.0.0.1")
+    given = {name: int_option(f"{name}_port", value) for name, value in
+             (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port))}
+    offset = int_option("port_offset", port_offset, minimum=0, default=0)
+    ports = serve_ports(host=host, offset=offset, given=given, check_free=not print_only)
+    if print_only:
+        return _print_launch_plan(spec, repo, Endpoints(host, ports["http"], ports["grpc"], ports["metrics"]))
     timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
     path = _repo_for(spec, repo)
-    manifest = RepoManifest.read(path)
-    world = manifest.world_size if manifest is not None and manifest.target == "trtllm" else 1
-    server = TritonServer(path, **ports, ready_timeout_s=timeout, world_size=world,
-                          engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir))
+    server = TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
+                          metrics_port=ports["metrics"], ready_timeout_s=timeout, engine_dir=_path(engine_dir),
+                          draft_engine_dir=_path(draft_engine_dir))
     stop = {"flag": False}
 
     def _term(*_):
@@ -487,6 +496,35 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         server.stop()
         signal.signal(signal.SIGTERM, old)
     print("ok: server stopped")
+
+
+def _planned_repo(spec: BuildSpec) -> Path:
+    """The repository `package` makes (or made) for `spec`: its current path, else its name with the build id that
+    calibration will fix."""
+    with contextlib.suppress(PipelineError):
+        return locate_outputs(spec).triton_repo.path
+    name = f"{PENDING}-{spec.fingerprint()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
+    return triton_repo_dir() / name
+
+
+def _print_launch_plan(spec: BuildSpec | None, repo: str | None, endpoints: Endpoints) -> LaunchPlan:
+    """Print the launch plan (env + command) of `--repo` or of the spec's repository; nothing runs or is written."""
+    if repo and Path(repo).is_dir():
+        path, shape = Path(repo).resolve(), shape_from_repo(Path(repo))
+        gpus = local_gpu_count()
+    elif spec is not None:
+        path, shape = (Path(repo) if repo else _planned_repo(spec)), shape_from_spec(spec)
+        gpus = node_gpus(spec.hardware)
+    else:
+        raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
+    binary = "tritonserver" if shape.kind == "reference" else str(find_gpu_tritonserver() or NGC_TRITONSERVER)
+    plan = plan_launch(shape, repo=str(path), binary=binary, endpoints=endpoints, shm_prefix="tripipe-",
+                       gpus_per_node=gpus)
+    print(plan.format())
+    if plan.mode == "cpu-reference":
+        print("# serve runs the nvidia-pytriton tritonserver with --backend-directory/--cache-directory of its bundle "
+              "and serves an installed copy of the repository")
+    return plan
 
 
 SERVE_MODES = ("triton", "trtllm-serve")

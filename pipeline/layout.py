@@ -20,6 +20,7 @@ from pathlib import Path
 from .artifacts import check_name, engines_dir, triton_repo_dir
 
 SPEC_KEY_CHARS = 8
+PENDING = "<build-id>"  # stands in a plan's paths for the id calibration will give the build
 
 
 def checkpoint_dir(build_id: str) -> Path:

@@ -1,13 +1,14 @@
-"""Run a real `tritonserver` on a model repository: bound to 127.0.0.1, validated free ports, readiness timeout,
-SIGTERM stop, and nothing left behind.
+"""Run a real `tritonserver` on a model repository: bound to 127.0.0.1 (or a given host), validated free ports,
+readiness timeout (and the listening sockets checked to be this server's), SIGTERM stop, and nothing left behind.
 
 Two binaries are supported:
 - CPU (reference backend): the `tritonserver` 2.51 bundled in the `nvidia-pytriton` wheel. Its Python
   backend is copied once into `cache_dir()/tritonserver/<pytriton>-py<X.Y>/backends` together with the stub for the
   running interpreter; the server runs with `LD_LIBRARY_PATH=<python LIBDIR>:<nvidia_pytriton.libs>` and the running
   interpreter's `bin/` first on PATH (so python models import this venv's torch/transformers).
-- GPU (`tensorrtllm` backend): the NGC image's `/opt/tritonserver/bin/tritonserver` (or `tritonserver` on PATH);
-  world size > 1 runs one process per rank under `mpirun` (what the backend's launch_triton_server.py does).
+- GPU (`tensorrtllm` backend): the NGC image's `/opt/tritonserver/bin/tritonserver` (or `tritonserver` on PATH),
+  started as the repository's launch plan says (`pipeline.launch_plan`: one process, leader-mode ranks under
+  `mpirun`, or one orchestrator process that spawns each model's ranks).
 
 The server always runs on an *installed* copy of the repository under `cache_dir()/launch` (every path parameter
 absolute, see `pipeline.triton.install`), removed at stop. It runs in its own process group with a parent-death
@@ -35,9 +36,8 @@ from pathlib import Path
 
 from .artifacts import atomic_dir, cache_dir, stage_lock
 from .errors import ServeError
-from .manifests import RepoManifest
+from .launch_plan import Endpoints, LaunchPlan, RepoShape, plan_launch, shape_from_repo
 from .procs import parent_death_preexec, pid_alive, terminate
-from .triton import pbtxt
 from .triton.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
@@ -81,6 +81,46 @@ def check_port(port: int, what: str, host: str = "127.0.0.1") -> int:
             raise ServeError(f"{what} port {port} on {host} {why}; pass another {flag} or omit it for a free one") \
                 from None
     return port
+
+
+SERVE_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}  # `invoke serve`'s defaults (upstream's)
+
+
+def check_host(host: str) -> str:
+    """`host` if it is an IP address to bind (127.0.0.1 loopback, 0.0.0.0 every interface); ServeError otherwise."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ServeError(f"--host {host!r}: expected an IP address to bind, e.g. 127.0.0.1 (this host only) or "
+                         "0.0.0.0 (every interface)") from None
+    return host
+
+
+def serve_ports(*, host: str, offset: int = 0, given: dict[str, int | None] | None = None,
+                check_free: bool = True) -> dict[str, int]:
+    """endpoint -> port for `invoke serve`: a given port, else 8000/8001/8002 shifted by `offset`; each checked free
+    on `host` unless `check_free` is off.
+
+    Raises:
+        ServeError: a port out of range, two endpoints on one port, or a port in use (naming it and the fix).
+    """
+    given = given or {}
+    ports = {what: given.get(what) or base + offset for what, base in SERVE_PORTS.items()}
+    if len(set(ports.values())) != len(ports):
+        raise ServeError(f"http, grpc and metrics ports must differ (got {ports}); fix --http-port/--grpc-port/"
+                         "--metrics-port")
+    for what, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise ServeError(f"{what} port {port} is out of range 1-65535; lower --port-offset or pass --{what}-port")
+        if check_free:
+            try:
+                check_port(port, what, host)
+            except ServeError:
+                fix = f"pass another --{what}-port" if given.get(what) else \
+                    f"pass --port-offset N (shifts {'/'.join(str(p + offset) for p in SERVE_PORTS.values())} by N) " \
+                    f"or --{what}-port"
+                raise ServeError(f"{what} port {port} on {host} is already in use (another server?); {fix}") from None
+    return ports
 
 
 def _children() -> dict[int, list[int]]:
@@ -204,12 +244,6 @@ def cpu_backends_dir() -> Path:
     return final
 
 
-def _repo_backends(repo: Path) -> dict[str, str]:
-    """model -> backend named by its config.pbtxt (empty for ensembles)."""
-
-    return {cfg.parent.name: pbtxt.read(cfg).backend for cfg in sorted(Path(repo).glob("*/config.pbtxt"))}
-
-
 def find_gpu_tritonserver() -> Path | None:
     """The NGC image's tritonserver (with the tensorrtllm backend), if this host has one."""
     if NGC_TRITONSERVER.is_file():
@@ -263,6 +297,7 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str]
     flavour: str  # "cpu-pytriton" | "gpu-ngc"
+    plan: LaunchPlan | None = None
 
 
 def build_command(
@@ -274,44 +309,27 @@ def build_command(
     shm_prefix: str,
     host: str = "127.0.0.1",
     binary: str | Path | None = None,
-    world_size: int = 1,
+    world_size: int | None = None,
     log_verbose: int = 0,
     exit_timeout_s: int = 10,
 ) -> ServerCommand:
-    """argv/env for `tritonserver` on `repo` (CPU bundle unless the repo needs the tensorrtllm backend)."""
+    """argv/env for `tritonserver` on `repo`, from the repository's launch plan (`pipeline.launch_plan`): the CPU
+    bundle for a reference repository, else the GPU server (mpirun over the ranks in leader mode).
+
+    `world_size` overrides the repository manifest's for `tensorrt_llm`; a `binary` serves even a repository without
+    TensorRT-LLM models with the GPU server.
+    """
     repo = Path(repo).resolve()
     env = server_env()
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # python models must not add __pycache__ to a hashed repository
-    backends = _repo_backends(repo)
-    common = [
-        f"--model-repository={repo}",
-        f"--http-address={host}",
-        f"--http-port={http_port}",
-        f"--grpc-address={host}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-address={host}",
-        f"--metrics-port={metrics_port}",
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        f"--exit-timeout-secs={exit_timeout_s}",
-        f"--log-verbose={log_verbose}",
-    ]
-    if _llm_api_on_gpu(repo):  # one server process: the LLM spawns its own TP/PP workers
-        return _gpu_command(repo, binary, [], common, env, 1, shm_prefix)
-    if "tensorrtllm" in backends.values() or binary:
-        trtllm_models = sorted(m for m, b in backends.items() if b == "tensorrtllm")
-        return _gpu_command(repo, binary, trtllm_models, common, env, world_size, shm_prefix)
-    return _cpu_command(common, env)
-
-
-def _llm_api_on_gpu(repo: Path) -> bool:
-    """A runtime-pytorch repository packaged for the GPU (its model.py runs tensorrt_llm.LLM)."""
-    manifest = RepoManifest.read(repo, strict=False)
-    return manifest is not None and manifest.runtime == "pytorch" and manifest.target == "trtllm"
-
-
-def _gpu_command(repo: Path, binary: str | Path | None, trtllm_models: list[str], common: list[str],
-                 env: dict[str, str], world_size: int, shm_prefix: str) -> ServerCommand:
-    """The NGC image's tritonserver with the tensorrtllm backend (under mpirun, one process per rank, for TP/PP)."""
+    shape = shape_from_repo(repo, world_size=world_size)
+    if shape.kind == "reference" and binary:
+        shape = RepoShape("engine")
+    endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
+    kw = dict(repo=str(repo), endpoints=endpoints, shm_prefix=shm_prefix, log_verbose=log_verbose,
+              exit_timeout_s=exit_timeout_s)
+    if shape.kind == "reference":
+        return _cpu_command(kw, env)
     exe = Path(binary) if binary else find_gpu_tritonserver()
     if exe is None:
         raise ServeError(
@@ -320,39 +338,24 @@ def _gpu_command(repo: Path, binary: str | Path | None, trtllm_models: list[str]
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
             "--target reference for CPU"
         )
-    if len(trtllm_models) > 1:
-        # Draft + target in one server: orchestrator mode (launch_triton_server.py --multi-model).
-        env["TRTLLM_ORCHESTRATOR"] = "1"
-        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "1"
-    if world_size <= 1:
-        return ServerCommand([str(exe), *common, "--disable-auto-complete-config"], env, "gpu-ngc")
-    return ServerCommand(_mpirun_argv(exe, repo, trtllm_models, common, world_size, shm_prefix), env, "gpu-ngc")
+    plan = plan_launch(shape, binary=str(exe), gpus_per_node=local_gpu_count(), **kw)
+    env.update(plan.env)
+    return ServerCommand(plan.local_argv(shutil.which("mpirun") or "mpirun"), env, "gpu-ngc", plan)
 
 
-def _mpirun_argv(exe: Path, repo: Path, trtllm_models: list[str], common: list[str], world_size: int,
-                 shm_prefix: str) -> list[str]:
-    """Leader mode: rank 0 serves every model and the endpoints, the other ranks load only the tensorrt_llm
-    model(s) (what the backend's launch_triton_server.py does)."""
-    argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root"]
-    for rank in range(world_size):
-        if rank:
-            argv.append(":")
-            rank_args = [
-                f"--model-repository={repo}",
-                "--allow-http=false",
-                "--allow-grpc=false",
-                "--allow-metrics=false",
-                "--model-control-mode=explicit",
-                *(f"--load-model={m}" for m in trtllm_models),
-                f"--backend-config=python,shm-region-prefix-name={shm_prefix}r{rank}-",
-            ]
-        else:
-            rank_args = common
-        argv += ["-n", "1", str(exe), *rank_args, "--disable-auto-complete-config"]
-    return argv
+def local_gpu_count() -> int | None:
+    """GPUs visible on this host (nvidia-smi), None when it cannot tell."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--list-gpus"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(1 for line in out.splitlines() if line.startswith("GPU ")) or None
 
 
-def _cpu_command(common: list[str], env: dict[str, str]) -> ServerCommand:
+def _cpu_command(kw: dict, env: dict[str, str]) -> ServerCommand:
     """The pytriton wheel's tritonserver with the Python backend, running this venv's interpreter and sources."""
     dist = _pytriton_dist()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -366,13 +369,9 @@ def _cpu_command(common: list[str], env: dict[str, str]) -> ServerCommand:
     # The reference backend imports pipeline.checkpoint: make this source tree importable by the Python stubs.
     src_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = ":".join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
-    argv = [
-        str(dist / "bin" / "tritonserver"),
-        *common,
-        f"--backend-directory={cpu_backends_dir()}",
-        f"--cache-directory={dist / 'caches'}",
-    ]
-    return ServerCommand(argv, env, "cpu-pytriton")
+    extra = (f"--backend-directory={cpu_backends_dir()}", f"--cache-directory={dist / 'caches'}")
+    plan = plan_launch(RepoShape("reference"), binary=str(dist / "bin" / "tritonserver"), extra_args=extra, **kw)
+    return ServerCommand(plan.local_argv(), env, "cpu-pytriton", plan)
 
 
 def spawn(cmd: ServerCommand, log) -> subprocess.Popen:
@@ -403,7 +402,7 @@ class TritonServer:
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 60.0
     binary: str | Path | None = None
-    world_size: int = 1
+    world_size: int | None = None  # tensorrt_llm's TP×PP (default: the repository manifest's)
     log_verbose: int = 0
     shm_prefix: str = field(default_factory=lambda: f"tripipe-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
     validate: bool = True
@@ -414,18 +413,22 @@ class TritonServer:
     _launch: Path | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
 
-    # URLs -------------------------------------------------------------------------------------------------------
+    # URLs (a server bound to every address is reached on loopback) -------------------------------------------------
+    @property
+    def client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
+
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{self.client_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self.client_host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
 
     @property
     def pid(self) -> int | None:
@@ -512,22 +515,31 @@ class TritonServer:
         )
 
     def wait_bound(self, timeout_s: float = 10.0) -> dict[str, str | None]:
-        """endpoint -> "host:port" the server listens on (read from /proc); None for all when /proc shows no
-        sockets of it (not Linux). ServeError when some endpoint is not listening after `timeout_s`."""
+        """endpoint -> "host:port" this server's process tree listens on (read from /proc; None for all off Linux).
+
+        Raises:
+            ServeError: the server exited, or after `timeout_s` some endpoint is not listening in its process tree
+                (another process answered the readiness check on that port).
+        """
         ports = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+        if not Path("/proc/net/tcp").is_file():
+            return dict.fromkeys(ports)
         deadline = time.monotonic() + timeout_s
         while True:
+            if self._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited with code {self._proc.returncode} (another process answers on "
+                                 f"its ports?); see {self.log_file}: {self.log_tail()}")
             listening = listening_addresses(self._proc.pid)
-            bound = {what: next((f"{h}:{p}" for h, p in sorted(listening) if p == port), None)
-                     for what, port in ports.items()}
-            if not listening:
-                return dict.fromkeys(ports)
+            bound = {what: next((f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in sorted(listening) if p == port),
+                                None) for what, port in ports.items()}
             missing = [what for what, addr in bound.items() if addr is None]
             if not missing:
                 return bound
             if time.monotonic() > deadline:
-                raise ServeError(f"tritonserver is ready but not listening on its {missing[0]} port "
-                                 f"{ports[missing[0]]}; see {self.log_file}: {self.log_tail()}")
+                what = missing[0]
+                raise ServeError(f"tritonserver answers ready but its process does not listen on its {what} port "
+                                 f"{ports[what]}: another process holds it; stop that process or choose other ports "
+                                 f"(--port-offset N or --{what}-port); see {self.log_file}: {self.log_tail()}")
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 5) -> str:

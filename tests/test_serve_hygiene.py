@@ -113,6 +113,74 @@ def test_server_refuses_busy_or_equal_ports_before_starting(tmp_path, monkeypatc
         TritonServer(tmp_path / "repo", http_port=busy, grpc_port=busy).start()
 
 
+def test_serve_defaults_to_8000_8002_shifted_by_port_offset():
+    from pipeline.serve import serve_ports
+
+    assert serve_ports(host="127.0.0.1", offset=100, check_free=False) == {"http": 8100, "grpc": 8101,
+                                                                            "metrics": 8102}
+    assert serve_ports(host="127.0.0.1", given={"grpc": 9001}, check_free=False)["grpc"] == 9001
+    with pytest.raises(ServeError, match="out of range 1-65535; lower --port-offset"):
+        serve_ports(host="127.0.0.1", offset=60000, check_free=False)
+
+
+def test_busy_default_port_names_it_and_port_offset():
+    from pipeline.serve import serve_ports
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ServeError, match=f"http port {busy} on 127.0.0.1 is already in use .*--port-offset N"):
+            serve_ports(host="127.0.0.1", offset=busy - 8000)
+        with pytest.raises(ServeError, match=f"grpc port {busy} .* pass another --grpc-port"):
+            serve_ports(host="127.0.0.1", given={"grpc": busy})
+
+
+def test_host_must_be_an_address():
+    from pipeline.serve import check_host
+
+    assert check_host("0.0.0.0") == "0.0.0.0"
+    with pytest.raises(ServeError, match="--host 'my host': expected an IP address"):
+        check_host("my host")
+
+
+def test_invoke_serve_on_a_busy_port_is_an_error_not_ok(tmp_path):
+    repo = _echo_repo(tmp_path / "repo")
+    env = {**os.environ, "PIPELINE_CACHE": str(tmp_path / "cache"), "PIPELINE_ROOT": str(tmp_path / "out")}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), "--http-port", str(busy)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "ok:" not in done.stdout
+    assert done.stderr.strip() == f"error: http port {busy} on 127.0.0.1 is already in use (another server?); pass " \
+                                  "another --http-port"
+
+
+def test_readiness_from_another_process_on_the_port_is_refused(tmp_path):
+    """Another process answers on the ports (the server's own bind failed): not this server's sockets -> error."""
+    from pipeline.serve import TritonServer
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            srv = TritonServer(tmp_path, http_port=port, grpc_port=port + 1, metrics_port=port + 2,
+                               log_file=tmp_path / "log")
+            srv._proc = proc
+            with pytest.raises(ServeError, match=f"does not listen on its http port {port}: another process holds"):
+                srv.wait_bound(timeout_s=0.5)
+            proc.kill()
+            proc.wait()
+            with pytest.raises(ServeError, match="tritonserver exited"):
+                srv.wait_bound(timeout_s=0.5)
+    finally:
+        proc.kill()
+
+
 def test_listening_addresses_reads_proc():
     from pipeline.serve import listening_addresses
 
@@ -289,13 +357,14 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> list[s
 
 @pytest.mark.slow
 def test_kill_9_of_invoke_serve_leaves_nothing(tmp_path):
-    from pipeline.serve import SHM_DIR, check_port, listening_addresses, process_tree
+    from pipeline.serve import SHM_DIR, check_port, free_ports, listening_addresses, process_tree
 
     repo = _echo_repo(tmp_path / "repo")
     secrets = {"HF_TOKEN": "hf_secret", "HUGGING_FACE_HUB_TOKEN": "hf_secret2", "AWS_SECRET_ACCESS_KEY": "aws",
                "DB_PASSWORD": "pw", "GITHUB_TOKEN": "gh"}
     env = {**os.environ, **secrets, "PIPELINE_CACHE": str(tmp_path / "cache")}
-    serve = subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo)], cwd=ROOT, env=env,
+    ports = [f"--{what}-port={port}" for what, port in zip(("http", "grpc", "metrics"), free_ports(3))]
+    serve = subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), *ports], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=(tmp_path / "serve.err").open("w"), text=True,
                              start_new_session=True)
     server = None
@@ -329,3 +398,35 @@ def test_kill_9_of_invoke_serve_leaves_nothing(tmp_path):
             serve.kill()
         if server is not None and not gone(server):
             os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_invoke_serve_host_0000_binds_every_interface(tmp_path):
+    from pipeline.serve import free_ports, listening_addresses, process_tree
+
+    repo = _echo_repo(tmp_path / "repo")
+    env = {**os.environ, "PIPELINE_CACHE": str(tmp_path / "cache")}
+    http, grpc, metrics = free_ports(3, "0.0.0.0")
+    serve = subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), "--host", "0.0.0.0",
+                              "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=(tmp_path / "serve.err").open("w"),
+                             text=True, start_new_session=True)
+    try:
+        try:
+            lines = _read_until(serve, "(Ctrl-C to stop)", 240)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; stderr: {(tmp_path / 'serve.err').read_text()[-2000:]}") from None
+        bound = {ln.split()[0]: ln.split()[1] for ln in lines if ln.endswith("(bound)")}
+        # gRPC binds 0.0.0.0 as a dual-stack IPv6 socket ([::]: every IPv4 and IPv6 address)
+        assert bound["http"] == f"0.0.0.0:{http}" and bound["metrics"] == f"0.0.0.0:{metrics}"
+        assert bound["grpc"] in (f"0.0.0.0:{grpc}", f"[::]:{grpc}")
+        server = next(p for p in process_tree(serve.pid)
+                      if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver")
+        listening = listening_addresses(server)
+        assert {("0.0.0.0", http), ("0.0.0.0", metrics)} <= listening
+        assert ("0.0.0.0", grpc) in listening or ("::", grpc) in listening
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=120) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()

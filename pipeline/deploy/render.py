@@ -102,7 +102,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, or deploy a --target trtllm build")
     server, pipe = _images(o, src.trtllm_version)
-    rt = runtime_for(src.spec, o.name, multi_node=p.multi_node, platform=o.platform, serve_mode=o.serve_mode)
+    rt = runtime_for(src.spec, o.name, placement=p, platform=o.platform, serve_mode=o.serve_mode)
     scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}
     if o.platform == "k8s":
         if p.multi_node:

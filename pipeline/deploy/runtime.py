@@ -1,9 +1,10 @@
 """What runs on the nodes: the shell scripts of a deployment (shared by Kubernetes and Slurm) and the server's ports.
 
 A `Runtime` is the slot a serving stack fills: the per-rank program, its health endpoints and ports, and what the
-node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository, one
-process per rank (rank 0 serves HTTP/gRPC/metrics and every model; the other ranks load only the TensorRT-LLM
-models, as the backend's launch_triton_server.py does). The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
+node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository as its
+launch plan says (`pipeline.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
+HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode (draft-target), one
+process that spawns each model's ranks; or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
 release's Hugging Face checkpoint: the argv of `pipeline.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
 ... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
@@ -18,7 +19,9 @@ import shlex
 from dataclasses import dataclass
 
 from ..errors import DeployError
+from ..launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
 from ..llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
+from ..placement import Placement
 from ..spec import BuildSpec
 from .serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
 
@@ -73,29 +76,49 @@ fi
 """
 
 
-def _engine_rank_script(spec: BuildSpec) -> str:
-    engine_models = ["tensorrt_llm", *(["tensorrt_llm_draft"] if spec.draft_model else [])]
-    loads = " ".join(f"--load-model={m}" for m in engine_models)
-    endpoints = f"--http-port={HTTP_PORT} --grpc-port={GRPC_PORT} --metrics-port={METRICS_PORT}"
+REPO_WORD = "@REPO@"  # in a launch plan's argv: the node's installed repository, "$repo" in the rank script
+
+
+def engine_launch_plan(spec: BuildSpec, p: Placement) -> LaunchPlan:
+    """The launch plan of the release's Triton repository on the deployment's nodes (the one `serve` uses).
+
+    Raises:
+        DeployError: a layout upstream cannot launch (draft-target with its target across nodes, GPU ids beyond a
+            node's GPUs).
+    """
+    endpoints = Endpoints("0.0.0.0", HTTP_PORT, GRPC_PORT, METRICS_PORT)
+    return plan_launch(shape_from_spec(spec), repo=REPO_WORD, binary="tritonserver", endpoints=endpoints,
+                       shm_prefix="prefix", nodes=p.nodes, gpus_per_node=p.ranks_per_node, error=DeployError)
+
+
+def _plan_word(arg: str) -> str:
+    """`arg` quoted for /bin/sh, the repository placeholder left to the script's $repo."""
+    return '"$repo"'.join(shlex.quote(part) if part else "" for part in arg.split(REPO_WORD))
+
+
+def _engine_rank_script(plan: LaunchPlan) -> str:
+    """/bin/sh: the plan's env, then the argv of this process's rank (MPI or Slurm rank; 0 for one process)."""
+    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
+    cases = "".join(f"  {i}) exec {' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
     return f"""#!/bin/sh
-# One rank of the engine runtime: rank 0 serves HTTP/gRPC/metrics and every model, the others the engine models.
+# The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
+# upstream: {plan.source}
 set -eu
 rank="${{OMPI_COMM_WORLD_RANK:-${{SLURM_PROCID:-0}}}}"
 repo=$(cat "${{WORK:-/work}}/REPO")
-if [ "$rank" = 0 ]; then
-  exec tritonserver --model-repository="$repo" {endpoints} --disable-auto-complete-config \\
-    --backend-config=python,shm-region-prefix-name=prefix0_
-fi
-exec tritonserver --model-repository="$repo" --model-control-mode=explicit {loads} \\
-  --allow-http=false --allow-grpc=false --allow-metrics=false --disable-auto-complete-config \\
-  --backend-config=python,shm-region-prefix-name="prefix${{rank}}_"
+{env}case "$rank" in
+{cases}  *) echo "error: rank $rank is outside the {plan.processes} process(es) of this launch plan" >&2; exit 2 ;;
+esac
 """
 
 
-def engine_runtime(spec: BuildSpec) -> Runtime:
+def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
+    """tritonserver over the release's repository as its launch plan says: leader mode -> the platform starts
+    world-size ranks; single / orchestrator -> one process (the orchestrator spawns each model's ranks)."""
+    plan = engine_launch_plan(spec, p)
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
-    return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(spec), ports,
-                   ranks_launched=True)
+    return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
+                   ranks_launched=plan.ranks_launched)
 
 
 def _shell_word(arg: str) -> str:
@@ -151,13 +174,14 @@ exec {line}
                    node_setup=setup)
 
 
-def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform: str,
+def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
                 serve_mode: str | None = None) -> Runtime:
-    """The runtime of `spec` (`serve_mode`: triton or trtllm-serve; default: tritonserver for engines, trtllm-serve
-    for runtime pytorch); Slurm and multi-node Kubernetes start world-size ranks (srun / mpirun over pods)."""
+    """The runtime of `spec` on `placement` (`serve_mode`: triton or trtllm-serve; default: tritonserver for
+    engines, trtllm-serve for runtime pytorch). trtllm-serve: Slurm and multi-node Kubernetes start world-size ranks
+    (srun / mpirun over pods). Triton on engines: as its launch plan says."""
     if serve_mode not in (None, *SERVE_MODES):
         raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
-    launched = multi_node or platform == "slurm"
+    launched = placement.multi_node or platform == "slurm"
     if spec.runtime == "pytorch":
         if serve_mode == "triton":
             raise DeployError("--serve-mode triton: a runtime-pytorch release is deployed with trtllm-serve; drop "
@@ -165,7 +189,7 @@ def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform
         return pytorch_runtime(spec, served_name, launched=launched)
     if serve_mode == "trtllm-serve":
         return engine_serve_runtime(spec, served_name, launched=launched)
-    return engine_runtime(spec)
+    return engine_runtime(spec, placement)
 
 
 def fetch_verify_script(rt: Runtime) -> str:

@@ -19,11 +19,11 @@ from pathlib import Path
 from ..artifacts import engines_dir
 from ..build import locate_outputs
 from ..errors import IntegrityError, PipelineError, io_error
+from ..layout import PENDING
 from ..spec import BuildSpec
 from .options import engine_serve_options, llm_api_options
 from .serve_plan import check_servable
 
-PENDING = "<build-id>"
 
 
 @dataclass(frozen=True)

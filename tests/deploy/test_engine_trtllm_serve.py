@@ -19,6 +19,7 @@ from pipeline.deploy.serve_inputs import write_engine_serve_inputs
 from pipeline.deploy.validate import validate_objects
 from pipeline.errors import DeployError, SpecError
 from pipeline.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
+from pipeline.placement import place
 from pipeline.spec import resolve_spec
 
 URL = "https://releases.example.invalid/llama.tar.gz"
@@ -154,7 +155,8 @@ def test_the_rendered_node_step_then_the_rank_program(tmp_path):
     """fetch-verify.sh's serve-inputs line as rendered, run by /bin/sh with this interpreter, then rank.sh: the
     argv trtllm-serve gets points at the links that line wrote."""
     spec = resolve_spec(model="tiny-llama", precision="fp8")
-    rt = runtime_for(spec, "tiny-llama-fp8", multi_node=False, platform="k8s", serve_mode="trtllm-serve")
+    rt = runtime_for(spec, "tiny-llama-fp8", placement=place(1, 1, spec.hardware), platform="k8s",
+                     serve_mode="trtllm-serve")
     repo, eng, tok = _installed_engine_repo(tmp_path)
     work = tmp_path / "node work"
     setup = fetch_verify_script(rt).splitlines()[-1]

@@ -105,10 +105,33 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
     finally:
         shutil.rmtree(launch)
     cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-",
-                        binary="/opt/tritonserver/bin/tritonserver", world_size=4)
-    assert cmd.argv[0].endswith("mpirun") and cmd.argv.count("-n") == 4
-    assert cmd.env["TRTLLM_ORCHESTRATOR"] == "1"  # draft + target in one server
-    assert "--load-model=tensorrt_llm" in cmd.argv and "--load-model=tensorrt_llm_draft" in cmd.argv
+                        binary="/opt/tritonserver/bin/tritonserver")
+    # draft + TP 4 target: ONE tritonserver in orchestrator mode (launch_triton_server.py --multi-model asserts world
+    # size 1); the backend spawns the target's 4 ranks and the draft's on their packaged gpu_device_ids
+    assert cmd.argv[0] == "/opt/tritonserver/bin/tritonserver" and "mpirun" not in " ".join(cmd.argv)
+    assert cmd.plan.mode == "orchestrator" and cmd.plan.processes == 1
+    assert cmd.env["TRTLLM_ORCHESTRATOR"] == "1" and cmd.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
+    assert not any(a.startswith("--load-model") for a in cmd.argv)
+    assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+            "--cuda-memory-pool-byte-size=0:0"} <= set(cmd.argv)
+    from pipeline.launch_plan import EngineModel, shape_from_repo
+
+    assert shape_from_repo(repo).engine_models == (EngineModel("tensorrt_llm", 4, (0, 1, 2, 3)),
+                                                   EngineModel("tensorrt_llm_draft", 1, (0,)))
+
+
+def test_trtllm_tp4_without_draft_is_leader_mode(out_env):
+    from pipeline.serve import build_command
+
+    base = out_env / "out" / "engines" / "llama-70b-fp8-0123456789ab"
+    target = fabricated_engine(base / "engine", max_batch_size=48, world=4)
+    fake_tokenizer(base / "checkpoint" / "tokenizer")
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, target="trtllm")
+    repo = package_repo(spec, engine_dir=target).path
+    cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-",
+                        binary="/opt/tritonserver/bin/tritonserver")  # world size 4 from the repo's manifest
+    assert Path(cmd.argv[0]).name == "mpirun" and cmd.argv.count("-n") == 4 and cmd.plan.mode == "leader"
+    assert cmd.argv.count("--load-model=tensorrt_llm") == 3 and "TRTLLM_ORCHESTRATOR" not in cmd.env
 
 
 def test_cpu_command_uses_pytriton_bundle_on_loopback(out_env, tmp_path, monkeypatch):
@@ -121,7 +144,7 @@ def test_cpu_command_uses_pytriton_bundle_on_loopback(out_env, tmp_path, monkeyp
     cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-")
     assert cmd.flavour == "cpu-pytriton" and cmd.argv[0].endswith("pytriton/tritonserver/bin/tritonserver")
     for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-                 "--backend-config=python,shm-region-prefix-name=p-"):
+                 "--backend-config=python,shm-region-prefix-name=p-0_"):
         assert flag in cmd.argv
     backends = Path(next(a for a in cmd.argv if a.startswith("--backend-directory=")).split("=", 1)[1])
     assert (backends / "python" / "triton_python_backend_stub").is_file()
