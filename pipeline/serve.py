@@ -409,6 +409,7 @@ class TritonServer:
     engine_dir: Path | None = None
     draft_engine_dir: Path | None = None
     bound: dict[str, str | None] = field(default_factory=dict)  # endpoint -> "host:port" it listens on
+    command: ServerCommand | None = field(default=None, init=False, repr=False)  # what start() ran
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _launch: Path | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
@@ -478,6 +479,7 @@ class TritonServer:
             self.log_file = Path(self.log_file)
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_file, "ab")  # noqa: SIM115 (held for the server's lifetime, closed in stop())
+            self.command = cmd
             self._proc = spawn(cmd, self._log)
             self.wait_ready()
             self.bound = self.wait_bound()

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import build
-from pipeline.manifests import RepoManifest
-from pipeline.serve import TritonServer, find_gpu_tritonserver
+from pipeline.serve import TritonServer, find_gpu_tritonserver, local_gpu_count
 from pipeline.smoke import smoke_server
 from pipeline.spec import resolve_spec
 
@@ -30,16 +29,7 @@ CLIENTS_ENV = "TRTLLM_TRITON_CLIENTS"
 
 
 def visible_gpus() -> int:
-    """GPUs this process may use (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    count = len([line for line in out.splitlines() if line.startswith("GPU ")])
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = min(count, len([d for d in visible.split(",") if d.strip()]))
-    return count
+    return local_gpu_count() or 0
 
 
 def _skip_reason() -> str | None:
@@ -77,14 +67,14 @@ def _repo(spec) -> Path:
     return Path(report.outputs.triton_repo.path)
 
 
-def _serve_and_smoke(repo: Path, *, binary: Path | None) -> tuple[list, TritonServer]:
-    """Start `repo` the way `invoke serve` does and run every smoke route; returns the results."""
-    manifest = RepoManifest.read(repo)
-    world = manifest.world_size if manifest is not None and manifest.target == "trtllm" else 1
-    with TritonServer(repo, binary=binary, world_size=world, ready_timeout_s=900) as srv:
+def _serve_and_smoke(repo: Path, *, binary: Path | None) -> tuple[list, str]:
+    """Start `repo` as its launch plan says (what `invoke serve` does) and run every smoke route; returns the
+    results and the plan's mode."""
+    with TritonServer(repo, binary=binary, ready_timeout_s=900) as srv:
         results = smoke_server(srv.http_url, srv.grpc_url, repo=repo, prompt=PROMPT, max_tokens=16)
         _nvidia_clients(srv, repo, draft=(repo / "tensorrt_llm_draft").is_dir())
-    return results, srv
+        mode = srv.command.plan.mode
+    return results, mode
 
 
 def _nvidia_clients(srv: TritonServer, repo: Path, *, draft: bool) -> None:
@@ -126,7 +116,8 @@ def test_engines_serve_like_the_reference(roots, draft):
     if draft:
         args["draft"] = draft
     repo = _repo(resolve_spec(**args, target="trtllm"))
-    results, _ = _serve_and_smoke(repo, binary=find_gpu_tritonserver())
+    results, mode = _serve_and_smoke(repo, binary=find_gpu_tritonserver())
+    assert mode == ("orchestrator" if draft else "leader" if args["tp"] > 1 else "single")
     engine_text = results[0].text
     assert engine_text.strip()
     assert engine_text == _reference_text(args), "engine greedy text differs from the CPU reference backend"

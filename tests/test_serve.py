@@ -176,6 +176,7 @@ def test_server_starts_answers_and_stops_without_leftovers(tmp_path, monkeypatch
     with TritonServer(repo, validate=False, ready_timeout_s=120) as srv:
         assert srv.http_url.startswith("127.0.0.1:") and srv.grpc_url.startswith("127.0.0.1:")
         assert srv.shm_regions(), "the python backend should hold a region while running"
+        assert srv.command.plan.mode == "cpu-reference" and srv.command.argv == list(srv.command.plan.ranks[0])
         body = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}).encode()
         with urllib.request.urlopen(urllib.request.Request(f"http://{srv.http_url}/v2/models/echo/infer",
                                                            data=body), timeout=30) as r:
