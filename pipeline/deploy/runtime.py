@@ -7,7 +7,8 @@ models, as the backend's launch_triton_server.py does). The PyTorch runtime runs
 release's Hugging Face checkpoint: the argv of `pipeline.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
 ... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
-`/health` route.
+`/health` route. The reference runtime (a --target reference build, CPU; tests and demos) runs the pipeline's own
+`invoke serve` on the installed repository as one process.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Runtime:
     ports: tuple[tuple[str, int], ...]  # (name, port) the serving pod exposes
     ranks_launched: bool  # the platform starts world-size processes (else one process per deployment)
     node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
+    gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
+    pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release, check its sha256, verify it on this node
@@ -126,8 +129,28 @@ exec {argv}
                    node_setup=setup)
 
 
+REFERENCE_RANK = f"""#!/bin/sh
+# The reference runtime (CPU; tests and demos): the pipeline's tritonserver over the installed repository, one
+# process; ports from HTTP_PORT / GRPC_PORT / METRICS_PORT (default {HTTP_PORT} / {GRPC_PORT} / {METRICS_PORT}).
+set -eu
+repo=$(cat "${{WORK:-{WORK}}}/REPO")
+pipeline="${{PIPELINE:-invoke -r /opt/trtllm-pipeline}}"
+exec $pipeline serve --repo "$repo" --host 0.0.0.0 --http-port "${{HTTP_PORT:-{HTTP_PORT}}}" \\
+  --grpc-port "${{GRPC_PORT:-{GRPC_PORT}}}" --metrics-port "${{METRICS_PORT:-{METRICS_PORT}}}"
+"""
+
+
+def reference_runtime() -> Runtime:
+    """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
+                   gpus=False, pipeline_image=True)
+
+
 def runtime_for(spec: BuildSpec, served_name: str, *, multi_node: bool, platform: str) -> Runtime:
     """The runtime of `spec`; Slurm and multi-node Kubernetes start world-size ranks (srun / mpirun over pods)."""
+    if spec.target == "reference":
+        return reference_runtime()
     if spec.runtime == "pytorch":
         return pytorch_runtime(spec, served_name, launched=multi_node or platform == "slurm")
     return engine_runtime(spec)
