@@ -146,10 +146,11 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement) -> str:
                   [*(["--mpi=pmix"] if rt.ranks_launched else []), f"--nodes={p.nodes}",
                    f"--ntasks-per-node={per_node}"])
     ports = " / ".join(f"{name} {port}" for name, port in rt.ports)
+    layout = (f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "
+              "TP groups stay within a node") if rt.gpus else f"# {rt.name} runtime: one CPU process, no GPUs"
     body = [
         "set -euo pipefail",
-        f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "
-        "TP groups stay within a node",
+        layout,
         'export WORK="${WORK:-/tmp/trtllm-deploy-$SLURM_JOB_ID}"  # node-local: the release and its repository',
         *(f"export {k}={shlex.quote(v)}" for k, v in exports.items() if v),
         "# every node: create $WORK (a container mount's source must exist before its step starts)",
