@@ -80,9 +80,9 @@ def _check(value: str | None, pattern: re.Pattern, flag: str, what: str) -> None
 def _check_path(value: str, flag: str, *, mounted: bool) -> None:
     if not PurePosixPath(value).is_absolute():
         raise DeployError(f"{flag} {value!r}: give an absolute directory that every node sees (a shared filesystem)")
-    if "%" in value or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise DeployError(f"{flag} {value!r}: a Slurm path cannot hold '%' (sbatch file patterns) or control "
-                          "characters; choose another directory")
+    if "%" in value or "\\" in value or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise DeployError(f"{flag} {value!r}: a Slurm path cannot hold '%' or '\\' (sbatch file patterns) or "
+                          "control characters; choose another directory")
     if mounted and any(sep in value for sep in MOUNT_SEPARATORS):
         raise DeployError(f"{flag} {value!r}: pyxis --container-mounts cannot carry ',' or ':' in a path; choose "
                           "another directory or pass --no-container")

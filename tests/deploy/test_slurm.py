@@ -132,6 +132,21 @@ def test_hostile_paths_and_slurm_flags_pass_test_only(slurm, tmp_path):
     assert not list(tmp_path.rglob("pwned*"))
 
 
+def test_sbatch_reads_a_quoted_output_path_back_exactly(slurm, tmp_path):
+    """serve.sbatch rendered into a directory whose name holds a space, ';', both quotes, '$', a backquote and ' #'
+    (sbatch's comment start): the real sbatch writes the job log under it, and the shell exports it intact."""
+    weird = tmp_path / "a b;c'd\"e$f`g #h"
+    deploy_command(resolve_spec(model="tiny-llama", precision="fp8", target="reference"), platform="slurm",
+                   release_volume=str(weird), output=str(weird), no_container=True, partition="cpu")
+    lines = (weird / "serve.sbatch").read_text().splitlines()
+    job = tmp_path / "job.sbatch"  # its directives and exports, then one line instead of the steps
+    job.write_text("\n".join([*(ln for ln in lines if ln.startswith(("#", "set ", "export "))),
+                              'echo "release dir: $RELEASE_DIR"', ""]))
+    _run(["sbatch", "--wait", str(job)], slurm.env, timeout=120)
+    logs = list((weird / "logs").glob("tiny-llama-fp8-*.out"))
+    assert len(logs) == 1 and logs[0].read_text() == f"release dir: {weird}\n", sorted(tmp_path.rglob("*"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

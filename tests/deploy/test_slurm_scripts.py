@@ -107,6 +107,7 @@ def test_serving_has_no_time_limit_unless_given_the_matrix_keeps_one(tmp_path):
     ("release_volume", "/shared/rel,x", "--release-volume"),  # pyxis splits mounts on ','
     ("output", "bad\nname", "--output"),
     ("output", "logs%j", "--output"),
+    ("output", "/tmp/a\\b", "--output"),  # a backslash turns off sbatch's file patterns
 ])
 def test_bad_slurm_values_are_refused_before_anything_is_written(tmp_path, monkeypatch, flag, value, match):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
