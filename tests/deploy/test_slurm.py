@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.commands import deploy_command
 from pipeline.deploy.runtime import FETCH_VERIFY
-from pipeline.smoke import http_generate
+from pipeline.smoke import http_generate, smoke_server
 from pipeline.spec import resolve_spec
 from tests.support.slurm_cluster import SlurmCluster, ensure_packages
 
@@ -198,8 +198,8 @@ def _servers_on(port: str) -> list[str]:
 
 def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_env, tmp_path):
     """The user story on a real cluster: build and release a tiny reference model, `invoke deploy --platform slurm
-    --no-container`, sbatch the rendered serve.sbatch, one greedy request through the ensemble, scancel: the job
-    ends and nothing keeps listening. The release and deployment directories hold a space and a `;` (data)."""
+    --no-container`, sbatch the rendered serve.sbatch, greedy requests through the ensemble (HTTP twice, then the
+    smoke routes: the same text over HTTP, gRPC streaming), scancel: the job ends and nothing keeps listening. The release and deployment directories hold a space and a `;` (data)."""
     env = {**slurm.env, "PYTHONPATH": str(REPO), "PIPELINE_ROOT": os.environ["PIPELINE_ROOT"],
            "PIPELINE_CACHE": os.environ["PIPELINE_CACHE"]}
     invoke = _invoke().split()
@@ -224,6 +224,9 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
         first = http_generate(http, "ensemble", greedy)
         assert first["model_name"] == "ensemble" and first["text_output"].strip(), first
         assert http_generate(http, "ensemble", greedy)["text_output"] == first["text_output"]  # greedy: stable
+        routes = smoke_server(http, f"127.0.0.1:{ports['GRPC_PORT']}", prompt=greedy["text_input"], max_tokens=8,
+                              out=lambda _: None)  # HTTP greedy + gRPC streaming through the same job's server
+        assert routes[0].text == first["text_output"] and routes[-1].text, routes
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
     deadline = time.monotonic() + 120
