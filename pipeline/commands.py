@@ -590,14 +590,20 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
-                    partition, no_container, serve_mode=None) -> deploy_render.DeployOptions:
+                    partition, no_container, account=None, qos=None, constraint=None, time_=None,
+                    serve_mode=None) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
+    slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
+    if platform != "slurm" and any(slurm_only.values()):
+        given = ", ".join(flag for flag, value in slurm_only.items() if value)
+        raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
     if release_url and not release_url.startswith(("https://", "http://")):
         raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
-                partition=partition, container=not no_container, serve_mode=serve_mode)
+                partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
+                container=not no_container, serve_mode=serve_mode)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -605,8 +611,9 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
 
 def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, output=None, name=None, namespace=None,
                    release_url=None, release_volume=None, image=None, pipeline_image=None, pipeline_cmd=None,
-                   partition=None, no_container=False, max_nodes=None, matrix=None, matrix_target=None,
-                   matrix_output=None, force=False, json_=False, serve_mode=None) -> dict[str, Any]:
+                   partition=None, account=None, qos=None, constraint=None, time_=None, no_container=False,
+                   max_nodes=None, matrix=None, matrix_target=None, matrix_output=None, force=False,
+                   json_=False, serve_mode=None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Args:
@@ -621,6 +628,10 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
         pipeline_image: image with this pipeline (runs `invoke verify` and the build matrix; default derived)
         pipeline_cmd: how the scripts call the pipeline (default: invoke -r /opt/trtllm-pipeline)
         partition: Slurm partition
+        account: Slurm account to charge (#SBATCH --account)
+        qos: Slurm quality of service (#SBATCH --qos)
+        constraint: Slurm node features, e.g. 'h100&ib' (#SBATCH --constraint)
+        time_: Slurm time limit, e.g. 2-00:00:00 (serving default: none, the partition's limit; matrix: 04:00:00)
         no_container: Slurm: run on the hosts instead of srun --container-image (pyxis)
         max_nodes: most nodes the placement may use when tp/pp are not given (default 16)
         matrix: build matrix instead of serving: MODEL:PRECISION[:TP],... (Indexed Job / job array)
@@ -638,7 +649,8 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
                               output=output, name=name, force=force, json_=json_,
                               opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
                                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
-                                        partition=partition, no_container=no_container))
+                                        partition=partition, no_container=no_container, account=account, qos=qos,
+                                        constraint=constraint, time_=time_))
     if release:
         src = deploy_source.from_release(release)
     elif spec is not None:
@@ -655,7 +667,8 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
     o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
                         release_url=release_url, release_volume=release_volume, image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
-                        no_container=no_container, serve_mode=serve_mode)
+                        no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
+                        serve_mode=serve_mode)
     dest = deploy_render.deploy_dir(output, o.name)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))

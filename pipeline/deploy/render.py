@@ -42,6 +42,10 @@ class DeployOptions(BaseModel):
     release_url: str | None = None
     release_volume: str | None = None  # k8s: a PVC name; slurm: a directory on the cluster
     partition: str | None = None
+    account: str | None = None  # Slurm only, like qos, constraint and time_limit
+    qos: str | None = None
+    constraint: str | None = None
+    time_limit: str | None = None
     container: bool = True
     serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
     hf_secret: str = "hf-token"
@@ -80,7 +84,8 @@ def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, 
                    pipe: str) -> slurm.SlurmOptions:
     return slurm.SlurmOptions(
         name=o.name, directory=str(directory), server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
-        container=o.container, partition=o.partition, release_file=src.release_file if src else "",
+        container=o.container, partition=o.partition, account=o.account, qos=o.qos, constraint=o.constraint,
+        time_limit=o.time_limit, release_file=src.release_file if src else "",
         release_url=o.release_url, release_dir=o.release_volume if not o.release_url else None,
         sha256=src.sha256 if src else None)
 
@@ -98,9 +103,11 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
-    if src.spec.target != "trtllm":
+    reference_demo = o.platform == "slurm" and src.spec.target == "reference" and src.spec.runtime == "engine"
+    if src.spec.target != "trtllm" and not reference_demo:
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
-                          "CPU reference backend); serve it with `invoke serve`, or deploy a --target trtllm build")
+                          "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
+                          "(runtime engine, tests and demos) deploy it with --platform slurm")
     server, pipe = _images(o, src.trtllm_version)
     rt = runtime_for(src.spec, o.name, placement=p, platform=o.platform, serve_mode=o.serve_mode)
     scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}

@@ -10,7 +10,8 @@ release's Hugging Face checkpoint: the argv of `pipeline.llmapi.serve_plan` (`tr
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
 `/health` route. An engine release can be served the same way instead of by tritonserver (`--serve-mode
 trtllm-serve`): serve_plan's `trtllm-serve ENGINE --backend tensorrt --tokenizer TOK ...` over the installed
-release's engine and tokenizer.
+release's engine and tokenizer. The reference runtime (a --target reference build, CPU; tests and demos) runs the
+pipeline's own `invoke serve` on the installed repository as one process.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Runtime:
     ports: tuple[tuple[str, int], ...]  # (name, port) the serving pod exposes
     ranks_launched: bool  # the platform starts world-size processes (else one process per deployment)
     node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
+    gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
+    pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release, check its sha256, verify it on this node
@@ -174,6 +177,24 @@ exec {line}
                    node_setup=setup)
 
 
+REFERENCE_RANK = f"""#!/bin/sh
+# The reference runtime (CPU; tests and demos): the pipeline's tritonserver over the installed repository, one
+# process; ports from HTTP_PORT / GRPC_PORT / METRICS_PORT (default {HTTP_PORT} / {GRPC_PORT} / {METRICS_PORT}).
+set -eu
+repo=$(cat "${{WORK:-{WORK}}}/REPO")
+pipeline="${{PIPELINE:-invoke -r /opt/trtllm-pipeline}}"
+exec $pipeline serve --repo "$repo" --host 0.0.0.0 --http-port "${{HTTP_PORT:-{HTTP_PORT}}}" \\
+  --grpc-port "${{GRPC_PORT:-{GRPC_PORT}}}" --metrics-port "${{METRICS_PORT:-{METRICS_PORT}}}"
+"""
+
+
+def reference_runtime() -> Runtime:
+    """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
+                   gpus=False, pipeline_image=True)
+
+
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
                 serve_mode: str | None = None) -> Runtime:
     """The runtime of `spec` on `placement` (`serve_mode`: triton or trtllm-serve; default: tritonserver for
@@ -181,6 +202,11 @@ def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, plat
     (srun / mpirun over pods). Triton on engines: as its launch plan says."""
     if serve_mode not in (None, *SERVE_MODES):
         raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
+    if spec.target == "reference":
+        if serve_mode == "trtllm-serve":
+            raise DeployError("--serve-mode trtllm-serve needs TensorRT-LLM engines or a checkpoint on GPUs; a "
+                              "--target reference build is served by tritonserver: drop --serve-mode")
+        return reference_runtime()
     launched = placement.multi_node or platform == "slurm"
     if spec.runtime == "pytorch":
         if serve_mode == "triton":

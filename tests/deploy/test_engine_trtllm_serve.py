@@ -167,3 +167,10 @@ def test_the_rendered_node_step_then_the_rank_program(tmp_path):
     assert Path(argv[1]).resolve() == eng.resolve()
     assert Path(argv[argv.index("--tokenizer") + 1]).resolve() == tok.resolve()
     assert Path(argv[argv.index("--extra_llm_api_options") + 1]).is_file()
+
+
+def test_a_reference_build_is_not_deployed_with_trtllm_serve():
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(DeployError, match="--target reference build is served by tritonserver"):
+        runtime_for(spec, "tiny-llama-fp8", placement=place(1, 1, spec.hardware), platform="slurm",
+                    serve_mode="trtllm-serve")
