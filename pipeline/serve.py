@@ -42,9 +42,13 @@ from .triton.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
-# Environment variables never handed to the server (its python models run arbitrary code and log their env).
-_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)|SECRET|PASSWORD|API_KEY|"
-                          r"ACCESS_KEY|PRIVATE_KEY")
+# Environment variables never handed to the server (its python models run arbitrary code and log their env): by
+# name (any credential-looking word), and by value (a URL carrying a password, a well-known token format).
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|KEY|APIKEY|PAT|AUTH|COOKIE|DSN)(_|$)|"
+                          r"_PWD(_|$)|SECRET|PASSWORD|APIKEY|API_KEY|ACCESS_KEY|PRIVATE_KEY|TOKEN$")
+_SECRET_VALUE = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s:]*:[^/@\s]+@|"
+                           r"^(hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|xox[abprs]-|nvapi-|AKIA|ASIA)[A-Za-z0-9_-]{8,}",
+                           re.IGNORECASE)
 
 
 # ------------------------------------------------------------------------------------------------- ports
@@ -195,14 +199,21 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
 
 # ------------------------------------------------------------------------------------------------- environment
 def is_secret_name(name: str) -> bool:
-    """True for credential-looking variable names (HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, NGC_API_KEY...)."""
+    """True for credential-looking variable names (HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, NGC_API_KEY,
+    OPENAI_KEY, GH_PAT...)."""
     return bool(_SECRET_NAME.search(name.upper()))
+
+
+def is_secret_value(value: str) -> bool:
+    """True for values that carry a credential whatever their name: `scheme://user:password@host...`, or a token
+    in a well-known format (hf_..., ghp_..., sk-..., AKIA...)."""
+    return bool(_SECRET_VALUE.search(value.strip()))
 
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """`base` (default os.environ) without secrets: the server needs none, and its models can read and log env."""
     base = dict(os.environ if base is None else base)
-    return {k: v for k, v in base.items() if not is_secret_name(k)}
+    return {k: v for k, v in base.items() if not is_secret_name(k) and not is_secret_value(v)}
 
 
 # ------------------------------------------------------------------------------------------------- binaries

@@ -42,7 +42,9 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 # ----------------------------------------------------------------------------------------------------- secrets
 @pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN",
                                   "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "DB_PASSWORD", "MY_SECRET_THING",
-                                  "NGC_API_KEY", "HF_TOKEN_PATH", "GOOGLE_APPLICATION_CREDENTIALS", "hf_token"])
+                                  "NGC_API_KEY", "HF_TOKEN_PATH", "GOOGLE_APPLICATION_CREDENTIALS", "hf_token",
+                                  "OPENAI_KEY", "APIKEY", "GH_PAT", "DB_PASS", "MYSQL_PWD", "SENTRY_DSN",
+                                  "BASIC_AUTH", "SESSION_COOKIE", "REFRESH_TOKEN"])
 def test_secret_names(name):
     from pipeline.serve import is_secret_name
 
@@ -50,11 +52,30 @@ def test_secret_names(name):
 
 
 @pytest.mark.parametrize("name", ["PATH", "HOME", "TOKENIZERS_PARALLELISM", "LD_LIBRARY_PATH", "HF_HOME",
-                                  "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KEYBOARD"])
+                                  "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KEYBOARD", "PWD",
+                                  "OLDPWD", "PATCH_LEVEL", "KEYMAP", "PASSIVE_MODE", "TOKENIZER_DIR"])
 def test_ordinary_names(name):
     from pipeline.serve import is_secret_name
 
     assert not is_secret_name(name)
+
+
+@pytest.mark.parametrize("value", ["postgres://app:s3cret@db.internal:5432/prod", "https://user:pw@proxy:3128",
+                                   "hf_abcdefghijklmnopqrstuvwxyz", "ghp_0123456789abcdefghij", "sk-proj-abcdefghij12",
+                                   "AKIAIOSFODNN7EXAMPLE"])
+def test_secret_values_are_dropped_whatever_the_name(value):
+    from pipeline.serve import server_env
+
+    env = server_env({"DATABASE_URL": value, "PATH": "/usr/bin"})
+    assert env == {"PATH": "/usr/bin"}
+
+
+@pytest.mark.parametrize("value", ["https://example.com/x", "postgres://db.internal:5432/prod", "/opt/hf_cache",
+                                   "skip", "1", "http://user@host/"])
+def test_ordinary_values_stay(value):
+    from pipeline.serve import server_env
+
+    assert server_env({"SOME_URL": value}) == {"SOME_URL": value}
 
 
 def test_server_command_env_has_no_secrets(tmp_path, monkeypatch):
