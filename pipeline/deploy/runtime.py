@@ -57,7 +57,7 @@ if [ -n "${RELEASE_URL:-}" ]; then
       exit 5
     fi
     attempt=$((attempt + 1))
-    sleep 10
+    sleep "${FETCH_RETRY_DELAY:-10}"
   done
   [ -f "$tarball" ] || mv "$tarball.part" "$tarball"
 else
