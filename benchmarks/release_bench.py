@@ -5,7 +5,8 @@ FP8-like bytes: normals scaled and cast to int8), in four rank files plus a conf
 table the release checks, as a real release does. Peers, timed in the same run on the same (page-cached) files:
 
 - pack: ours (`pipeline.release.pack_release`: one read per file, file and tarball sha256 on two threads, fsync)
-  vs `tar cf` of the same tree followed by an fsync of its output (tar hashes nothing);
+  vs `tar cf` of the same tree followed by an fsync of its output (like for like: a release must be on disk), and
+  `tar cf` alone (tar hashes nothing);
 - verify: ours (`pipeline.release_verify.verify`: one streaming read, tarball and member sha256) vs `sha256sum` of
   the tarball (one read, one hash: the least a checker does).
 
@@ -86,13 +87,15 @@ def time_ours(components: dict[str, Path], out: Path) -> tuple[float, Path]:
     return time.perf_counter() - t, r.tarball
 
 
-def time_tar(root: Path, out: Path) -> float:
+def time_tar(root: Path, out: Path) -> tuple[float, float]:
+    """(tar cf alone, tar cf + fsync of its output) seconds."""
     out.mkdir(parents=True, exist_ok=True)
     dest = out / "peer.tar"
     t = time.perf_counter()
     subprocess.run(["tar", "cf", str(dest), "-C", str(root), "engines"], check=True)
+    bare = time.perf_counter() - t
     _fsync(dest)
-    return time.perf_counter() - t
+    return bare, time.perf_counter() - t
 
 
 def time_verify(tarball: Path) -> float:
@@ -121,9 +124,11 @@ def main() -> int:
         t = time.perf_counter()
         components = make_tree(work / "tree", size)
         print(f"tree: {size / 1e9:.2f} GB (bf16-like + FP8-like) in {time.perf_counter() - t:.1f} s under {work}")
-        pack, tar, ver, peer_ver = [], [], [], []
+        pack, tar, tar_bare, ver, peer_ver = [], [], [], [], []
         for i in range(args.repeat):  # alternate, best of each: both see the same page cache and machine load
-            tar.append(time_tar(work / "tree", work / f"tar{i}"))
+            bare, durable = time_tar(work / "tree", work / f"tar{i}")
+            tar_bare.append(bare)
+            tar.append(durable)
             shutil.rmtree(work / f"tar{i}")
             seconds, tarball = time_ours(components, work / f"ours{i}")
             pack.append(seconds)
@@ -133,12 +138,14 @@ def main() -> int:
                 shutil.rmtree(work / f"ours{i}")
         total = tarball.stat().st_size
         mbs = {k: total / min(v) / 1e6 for k, v in
-               {"pack": pack, "tar": tar, "verify": ver, "sha256sum": peer_ver}.items()}
+               {"pack": pack, "tar": tar, "tar_bare": tar_bare, "verify": ver, "sha256sum": peer_ver}.items()}
         print(f"pack (ours, one pass, 2 sha256, fsync): {mbs['pack']:8.0f} MB/s  (best of {args.repeat}: "
               f"{min(pack):.2f} s; all {', '.join(f'{x:.2f}' for x in pack)})")
         print(f"tar cf + fsync (peer):                  {mbs['tar']:8.0f} MB/s  (best {min(tar):.2f} s; all "
               f"{', '.join(f'{x:.2f}' for x in tar)})")
-        print(f"pack / tar:                             {mbs['pack'] / mbs['tar']:8.2f} x  (goal >= 0.8)")
+        print(f"tar cf alone (output not yet on disk):  {mbs['tar_bare']:8.0f} MB/s  (best {min(tar_bare):.2f} s)")
+        print(f"pack / (tar cf + fsync):                {mbs['pack'] / mbs['tar']:8.2f} x  (goal >= 0.8)")
+        print(f"pack / tar cf alone:                    {mbs['pack'] / mbs['tar_bare']:8.2f} x")
         print(f"verify (ours, one streaming pass):      {mbs['verify']:8.0f} MB/s  (best {min(ver):.2f} s)")
         print(f"sha256sum of the tarball (peer):        {mbs['sha256sum']:8.0f} MB/s  (best {min(peer_ver):.2f} s)")
         print(f"verify / sha256sum:                     {mbs['verify'] / mbs['sha256sum']:8.2f} x")

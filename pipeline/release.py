@@ -122,9 +122,9 @@ _RECORD = 20 * _BLOCK  # tar's record size: the archive ends on a record boundar
 class _Changed(Exception):
     """A file hashed differently while it was packed than its table entry says (its size or its bytes)."""
 
-    def __init__(self, rel: str, got: str, want: str):
+    def __init__(self, rel: str, got: str):
         super().__init__(rel)
-        self.rel, self.got, self.want = rel, got, want
+        self.rel, self.got = rel, got
 
 
 class _TarWriter:
@@ -165,9 +165,9 @@ class _TarWriter:
                 n = 0
                 while n < len(buf) and (got := f.readinto(buf[n:])):
                     n += got
-                if n < len(buf):  # shorter than recorded: report what it hashes to
-                    file_sha.update(buf[:n])
-                    raise _Changed(info.name, file_sha.hexdigest(), "")
+                if n < len(buf):  # shorter than recorded
+                    self._drain()
+                    raise _Changed(info.name, "(a shorter file)")
                 self._drain()  # the other buffer's hashes are done; this one is free to hand over
                 self._pending = [self._file_pool.submit(file_sha.update, buf), self._pool.submit(self.sha.update, buf)]
                 self._write(buf)
@@ -175,7 +175,7 @@ class _TarWriter:
                 i += 1
             self._drain()
             if f.read(1):
-                raise _Changed(info.name, "(a longer file)", "")
+                raise _Changed(info.name, "(a longer file)")
         self._emit(bytes(-info.size % _BLOCK))
         return file_sha.hexdigest()
 
@@ -233,7 +233,7 @@ def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, 
                 executable = bool(src.stat().st_mode & 0o111)
                 got = tar.add(_tarinfo(name, size=table[rel]["size"], executable=executable), src)
                 if got != table[rel]["sha256"]:
-                    raise _Changed(rel, got, table[rel]["sha256"])
+                    raise _Changed(rel, got)
             tar.close(raw.tell())
             os.fsync(raw.fileno())
         os.replace(tmp, dest)
@@ -314,7 +314,8 @@ def pack_release(
                                empty_dirs=collect_empty_dirs(components))
     except _Changed as exc:
         arc = next((a for a in recorded if exc.rel.startswith(f"{a}/")), None)
-        problem = f"sha256 {exc.got[:12]}… != {table[exc.rel]['sha256'][:12]}… (changed while it was packed)"
+        got = exc.got if exc.got.startswith("(") else f"{exc.got[:12]}…"
+        problem = f"sha256 {got} != {table[exc.rel]['sha256'][:12]}… (changed while it was packed)"
         if arc is None:  # hashed just before packing (a manifest, or no stage record)
             raise IntegrityError(f"{files[exc.rel]}: {problem}; nothing was released; re-run `invoke release`",
                                  path=files[exc.rel]) from None
