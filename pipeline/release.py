@@ -13,6 +13,7 @@ from the spec and the version alone (`pipeline.layout.release_file`), so `deploy
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -216,6 +217,7 @@ def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, 
     Every file is packed at its `table` size (release path -> {sha256, size}) and must hash to its `table` sha256
     while it is copied, else nothing is written (`_Changed`).
     """
+    created = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]  # removed again on failure
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     dirs = set(_dirs_of(list(files))) | set(empty_dirs)
@@ -237,12 +239,13 @@ def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, 
             tar.close(raw.tell())
             os.fsync(raw.fileno())
         os.replace(tmp, dest)
-    except _Changed as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        exc.rel = exc.rel.removeprefix(f"{prefix}/")
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(exc, _Changed):
+            exc.rel = exc.rel.removeprefix(f"{prefix}/")
         raise
     return tar.sha.hexdigest()
 
