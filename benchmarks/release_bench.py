@@ -33,20 +33,25 @@ LLAMA_70B_FP8_BYTES = 68e9
 _PIECE = 64 << 20
 
 
-def _write_weights(path: Path, size: int, kind: str, rng) -> None:
+def _piece(kind: str, rng) -> bytes:
+    """64 MiB of bf16-like (top 16 bits of normal float32s) or FP8-like (normals scaled and cast to int8) bytes."""
     import numpy as np
 
+    if kind == "bf16":
+        return (rng.standard_normal(_PIECE // 2, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return np.clip(rng.standard_normal(_PIECE, dtype=np.float32) * 24, -127, 127).astype(np.int8).tobytes()
+
+
+def _write_weights(path: Path, size: int, piece: bytes) -> None:
+    """`size` bytes: `piece` rotated by a different offset each time (no two 64 MiB runs alike)."""
     with open(path, "wb") as f:
-        left = size
+        left, k = size, 0
         while left:
-            n = min(_PIECE, left)
-            normal = rng.standard_normal(n // 2 if kind == "bf16" else n, dtype=np.float32)
-            if kind == "bf16":
-                data = (normal.view(np.uint32) >> 16).astype(np.uint16).tobytes()
-            else:
-                data = np.clip(normal * 24, -127, 127).astype(np.int8).tobytes()
-            f.write(data[:n])
-            left -= n
+            shift = (k * 4099) % len(piece)
+            data = piece[shift:] + piece[:shift]
+            f.write(data[: min(len(data), left)])
+            left -= min(len(data), left)
+            k += 1
 
 
 def make_tree(root: Path, size: int) -> dict[str, Path]:
@@ -58,9 +63,10 @@ def make_tree(root: Path, size: int) -> dict[str, Path]:
     engine = root / "engines" / "bench-fp8-000000000000" / "engine"
     engine.mkdir(parents=True)
     rng = np.random.default_rng(0)
+    pieces = {kind: _piece(kind, rng) for kind in ("bf16", "fp8")}
     quarter = size // 4
     for i, kind in enumerate(("bf16", "bf16", "fp8", "fp8")):
-        _write_weights(engine / f"rank{i}.engine", quarter, kind, rng)
+        _write_weights(engine / f"rank{i}.engine", quarter, pieces[kind])
     (engine / "config.json").write_text('{"version": "1.2.1"}\n')
     write_manifest(engine, {"key": "bench", "files": file_table(engine)})
     return {"engines/bench-fp8-000000000000/engine": engine}
