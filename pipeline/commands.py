@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import aiconfigurator, planner
+from . import __version__, aiconfigurator, planner
 from . import bench as bench_lib
 from .artifacts import engines_dir, triton_repo_dir
 from .build import BuildOptions, locate_outputs, stage_range
@@ -34,6 +34,7 @@ from .download import download_model
 from .errors import DeployError, PipelineError, ServeError, SpecError
 from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .llmapi.local_inputs import locate_serve_inputs
+from .layout import release_file
 from .llmapi.options import llm_api_options
 from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from .release import release as make_release
@@ -239,19 +240,20 @@ def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) 
         print(f"ok: {r.tarball} sha256 {r.sha256} ({files} files)")
 
 
-def verify_command(path, *, skip_host=False, json_=False) -> None:
+def verify_command(path, *, skip_host=False, sha256=None, json_=False) -> None:
     """Check every sha256 of a release or repo (complete: no extra file, no symlink) and refuse engines built for
     another toolchain/GPU. Exit 3: files differ; 4: host mismatch; 2: not a release.
 
     Args:
-        path: release .tar.gz, unpacked release dir, or Triton model repository
+        path: release .tar (or an earlier .tar.gz), unpacked release dir, or Triton model repository
         skip_host: check hashes only, not the host's TensorRT-LLM/TensorRT/GPU against the engines
+        sha256: the tarball's expected sha256 (e.g. pinned by deploy), checked in the same read as its members
         json_: print the verification report as JSON
     """
     if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
         raise SpecError(f"{path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
                         "(help: invoke --help verify)")
-    report = verify_release(path, check_host=not skip_host)
+    report = verify_release(path, check_host=not skip_host, sha256=sha256)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
         return
@@ -698,6 +700,6 @@ def _deploy_matrix(spec, platform, matrix, *, matrix_target, matrix_output, outp
     files = deploy_render.render_matrix(o, cells, dest, matrix_output or "")
     deploy_render.write_directory(dest, files, force=bool(force))
     summary = {"kind": "build-matrix", "platform": platform, "directory": str(dest), "files": sorted(files),
-               "cells": [c.summary() for c in cells]}
+               "cells": [c.summary() for c in cells], "releases": [release_file(c, __version__) for c in cells]}
     print(json.dumps(summary, indent=2) if json_ else f"ok: {dest}: build matrix of {len(cells)} cells ({platform})")
     return summary

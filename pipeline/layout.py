@@ -5,22 +5,35 @@
                                             (hf_quant_config.json, tokenizer at its root); the draft's likewise
     engines/<build-id>/engine/, draft_engine/   compile (target trtllm)
     triton_repo/<build-id>-<spec-key8>[-reference]/   package
-    releases/<repo-name>-v<version>.tar.gz   release
+    releases/<model>-<precision>-<release-key8>[-reference]-v<version>.tar   release (`release_file`)
 
-A build id is `<model>-<precision>-<calibrate key12>`; the repository and release names add the first 8 hex digits
-of the spec's key, so two specs sharing a checkpoint (e.g. with and without a draft) never share a repository or a
-release file. Every name is checked to be one safe path component.
+A build id is `<model>-<precision>-<calibrate key12>`; the repository name adds the first 8 hex digits of the spec's
+key, so two specs sharing a checkpoint (e.g. with and without a draft) never share a repository. A release file is
+named from the spec alone (no stage output is read), so `deploy` from a spec names the file `release` writes: its key
+hashes the spec minus what never changes an artifact (node count, GPUs per host, price, the registry file's path).
+Every name is checked to be one safe path component.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .artifacts import check_name, engines_dir, triton_repo_dir
+from .errors import ReleaseError
+
+if TYPE_CHECKING:
+    from .spec import BuildSpec
 
 SPEC_KEY_CHARS = 8
 PENDING = "<build-id>"  # stands in a plan's paths for the id calibration will give the build
+RELEASE_SUFFIX = ".tar"  # uncompressed: FP8/BF16 weights barely compress (see README, Release)
+LEGACY_SUFFIX = ".tar.gz"  # releases written before the uncompressed format (verify still reads them)
+RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def checkpoint_dir(build_id: str) -> Path:
@@ -42,6 +55,42 @@ def repo_name(build_id: str, target: str, spec_key: str | None = None) -> str:
     name = build_id + (f"-{spec_key[:SPEC_KEY_CHARS]}" if spec_key else "")
     name += "-reference" if target == "reference" else ""
     return check_name(name, what="repository name", fix="use a build id of letters, digits and . _ + -")
+
+
+def release_name_ok(name: object) -> bool:
+    """Whether `name` may name a release file: letters, digits and `._-`, at most 128, no `..` (so no `/` either)."""
+    return isinstance(name, str) and bool(RELEASE_NAME.match(name)) and ".." not in name
+
+
+def release_key(spec: BuildSpec) -> str:
+    """sha256 over the spec's artifact-defining fields: the spec minus where it runs (hardware but the GPU, whose SM
+    an engine is built for), the registry file's path and the default runtime (so engine-path names stay put)."""
+    data = spec.model_dump(mode="json", exclude={"models_file"})
+    data["hardware"] = {"gpu": data["hardware"]["gpu"]}
+    if data.get("runtime") == "engine":
+        data.pop("runtime")
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def release_name(spec: BuildSpec, version: str) -> str:
+    """`<model>-<precision>-<release-key8>[-reference]-v<version>`: the release of `spec` (its tarball's stem and the
+    directory inside it).
+
+    Raises:
+        PipelineError: a version that is not a safe name; ReleaseError: a name with `+` or over 128 characters.
+    """
+    check_name(version, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
+    ref = "-reference" if spec.target == "reference" else ""
+    name = f"{spec.model.name}-{spec.quantization.precision}-{release_key(spec)[:SPEC_KEY_CHARS]}{ref}-v{version}"
+    if not release_name_ok(name):
+        raise ReleaseError(f"release name {name!r} is not a safe file name (letters, digits and . _ -, at most 128 "
+                           "characters); choose a --version of letters, digits and . _ - (e.g. 1.0.0)", actual=name)
+    return name
+
+
+def release_file(spec: BuildSpec, version: str) -> str:
+    """The release tarball's file name for `spec` at `version` (what `release` writes and `deploy` fetches)."""
+    return release_name(spec, version) + RELEASE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -82,7 +131,3 @@ class BuildLayout:
     @property
     def triton_repo(self) -> Path:
         return triton_repo_dir() / self.repo_name
-
-    def release_name(self, version: str) -> str:
-        check_name(version, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
-        return f"{self.repo_name}-v{version}"

@@ -1,30 +1,33 @@
 """Versioned, reproducible release artifacts: engines (or checkpoint), Triton repo, tokenizer, manifests, release.json.
 
-The tarball is deterministic: `release.json` first, then every directory and file in sorted order, with fixed
-mtime/uid/gid/owner names, normalised modes, and a gzip header without a file name or time. Two releases built from
-the same stage outputs therefore have the same sha256, which is written next to the tarball (`sha256sum -c` format).
+The tarball is an uncompressed, deterministic tar (FP8/BF16 weights barely compress; gzip capped packing at
+8-30 MB/s): `release.json` first, then every directory and file in sorted order, with fixed mtime/uid/gid/owner
+names and normalised modes. Two releases built from the same stage outputs therefore have the same sha256, which is
+written next to the tarball (`sha256sum -c` format). It is written in one pass: each file is read once and hashed
+while it is copied, and the tarball is hashed as it is written.
 
-Nothing unverified is packed: every file is hashed as it is read and must match its stage manifest's file table
-(complete, no extra file), else the release is refused (exit 3) naming `--force STAGE`. The file name is the build's
-repository name (build id + spec key) plus the version, so two specs never overwrite each other's release.
+Nothing unverified is packed: every file must match its stage manifest's file table (complete, no extra file; its
+bytes hashed as they are packed), else the release is refused (exit 3) naming `--force STAGE`. The file name comes
+from the spec and the version alone (`pipeline.layout.release_file`), so `deploy` names the same file.
 """
 
 from __future__ import annotations
 
-import gzip
+import contextlib
 import hashlib
-import io
 import json
 import os
 import tarfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import __version__
 from .artifacts import MANIFEST, check_name, output_root, sha256_file
 from .build import BuildOutputs, locate_outputs
 from .errors import IntegrityError, ReleaseError
+from .layout import RELEASE_SUFFIX, release_name
 from .manifests import ReleaseDocument, integrity_error
 from .planner import plan_capacity
 from .spec import BuildSpec
@@ -94,40 +97,93 @@ def collect_empty_dirs(components: dict[str, Path]) -> list[str]:
     return out
 
 
-def hash_table(files: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    return {rel: {"sha256": sha256_file(src), "size": src.stat().st_size} for rel, src in sorted(files.items())}
+def file_table(files: dict[str, Path], recorded: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """release path -> {sha256, size}: a file its stage manifest records at its current size takes the recorded
+    sha256 (checked while it is packed: read once); any other file (a manifest itself, a size that differs) is
+    hashed now."""
+    table = {}
+    for rel, src in sorted(files.items()):
+        size = src.stat().st_size
+        arc = next((a for a in recorded if rel.startswith(f"{a}/")), None)
+        rec = recorded[arc][1].get(rel[len(arc) + 1:]) if arc else None
+        sha = rec.sha256 if rec is not None and rec.size == size else sha256_file(src)
+        table[rel] = {"sha256": sha, "size": size}
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Deterministic tarball.
+# Deterministic tarball, written in one pass: each file is read once in large chunks; its sha256 and the tarball's
+# are computed by two hashing threads (hashlib releases the GIL) while the main thread reads and writes.
+
+COPY_CHUNK = 8 << 20
+_BLOCK = 512
+_RECORD = 20 * _BLOCK  # tar's record size: the archive ends on a record boundary, as GNU tar and tarfile write it
 
 
-class _HashingWriter(io.RawIOBase):
-    """Write-through file wrapper that hashes what passes through it (avoids re-reading a large tarball)."""
+class _Changed(Exception):
+    """A file hashed differently while it was packed than its table entry says (its size or its bytes)."""
 
-    def __init__(self, raw: BinaryIO):
-        self._raw = raw
+    def __init__(self, rel: str, got: str):
+        super().__init__(rel)
+        self.rel, self.got = rel, got
+
+
+class _TarWriter:
+    """Writes tar members to a raw file, hashing every byte written; file contents are hashed as they are copied."""
+
+    def __init__(self, raw, pool: ThreadPoolExecutor, file_pool: ThreadPoolExecutor):
+        self._raw, self._pool, self._file_pool = raw, pool, file_pool
         self.sha = hashlib.sha256()
+        self._pending: list[Future] = []
+        self._bufs = (bytearray(COPY_CHUNK), bytearray(COPY_CHUNK))
 
-    def writable(self) -> bool:
-        return True
+    def _drain(self) -> None:
+        for fut in self._pending:
+            fut.result()
+        self._pending = []
 
-    def write(self, b) -> int:  # type: ignore[override]
-        self.sha.update(b)
-        return self._raw.write(b)
+    def _write(self, data) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._raw.write(view):]
 
+    def _emit(self, data: bytes) -> None:
+        self._drain()
+        self.sha.update(data)
+        self._write(data)
 
-class _HashingReader:
-    """Read-through wrapper that hashes what the tar writer reads (each file is checked as it is packed)."""
+    def add(self, info: tarfile.TarInfo, src: Path | None = None, data: bytes = b"") -> str | None:
+        """Append a member: its header, then `data` or the `info.size` bytes of `src` (whose sha256 is returned)."""
+        self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        if src is None:
+            self._emit(data + bytes(-len(data) % _BLOCK))
+            return None
+        file_sha = hashlib.sha256()
+        left, i = info.size, 0
+        with open(src, "rb", buffering=0) as f:
+            while left:
+                buf = memoryview(self._bufs[i & 1])[: min(COPY_CHUNK, left)]
+                n = 0
+                while n < len(buf) and (got := f.readinto(buf[n:])):
+                    n += got
+                if n < len(buf):  # shorter than recorded
+                    self._drain()
+                    raise _Changed(info.name, "(a shorter file)")
+                self._drain()  # the other buffer's hashes are done; this one is free to hand over
+                self._pending = [self._file_pool.submit(file_sha.update, buf), self._pool.submit(self.sha.update, buf)]
+                self._write(buf)
+                left -= n
+                i += 1
+            self._drain()
+            if f.read(1):
+                raise _Changed(info.name, "(a longer file)")
+        self._emit(bytes(-info.size % _BLOCK))
+        return file_sha.hexdigest()
 
-    def __init__(self, raw: BinaryIO):
-        self._raw = raw
-        self.sha = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        b = self._raw.read(n)
-        self.sha.update(b)
-        return b
+    def close(self, written: int) -> None:
+        """End of archive: two zero blocks, then zeros up to the record boundary."""
+        end = written + 2 * _BLOCK
+        self._emit(bytes(2 * _BLOCK + (-end % _RECORD)))
 
 
 def _tarinfo(name: str, *, size: int = 0, directory: bool = False, executable: bool = False) -> tarfile.TarInfo:
@@ -153,44 +209,45 @@ def _dirs_of(paths: list[str]) -> list[str]:
     return sorted(dirs)
 
 
-def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path], compresslevel: int = 6,
-                  empty_dirs: list[str] | tuple[str, ...] = (), table: dict[str, dict[str, Any]] | None = None) -> str:
-    """Write the deterministic tar.gz atomically (`empty_dirs`: extra directory entries); return its sha256.
+def write_tarball(dest: Path, *, prefix: str, document: bytes, files: dict[str, Path],
+                  table: dict[str, dict[str, Any]], empty_dirs: list[str] | tuple[str, ...] = ()) -> str:
+    """Write the deterministic tar atomically (`release.json` first, then sorted entries; `empty_dirs`: extra
+    directory entries) and return its sha256.
 
-    With `table` (release path -> {sha256, size}) every file is packed at its recorded size and must hash to its
-    recorded sha256 while it is read (a file changed after hashing fails the release: IntegrityError, exit 3).
+    Every file is packed at its `table` size (release path -> {sha256, size}) and must hash to its `table` sha256
+    while it is copied, else nothing is written (`_Changed`).
     """
+    created = [d for d in (dest.parent, *dest.parent.parents) if not d.exists()]  # removed again on failure
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     dirs = set(_dirs_of(list(files))) | set(empty_dirs)
     entries = sorted([(d, None) for d in dirs] + list(files.items()), key=lambda e: e[0])
     try:
-        with open(tmp, "wb") as raw:
-            hashing = _HashingWriter(raw)
-            with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0, compresslevel=compresslevel) as gz:
-                with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    tar.addfile(_tarinfo(prefix, directory=True))
-                    tar.addfile(_tarinfo(f"{prefix}/{RELEASE_JSON}", size=len(document)), io.BytesIO(document))
-                    for rel, src in entries:
-                        name = f"{prefix}/{rel}"
-                        if src is None:
-                            tar.addfile(_tarinfo(name, directory=True))
-                            continue
-                        st = src.stat()
-                        size = table[rel]["size"] if table else st.st_size
-                        with open(src, "rb") as f:
-                            reader = _HashingReader(f)
-                            tar.addfile(_tarinfo(name, size=size, executable=bool(st.st_mode & 0o111)), reader)
-                            if table and (reader.sha.hexdigest() != table[rel]["sha256"] or f.read(1)):
-                                raise IntegrityError(f"{src} changed while it was released; re-run `invoke release`",
-                                                     path=src)
-            raw.flush()
+        with open(tmp, "wb", buffering=0) as raw, ThreadPoolExecutor(1) as pool, ThreadPoolExecutor(1) as file_pool:
+            tar = _TarWriter(raw, pool, file_pool)
+            tar.add(_tarinfo(prefix, directory=True))
+            tar.add(_tarinfo(f"{prefix}/{RELEASE_JSON}", size=len(document)), data=document)
+            for rel, src in entries:
+                name = f"{prefix}/{rel}"
+                if src is None:
+                    tar.add(_tarinfo(name, directory=True))
+                    continue
+                executable = bool(src.stat().st_mode & 0o111)
+                got = tar.add(_tarinfo(name, size=table[rel]["size"], executable=executable), src)
+                if got != table[rel]["sha256"]:
+                    raise _Changed(rel, got)
+            tar.close(raw.tell())
             os.fsync(raw.fileno())
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(exc, _Changed):
+            exc.rel = exc.rel.removeprefix(f"{prefix}/")
         raise
-    return hashing.sha.hexdigest()
+    return tar.sha.hexdigest()
 
 
 def release_document(metadata: dict[str, Any], files: dict[str, dict[str, Any]]) -> bytes:
@@ -235,27 +292,38 @@ def pack_release(
     components: dict[str, Path],
     metadata: dict[str, Any],
     output_dir: Path,
-    compresslevel: int = 6,
     recorded: dict[str, tuple[str, dict[str, Any]]] | None = None,
 ) -> ReleaseResult:
-    """Assemble `<output_dir>/<name>.tar.gz` (+ `.sha256`) from component dirs and release metadata.
+    """Assemble `<output_dir>/<name>.tar` (+ `.sha256`) from component dirs and release metadata.
 
     Args:
-        recorded: component arc dir -> (stage, manifest file table): the hashed files must match it exactly.
+        recorded: component arc dir -> (stage, manifest file table): the packed files must match it exactly.
 
     Raises:
-        ReleaseError: a component is missing or holds a symlink; IntegrityError: a file differs from `recorded`.
+        ReleaseError: a component is missing or holds a symlink; IntegrityError: a file differs from `recorded`
+            (before or while it is packed; nothing is written).
     """
+    recorded = recorded or {}
     files = collect_files(components)
-    table = hash_table(files)
-    check_recorded(table, recorded or {})
+    table = file_table(files, recorded)
+    check_recorded(table, recorded)
     document = release_document({"name": name, **metadata}, table)
-    tarball = Path(output_dir) / f"{name}.tar.gz"
+    tarball = Path(output_dir) / f"{name}{RELEASE_SUFFIX}"
     for p in (tarball, tarball.with_name(tarball.name + ".sha256")):
         if p.is_symlink() or (p.exists() and not p.is_file()):
             raise ReleaseError(f"{p} exists and is not a regular file; remove it or choose another --output", path=p)
-    digest = write_tarball(tarball, prefix=name, document=document, files=files, compresslevel=compresslevel,
-                           empty_dirs=collect_empty_dirs(components), table=table)
+    try:
+        digest = write_tarball(tarball, prefix=name, document=document, files=files, table=table,
+                               empty_dirs=collect_empty_dirs(components))
+    except _Changed as exc:
+        arc = next((a for a in recorded if exc.rel.startswith(f"{a}/")), None)
+        got = exc.got if exc.got.startswith("(") else f"{exc.got[:12]}…"
+        problem = f"sha256 {got} != {table[exc.rel]['sha256'][:12]}… (changed while it was packed)"
+        if arc is None:  # hashed just before packing (a manifest, or no stage record)
+            raise IntegrityError(f"{files[exc.rel]}: {problem}; nothing was released; re-run `invoke release`",
+                                 path=files[exc.rel]) from None
+        raise integrity_error(Path(arc), [f"{exc.rel[len(arc) + 1:]}: {problem}"],
+                              fix=f"nothing was released; re-run `invoke build --force {recorded[arc][0]}`") from None
     sha_path = tarball.with_name(tarball.name + ".sha256")
     tmp = sha_path.with_name(f".tmp-{sha_path.name}")
     tmp.write_text(f"{digest}  {tarball.name}\n")
@@ -369,9 +437,9 @@ def release(
     *,
     output: str | Path | None = None,
     version: str | None = None,
-    compresslevel: int = 6,
 ) -> ReleaseResult:
-    """Package the finished build of `spec` as `<output>/<repo-name>-v<version>.tar.gz` (+ `.sha256`).
+    """Package the finished build of `spec` as `<output>/<release name>.tar` (+ `.sha256`), named by
+    `pipeline.layout.release_name(spec, version)`.
 
     The build is located check-only (nothing is built), then every packed file is hashed and compared with its
     stage manifest.
@@ -388,8 +456,7 @@ def release(
     version = check_name(version or __version__, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
     out_dir = release_output_dir(output)
     out = locate_outputs(spec)
-    name = out.layout.release_name(version)
+    name = release_name(spec, version)
     components, recorded = _components(spec, out)
     metadata = release_metadata(spec, out=out, version=version, components=components)
-    return pack_release(name=name, components=components, metadata=metadata, output_dir=out_dir,
-                        compresslevel=compresslevel, recorded=recorded)
+    return pack_release(name=name, components=components, metadata=metadata, output_dir=out_dir, recorded=recorded)

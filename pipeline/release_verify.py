@@ -2,8 +2,13 @@
 
 Hashes: every file listed in `release.json` (or in a stage `manifest.json` file table) must be present with the
 recorded sha256, and the table must be complete: an extra file or model directory, a symlink, or a listed path
-outside the tree fails verification (exit 3). A tarball is never extracted; only the small metadata members are
-read into memory, each capped at `MAX_METADATA_BYTES`. A malformed `release.json` or manifest fails with one line.
+outside the tree fails verification (exit 3). A tarball is read once, as a stream, never extracted: its own sha256
+(against the `.sha256` sidecar and a pinned digest) and every member's are computed in that pass; `release.json` must
+be its first file, and each member's type (regular files and directories only), mode (no setuid/setgid or
+world-writable bit) and declared size are checked against it before the member's bytes are read, so a member that
+declares more than the record holds is refused at once. Only the small metadata members are read into memory, each
+capped at `MAX_METADATA_BYTES`. Compressed (`.tar.gz`) releases of earlier versions verify the same way. A malformed
+`release.json` or manifest fails with one line.
 Host: engines only run with the TensorRT-LLM/TensorRT
 version that built them, on the GPU architecture they were built for, so a serving host with a different toolchain
 or SM is refused with the diff (exit 2) before tritonserver fails in an obscure way.
@@ -15,22 +20,25 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .artifacts import MANIFEST, SYMLINK, check_files, sha256_file
+from .artifacts import MANIFEST, SYMLINK, check_files
 from .compile.preflight import probe_host as compile_probe
 from .errors import CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError, VerifyError
 from .manifests import FileRecord, ReleaseDocument
 from .release import RELEASE_JSON
 from .triton import pbtxt
 
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
 MAX_LISTED = 20
 MAX_METADATA_BYTES = 16 << 20  # release.json, manifest.json, config.json: read into memory, so capped
 __all__ = ["HashMismatchError", "HostInfo", "HostMismatchError", "VerifyReport", "probe_serving_host", "verify"]
@@ -237,60 +245,146 @@ def _sidecar_digest(path: Path) -> str:
     return words[0].decode(errors="replace") if words else ""
 
 
-def _verify_tarball(path: Path, report: VerifyReport) -> tuple[ReleaseDocument, dict[str, str], dict[str, bytes]]:
+class _HashingReader:
+    """Read-through wrapper over the tarball: its sha256 is computed on a worker thread while tarfile parses and the
+    members are hashed (one pass over the file; at most `_AHEAD` chunks wait to be hashed)."""
+
+    _AHEAD = 4
+
+    def __init__(self, raw, pool: ThreadPoolExecutor):
+        self._raw, self._pool = raw, pool
+        self._sha = hashlib.sha256()
+        self._pending: deque[Future] = deque()
+
+    def read(self, n: int = -1) -> bytes:
+        b = self._raw.read(n)
+        if b:
+            if len(self._pending) >= self._AHEAD:
+                self._pending.popleft().result()
+            self._pending.append(self._pool.submit(self._sha.update, b))
+        return b
+
+    def hexdigest(self) -> str:
+        """The sha256 of the whole file (what tarfile did not read, e.g. the end-of-archive padding, is read now)."""
+        while self.read(_CHUNK):
+            pass
+        while self._pending:
+            self._pending.popleft().result()
+        return self._sha.hexdigest()
+
+
+def _member_problem(member: tarfile.TarInfo, rel: str) -> str | None:
+    """Why `member` can never be part of a release: its type or its permission bits."""
+    if member.mode & (stat.S_ISUID | stat.S_ISGID):
+        return f"{rel}: setuid/setgid mode {member.mode:o} (a release holds plain files)"
+    if member.mode & stat.S_IWOTH:
+        return f"{rel}: world-writable mode {member.mode:o} (a release holds plain files)"
+    if member.isdir():
+        return None
+    if member.issparse():
+        return f"{rel}: a sparse member (a release holds plain files)"
+    if not member.isfile():
+        kind = "a link" if member.issym() or member.islnk() else "a device or special file"
+        return f"{rel}: {kind}, not a regular file (links and devices are never part of a release)"
+    return None
+
+
+def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
+                    ) -> tuple[ReleaseDocument, dict[str, str], dict[str, bytes]]:
+    """One streaming pass: the tarball's own sha256 (against its `.sha256` sidecar and `sha256`), every member's
+    type, mode and declared size against release.json (the first file member) before its bytes are read, and every
+    member's sha256.
+
+    Raises:
+        CorruptArtifactError: unreadable, release.json missing, late or oversized, or members that declare more
+            bytes than release.json records (refused before they are read; exit 3).
+    """
     sha_file = path.with_name(path.name + ".sha256")
-    if sha_file.is_file():
-        want, got = _sidecar_digest(sha_file), sha256_file(path)
-        if want != got:
-            report.mismatches.append(f"{path.name}: sha256 {got[:12]}… != {sha_file.name} {want[:12]}…")
-    raw_doc: bytes | None = None
+    pinned = [(sha_file.name, _sidecar_digest(sha_file))] if sha_file.is_file() else []
+    pinned += [("--sha256", sha256)] if sha256 else []
+    doc: ReleaseDocument | None = None
+    budget = 0  # bytes release.json records: what the file members may declare in total
     hashes: dict[str, str] = {}
     small: dict[str, bytes] = {}  # manifest.json / config.json contents for the host check
     prefix = None
     try:
-        with tarfile.open(path, mode="r|*") as tar:
-            for member in tar:
-                name = member.name
-                if prefix is None:
-                    prefix = name.split("/", 1)[0]
-                if not name.startswith(prefix + "/"):
-                    if name != prefix:
+        with open(path, "rb") as raw, ThreadPoolExecutor(1) as pool:
+            reader = _HashingReader(raw, pool)
+            with tarfile.open(fileobj=reader, mode="r|*", bufsize=_CHUNK) as tar:
+                for member in tar:
+                    name = member.name
+                    if prefix is None:
+                        prefix = name.split("/", 1)[0]
+                    rel = name[len(prefix) + 1 :] if name.startswith(prefix + "/") else name
+                    if not name.startswith(prefix + "/") and name != prefix:
                         report.mismatches.append(f"{name}: outside the release directory {prefix}/")
-                    continue
-                rel = name[len(prefix) + 1 :]
-                if rel.startswith("/") or ".." in rel.split("/"):
-                    report.mismatches.append(f"{name}: a path that leaves the release directory")
-                    continue
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    report.mismatches.append(f"{rel}: not a regular file (links are never part of a release)")
-                    continue
-                keep = rel == RELEASE_JSON or rel.endswith(("/" + MANIFEST, "/config.json"))
-                if keep and member.size > MAX_METADATA_BYTES:
+                        continue
+                    if rel.startswith("/") or ".." in rel.split("/"):
+                        report.mismatches.append(f"{name}: a path that leaves the release directory")
+                        continue
+                    if problem := _member_problem(member, rel):
+                        report.mismatches.append(problem)
+                        continue
+                    if member.isdir():
+                        continue
+                    if doc is None:
+                        doc = _release_member(path, tar, member, rel)
+                        budget = sum(rec.size for rec in doc.files.values())
+                        continue
                     if rel == RELEASE_JSON:
-                        raise CorruptArtifactError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
-                                          f"{MAX_METADATA_BYTES >> 20} MiB limit; it is not a release made by "
-                                          "`invoke release`", path=path)
-                    keep = False  # hashed, not kept: the host check reads no oversized metadata
-                f = tar.extractfile(member)
-                h = hashlib.sha256()
-                buf = bytearray()
-                while chunk := f.read(_CHUNK):
-                    h.update(chunk)
+                        report.mismatches.append(f"{rel}: a second {RELEASE_JSON}")
+                        continue
+                    budget -= member.size
+                    if budget < 0:
+                        raise CorruptArtifactError(
+                            f"{path}: its members declare more bytes than {RELEASE_JSON} records ({rel} declares "
+                            f"{member.size}); it is not a release made by `invoke release`, re-download or rebuild it",
+                            path=path)
+                    rec = doc.files.get(rel)
+                    if rec is not None and rec.size != member.size:
+                        report.mismatches.append(f"{rel}: {member.size} bytes != recorded {rec.size}")
+                        continue
+                    keep = rel.endswith(("/" + MANIFEST, "/config.json")) and member.size <= MAX_METADATA_BYTES
+                    hashes[rel], data = _hash_member(tar, member, keep)
                     if keep:
-                        buf += chunk
-                if rel == RELEASE_JSON:
-                    raw_doc = bytes(buf)
-                    continue
-                hashes[rel] = h.hexdigest()
-                if keep:
-                    small[rel] = bytes(buf)
+                        small[rel] = data
+            got = reader.hexdigest()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise CorruptArtifactError(f"{path} is not a readable release tarball ({exc}); re-download or rebuild it") from None
-    if raw_doc is None:
+    if doc is None:
         raise VerifyError(f"{path} has no {RELEASE_JSON}; it is not a release made by `invoke release`")
-    return _parse_release(raw_doc, f"{path}: {RELEASE_JSON}"), hashes, small
+    for what, want in pinned:
+        if want != got:
+            report.mismatches.append(f"{path.name}: sha256 {got[:12]}… != {what} {want[:12]}…")
+    return doc, hashes, small
+
+
+def _release_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str) -> ReleaseDocument:
+    """release.json, which must be the tarball's first file (the table that bounds what follows).
+
+    Raises:
+        VerifyError: another file comes first (exit 2); CorruptArtifactError: oversized or malformed (exit 3).
+    """
+    if rel != RELEASE_JSON:
+        raise VerifyError(f"{path} has no {RELEASE_JSON} as its first file ({rel} comes first); it is not a release "
+                          "made by `invoke release`", path=path)
+    if member.size > MAX_METADATA_BYTES:
+        raise CorruptArtifactError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
+                                   f"{MAX_METADATA_BYTES >> 20} MiB limit; it is not a release made by "
+                                   "`invoke release`", path=path)
+    return _parse_release(tar.extractfile(member).read(), f"{path}: {RELEASE_JSON}")
+
+
+def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: bool) -> tuple[str, bytes]:
+    """The member's sha256 (and its bytes when `keep`: small metadata for the host check)."""
+    f = tar.extractfile(member)
+    h = hashlib.sha256()
+    buf = bytearray()
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+        if keep:
+            buf += chunk
+    return h.hexdigest(), bytes(buf)
 
 
 def _symlinks(root: Path) -> list[str]:
@@ -310,10 +404,12 @@ def _verify_unpacked(path: Path, report: VerifyReport) -> ReleaseDocument:
     return doc
 
 
-def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool = True) -> VerifyReport:
+def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool = True,
+           sha256: str | None = None) -> VerifyReport:
     """Verify a release tarball, an unpacked release dir, a Triton repo with manifests, or one stage output dir.
 
     Args:
+        sha256: a tarball's expected sha256 (e.g. pinned by `deploy`), checked in the same pass as its members.
         host: the serving host's toolchain/GPU; probed (compile stage probe, package metadata, nvidia-smi) if None.
         check_host: refuse engines built for another toolchain/GPU than `host`.
 
@@ -326,11 +422,14 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     """
     path = Path(path)
     if not path.exists():
-        raise VerifyError(f"{path} does not exist; pass a release .tar.gz, an unpacked release or a Triton repo")
+        raise VerifyError(f"{path} does not exist; pass a release .tar, an unpacked release or a Triton repo")
+    if sha256 is not None and (not path.is_file() or not re.fullmatch(r"[0-9a-f]{64}", sha256)):
+        raise VerifyError(f"--sha256 {sha256!r}: give the 64 lowercase hex digits of a release tarball's sha256 "
+                          "(its .sha256 file), with a tarball path")
     records: list[dict[str, Any]] = []
     if path.is_file():
         report = VerifyReport(path, "tarball")
-        doc, hashes, small = _verify_tarball(path, report)
+        doc, hashes, small = _verify_tarball(path, report, sha256)
         report.mismatches += _compare(doc.files, hashes)
         report.files_checked = len(doc.files)
         for d in _engines_in_release(doc):

@@ -84,7 +84,7 @@ def test_build_release_twice_verify_and_noop_rebuild(reference_build, tmp_path):
     # The release holds the checkpoint, the Triton repo and the tokenizer in the output-tree layout.
     with tarfile.open(a) as tar:
         names = tar.getnames()
-    prefix = a.name[: -len(".tar.gz")]
+    prefix = a.name[: -len(".tar")]
     assert f"{prefix}/release.json" == names[1]
     assert any(n.startswith(f"{prefix}/engines/{build_id}/checkpoint/rank0.safetensors") for n in names)
     assert any(n.startswith(f"{prefix}/triton_repo/") and n.endswith("/ensemble/config.pbtxt") for n in names)

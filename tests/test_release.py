@@ -1,11 +1,11 @@
-"""Release packing: deterministic tarballs from fabricated stage outputs (no real engines here)."""
+"""Release packing: deterministic uncompressed tarballs from fabricated stage outputs (no real engines here)."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
+import subprocess
 import tarfile
 import time
 
@@ -31,16 +31,16 @@ def test_two_releases_from_same_fabricated_inputs_have_identical_sha256(tmp_path
     assert a.sha256 == b.sha256
     assert a.tarball.read_bytes() == b.tarball.read_bytes()
     assert hashlib.sha256(a.tarball.read_bytes()).hexdigest() == a.sha256
-    assert a.sha256_file.read_text() == f"{a.sha256}  rel.tar.gz\n"
+    assert a.sha256_file.read_text() == f"{a.sha256}  rel.tar\n"
 
 
 def test_tarball_entries_are_normalised_and_sorted(tmp_path):
     comps = fabricate_build(tmp_path / "out")
     r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
     raw = r.tarball.read_bytes()
-    assert raw[4:8] == b"\0\0\0\0"  # gzip header mtime 0
-    assert not raw[3] & 0x08  # FNAME flag unset: no file name in the header
-    with tarfile.open(r.tarball) as tar:
+    assert r.tarball.name == "rel.tar" and raw[:5] == b"rel/\0"  # uncompressed: the first header is the directory
+    assert len(raw) % 10240 == 0 and raw[-1024:] == bytes(1024)  # end-of-archive blocks, whole tar records
+    with tarfile.open(r.tarball, "r:") as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
     assert names[:2] == ["rel", f"rel/{RELEASE_JSON}"]
@@ -85,11 +85,43 @@ def test_symlink_in_component_is_refused(tmp_path):
         pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
 
 
-def test_release_gzip_stream_is_plain_gzip(tmp_path):
+def test_gnu_tar_lists_and_unpacks_the_release_byte_for_byte(tmp_path):
     comps = fabricate_build(tmp_path / "out")
     r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
-    with gzip.open(r.tarball) as g:
-        assert g.read(3) == b"rel"  # first tar header name
+    (tmp_path / "x").mkdir()
+    subprocess.run(["tar", "-xf", str(r.tarball), "-C", str(tmp_path / "x")], check=True)
+    for arc, src in comps.items():
+        for f in src.rglob("*"):
+            if f.is_file():
+                assert (tmp_path / "x" / "rel" / arc / f.relative_to(src)).read_bytes() == f.read_bytes()
+    assert json.loads((tmp_path / "x" / "rel" / RELEASE_JSON).read_text())["name"] == "rel"
+
+
+def test_large_files_cross_copy_chunks_and_hash_as_packed(tmp_path, monkeypatch):
+    """Files of several copy chunks (and not a multiple of one) keep their bytes, and the sidecar hashes the file."""
+    monkeypatch.setattr("pipeline.release.COPY_CHUNK", 4096)
+    comps = fabricate_build(tmp_path / "out")
+    ckpt = next(src for arc, src in comps.items() if arc.endswith("/checkpoint"))
+    (ckpt / "rank1.safetensors").write_bytes(os.urandom(3 * 4096 + 100))
+    r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
+    assert hashlib.sha256(r.tarball.read_bytes()).hexdigest() == r.sha256
+    with tarfile.open(r.tarball) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("rank1.safetensors"))
+        assert tar.extractfile(member).read() == (ckpt / "rank1.safetensors").read_bytes()
+
+
+def test_a_file_that_changes_after_it_was_recorded_is_refused_while_packed(tmp_path):
+    """Same size, other bytes: the recorded sha256 is used for release.json and checked as the file is copied."""
+    comps = fabricate_build(tmp_path / "out")
+    recorded = {arc: ("calibrate", {rel: FileRecord(**rec) for rel, rec in read_manifest(src)["files"].items()})
+                for arc, src in comps.items()}
+    ckpt = next(src for arc, src in comps.items() if arc.endswith("/checkpoint"))
+    (ckpt / "rank0.safetensors").write_bytes(os.urandom(2048))  # the size the manifest records
+    with pytest.raises(IntegrityError) as err:
+        pack_release(name="bad", components=comps, metadata={}, output_dir=tmp_path / "r", recorded=recorded)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and "rank0.safetensors: sha256" in msg and "changed while it was packed" in msg
+    assert "re-run `invoke build --force calibrate`" in msg and not (tmp_path / "r").exists()  # nothing, no dir
 
 
 def test_release_output_is_any_directory_the_user_names(tmp_path, monkeypatch):
@@ -114,10 +146,10 @@ def test_release_output_refuses_symlink_tricks_and_non_directories(tmp_path, mon
     comps = fabricate_build(tmp_path / "b")
     out = tmp_path / "dest"
     out.mkdir()
-    (out / "rel.tar.gz").symlink_to(tmp_path / "victim.tar.gz")  # the tarball name itself redirected
+    (out / "rel.tar").symlink_to(tmp_path / "victim.tar")  # the tarball name itself redirected
     with pytest.raises(ReleaseError, match="is not a regular file"):
         pack_release(name="rel", components=comps, metadata={}, output_dir=out)
-    assert not (tmp_path / "victim.tar.gz").exists()
+    assert not (tmp_path / "victim.tar").exists()
 
 
 def test_packed_files_must_match_their_stage_manifests(tmp_path):
@@ -132,7 +164,7 @@ def test_packed_files_must_match_their_stage_manifests(tmp_path):
         pack_release(name="bad", components=comps, metadata={}, output_dir=tmp_path / "r", recorded=recorded)
     msg = str(err.value)
     assert err.value.exit_code == 3 and "rank0.safetensors: sha256" in msg and "extra.bin: not in the manifest" in msg
-    assert "re-run `invoke build --force calibrate`" in msg and not (tmp_path / "r" / "bad.tar.gz").exists()
+    assert "re-run `invoke build --force calibrate`" in msg and not (tmp_path / "r" / "bad.tar").exists()
 
 
 def test_empty_release_is_refused(tmp_path):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
+import subprocess
 import tarfile
 
 import pytest
 
 from pipeline.artifacts import file_table, write_manifest
-from pipeline.errors import VerifyError
+from pipeline.errors import CorruptArtifactError, PipelineError, VerifyError
 from pipeline.release import pack_release
 from pipeline.release_verify import HashMismatchError, HostInfo, HostMismatchError, verify
 from tests.support.release_fixtures import fabricate_build
@@ -92,9 +95,32 @@ def test_partly_known_host_checks_what_it_has_and_notes_the_rest(fabricated_rele
 
 
 def test_sha256_sidecar_mismatch_is_reported(fabricated_release):
-    fabricated_release.sha256_file.write_text("0" * 64 + "  rel.tar.gz\n")
-    with pytest.raises(HashMismatchError, match="rel.tar.gz: sha256"):
+    fabricated_release.sha256_file.write_text("0" * 64 + "  rel.tar\n")
+    with pytest.raises(HashMismatchError, match="rel.tar: sha256 .* != rel.tar.sha256 000000000000"):
         verify(fabricated_release.tarball, host=MATCHING_HOST)
+
+
+def test_pinned_sha256_is_checked_in_the_same_pass(fabricated_release):
+    assert verify(fabricated_release.tarball, host=MATCHING_HOST, sha256=fabricated_release.sha256).ok
+    with pytest.raises(HashMismatchError, match="rel.tar: sha256 .* != --sha256 ababababab"):
+        verify(fabricated_release.tarball, host=MATCHING_HOST, sha256="ab" * 32)
+    with pytest.raises(VerifyError, match="--sha256 'ABC': give the 64 lowercase hex digits") as err:
+        verify(fabricated_release.tarball, host=MATCHING_HOST, sha256="ABC")
+    assert err.value.exit_code == 2
+
+
+def test_gzip_release_of_an_earlier_version_still_verifies(fabricated_release, tmp_path):
+    old = tmp_path / "rel.tar.gz"
+    old.write_bytes(gzip.compress(fabricated_release.tarball.read_bytes(), mtime=0))
+    assert verify(old, host=MATCHING_HOST).ok
+    with tarfile.open(fabricated_release.tarball) as tar:
+        offset = next(m.offset_data for m in tar.getmembers() if m.name.endswith("rank0.engine"))
+    _flip_byte(fabricated_release.tarball, offset + 10)  # inside a member: that member's hash, and the tarball's
+    with pytest.raises(HashMismatchError) as err:
+        verify(fabricated_release.tarball, host=MATCHING_HOST)
+    problems = err.value.report.mismatches
+    assert len(problems) == 2 and problems[0].startswith("rel.tar: sha256")
+    assert problems[1].startswith("engines/") and "rank0.engine: sha256" in problems[1]
 
 
 @pytest.mark.parametrize("relative", [True, False])
@@ -160,3 +186,75 @@ def test_pytorch_release_checks_the_trtllm_version_but_not_the_sm(pytorch_releas
                                                  "host has 1.3.0") as exc:
         verify(pytorch_release.tarball, host=HostInfo(tensorrt_llm="1.3.0", tensorrt=None, sm=90))
     assert exc.value.exit_code == 4
+
+
+# --- crafted members: refused before their bytes are read (issue 22) ----------------------------------------------
+def _member(name: str, data: bytes = b"", **fields) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info.tobuf(tarfile.PAX_FORMAT) + data + bytes(-len(data) % 512)
+
+
+def _crafted(path, member: bytes, files: dict[str, int]) -> str:
+    """An uncompressed tarball: release.json (recording `files`: name -> size) first, then `member`."""
+    doc = json.dumps({"format": 1, "name": "r", "files": {n: {"sha256": "0" * 64, "size": size}
+                                                         for n, size in files.items()}}).encode()
+    path.write_bytes(_member("r/release.json", doc, mode=0o644) + member + bytes(1024))
+    return str(path)
+
+
+BAD_MEMBERS = {
+    "setuid": (_member("r/bin/tool", b"#!/bin/sh\n", mode=0o4755), "setuid/setgid mode 4755"),
+    "setgid": (_member("r/bin/tool", b"#!/bin/sh\n", mode=0o2755), "setuid/setgid mode 2755"),
+    "world-writable": (_member("r/bin/tool", b"#!/bin/sh\n", mode=0o666), "world-writable mode 666"),
+    "world-writable dir": (_member("r/bin", type=tarfile.DIRTYPE, mode=0o777), "bin: world-writable mode 777"),
+    "symlink": (_member("r/bin/tool", type=tarfile.SYMTYPE, linkname="/etc/passwd", mode=0o644), "bin/tool: a link"),
+    "hard link": (_member("r/bin/tool", type=tarfile.LNKTYPE, linkname="r/release.json", mode=0o644), "a link"),
+    "char device": (_member("r/bin/tool", type=tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o644),
+                    "bin/tool: a device or special file"),
+    "fifo": (_member("r/bin/tool", type=tarfile.FIFOTYPE, mode=0o644), "a device or special file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MEMBERS))
+def test_special_or_privileged_members_are_refused(tmp_path, case):
+    member, needle = BAD_MEMBERS[case]
+    tarball = _crafted(tmp_path / "r.tar", member, {"bin/tool": 10})
+    with pytest.raises(HashMismatchError) as err:
+        verify(tarball, check_host=False)
+    assert err.value.exit_code == 3 and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_10_gib_member_in_a_4_kb_tarball_is_refused_before_it_is_read(tmp_path):
+    tarball = _crafted(tmp_path / "r.tar", _declared("r/big.bin", 10 << 30), {"big.bin": 4})
+    assert (tmp_path / "r.tar").stat().st_size < 4096
+    with pytest.raises(CorruptArtifactError, match=r"members declare more bytes than release.json records "
+                                                   r"\(big.bin declares 10737418240\)") as err:
+        verify(tarball, check_host=False)
+    assert err.value.exit_code == 3
+
+
+def _declared(name: str, size: int) -> bytes:
+    """A member header declaring `size` bytes, none of which follow."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info.tobuf(tarfile.PAX_FORMAT)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar writes the sparse member")
+def test_a_gnu_sparse_10_gib_member_is_refused_at_once(tmp_path):
+    src = tmp_path / "r"
+    src.mkdir()
+    doc = {"format": 1, "name": "r", "files": {"big.bin": {"sha256": "0" * 64, "size": 4}}}
+    (src / "release.json").write_text(json.dumps(doc))
+    with open(src / "big.bin", "wb") as f:
+        f.truncate(10 << 30)  # a hole: no disk space
+    tarball = tmp_path / "r.tar"
+    subprocess.run(["tar", "-c", "-S", "-b", "1", "-f", str(tarball), "-C", str(tmp_path), "r/release.json",
+                    "r/big.bin"], check=True)
+    assert tarball.stat().st_size < 4096
+    with pytest.raises(PipelineError) as err:
+        verify(tarball, check_host=False)
+    assert err.value.exit_code == 3 and "big.bin" in str(err.value)

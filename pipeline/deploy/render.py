@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from .. import __version__
 from ..artifacts import output_root
 from ..errors import DeployError, SpecError, io_error
+from ..layout import release_file
 from ..placement import Placement
 from ..spec import BuildSpec, resolve_spec
 from . import k8s, names, slurm
@@ -153,7 +154,8 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
     """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
     gpus = max((c.parallelism.world_size for c in cells if c.target == "trtllm"), default=0)
     server, pipe = _images(o, TRTLLM_VERSION)
-    scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells])}
+    scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
+                                                        [release_file(c, __version__) for c in cells])}
     if o.platform == "k8s":
         objects = k8s.matrix_job(_k8s_options(o, None, server, pipe), len(cells), gpus, scripts)
         validate_objects(objects)

@@ -46,27 +46,49 @@ class Runtime:
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
 
 FETCH_VERIFY = """#!/bin/sh
-# Runs on every node before the server: fetch the release, check its sha256, verify it on this node
-# (hashes, and the engine's TensorRT-LLM/GPU, or a pytorch release's TensorRT-LLM, against this host: exit 4 on a
-# mismatch), unpack, install the repo.
+# Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
+# the tarball in one read (its sha256 against the pinned one, every member's type, mode, size and sha256, and the
+# engine's TensorRT-LLM/GPU, or a pytorch release's TensorRT-LLM, against this host: exit 4 on a mismatch), unpack,
+# install the repo. The tarball is verified rather than the unpacked tree: tar then only ever unpacks a checked
+# archive, and a 68 GB release is read twice (verify, tar) instead of three times (sha256sum, tar, verify).
 set -eu
 work="${WORK:-/work}"
 pipeline="${PIPELINE:-invoke -r /opt/trtllm-pipeline}"
+name="${RELEASE_FILE%.tar.gz}"
+name="${name%.tar}"
 mkdir -p "$work/download" "$work/release"
 if [ -n "${RELEASE_URL:-}" ]; then
   tarball="$work/download/$RELEASE_FILE"
-  python3 -c 'import shutil, sys, urllib.request
-with urllib.request.urlopen(sys.argv[1]) as r, open(sys.argv[2], "wb") as f:
-    shutil.copyfileobj(r, f)' "$RELEASE_URL" "$tarball"
+  attempt=1
+  until [ -f "$tarball" ] || curl --fail --location --silent --show-error --retry 5 --retry-delay 10 \\
+      --retry-connrefused --continue-at - --output "$tarball.part" "$RELEASE_URL"; do
+    if [ "$attempt" -ge "${FETCH_ATTEMPTS:-5}" ]; then
+      echo "error: could not download $RELEASE_URL ($attempt attempts); check the URL and the network" >&2
+      exit 5
+    fi
+    attempt=$((attempt + 1))
+    sleep "${FETCH_RETRY_DELAY:-10}"
+  done
+  [ -f "$tarball" ] || mv "$tarball.part" "$tarball"
 else
   tarball="${RELEASE_DIR:-/releases}/$RELEASE_FILE"
 fi
-if [ -n "${RELEASE_SHA256:-}" ]; then
-  echo "$RELEASE_SHA256  $tarball" | sha256sum -c -
+rc=0
+$pipeline verify "$tarball" ${RELEASE_SHA256:+--sha256 "$RELEASE_SHA256"} || rc=$?
+if [ "$rc" -ne 0 ]; then
+  if [ -n "${RELEASE_URL:-}" ] && [ "$rc" -eq 3 ]; then rm -f "$tarball"; fi  # corrupt: fetched again next time
+  exit "$rc"
 fi
-$pipeline verify "$tarball"
-tar -xzf "$tarball" -C "$work/release"
-repo=$(find "$work/release" -mindepth 3 -maxdepth 3 -type d -path '*/triton_repo/*' | head -n 1)
+rm -rf "$work/release/.tmp-$name" "$work/release/$name"
+mkdir "$work/release/.tmp-$name"
+tar -xf "$tarball" --no-same-owner -C "$work/release/.tmp-$name"
+if [ ! -d "$work/release/.tmp-$name/$name" ]; then
+  echo "error: $RELEASE_FILE does not hold $name/; give the tarball invoke release wrote, under its own name" >&2
+  exit 2
+fi
+mv "$work/release/.tmp-$name/$name" "$work/release/$name"
+rmdir "$work/release/.tmp-$name"
+repo=$(find "$work/release/$name/triton_repo" -mindepth 1 -maxdepth 1 -type d | head -n 1)
 if [ -z "$repo" ]; then
   echo "error: no triton_repo/ in $RELEASE_FILE" >&2
   exit 2

@@ -180,9 +180,11 @@ def matrix_script(o: SlurmOptions, cells: int, gpus: int, output: str) -> str:
     return "\n".join([*head, "", *body]) + "\n"
 
 
-def build_cell_script(cells: list[list[str]]) -> str:
-    """/bin/sh: build and release cell $JOB_COMPLETION_INDEX (Kubernetes) or $SLURM_ARRAY_TASK_ID (Slurm)."""
-    cases = "\n".join(f"  {i}) set -- {' '.join(shlex.quote(a) for a in args)} ;;" for i, args in enumerate(cells))
+def build_cell_script(cells: list[list[str]], release_files: list[str]) -> str:
+    """/bin/sh: build and release cell $JOB_COMPLETION_INDEX (Kubernetes) or $SLURM_ARRAY_TASK_ID (Slurm); cell i's
+    release is `release_files[i]` (the name `invoke release` gives its spec), checked once written."""
+    cases = "\n".join(f"  {i}) set -- {' '.join(shlex.quote(a) for a in args)}; release={shlex.quote(name)} ;;"
+                      for i, (args, name) in enumerate(zip(cells, release_files, strict=True)))
     return f"""#!/bin/sh
 # One build-matrix cell: build it, then release it into $OUTPUT/releases (deterministic tarball + .sha256).
 set -eu
@@ -196,4 +198,8 @@ export PIPELINE_ROOT="$OUTPUT/cells/$index"
 mkdir -p "$PIPELINE_ROOT" "$OUTPUT/releases"
 $pipeline build "$@"
 $pipeline release "$@" --output "$OUTPUT/releases"
+if [ ! -f "$OUTPUT/releases/$release" ]; then
+  echo "error: matrix cell $index did not write $OUTPUT/releases/$release; use the same pipeline version to render and build" >&2
+  exit 2
+fi
 """

@@ -1,18 +1,22 @@
 """What a deployment serves: a release (its `release.json`: spec, toolchain, file name, sha256) or a spec alone.
 
 Only `release.json` is read (size-capped); the files themselves are verified on the serving nodes by `invoke verify`,
-where the engine/toolchain mismatch refusal belongs.
+where the engine/toolchain mismatch refusal belongs. The file the nodes fetch is named as `invoke release` names it
+(`pipeline.layout.release_file`); a name read back from a release is checked to be one safe file name first.
 """
 
 from __future__ import annotations
 
 import json
 import tarfile
+import zlib
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from .. import __version__
 from ..errors import DeployError
+from ..layout import LEGACY_SUFFIX, RELEASE_SUFFIX, release_file, release_name_ok
 from ..release import RELEASE_JSON
 from ..release_verify import MAX_METADATA_BYTES
 from ..spec import BuildSpec
@@ -33,7 +37,7 @@ class DeploySource(BaseModel):
 
 def _tar_release_json(path: Path) -> bytes:
     try:
-        with tarfile.open(path, "r:gz") as tar:
+        with tarfile.open(path, "r:*") as tar:
             for member in tar:
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == RELEASE_JSON and member.isfile():
@@ -41,8 +45,9 @@ def _tar_release_json(path: Path) -> bytes:
                         raise DeployError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
                                           f"{MAX_METADATA_BYTES >> 20} MiB limit; not a release of this pipeline")
                     return tar.extractfile(member).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DeployError(f"--release {path}: not a readable .tar.gz ({exc}); give a release made by `invoke release`")
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        raise DeployError(f"--release {path}: not a readable release tarball; give a release made by "
+                          "`invoke release`") from None
     raise DeployError(f"--release {path}: no <name>/{RELEASE_JSON} inside; give a release made by `invoke release`")
 
 
@@ -88,12 +93,16 @@ def from_release(path: str | Path) -> DeploySource:
     serving = doc.get("serving") or {}  # a runtime-pytorch release has no engine: the TensorRT-LLM it is written for
     version = (engine.get("tensorrt_llm") if isinstance(engine, dict) else None) or (
         serving.get("tensorrt_llm") if isinstance(serving, dict) else None)
-    return DeploySource(spec=spec, release_file=f"{doc['name']}.tar.gz", sha256=digest,
+    name = doc["name"]
+    if not release_name_ok(name):
+        raise DeployError(f"--release {path}: {RELEASE_JSON} names the release {name[:80]!r}, not a safe file name "
+                          "(letters, digits and . _ -, at most 128, no '/' or '..'); re-create it with `invoke release`")
+    suffix = LEGACY_SUFFIX if path.name.endswith(LEGACY_SUFFIX) else RELEASE_SUFFIX
+    return DeploySource(spec=spec, release_file=name + suffix, sha256=digest,
                         trtllm_version=str(version or TRTLLM_VERSION), origin="release")
 
 
-def from_spec(spec: BuildSpec, release_file: str | None = None) -> DeploySource:
-    """A spec whose release will be at `release_file` (default `<model>-<precision>-tp<T>-pp<P>.tar.gz`)."""
-    p = spec.parallelism
-    name = release_file or f"{spec.model.name}-{spec.quantization.precision}-tp{p.tp}-pp{p.pp}.tar.gz"
-    return DeploySource(spec=spec, release_file=name, trtllm_version=TRTLLM_VERSION, origin="spec")
+def from_spec(spec: BuildSpec, version: str = __version__) -> DeploySource:
+    """A spec whose release (`invoke release` of the same spec, at `version`) the nodes fetch."""
+    return DeploySource(spec=spec, release_file=release_file(spec, version), trtllm_version=TRTLLM_VERSION,
+                        origin="spec")

@@ -138,7 +138,7 @@ def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     rel.mkdir()
     (rel / "release.json").write_text(json.dumps(doc))
     summary = deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "d"))
-    assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar.gz")
+    assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar")
     assert summary["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     doc["toolchain"]["engine"]["tensorrt_llm"] = "0.9.0"
     (rel / "release.json").write_text(json.dumps(doc))
@@ -175,7 +175,7 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
     assert env["RELEASE_SHA256"] == digest and env["RELEASE_FILE"] == f"{name}.tar.gz"
     assert env["RELEASE_DIR"] == "/releases"
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
-    with pytest.raises(DeployError, match="not a readable .tar.gz"):
+    with pytest.raises(DeployError, match="not a readable release tarball"):
         deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
                        output=str(tmp_path / "e"))
 

@@ -187,7 +187,7 @@ def test_release_to_rank_program_on_a_node(pipeline_env, tmp_path):
     for cmd in (["build", *args], ["release", *args, "--output", str(releases)]):
         res = subprocess.run([*invoke, *cmd], env=env, capture_output=True, text=True, timeout=1800)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    tarball = next(releases.glob("*.tar.gz"))
+    tarball = next(releases.glob("*.tar"))
     deploy = tmp_path / "deploy"
     summary = deploy_command(None, platform="slurm", release=str(tarball), release_volume=str(releases),
                              no_container=True, output=str(deploy))

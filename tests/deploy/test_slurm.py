@@ -67,7 +67,7 @@ def test_job_array_builds_the_tiny_matrix_like_a_direct_build(slurm, pipeline_en
 
 def _fetch_verify_installs_a_release(releases: Path, work: Path, env: dict) -> None:
     """The nodes' init step, run for real on one array-built release: sha256, verify, unpack, install-repo."""
-    tarball = sorted(releases.glob("*.tar.gz"))[0]
+    tarball = sorted(releases.glob("*.tar"))[0]
     digest = (releases / f"{tarball.name}.sha256").read_text().split()[0]
     script = work.parent / "fetch-verify.sh"
     script.write_text(FETCH_VERIFY)
@@ -85,9 +85,9 @@ def _releases(directory: Path) -> dict[str, dict]:
     """name -> what must match: every stage key and the sha256 of every released file except the manifests (they
     also record timings, mtimes and the command line of their run)."""
     out = {}
-    for tarball in directory.glob("*.tar.gz"):
+    for tarball in directory.glob("*.tar"):
         with tarfile.open(tarball) as tar:
-            doc = json.load(tar.extractfile(f"{tarball.name.removesuffix('.tar.gz')}/release.json"))
+            doc = json.load(tar.extractfile(f"{tarball.name.removesuffix('.tar')}/release.json"))
         files = {k: v["sha256"] for k, v in doc["files"].items() if not k.endswith("manifest.json")}
         assert any(k.endswith(".safetensors") for k in files)
         out[tarball.name] = {"stage_keys": doc["stage_keys"], "files": files}
