@@ -355,6 +355,22 @@ def _echo_repo(root: Path) -> Path:
     return root
 
 
+def _start_serve(repo: Path, tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`invoke serve --repo REPO ARGS` in its own session (stderr to tmp_path/serve.err)."""
+    return subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=(tmp_path / "serve.err").open("w"), text=True,
+                            start_new_session=True)
+
+
+def _bound(serve: subprocess.Popen, tmp_path: Path) -> dict[str, str]:
+    """endpoint -> address from serve's "(bound)" lines, once it says it serves."""
+    try:
+        lines = _read_until(serve, "(Ctrl-C to stop)", 240)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; stderr: {(tmp_path / 'serve.err').read_text()[-2000:]}") from None
+    return {ln.split()[0]: ln.split()[1] for ln in lines if ln.endswith("(bound)")}
+
+
 def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> list[str]:
     import queue
     import threading
@@ -385,17 +401,11 @@ def test_kill_9_of_invoke_serve_leaves_nothing(tmp_path):
                "DB_PASSWORD": "pw", "GITHUB_TOKEN": "gh"}
     env = {**os.environ, **secrets, "PIPELINE_CACHE": str(tmp_path / "cache")}
     ports = [f"--{what}-port={port}" for what, port in zip(("http", "grpc", "metrics"), free_ports(3))]
-    serve = subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), *ports], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=(tmp_path / "serve.err").open("w"), text=True,
-                             start_new_session=True)
+    serve = _start_serve(repo, tmp_path, env, *ports)
     server = None
     try:
-        try:
-            lines = _read_until(serve, "(Ctrl-C to stop)", 240)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; stderr: {(tmp_path / 'serve.err').read_text()[-2000:]}") from None
-        bound = {ln.split()[0]: ln.split()[1] for ln in lines if ln.endswith("(bound)")}
-        assert set(bound) == {"http", "grpc", "metrics"}, lines
+        bound = _bound(serve, tmp_path)
+        assert set(bound) == {"http", "grpc", "metrics"}, bound
         server = next(p for p in process_tree(serve.pid)
                       if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver")
         listening = {f"{h}:{p}" for h, p in listening_addresses(server)}
@@ -428,16 +438,10 @@ def test_invoke_serve_host_0000_binds_every_interface(tmp_path):
     repo = _echo_repo(tmp_path / "repo")
     env = {**os.environ, "PIPELINE_CACHE": str(tmp_path / "cache")}
     http, grpc, metrics = free_ports(3, "0.0.0.0")
-    serve = subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--repo", str(repo), "--host", "0.0.0.0",
-                              "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=(tmp_path / "serve.err").open("w"),
-                             text=True, start_new_session=True)
+    serve = _start_serve(repo, tmp_path, env, "--host", "0.0.0.0", "--http-port", str(http), "--grpc-port", str(grpc),
+                         "--metrics-port", str(metrics))
     try:
-        try:
-            lines = _read_until(serve, "(Ctrl-C to stop)", 240)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; stderr: {(tmp_path / 'serve.err').read_text()[-2000:]}") from None
-        bound = {ln.split()[0]: ln.split()[1] for ln in lines if ln.endswith("(bound)")}
+        bound = _bound(serve, tmp_path)
         # gRPC binds 0.0.0.0 as a dual-stack IPv6 socket ([::]: every IPv4 and IPv6 address)
         assert bound["http"] == f"0.0.0.0:{http}" and bound["metrics"] == f"0.0.0.0:{metrics}"
         assert bound["grpc"] in (f"0.0.0.0:{grpc}", f"[::]:{grpc}")

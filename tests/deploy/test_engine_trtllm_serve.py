@@ -21,21 +21,10 @@ from pipeline.errors import DeployError, SpecError
 from pipeline.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from pipeline.placement import place
 from pipeline.spec import resolve_spec
+from tests.support.rank_stub import run_rank
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _run_rank(script: str, tmp_path: Path) -> list[str]:
-    bin_dir, record = tmp_path / "bin", tmp_path / "argv.txt"
-    bin_dir.mkdir(exist_ok=True)
-    for exe in (LLMAPI_LAUNCH, "trtllm-serve"):
-        (bin_dir / exe).write_text('#!/bin/sh\nprintf "%s\\n" "$(basename "$0")" "$@" > "$ARGV_OUT"\n')
-        (bin_dir / exe).chmod(0o755)
-    (tmp_path / "rank.sh").write_text(script)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "WORK": str(tmp_path / "node work"), "ARGV_OUT": str(record)}
-    subprocess.run(["/bin/sh", str(tmp_path / "rank.sh")], env=env, check=True, timeout=30)
-    return record.read_text().splitlines()
 
 
 def _plan(spec, tmp_path, name):
@@ -62,7 +51,7 @@ def test_k8s_engine_under_trtllm_serve_is_one_process_probed_on_health(tmp_path)
     validate_objects(objects)
     plan = _plan(spec, tmp_path, "llama-70b-fp8")
     assert not plan.multi_node and plan.backend == "tensorrt"
-    assert _run_rank(scripts["rank.sh"], tmp_path) == plan.argv
+    assert run_rank(scripts["rank.sh"], tmp_path) == plan.argv
 
 
 def test_default_serve_mode_of_an_engine_stays_tritonserver(tmp_path):
@@ -79,7 +68,7 @@ def test_slurm_engine_ranks_run_the_launcher(tmp_path):
     assert (summary["nodes"], summary["world_size"]) == (2, 16)
     script = (out / "serve.sbatch").read_text()
     assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8" in script
-    argv = _run_rank((out / "rank.sh").read_text(), tmp_path)
+    argv = run_rank((out / "rank.sh").read_text(), tmp_path)
     serve = _plan(spec, tmp_path, "llama-70b-fp8").argv
     assert argv[0] == LLMAPI_LAUNCH and argv[1:] == serve[serve.index("trtllm-serve"):]
 
@@ -163,7 +152,7 @@ def test_the_rendered_node_step_then_the_rank_program(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PIPELINE_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     subprocess.run(["/bin/sh", "-c", f'set -eu\nrepo="$1"\nwork="$2"\n{setup}', "sh", str(repo), str(work)],
                    env=env, check=True, timeout=120)
-    argv = _run_rank(rt.rank_script, tmp_path)
+    argv = run_rank(rt.rank_script, tmp_path)
     assert Path(argv[1]).resolve() == eng.resolve()
     assert Path(argv[argv.index("--tokenizer") + 1]).resolve() == tok.resolve()
     assert Path(argv[argv.index("--extra_llm_api_options") + 1]).is_file()

@@ -22,6 +22,7 @@ from pipeline.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from pipeline.spec import resolve_spec
 from pipeline.triton import llmapi_yaml
 from pipeline.triton.llmapi_package import model_yaml
+from tests.support.rank_stub import run_rank
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[2]
@@ -33,19 +34,6 @@ def _k8s(tmp_path, precision, **kw):
     summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
-
-
-def _run_rank(script: str, tmp_path: Path) -> list[str]:
-    """Run a rank program with stand-ins that record their name and argv; the recorded argv."""
-    bin_dir, record = tmp_path / "bin", tmp_path / "argv.txt"
-    bin_dir.mkdir(exist_ok=True)
-    for exe in (LLMAPI_LAUNCH, "trtllm-serve"):
-        (bin_dir / exe).write_text('#!/bin/sh\nprintf "%s\\n" "$(basename "$0")" "$@" > "$ARGV_OUT"\n')
-        (bin_dir / exe).chmod(0o755)
-    (tmp_path / "rank.sh").write_text(script)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "WORK": str(tmp_path / "node work"), "ARGV_OUT": str(record)}
-    subprocess.run(["/bin/sh", str(tmp_path / "rank.sh")], env=env, check=True, timeout=30)
-    return record.read_text().splitlines()
 
 
 def _plan(spec, tmp_path, name):
@@ -69,7 +57,7 @@ def test_fp8_is_one_trtllm_serve_process_probed_on_health(tmp_path):
     validate_objects(objects)
     spec = resolve_spec(model="llama-405b", precision="fp8", runtime="pytorch", tp=8)
     plan = _plan(spec, tmp_path, "llama-405b-fp8")
-    assert not plan.multi_node and _run_rank(scripts["rank.sh"], tmp_path) == plan.argv
+    assert not plan.multi_node and run_rank(scripts["rank.sh"], tmp_path) == plan.argv
 
 
 def test_bf16_is_a_leader_worker_set_whose_ranks_run_the_serve_plan(tmp_path):
@@ -91,7 +79,7 @@ def test_bf16_is_a_leader_worker_set_whose_ranks_run_the_serve_plan(tmp_path):
     plan = _plan(spec, tmp_path, "llama-405b-bf16")
     # serve_plan: srun ... trtllm-llmapi-launch trtllm-serve ...; every rank runs the part from the launcher on
     assert plan.multi_node and plan.argv[0] == "srun"
-    assert _run_rank(scripts["rank.sh"], tmp_path) == plan.argv[plan.argv.index(LLMAPI_LAUNCH):]
+    assert run_rank(scripts["rank.sh"], tmp_path) == plan.argv[plan.argv.index(LLMAPI_LAUNCH):]
 
 
 @pytest.mark.parametrize("precision,nodes", [("bf16", 2), ("fp8", 1)])
@@ -107,7 +95,7 @@ def test_slurm_sbatch_starts_world_size_ranks_of_the_launcher(tmp_path, precisio
     assert script.rstrip().endswith(f"{out}/rank.sh") and "fetch-verify.sh" in script
     # upstream's Slurm recipe: as many MPI processes as the world size, each under trtllm-llmapi-launch
     rank = (out / "rank.sh").read_text()
-    argv = _run_rank(rank, tmp_path)
+    argv = run_rank(rank, tmp_path)
     multi = resolve_spec(model="llama-405b", precision=precision, runtime="pytorch", tp=8, pp=nodes, nodes=nodes)
     serve = _plan(multi, tmp_path, f"llama-405b-{precision}").argv
     assert argv[0] == LLMAPI_LAUNCH and argv[1:] == serve[serve.index("trtllm-serve"):]
@@ -207,5 +195,5 @@ def test_release_to_rank_program_on_a_node(pipeline_env, tmp_path):
     assert Path(written.speculative_config.speculative_model_dir).is_dir()
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch")
     plan = _plan(spec, tmp_path, "tiny-llama-fp8")
-    argv = _run_rank((deploy / "rank.sh").read_text(), tmp_path)
+    argv = run_rank((deploy / "rank.sh").read_text(), tmp_path)
     assert argv == [LLMAPI_LAUNCH, *plan.argv] and Path(argv[2]) == link
