@@ -64,6 +64,9 @@ EXPOSE 8000 8001 8002
 #   docker run --gpus all -v $PWD/out:/workspace/out -v $PWD/cache:/workspace/cache IMAGE \
 #     invoke build --model llama-70b --precision fp8 --tp 4
 #   ... IMAGE invoke build --model llama-70b --precision fp8 --tp 4 --runtime pytorch     (HF checkpoint, no engines)
+#   ... -p 8000-8002:8000-8002 IMAGE invoke serve --host 0.0.0.0 --model llama-70b --precision fp8 --tp 4
+#     (Triton on 8000/8001/8002, launched as the launch plan says: leader-mode ranks, or one orchestrator process
+#     for draft-target)
 #   ... -p 8000:8000 IMAGE invoke serve --mode trtllm-serve --host 0.0.0.0 --model llama-70b --precision fp8 \
-#     --tp 4 --runtime pytorch                                                            (OpenAI /v1/completions)
+#     --tp 4 [--runtime pytorch]                             (OpenAI /v1/chat/completions, on the engine or checkpoint)
 CMD ["invoke", "--list"]
