@@ -179,6 +179,19 @@ def _remove_extras(root: Path, names: set[str]) -> None:
 # Generated models
 
 
+def source_id(manifest: dict[str, Any] | None) -> str | None:
+    """The id that names a model source in calibration keys, from its directory's manifest: the Hub commit of a
+    download, or for a generated model its generation key cut to a commit's length. None without a manifest.
+
+    The only place the id is derived: `download_model` records it and `calibrate` reads it back from a directory.
+    """
+    if not manifest:
+        return None
+    if manifest.get("sha"):
+        return str(manifest["sha"])
+    return str(manifest["key"])[:40] if manifest.get("key") else None
+
+
 def _generated_hint(entry: ModelEntry) -> str:
     return (f"`invoke download --model {entry.name} --verify` or `invoke build --force download` regenerates it")
 
@@ -202,7 +215,7 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
         gen = GeneratedManifest.read(path)
     check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
                        where=f"{entry.repo_id} (generated)", model=entry.name)
-    sha = gen.key[:40]
+    sha = source_id(gen.model_dump())
     manifest = DownloadManifest(
         key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
         model=entry.name,

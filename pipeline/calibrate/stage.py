@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from ..artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from ..checkpoint import load_checkpoint_as_hf
-from ..download import download_model
+from ..download import download_model, source_id
 from ..errors import CalibrationError
 from ..hf_checkpoint import load_hf_checkpoint
 from ..layout import runtime_checkpoint_dir
@@ -123,11 +123,7 @@ def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[P
     src = Path(source_dir)
     if not (src / "config.json").is_file():
         raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")
-    m = read_manifest(src)
-    if m and (m.get("sha") or m.get("key")):
-        return src, str(m.get("sha") or m.get("key"))
-    files = file_table(src)
-    return src, stage_key(files)
+    return src, source_id(read_manifest(src)) or stage_key(file_table(src))
 
 
 def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:

@@ -267,7 +267,8 @@ def test_role_draft_without_draft_model():
 
 @pytest.mark.slow
 def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
-    """The task wiring end to end: download_model provides the source; the second run only reads manifests."""
+    """The task wiring end to end: download_model provides the source; the second run only reads manifests; `package`
+    then finds the same checkpoint without calibrating again (one source id for a generated model)."""
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -297,3 +298,11 @@ def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
     assert read_manifest(ckpt)["model"]["sha"] == download_model(get_model("tiny-llama")).manifest.sha
     second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert second.returncode == 0 and second.stdout.startswith(f"ok: target cached: {ckpt} ")
+    # `package` (no build) finds that checkpoint: the source id of a generated model is the one calibrate used.
+    stamp = (ckpt / "manifest.json").stat().st_mtime_ns
+    pkg = subprocess.run([*args[:3], "package", *args[4:], "--target", "reference"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=env, check=False)
+    assert pkg.returncode == 0, pkg.stderr[-2000:]
+    assert pkg.stdout.startswith("ok: ") and " written: " in pkg.stdout
+    assert (ckpt / "manifest.json").stat().st_mtime_ns == stamp  # calibration did not run again
+    assert sorted((pipeline_env / "out" / "engines").glob("*/checkpoint")) == [ckpt]
