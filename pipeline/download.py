@@ -29,7 +29,7 @@ from . import tinymodel
 from .artifacts import MANIFEST, cache_dir, output_root, safe_join, sha256_file, stage_key, stage_lock
 from .errors import DownloadError, IntegrityError
 from .manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
-from .registry import Architecture, ModelEntry
+from .registry import Architecture, ModelEntry, check_repo_id
 
 # Files a later stage uses (top level of the repo only).
 ALLOW_PATTERNS = (
@@ -234,13 +234,11 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
 # Hub downloads
 
 
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
-
-
 def _repo_dir(repo_id: str) -> Path:
-    if not _REPO_ID_RE.match(repo_id) or ".." in repo_id:
-        raise DownloadError(f"repo_id {repo_id!r} is not a Hub repo id ('org/name'); fix the registry entry (your "
-                            "own via --models-file)")
+    try:
+        check_repo_id(repo_id)
+    except ValueError as exc:
+        raise DownloadError(f"repo_id: {exc}; fix the registry entry (your own via --models-file)") from None
     return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
 
 
