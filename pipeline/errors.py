@@ -130,6 +130,18 @@ class RequestsFailed(RunError, BenchError):
     """The benchmark ran but some requests failed (the report is still printed)."""
 
 
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The `OSError` behind `exc`: itself, or the one a native library (safetensors, tokenizers) reports only as text
+    ("... (os error 27)"); None when `exc` is not an I/O failure."""
+    import os
+    import re
+
+    if isinstance(exc, OSError):
+        return exc
+    m = re.search(r"\(os error (\d+)\)", str(exc))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1)))) if m else None
+
+
 def io_error(exc: OSError, doing: str) -> RunError:
     """A `RunError` line for an `OSError` raised while `doing` something (disk full, file too large, permission)."""
     import errno

@@ -30,6 +30,7 @@ from ..hf_checkpoint import load_hf_checkpoint
 from ..layout import runtime_checkpoint_dir
 from ..manifests import CheckpointManifest, StageResult
 from ..registry import ModelEntry
+from ..safetensors_file import check_safetensors_dir
 from ..spec import BuildSpec
 from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
@@ -193,7 +194,9 @@ def run_calibrate(
     texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
     src, source_sha = _resolve_source(plan.entry, source_dir)
     _check_architecture(src, plan.entry)
-    encode = data.tokenizer_fn(src)
+    fix = f"re-fetch the model (`invoke download --model {plan.entry.name} --verify`)"
+    check_safetensors_dir(src, fix=fix)
+    encode = data.tokenizer_fn(src, fix=fix)
     calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
     factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)

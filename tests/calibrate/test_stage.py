@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -257,6 +258,36 @@ def test_unsupported_architecture(tmp_path, monkeypatch, tiny_models):
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CalibrationError, match="GPT2LMHeadModel.*not supported"):
         run_calibrate(make_spec(precision="fp8"), source_dir=src)
+    assert leftovers(tmp_path / "out") == []
+
+
+def _cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+SOURCE_FAULTS = {
+    "header length 2**40": ("model.safetensors", lambda p: p.write_bytes((2**40).to_bytes(8, "little") + b"{}"),
+                            "header length 1099511627776 bytes"),
+    "weights cut in half": ("model.safetensors", _cut_in_half, "truncated"),
+    "garbage tokenizer.json": ("tokenizer.json", lambda p: p.write_bytes(b"\x00garbage"), "cannot be loaded"),
+}
+
+
+@pytest.mark.parametrize("case", list(SOURCE_FAULTS))
+def test_corrupt_source_is_one_line_exit_3_and_leaves_nothing(tmp_path, tiny_models, case):
+    """A damaged source model fails before any weights are loaded, never with a traceback (issue 22)."""
+    from pipeline.errors import IntegrityError
+
+    name, damage, needle = SOURCE_FAULTS[case]
+    src = tmp_path / "src"
+    shutil.copytree(tiny_models["tiny-llama"], src)
+    damage(src / name)
+    with pytest.raises(IntegrityError) as err:
+        run_in_root(tmp_path / "out", run_calibrate, make_spec(precision="fp8"), source_dir=src)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and needle in msg and str(src / name) in msg and "\n" not in msg
+    assert "invoke download --model tiny-llama --verify" in msg
     assert leftovers(tmp_path / "out") == []
 
 
