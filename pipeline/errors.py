@@ -158,5 +158,6 @@ def io_error(exc: OSError, doing: str) -> RunError:
     where += f" -> {exc.filename2}" if getattr(exc, "filename2", None) else ""
     reason = exc.strerror or type(exc).__name__
     hint = hints.get(exc.errno or 0, "check the path and the disk")
-    return RunError(f"{doing} failed:{where}: {reason}; {hint}, then re-run (nothing half-written is kept)",
+    return RunError(f"{doing} failed{':' if where else ''}{where}: {reason}; {hint}, then re-run (nothing half-written "
+                    "is kept)",
                     path=exc.filename)

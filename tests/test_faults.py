@@ -321,6 +321,21 @@ def test_write_failures_are_one_line_and_leave_nothing_half_written(tree):
     r = invoke("build", *SPEC, "--force", "package", env=tree["env"], preexec_fn=_small_file_limit)
     one_line(r, 5, "File too large")
     assert temporaries(tree["root"]) == []
+    shutil.rmtree(tree["checkpoint"].parent)  # calibrate: ModelOpt's export fails inside safetensors (native code)
+    r = invoke("build", *SPEC, env=tree["env"], preexec_fn=_small_file_limit)
+    one_line(r, 5, "File too large")
+    assert temporaries(tree["root"]) == [] and not tree["checkpoint"].exists()
+
+
+def test_write_failure_during_model_generation_is_one_line_exit_5(tmp_path):
+    """The generated model's weights are written by safetensors (native): its EFBIG is exit 5 like any OSError."""
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
+    code = ("from pipeline.cli import exit_on_error; from pipeline.tinymodel import ensure_tiny_model; "
+            "exit_on_error(ensure_tiny_model)('tiny-llama-draft', steps=0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                       preexec_fn=_small_file_limit)
+    one_line(r, 5, "File too large", "raise the file size limit")
+    assert temporaries(tmp_path / "cache") == [] and not list((tmp_path / "cache" / "generated").glob("tiny-*"))
 
 
 # --- crafted tarballs: one line, exit code, bounded memory ------------------------------------------------------
