@@ -26,7 +26,8 @@ from typing import Any
 from filelock import FileLock
 
 from . import tinymodel
-from .artifacts import MANIFEST, cache_dir, output_root, safe_join, sha256_file, stage_key, stage_lock
+from .artifacts import (MANIFEST, cache_dir, output_root, remove_stale_temps, safe_join, sha256_file, stage_key,
+                        stage_lock)
 from .errors import DownloadError, IntegrityError
 from .manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
 from .registry import Architecture, ModelEntry, check_repo_id
@@ -198,6 +199,7 @@ def _generated_hint(entry: ModelEntry) -> str:
 
 def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> DownloadResult:
     path = tinymodel.model_dir(entry.name)
+    remove_stale_temps(path)  # a killed generation's temporary, even when this run finds the model current
     gen = GeneratedManifest.read(path) if path.is_dir() else None
     current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
     if check_only and not current:

@@ -427,9 +427,12 @@ def test_verify_of_a_real_release_is_complete(tree):
 @pytest.mark.slow
 def test_sigkill_leftovers_never_count_as_outputs(tree):
     """A temporary beside an output (as a killed run leaves it) is neither reused, released nor verified."""
-    stale = tree["checkpoint"].parent / ".tmp-checkpoint-999999999-1"
+    from tests.support.dead_pid import dead_pid
+
+    stale = tree["checkpoint"].parent / f".tmp-checkpoint-{dead_pid()}-1"
     stale.mkdir()
     (stale / "rank0.safetensors").write_bytes(b"half")
     assert build(spec(), progress=None).noop
+    assert not stale.exists()  # the cached re-run removed the dead run's temporary
     r = release(spec(), version="1.0")
     assert r.document["files"] and not any(".tmp-" in rel for rel in r.document["files"])
