@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .artifacts import read_config_json
 from .errors import PipelineError
+from .safetensors_file import load_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -262,13 +263,13 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
     Raises:
         CheckpointError: a rank file is missing, a tensor is missing or shapes are inconsistent.
     """
-    from safetensors.torch import load_file
-
     ckpt_dir = Path(ckpt_dir)
     cfg = read_config(ckpt_dir)
     tp, pp = _check_rank_files(ckpt_dir, cfg)
+    fix = "re-run `invoke build --force calibrate`"
     # rank = pp_rank * tp + tp_rank (TensorRT-LLM Mapping); each pp stage numbers its layers from 0.
-    ranks = [[load_file(str(ckpt_dir / f"rank{p * tp + t}.safetensors")) for t in range(tp)] for p in range(pp)]
+    ranks = [[load_safetensors(ckpt_dir / f"rank{p * tp + t}.safetensors", fix=fix) for t in range(tp)]
+             for p in range(pp)]
     sd: dict[str, torch.Tensor] = {}
     act_q: dict[str, tuple[str | None, torch.Tensor | None, torch.Tensor | None]] = {}
     offset = 0

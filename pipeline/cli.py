@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PipelineError, SpecError, io_error
+from .errors import PipelineError, SpecError, io_error, os_error_in
 from .spec import SECTIONS, resolve_spec
 
 
@@ -108,7 +108,8 @@ def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None
 
 def exit_on_error(fn: Callable) -> Callable:
     """Map `PipelineError` to one line on stderr and its exit code (`pipeline.errors` documents them), and an
-    `OSError` (disk full, file too large, permission) to one line and exit 5; never a traceback for these."""
+    `OSError` (disk full, file too large, permission; also as reported by native libraries such as safetensors) to
+    one line and exit 5; never a traceback for these."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -117,8 +118,10 @@ def exit_on_error(fn: Callable) -> Callable:
         except PipelineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
-        except OSError as exc:
-            err = io_error(exc, f"`invoke {wrapper.__name__.replace('_', '-')}`")
+        except Exception as exc:
+            if (os_exc := os_error_in(exc)) is None:
+                raise  # a bug: keep the traceback
+            err = io_error(os_exc, f"`invoke {wrapper.__name__.replace('_', '-')}`")
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(err.exit_code) from None
 

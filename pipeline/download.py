@@ -26,10 +26,11 @@ from typing import Any
 from filelock import FileLock
 
 from . import tinymodel
-from .artifacts import MANIFEST, cache_dir, output_root, safe_join, sha256_file, stage_key, stage_lock
+from .artifacts import (MANIFEST, cache_dir, output_root, remove_stale_temps, safe_join, sha256_file, stage_key,
+                        stage_lock)
 from .errors import DownloadError, IntegrityError
 from .manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
-from .registry import Architecture, ModelEntry
+from .registry import Architecture, ModelEntry, check_repo_id
 
 # Files a later stage uses (top level of the repo only).
 ALLOW_PATTERNS = (
@@ -179,12 +180,26 @@ def _remove_extras(root: Path, names: set[str]) -> None:
 # Generated models
 
 
+def source_id(manifest: dict[str, Any] | None) -> str | None:
+    """The id that names a model source in calibration keys, from its directory's manifest: the Hub commit of a
+    download, or for a generated model its generation key cut to a commit's length. None without a manifest.
+
+    The only place the id is derived: `download_model` records it and `calibrate` reads it back from a directory.
+    """
+    if not manifest:
+        return None
+    if manifest.get("sha"):
+        return str(manifest["sha"])
+    return str(manifest["key"])[:40] if manifest.get("key") else None
+
+
 def _generated_hint(entry: ModelEntry) -> str:
     return (f"`invoke download --model {entry.name} --verify` or `invoke build --force download` regenerates it")
 
 
 def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> DownloadResult:
     path = tinymodel.model_dir(entry.name)
+    remove_stale_temps(path)  # a killed generation's temporary, even when this run finds the model current
     gen = GeneratedManifest.read(path) if path.is_dir() else None
     current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
     if check_only and not current:
@@ -202,7 +217,7 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
         gen = GeneratedManifest.read(path)
     check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
                        where=f"{entry.repo_id} (generated)", model=entry.name)
-    sha = gen.key[:40]
+    sha = source_id(gen.model_dump())
     manifest = DownloadManifest(
         key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
         model=entry.name,
@@ -221,13 +236,11 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
 # Hub downloads
 
 
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
-
-
 def _repo_dir(repo_id: str) -> Path:
-    if not _REPO_ID_RE.match(repo_id) or ".." in repo_id:
-        raise DownloadError(f"repo_id {repo_id!r} is not a Hub repo id ('org/name'); fix the registry entry (your "
-                            "own via --models-file)")
+    try:
+        check_repo_id(repo_id)
+    except ValueError as exc:
+        raise DownloadError(f"repo_id: {exc}; fix the registry entry (your own via --models-file)") from None
     return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
 
 

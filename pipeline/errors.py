@@ -130,6 +130,18 @@ class RequestsFailed(RunError, BenchError):
     """The benchmark ran but some requests failed (the report is still printed)."""
 
 
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The `OSError` behind `exc`: itself, or the one a native library (safetensors, tokenizers) reports only as text
+    ("... (os error 27)"); None when `exc` is not an I/O failure."""
+    import os
+    import re
+
+    if isinstance(exc, OSError):
+        return exc
+    m = re.search(r"\(os error (\d+)\)", str(exc))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1)))) if m else None
+
+
 def io_error(exc: OSError, doing: str) -> RunError:
     """A `RunError` line for an `OSError` raised while `doing` something (disk full, file too large, permission)."""
     import errno
@@ -146,5 +158,6 @@ def io_error(exc: OSError, doing: str) -> RunError:
     where += f" -> {exc.filename2}" if getattr(exc, "filename2", None) else ""
     reason = exc.strerror or type(exc).__name__
     hint = hints.get(exc.errno or 0, "check the path and the disk")
-    return RunError(f"{doing} failed:{where}: {reason}; {hint}, then re-run (nothing half-written is kept)",
+    return RunError(f"{doing} failed{':' if where else ''}{where}: {reason}; {hint}, then re-run (nothing half-written "
+                    "is kept)",
                     path=exc.filename)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .artifacts import read_config_json
 from .checkpoint import CheckpointError, assemble_llama, dequant_linear
+from .safetensors_file import load_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -73,8 +74,6 @@ def _hf_config(ckpt_dir: Path):
 
 def _tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint (one `model.safetensors` or the shards its index lists)."""
-    from safetensors.torch import load_file
-
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -85,7 +84,7 @@ def _tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{ckpt_dir}: missing {', '.join(missing)}; re-export the checkpoint")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(ckpt_dir / f)))
+        out.update(load_safetensors(ckpt_dir / f, fix="re-run `invoke build --force calibrate`"))
     return out
 
 

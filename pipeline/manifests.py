@@ -15,7 +15,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .artifacts import MANIFEST, check_files, write_manifest
+from .artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from .errors import IntegrityError
 
 MAX_LISTED = 3
@@ -74,11 +74,13 @@ class Manifest(BaseModel):
     @classmethod
     def current(cls, directory: Path, key: str | None, *, verify: bool = False, strict: bool = False):
         """The manifest of `directory` when it is the output for `key` (None: any key) and its files still match
-        it; None when there is none, it is for other inputs, or (unless `strict`) it is unreadable.
+        it; None when there is none, it is for other inputs, or (unless `strict`) it is unreadable. Temporaries a
+        killed run left beside `directory` are removed first, so a cached re-run cleans up too.
 
         Raises:
             IntegrityError: the output for `key` differs from its file table (exit 3, naming `--force STAGE`).
         """
+        remove_stale_temps(directory)  # what a killed run of this stage left beside it (dead owners only)
         m = cls.read(directory, strict=strict)
         if m is None or (key is not None and m.key != key):
             return None

@@ -6,6 +6,7 @@ constructors only, duplicate keys refused, one-line errors for a missing, unread
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .artifacts import SAFE_NAME
 from .errors import PipelineError, RegistryError
+
+# A Hugging Face Hub repo id, 'org/name' or 'name' (huggingface_hub's rule: no '--' or '..', at most 96 characters).
+REPO_ID = re.compile(r"^(?=.{1,96}$)[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+def check_repo_id(value: str) -> str:
+    """`value` if it is a Hub repo id (one cache directory per id: 'org/name' maps to 'org--name').
+
+    Raises:
+        ValueError: it is not; the message says what is allowed.
+    """
+    if not REPO_ID.match(value) or ".." in value or "--" in value:
+        raise ValueError(f"{value!r} is not a Hub repo id: 'org/name' or 'name' of letters, digits and . _ - "
+                         "(at most 96 characters, no '--' or '..')")
+    return value
 
 PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
 
@@ -119,6 +135,11 @@ class ModelEntry(BaseModel):
         if value is not None and (not SAFE_NAME.match(value) or ".." in value):
             raise ValueError(f"{value!r} is not a safe name: use letters, digits and . _ + - (no '/', no '..')")
         return value
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        return check_repo_id(value)
 
     @model_validator(mode="after")
     def _fit_default_limits(self) -> ModelEntry:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .artifacts import MANIFEST, check_name, output_root, sha256_file
+from .artifacts import MANIFEST, check_name, output_root, remove_stale_temps, sha256_file
 from .build import BuildOutputs, locate_outputs
 from .errors import IntegrityError, ReleaseError
 from .layout import RELEASE_SUFFIX, release_name
@@ -312,6 +312,7 @@ def pack_release(
     for p in (tarball, tarball.with_name(tarball.name + ".sha256")):
         if p.is_symlink() or (p.exists() and not p.is_file()):
             raise ReleaseError(f"{p} exists and is not a regular file; remove it or choose another --output", path=p)
+        remove_stale_temps(p)  # a partial tarball or sidecar of a killed release
     try:
         digest = write_tarball(tarball, prefix=name, document=document, files=files, table=table,
                                empty_dirs=collect_empty_dirs(components))
@@ -325,7 +326,7 @@ def pack_release(
         raise integrity_error(Path(arc), [f"{exc.rel[len(arc) + 1:]}: {problem}"],
                               fix=f"nothing was released; re-run `invoke build --force {recorded[arc][0]}`") from None
     sha_path = tarball.with_name(tarball.name + ".sha256")
-    tmp = sha_path.with_name(f".tmp-{sha_path.name}")
+    tmp = sha_path.with_name(f".tmp-{sha_path.name}-{os.getpid()}")
     tmp.write_text(f"{digest}  {tarball.name}\n")
     os.replace(tmp, sha_path)
     return ReleaseResult(name, tarball, digest, sha_path, json.loads(document))

@@ -36,7 +36,7 @@ from .compile.preflight import probe_host as compile_probe
 from .errors import CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError, VerifyError
 from .manifests import FileRecord, ReleaseDocument
 from .release import RELEASE_JSON
-from .triton import pbtxt
+from .triton import llmapi_yaml, pbtxt
 
 _CHUNK = 4 << 20
 MAX_LISTED = 20
@@ -548,4 +548,32 @@ def _verify_manifest_tree(path: Path, records: list[dict[str, Any]]) -> VerifyRe
                 check_dir(edir, str(edir))
             if any(edir.glob("rank*.engine")):
                 records.append({"path": str(edir), **_engine_record_on_disk(edir)})
+    for label, ckpt in _llmapi_dirs(path, report):
+        if not ckpt.is_dir():
+            report.notes.append(f"{label}: {ckpt} not on this host; not checked")
+        elif any(ckpt.is_relative_to(d) for d in checked_dirs):
+            continue  # inside a checked directory (a tokenizer in the checkpoint)
+        elif not (ckpt / MANIFEST).is_file():
+            report.notes.append(f"{label}: {ckpt} has no {MANIFEST}; not hash-checked")
+        else:
+            report.mismatches += _symlinks(ckpt)
+            check_dir(ckpt, str(ckpt))
     return report
+
+
+def _llmapi_dirs(repo: Path, report: VerifyReport) -> list[tuple[str, Path]]:
+    """(model.yaml key, directory) for each directory an `llmapi` (runtime pytorch) repository's model.yaml names:
+    the HF checkpoint (`model`), the draft (`speculative_model_dir`), the tokenizer. [] for other repositories."""
+    if not llmapi_yaml.is_llmapi_repo(repo):
+        return []
+    yaml_path = repo / llmapi_yaml.MODEL_YAML
+    try:
+        data = llmapi_yaml.read(yaml_path)
+    except PackageError as exc:
+        report.mismatches.append(str(exc))
+        return []
+    out = []
+    for key, value in llmapi_yaml.paths(data).items():
+        p = Path(value).expanduser()
+        out.append((f"model.yaml {key}", (p if p.is_absolute() else yaml_path.parent / p).resolve()))
+    return out

@@ -289,6 +289,22 @@ def prune_launch_copies() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+SHM_PREFIX = "tripipe-"
+
+
+def prune_shm_regions() -> list[Path]:
+    """Remove /dev/shm regions of servers whose owner (the `tripipe-<pid>-` in the name) no longer exists: a
+    parent killed with SIGKILL during model load never ran `stop`. Returns what was removed."""
+    removed = []
+    for p in SHM_DIR.glob(f"{SHM_PREFIX}*") if SHM_DIR.is_dir() else []:
+        pid = p.name[len(SHM_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) and p.is_file():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
 def launch_repo(repo: Path, *, engine_dir: Path | None = None, draft_engine_dir: Path | None = None,
                 validate: bool = True) -> Path:
     """An installed copy of `repo` under cache_dir()/launch (every path parameter absolute and checked, engine
@@ -415,7 +431,7 @@ class TritonServer:
     binary: str | Path | None = None
     world_size: int | None = None  # tensorrt_llm's TP×PP (default: the repository manifest's)
     log_verbose: int = 0
-    shm_prefix: str = field(default_factory=lambda: f"tripipe-{os.getpid()}-{uuid.uuid4().hex[:8]}-")
+    shm_prefix: str = field(default_factory=lambda: f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-")
     validate: bool = True
     engine_dir: Path | None = None
     draft_engine_dir: Path | None = None
@@ -471,6 +487,7 @@ class TritonServer:
         if not repo.is_dir():
             raise ServeError(f"model repository {repo} does not exist; run `invoke package` first")
         self._choose_ports()
+        prune_shm_regions()
         self._launch = launch_repo(repo, engine_dir=self.engine_dir, draft_engine_dir=self.draft_engine_dir,
                                    validate=self.validate)
         try:

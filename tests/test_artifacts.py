@@ -147,3 +147,23 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
         (tmp / "f").write_text("ok")
     assert not stale.exists() and not old.exists() and live.exists() and other.exists()
     assert remove_stale_temps(final) == []
+
+
+def test_a_cached_rerun_removes_a_killed_run_s_temporaries(tmp_path):
+    """The shared cache check (`Manifest.current`) cleans what a dead run left beside the output, even when the
+    output is current and nothing is rebuilt; a live process's temporary is kept (issue 22)."""
+    from pipeline.artifacts import file_table, write_manifest
+    from pipeline.manifests import Manifest
+    from tests.support.dead_pid import dead_pid
+
+    final = tmp_path / "checkpoint"
+    final.mkdir()
+    (final / "rank0.safetensors").write_bytes(b"weights")
+    write_manifest(final, {"stage": "calibrate", "key": "k", "files": file_table(final)})
+    dead_tmp, dead_old = tmp_path / f".tmp-checkpoint-{dead_pid()}-1", tmp_path / f".old-checkpoint-{dead_pid()}-2"
+    live_tmp = tmp_path / f".tmp-checkpoint-{os.getpid()}-3"
+    for d in (dead_tmp, dead_old, live_tmp):
+        d.mkdir()
+        (d / "rank0.safetensors").write_bytes(b"half")
+    assert Manifest.current(final, "k") is not None  # cached
+    assert not dead_tmp.exists() and not dead_old.exists() and live_tmp.exists()

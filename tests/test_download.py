@@ -244,7 +244,7 @@ def test_hf_hub_offline_implies_offline(env, monkeypatch):
         ("config_mismatch", r"config\.json num_hidden_layers=7 does not match the registry's 4 for model 'hub-tiny'"),
         ("no_architectures", r"config\.json has no 'architectures'"),
         ("unreachable", r"cannot reach http://127\.0\.0\.1:9 to fetch test-org/tiny"),
-        ("bad_repo_id", r"repo_id '\.\./\.\./etc' is not a Hub repo id"),
+        ("bad_repo_id", r"repo_id: '\.\./\.\./etc' is not a Hub repo id"),
     ],
 )
 def test_errors_are_one_line(hub, env, monkeypatch, case, message):

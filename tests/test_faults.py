@@ -321,6 +321,23 @@ def test_write_failures_are_one_line_and_leave_nothing_half_written(tree):
     r = invoke("build", *SPEC, "--force", "package", env=tree["env"], preexec_fn=_small_file_limit)
     one_line(r, 5, "File too large")
     assert temporaries(tree["root"]) == []
+    shutil.rmtree(tree["checkpoint"].parent)  # calibrate: ModelOpt's export fails inside safetensors (native code)
+    r = invoke("build", *SPEC, env=tree["env"], preexec_fn=_small_file_limit)
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr[-3000:]  # ModelOpt warns on stderr too
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors == [r.stderr.strip().splitlines()[-1]] and "File too large" in errors[0]
+    assert temporaries(tree["root"]) == [] and not tree["checkpoint"].exists()
+
+
+def test_write_failure_during_model_generation_is_one_line_exit_5(tmp_path):
+    """The generated model's weights are written by safetensors (native): its EFBIG is exit 5 like any OSError."""
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
+    code = ("from pipeline.cli import exit_on_error; from pipeline.tinymodel import ensure_tiny_model; "
+            "exit_on_error(ensure_tiny_model)('tiny-llama-draft', steps=0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                       preexec_fn=_small_file_limit)
+    one_line(r, 5, "File too large", "raise the file size limit")
+    assert temporaries(tmp_path / "cache") == [] and not list((tmp_path / "cache" / "generated").glob("tiny-*"))
 
 
 # --- crafted tarballs: one line, exit code, bounded memory ------------------------------------------------------
@@ -412,9 +429,12 @@ def test_verify_of_a_real_release_is_complete(tree):
 @pytest.mark.slow
 def test_sigkill_leftovers_never_count_as_outputs(tree):
     """A temporary beside an output (as a killed run leaves it) is neither reused, released nor verified."""
-    stale = tree["checkpoint"].parent / ".tmp-checkpoint-999999999-1"
+    from tests.support.dead_pid import dead_pid
+
+    stale = tree["checkpoint"].parent / f".tmp-checkpoint-{dead_pid()}-1"
     stale.mkdir()
     (stale / "rank0.safetensors").write_bytes(b"half")
     assert build(spec(), progress=None).noop
+    assert not stale.exists()  # the cached re-run removed the dead run's temporary
     r = release(spec(), version="1.0")
     assert r.document["files"] and not any(".tmp-" in rel for rel in r.document["files"])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pipeline.errors import RegistryError
+from pipeline.errors import DownloadError, RegistryError
 from pipeline.registry import get_model, load_registry
 from pipeline.spec import resolve_spec
 
@@ -96,6 +98,24 @@ def test_malformed_models_file(tmp_path, text, match):
     f.write_text(text)
     with pytest.raises(RegistryError, match=match):
         load_registry(f)
+
+
+ARCH = ("architecture: {num_layers: 1, hidden_size: 8, num_heads: 2, num_kv_heads: 2, head_dim: 4, "
+        "intermediate_size: 8, vocab_size: 8, max_position_embeddings: 8}")
+
+
+@pytest.mark.parametrize("repo_id", ["../../etc", "acme--x/y", "acme/../y", "/abs", "a/b/c", "x" * 97])
+def test_check_refuses_the_repo_ids_download_refuses(tmp_path, repo_id):
+    """One rule for the spec and the download stage: `check` exits 2 on a repo id `download` could not use."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"models:\n  x: {{repo_id: {json.dumps(repo_id)}, tokenizer_family: t, {ARCH}}}\n")
+    with pytest.raises(RegistryError, match=r"model 'x': field 'repo_id': .* is not a Hub repo id") as err:
+        resolve_spec(model="x", precision="bf16", models_file=f)
+    assert err.value.exit_code == 2
+    from pipeline.download import _repo_dir
+
+    with pytest.raises(DownloadError, match="is not a Hub repo id"):
+        _repo_dir(repo_id)
 
 
 def test_missing_models_file(tmp_path):

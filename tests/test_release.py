@@ -172,3 +172,21 @@ def test_empty_release_is_refused(tmp_path):
     empty.mkdir()
     with pytest.raises(ReleaseError, match="would hold no files"):
         pack_release(name="rel", components={"x": empty}, metadata={}, output_dir=tmp_path / "r")
+
+
+def test_next_release_removes_a_killed_release_s_partial_tarball(tmp_path):
+    """SIGKILL mid-release leaves `.tmp-<tarball>-<pid>`: the next release into that directory removes it (issue 22);
+    a temporary of a live writer is kept."""
+    from tests.support.dead_pid import dead_pid
+
+    comps = fabricate_build(tmp_path / "out")
+    out = tmp_path / "r"
+    out.mkdir()
+    dead, dead_sidecar = out / f".tmp-rel.tar-{dead_pid()}", out / f".tmp-rel.tar.sha256-{dead_pid()}"
+    live = out / f".tmp-rel.tar-{os.getpid()}-other"
+    for p in (dead, dead_sidecar, live):
+        p.write_bytes(b"partial")
+    r = pack_release(name="rel", components=comps, metadata={}, output_dir=out)
+    assert not dead.exists() and not dead_sidecar.exists() and live.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["rel.tar", "rel.tar.sha256", live.name])
+    assert r.sha256_file.read_text() == f"{r.sha256}  rel.tar\n"

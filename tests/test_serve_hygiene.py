@@ -455,3 +455,29 @@ def test_invoke_serve_host_0000_binds_every_interface(tmp_path):
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_next_server_start_removes_shm_regions_of_dead_owners(tmp_path, monkeypatch):
+    """A parent SIGKILLed during model load leaves `tripipe-<pid>-...` regions in /dev/shm: the next server start
+    removes those whose owner pid is dead, and keeps a live owner's (issue 22)."""
+    from pipeline import serve
+    from tests.support.dead_pid import dead_pid
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(serve, "SHM_DIR", shm)
+    dead = shm / f"tripipe-{dead_pid()}-0123abcd-tensorrt_llm_0_0"
+    live = shm / f"tripipe-{os.getppid()}-0123abcd-tensorrt_llm_0_0"
+    other = shm / f"{dead_pid()}-not-ours"
+    for p in (dead, live, other):
+        p.write_bytes(b"\0" * 64)
+
+    def stop_here(*_a, **_k):
+        raise ServeError("stopped after the shm pruning")
+
+    monkeypatch.setattr(serve, "launch_repo", stop_here)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with pytest.raises(ServeError, match="stopped after"):
+        serve.TritonServer(repo=repo).start()
+    assert not dead.exists() and live.exists() and other.exists()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CalibrationError
+from ..errors import CalibrationError, IntegrityError
 from ..tinymodel import corpus_split
 
 
@@ -87,17 +87,28 @@ def heldout_texts(exclude: list[str]) -> list[str]:
     return [t for t in _bundled()[1] if t not in used]
 
 
-def tokenizer_fn(model_dir: Path) -> Callable[[str], list[int]]:
-    """A text -> ids function from a HF model dir (fast `tokenizers` when tokenizer.json exists)."""
+def tokenizer_fn(model_dir: Path, *, fix: str = "replace the model's tokenizer files") -> Callable[[str], list[int]]:
+    """A text -> ids function from a HF model dir (fast `tokenizers` when tokenizer.json exists).
+
+    Raises:
+        IntegrityError: the tokenizer files cannot be loaded (garbage, truncated); the line ends with `fix`.
+    """
     tok_json = Path(model_dir) / "tokenizer.json"
-    if tok_json.is_file():
-        from tokenizers import Tokenizer
+    try:
+        if tok_json.is_file():
+            from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tok_json))
-        return lambda text: tok.encode(text).ids
-    from transformers import AutoTokenizer
+            tok = Tokenizer.from_file(str(tok_json))
+            return lambda text: tok.encode(text).ids
+        from transformers import AutoTokenizer
 
-    auto = AutoTokenizer.from_pretrained(str(model_dir))
+        auto = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # tokenizers/transformers raise plain Exception, ValueError, OSError...
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # a real I/O failure (exit 5 at the CLI)
+        where = tok_json if tok_json.is_file() else Path(model_dir)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise IntegrityError(f"the tokenizer in {where} cannot be loaded ({reason}); {fix}", path=where) from None
     return lambda text: auto(text)["input_ids"]
 
 

@@ -24,12 +24,13 @@ from typing import Any, Literal
 
 from ..artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from ..checkpoint import load_checkpoint_as_hf
-from ..download import download_model
+from ..download import download_model, source_id
 from ..errors import CalibrationError
 from ..hf_checkpoint import load_hf_checkpoint
 from ..layout import runtime_checkpoint_dir
 from ..manifests import CheckpointManifest, StageResult
 from ..registry import ModelEntry
+from ..safetensors_file import check_safetensors_dir
 from ..spec import BuildSpec
 from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
@@ -123,11 +124,7 @@ def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[P
     src = Path(source_dir)
     if not (src / "config.json").is_file():
         raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")
-    m = read_manifest(src)
-    if m and (m.get("sha") or m.get("key")):
-        return src, str(m.get("sha") or m.get("key"))
-    files = file_table(src)
-    return src, stage_key(files)
+    return src, source_id(read_manifest(src)) or stage_key(file_table(src))
 
 
 def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
@@ -197,7 +194,9 @@ def run_calibrate(
     texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
     src, source_sha = _resolve_source(plan.entry, source_dir)
     _check_architecture(src, plan.entry)
-    encode = data.tokenizer_fn(src)
+    fix = f"re-fetch the model (`invoke download --model {plan.entry.name} --verify`)"
+    check_safetensors_dir(src, fix=fix)
+    encode = data.tokenizer_fn(src, fix=fix)
     calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
     factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -260,6 +261,36 @@ def test_unsupported_architecture(tmp_path, monkeypatch, tiny_models):
     assert leftovers(tmp_path / "out") == []
 
 
+def _cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+SOURCE_FAULTS = {
+    "header length 2**40": ("model.safetensors", lambda p: p.write_bytes((2**40).to_bytes(8, "little") + b"{}"),
+                            "header length 1099511627776 bytes"),
+    "weights cut in half": ("model.safetensors", _cut_in_half, "truncated"),
+    "garbage tokenizer.json": ("tokenizer.json", lambda p: p.write_bytes(b"\x00garbage"), "cannot be loaded"),
+}
+
+
+@pytest.mark.parametrize("case", list(SOURCE_FAULTS))
+def test_corrupt_source_is_one_line_exit_3_and_leaves_nothing(tmp_path, tiny_models, case):
+    """A damaged source model fails before any weights are loaded, never with a traceback (issue 22)."""
+    from pipeline.errors import IntegrityError
+
+    name, damage, needle = SOURCE_FAULTS[case]
+    src = tmp_path / "src"
+    shutil.copytree(tiny_models["tiny-llama"], src)
+    damage(src / name)
+    with pytest.raises(IntegrityError) as err:
+        run_in_root(tmp_path / "out", run_calibrate, make_spec(precision="fp8"), source_dir=src)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and needle in msg and str(src / name) in msg and "\n" not in msg
+    assert "invoke download --model tiny-llama --verify" in msg
+    assert leftovers(tmp_path / "out") == []
+
+
 def test_role_draft_without_draft_model():
     with pytest.raises(CalibrationError, match="no draft model"):
         run_calibrate(make_spec(precision="fp8"), role="draft")
@@ -267,7 +298,8 @@ def test_role_draft_without_draft_model():
 
 @pytest.mark.slow
 def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
-    """The task wiring end to end: download_model provides the source; the second run only reads manifests."""
+    """The task wiring end to end: download_model provides the source; the second run only reads manifests; `package`
+    then finds the same checkpoint without calibrating again (one source id for a generated model)."""
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -297,3 +329,11 @@ def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
     assert read_manifest(ckpt)["model"]["sha"] == download_model(get_model("tiny-llama")).manifest.sha
     second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert second.returncode == 0 and second.stdout.startswith(f"ok: target cached: {ckpt} ")
+    # `package` (no build) finds that checkpoint: the source id of a generated model is the one calibrate used.
+    stamp = (ckpt / "manifest.json").stat().st_mtime_ns
+    pkg = subprocess.run([*args[:3], "package", *args[4:], "--target", "reference"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=env, check=False)
+    assert pkg.returncode == 0, pkg.stderr[-2000:]
+    assert pkg.stdout.startswith("ok: ") and " written: " in pkg.stdout
+    assert (ckpt / "manifest.json").stat().st_mtime_ns == stamp  # calibration did not run again
+    assert sorted((pipeline_env / "out" / "engines").glob("*/checkpoint")) == [ckpt]

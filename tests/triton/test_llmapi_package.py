@@ -241,3 +241,33 @@ def test_serve_command_per_target(tmp_path, exports, monkeypatch):
     assert "--disable-auto-complete-config" in cmd.argv  # LLM spawns its own workers; config.pbtxt is complete
     assert "TRTLLM_ORCHESTRATOR" not in cmd.env
     assert build_command(ref.path, **ports).flavour == "cpu-pytriton"
+
+
+# ------------------------------------------------------------------------------------------------ verify
+def test_verify_checks_the_hf_checkpoint_the_repo_names(tmp_path, exports):
+    """verify of a runtime-pytorch repository hashes the checkpoint its model.yaml points to (issue 22)."""
+    from pipeline.artifacts import file_table, write_manifest
+    from pipeline.errors import HashMismatchError
+    from pipeline.release_verify import verify
+
+    ckpts = {}
+    for role in ("target", "draft"):
+        ckpts[role] = shutil.copytree(exports[role], tmp_path / role / "hf_checkpoint", copy_function=shutil.copy2)
+        write_manifest(ckpts[role], {"key": f"k-{role}", "files": file_table(ckpts[role])})
+    _, res = _package(tmp_path, ckpts)
+    report = verify(res.path, check_host=False)
+    repo_files = len(res.manifest.files)
+    ckpt_files = sum(len(file_table(d)) for d in ckpts.values())
+    assert report.ok and report.files_checked == repo_files + ckpt_files and not report.notes
+    weights = ckpts["target"] / "model.safetensors"
+    with open(weights, "r+b") as f:  # same size: only the hash can tell
+        f.seek(weights.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(HashMismatchError, match=r"hf_checkpoint/model.safetensors") as exc:
+        verify(res.path, check_host=False)
+    assert exc.value.exit_code == 3 and "\n" not in str(exc.value)
+    # A checkpoint without a manifest is reported as not hash-checked, never silently passed.
+    (ckpts["target"] / "manifest.json").unlink()
+    assert any("not hash-checked" in n for n in verify(res.path, check_host=False).notes)
