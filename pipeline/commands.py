@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, aiconfigurator, planner
+from . import __version__, planner
 from .artifacts import engines_dir, triton_repo_dir
 from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
@@ -64,6 +64,7 @@ def _lazy(name: str):
     return module
 
 
+aiconfigurator = _lazy("pipeline.aiconfigurator")
 bench_lib = _lazy("pipeline.bench")
 deploy_render = _lazy("pipeline.deploy.render")
 
