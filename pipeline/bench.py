@@ -835,7 +835,7 @@ def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_
                          f"{max_input_len}; lower --shared-prefix-tokens or build with a larger --max-input-len")
     if tokenizer is None or not texts or (max_input_len is None and max_seq_len is None):
         return
-    longest = max(len(tokenizer.encode(t).ids) for t in texts)
+    longest = max(len(tokenizer.encode(t).ids) for t in set(texts))
     if max_input_len is not None and longest > max_input_len:
         over = longest - max_input_len
         fix = ("" if not shared_prefix_tokens else
