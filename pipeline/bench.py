@@ -9,7 +9,8 @@ on the text. A run in which any request failed ends with `RequestsFailed` (exit 
 (`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks` (llmapi: `kv_cache_reused_block`) /
 `kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
-every level is bounded by a request count and a time budget.
+every level is bounded by a request count and a time budget, and opens min(concurrency, requests) clients. Every
+prompt is planned and checked against the build's limits (with the build's tokenizer) before the first request.
 """
 
 from __future__ import annotations
