@@ -9,7 +9,8 @@ on the text. A run in which any request failed ends with `RequestsFailed` (exit 
 (`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks` (llmapi: `kv_cache_reused_block`) /
 `kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
-every level is bounded by a request count and a time budget.
+every level is bounded by a request count and a time budget, and opens min(concurrency, requests) clients. Every
+prompt is planned and checked against the build's limits (with the build's tokenizer) before the first request.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from .build import locate_outputs
-from .errors import BenchError, RequestsFailed
+from .errors import BenchError, PipelineError, RequestsFailed
 from .llmapi import client as llmapi
 from .serve import TritonServer
 from .triton import llmapi_yaml, pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+MAX_CONCURRENCY = 4096  # clients per level; each is one gRPC stream and one thread, opened only for requests that exist
+MAX_REQUESTS = 100_000  # requests per level
 HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
 SHARED_PREFIX = (
     "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
@@ -653,7 +656,10 @@ def server_ttft_s(stamps: dict[str, int]) -> float | None:
 
 def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer,
            texts: list[str] | None = None, draft_tokens: int | None = None) -> tuple:
-    workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens) for _ in range(concurrency)]
+    """Send `n_requests` with at most `concurrency` in flight: min(concurrency, n_requests) clients, one thread
+    each; (samples, wall seconds)."""
+    workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens)
+               for _ in range(clients_for(concurrency, n_requests))]
     texts = texts or prompts(n_requests)
     samples: list[RequestSample] = []
     lock = threading.Lock()
@@ -683,6 +689,11 @@ def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, tim
         for w in workers:
             w.close()
     return samples, time.perf_counter() - start
+
+
+def clients_for(concurrency: int, n_requests: int) -> int:
+    """Clients (gRPC streams and threads) a level opens: never more than requests that can be in flight at once."""
+    return max(1, min(concurrency, n_requests, MAX_CONCURRENCY))
 
 
 def load_tokenizer(tokenizer_dir: str | Path | None):
@@ -731,6 +742,8 @@ def run_bench(
     shared_prefix_tokens: int = 0,
     shared_prefix_share: float = 1.0,
     speculation: str = "server",
+    max_input_len: int | None = None,
+    max_seq_len: int | None = None,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
@@ -738,20 +751,25 @@ def run_bench(
         model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`.
         stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
             draft-target BLS does not stream).
+        tokenizer_dir: the served build's tokenizer (exact prompt lengths and output token counts).
         shared_prefix_tokens: > 0: the shared-prefix workload (`shared_prefix_prompts`): `shared_prefix_share` of
             the requests start with one prefix of this many tokens, each request has a distinct suffix.
         speculation: "server" (the route's default draft length), "off" (num_draft_tokens 0) or "both" (every
             level twice, with the route's default and off; needs a model with a num_draft_tokens input).
+        max_input_len, max_seq_len: the build's limits: every prompt is checked against them before anything is
+            sent (`check_prompt_limits`).
 
     Raises:
-        BenchError: non-local URL, unreachable server, missing model, bad options.
+        BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
     """
     check_local(grpc_url)
-    levels = sorted({int(c) for c in concurrency})
-    _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    workload = plan_workload(concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
+                             shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share,
+                             speculation=speculation, tokenizer=tokenizer, max_input_len=max_input_len,
+                             max_seq_len=max_seq_len)
     info = _served_model(grpc_url, model)
     stream = _stream_mode(info, stream, speculation)
-    tokenizer = load_tokenizer(tokenizer_dir)
     report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
                          shared_prefix_tokens=shared_prefix_tokens,
                          shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
@@ -759,8 +777,7 @@ def run_bench(
         _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
                texts=[WARMUP_PROMPT])
     before = scrape_metrics(metrics_url) if metrics_url else None
-    modes = ("server", "off") if speculation == "both" else (speculation,)
-    samples = _sweep(report, info, tokenizer, levels, modes, level_budget_s, request_timeout_s)
+    samples = _sweep(report, info, tokenizer, workload, level_budget_s, request_timeout_s)
     after = scrape_metrics(metrics_url) if metrics_url else None
     ok = [s for s in samples if s.ok]
     report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
@@ -769,18 +786,89 @@ def run_bench(
     report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
     report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
     _prefix_cache_ratio(report, ok, before, after)
-    _add_notes(report, ok)
+    _add_notes(report, ok, workload)
     return report
+
+
+@dataclass
+class LevelPlan:
+    """One level of the sweep: its concurrency, speculation mode and the exact prompts it sends."""
+
+    concurrency: int
+    mode: str
+    texts: list[str]
+
+
+def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level: int = 8, max_tokens: int = 32,
+                  shared_prefix_tokens: int = 0, shared_prefix_share: float = 1.0, speculation: str = "server",
+                  tokenizer=None, max_input_len: int | None = None, max_seq_len: int | None = None,
+                  **_server_options: Any) -> list[LevelPlan]:
+    """Every level's prompts, checked against the options' caps and the build's limits before anything is sent.
+
+    Raises:
+        BenchError: bad options, a level over `MAX_CONCURRENCY`, requests over `MAX_REQUESTS`, prompts over the
+            build's limits.
+    """
+    levels = sorted({int(c) for c in concurrency})
+    _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
+    n = requests_per_level
+    run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
+    plans, sent = [], 0
+    for mode in ("server", "off") if speculation == "both" else (speculation,):
+        for c in levels:
+            texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer, start=sent, run=run)
+                     if shared_prefix_tokens else prompts(n))
+            plans.append(LevelPlan(c, mode, texts))
+            sent += n
+    check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=max_tokens,
+                        shared_prefix_tokens=shared_prefix_tokens, max_input_len=max_input_len,
+                        max_seq_len=max_seq_len)
+    return plans
+
+
+def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_prefix_tokens: int = 0,
+                        max_input_len: int | None = None, max_seq_len: int | None = None) -> None:
+    """BenchError when a prompt (counted with the build's tokenizer, special tokens included, as preprocessing
+    does) exceeds `max_input_len`, or prompt + `max_tokens` exceeds `max_seq_len`. Without a tokenizer only the
+    shared prefix itself is checked."""
+    if max_input_len is not None and shared_prefix_tokens > max_input_len:
+        raise BenchError(f"--shared-prefix-tokens {shared_prefix_tokens} exceeds the build's max_input_len "
+                         f"{max_input_len}; lower --shared-prefix-tokens or build with a larger --max-input-len")
+    if tokenizer is None or not texts or (max_input_len is None and max_seq_len is None):
+        return
+    longest = max(len(tokenizer.encode(t).ids) for t in set(texts))
+    if max_input_len is not None and longest > max_input_len:
+        over = longest - max_input_len
+        fix = ("" if not shared_prefix_tokens else
+               f"lower --shared-prefix-tokens to at most {shared_prefix_tokens - over} or " if shared_prefix_tokens > over
+               else "lower --shared-prefix-tokens or ")
+        raise BenchError(f"the longest bench prompt is {longest} tokens with the build's tokenizer, over its "
+                         f"max_input_len {max_input_len}; {fix}build with a larger --max-input-len")
+    if max_seq_len is not None and longest + max_tokens > max_seq_len:
+        fix = (f"lower --max-tokens to at most {max_seq_len - longest}" if max_seq_len > longest
+               else "shorten the prompts")
+        raise BenchError(f"the longest bench prompt ({longest} tokens) + --max-tokens {max_tokens} exceeds the "
+                         f"build's max_seq_len {max_seq_len}; {fix} or build with a larger --max-seq-len")
 
 
 def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, shared_prefix_tokens: int,
                    shared_prefix_share: float, speculation: str) -> None:
     if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
         raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
+    _check_cap(levels)
+    if requests_per_level > MAX_REQUESTS:
+        raise BenchError(f"--requests {requests_per_level} exceeds the cap of {MAX_REQUESTS} requests per level "
+                         "(pipeline.bench.MAX_REQUESTS); pass a smaller --requests")
     if shared_prefix_tokens < 0 or not 0.0 <= shared_prefix_share <= 1.0:
         raise BenchError("--shared-prefix-tokens must be >= 0 and --shared-prefix-share within 0..1")
     if speculation not in ("server", "off", "both"):
         raise BenchError(f"--speculation {speculation!r}: expected server, off or both")
+
+
+def _check_cap(levels: list[int]) -> None:
+    if levels and max(levels) > MAX_CONCURRENCY:
+        raise BenchError(f"--concurrency {max(levels)} exceeds the cap of {MAX_CONCURRENCY} concurrent clients per "
+                         f"level (pipeline.bench.MAX_CONCURRENCY); pick levels <= {MAX_CONCURRENCY}")
 
 
 def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
@@ -817,23 +905,17 @@ def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> boo
     return stream
 
 
-def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, levels: list[int], modes: tuple[str, ...],
-           level_budget_s: float, request_timeout_s: float) -> list[RequestSample]:
-    """Every concurrency level (once per speculation mode); appends each level's stats to `report`."""
+def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[LevelPlan], level_budget_s: float,
+           request_timeout_s: float) -> list[RequestSample]:
+    """Every planned level in order; appends each level's stats to `report`."""
     samples: list[RequestSample] = []
-    n = report.requests_per_level
-    sent = 0
-    run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
-    for mode in modes:
-        for c in levels:
-            texts = (shared_prefix_prompts(n, report.shared_prefix_tokens, report.shared_prefix_share, tokenizer,
-                                           start=sent, run=run) if report.shared_prefix_tokens else None)
-            level, wall = _level(report.url, info, report.streaming, c, n, report.max_tokens, level_budget_s,
-                                 request_timeout_s, tokenizer, texts=texts, draft_tokens=0 if mode == "off" else None)
-            sent += n
-            samples += level
-            report.levels.append(summarize(c, level, wall, gpus=report.gpus,
-                                           price_per_gpu_hour=report.gpu_price_per_hour, speculation=mode))
+    for plan in workload:
+        level, wall = _level(report.url, info, report.streaming, plan.concurrency, len(plan.texts),
+                             report.max_tokens, level_budget_s, request_timeout_s, tokenizer, texts=plan.texts,
+                             draft_tokens=0 if plan.mode == "off" else None)
+        samples += level
+        report.levels.append(summarize(plan.concurrency, level, wall, gpus=report.gpus,
+                                       price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode))
     return samples
 
 
@@ -855,9 +937,13 @@ def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: di
             "share little of their prompts' start (a prompt template that varies before the shared part?)")
 
 
-def _add_notes(report: BenchReport, ok: list[RequestSample]) -> None:
+def _add_notes(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan]) -> None:
     """Notes on how the report's figures were measured (and the failure line when requests failed)."""
     bls = report.model == "tensorrt_llm_bls"
+    capped = sorted({p.concurrency for p in workload if clients_for(p.concurrency, len(p.texts)) < p.concurrency})
+    if capped:
+        report.notes.append(f"concurrency {', '.join(map(str, capped))}: only {report.requests_per_level} request(s) "
+                            "per level, so that many clients at most were in flight")
     if bls and report.speculated_share:
         report.notes.append("draft-target requests sum the block counts of every target call, so a request's own "
                             "prompt counts as reused on each verification step: the hit ratio overstates reuse "
@@ -909,6 +995,7 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
         raise BenchError(f"--concurrency {text!r}: expected comma-separated integers like 1,2,4,8") from None
     if not levels or min(levels) < 1:
         raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
+    _check_cap(levels)
     return levels
 
 
@@ -923,19 +1010,34 @@ def bench_spec(
 ) -> BenchReport:
     """Benchmark the deployment of `spec`: a running server at `url`, or start tritonserver on its repo first.
 
-    Cost figures use the spec's $/GPU-hour and world size (TP×PP). Without `url` the repo is `repo` or the
-    build's Triton repo (`invoke build` first); the server is started on free 127.0.0.1 ports and stopped after.
+    Cost figures use the spec's $/GPU-hour and world size (TP×PP); prompts are counted with the build's tokenizer
+    and checked against its max_input_len/max_seq_len before anything is sent. The repo is `repo`, else the
+    build's Triton repo located check-only (`invoke build` first). With `url` and no build here the fixed prompt
+    set still runs (no token counts); the shared-prefix workload needs the tokenizer and is refused. Without `url`
+    the server is started on free 127.0.0.1 ports and stopped after.
     """
     gpus = spec.parallelism.world_size
     price = spec.hardware.gpu_price_per_hour
     if url:
         check_local(url)
-        return run_bench(grpc_url=url, metrics_url=metrics_url, gpus=gpus, gpu_price_per_hour=price,
-                         tokenizer_dir=tokenizer_dir_of(repo) if repo else None, **kwargs)
-
+    missing = None
     if repo is None:
-        repo = locate_outputs(spec).triton_repo.path
+        try:
+            repo = locate_outputs(spec).triton_repo.path
+        except PipelineError as exc:
+            if not url:
+                raise
+            missing = str(exc)
+    tokenizer_dir = tokenizer_dir_of(repo) if repo else None
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if kwargs.get("shared_prefix_tokens") and tokenizer is None:
+        raise BenchError(f"--shared-prefix-tokens needs the build's tokenizer to make prompts of that many tokens: "
+                         f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
+    limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
+    plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
+    common = dict(gpus=gpus, gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
+    if url:
+        return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
     with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
                       ready_timeout_s=ready_timeout_s) as server:
-        return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, gpus=gpus,
-                         gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir_of(repo), **kwargs)
+        return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)

@@ -26,6 +26,7 @@ from .calibrate.stage import run_calibrate
 from .compile import run_compile
 from .compile.preflight import preflight
 from .download import download_model
+from .download import is_cached as download_is_cached
 from .errors import BuildError
 from .layout import BuildLayout
 from .manifests import StageResult
@@ -335,17 +336,23 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
 
 
 def _doing(stage: str, spec: BuildSpec) -> str:
+    if stage == "download":
+        return _fetching(spec)
     q = spec.quantization
     return {
         "check": "validating spec" + (" and GPU/toolchain preflight" if compiles(spec) else ""),
-        "download": f"fetching {spec.model.repo_id}@{spec.model.revision}"
-        + (f" + {spec.draft_model.repo_id}" if spec.draft_model else ""),
         "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, "
         + ("Hugging Face checkpoint export" if spec.runtime == "pytorch" else "checkpoint export"),
         "compile": f"trtllm-build tp={spec.parallelism.tp} pp={spec.parallelism.pp} for {spec.hardware.gpu}",
         "package": f"Triton model repository ({spec.target}"
         + (", llmapi model)" if spec.runtime == "pytorch" else ")"),
     }[stage]
+
+
+def _fetching(spec: BuildSpec) -> str:
+    """The download progress line: each model is either cached (checked from manifests and stats) or fetched."""
+    return " + ".join(f"{e.repo_id}@{e.revision} cached" if download_is_cached(e)
+                      else f"fetching {e.repo_id}@{e.revision}" for e in (spec.model, spec.draft_model) if e)
 
 
 def locate_outputs(spec: BuildSpec, *, until: str = "package", verify: bool = False) -> BuildOutputs:

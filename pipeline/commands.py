@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, aiconfigurator, planner
-from . import bench as bench_lib
+from . import __version__, planner
 from .artifacts import engines_dir, triton_repo_dir
 from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
@@ -27,7 +26,6 @@ from .cli import int_option
 from .compile.engine_plan import plan_compile
 from .compile.preflight import preflight
 from .compile.stage import run_compile
-from .deploy import render as deploy_render
 from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
@@ -49,6 +47,26 @@ from .spec import BuildSpec
 from .triton.install import install_command
 from .triton.llmapi_package import package_llmapi_repo
 from .triton.package import package_repo
+
+
+def _lazy(name: str):
+    """Module `name`, executed on first attribute access: keeps every task's start-up (e.g. `download`) free of
+    the modules only other tasks use."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+aiconfigurator = _lazy("pipeline.aiconfigurator")
+bench_lib = _lazy("pipeline.bench")
+deploy_render = _lazy("pipeline.deploy.render")
 
 
 

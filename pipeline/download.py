@@ -335,10 +335,41 @@ def _clear_local_metadata(root: Path, name: str) -> None:
 
 
 # Streaming verification: sha256 of every LFS file is computed while huggingface_hub writes it (its `http_get`
-# is wrapped once per process), so a fresh download needs no second pass over the bytes. A stream that does
-# anything unexpected (seek elsewhere, direct fd access, hf_transfer) is not trusted: the file is hashed from disk.
+# is wrapped once per process), so a fresh download needs no second pass over the bytes. The digest is off the
+# download's critical path: each file's writer hands its chunks (immutable bytes) to that file's hashing thread
+# and goes back to the socket at once; the bounded queue only makes it wait when hashing falls behind the
+# network. A stream that does anything unexpected (seek elsewhere, direct fd access, hf_transfer) is not
+# trusted: the file is hashed from disk.
 _STREAMS: dict[str, tuple[str, int]] = {}  # abspath of a finished ".incomplete" file -> (sha256, bytes)
 _HASH_THREADS = 2
+_HASH_QUEUE_CHUNKS = 8  # per file: at most this many chunks (huggingface_hub's are 10 MB) wait for the hasher
+
+
+class _Hasher:
+    """sha256 of a byte stream computed on its own thread; `update` only enqueues."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self._h = hashlib.sha256()
+        self._q: queue.Queue = queue.Queue(maxsize=_HASH_QUEUE_CHUNKS)
+        self._thread = threading.Thread(target=self._run, name="download-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._q.get()) is not None:
+            self._h.update(chunk)
+
+    def update(self, data: bytes) -> None:
+        self._q.put(bytes(data))  # a copy only when the writer passed a mutable buffer
+
+    def hexdigest(self) -> str:
+        """The digest of everything updated so far (waits for the thread; the hasher is finished after)."""
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+        return self._h.hexdigest()
 
 
 class _HashingFile:
@@ -346,7 +377,7 @@ class _HashingFile:
 
     def __init__(self, f: Any, resume_size: int):
         self._f, self.name = f, f.name
-        self._h, self.size, self.clean = hashlib.sha256(), 0, True
+        self._h, self.size, self.clean = _Hasher(), 0, True
         if resume_size:  # resuming: hash the bytes already on disk first
             with open(f.name, "rb") as r:
                 while self.size < resume_size and (chunk := r.read(min(1 << 20, resume_size - self.size))):
@@ -362,7 +393,8 @@ class _HashingFile:
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if (offset, whence) == (0, 0):
-            self._h, self.size = hashlib.sha256(), 0
+            self._h.hexdigest()  # ends the old hasher's thread
+            self._h, self.size = _Hasher(), 0
         else:
             self.clean = False
         return self._f.seek(offset, whence)
@@ -374,6 +406,9 @@ class _HashingFile:
 
     def tell(self) -> int:
         return self._f.tell()
+
+    def digest(self) -> str:
+        return self._h.hexdigest()
 
     def __getattr__(self, name: str) -> Any:  # anything else may bypass the hash
         self.clean = False
@@ -391,9 +426,12 @@ def _install_stream_hashing() -> None:
         if isinstance(temp_file, _HashingFile):  # the hub's own resume-retry recursion: same stream
             return original(url, temp_file, *args, resume_size=resume_size, **kwargs)
         stream = _HashingFile(temp_file, resume_size)
-        original(url, stream, *args, resume_size=resume_size, **kwargs)
+        try:
+            original(url, stream, *args, resume_size=resume_size, **kwargs)
+        finally:
+            digest = stream.digest()  # always ends the hashing thread
         if stream.clean:
-            _STREAMS[os.path.abspath(temp_file.name)] = (stream._h.hexdigest(), stream.size)
+            _STREAMS[os.path.abspath(temp_file.name)] = (digest, stream.size)
 
     http_get._pipeline_hashing = True  # type: ignore[attr-defined]
     file_download.http_get = http_get
@@ -484,6 +522,25 @@ def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]
     name, reason = next(iter(bad.items()))
     raise DownloadError(f"{entry.repo_id}@{sha[:12]}/{name} still fails verification after {_ATTEMPTS} fetches "
                         f"({reason}); the server or a proxy is serving corrupt data, retry later")
+
+
+def is_cached(entry: ModelEntry, *, revision: str | None = None, update: bool = False,
+              lock_file: Path | None = None) -> bool:
+    """Whether `download_model` would reuse a finished download without fetching anything: a current generated
+    model, or a commit pinned (or locked) whose directory still matches its manifest's sizes and mtimes. Reads
+    manifests and stats only."""
+    if entry.source == "generated":
+        path = tinymodel.model_dir(entry.name)
+        gen = GeneratedManifest.read(path) if path.is_dir() else None
+        return gen is not None and gen.key == tinymodel.generation_key(entry.name)
+    requested = revision or entry.revision
+    lock_path = Path(lock_file) if lock_file else lock_file_path()
+    sha = requested if _SHA_RE.match(requested) else (None if update else locked_sha(lock_path, entry, requested))
+    if sha is None:
+        return False
+    final = _repo_dir(entry.repo_id) / sha
+    m = _read(final)
+    return m is not None and _unchanged(final, m)
 
 
 def download_model(

@@ -262,3 +262,100 @@ def test_level_reports_speculated_share_cold_warm_ttft_and_the_low_hit_warning()
     text = format_report(r)
     assert "spec'd %" in text and "50.0%" in text and "warning: hit ratio 10%" in text
     assert "TTFT p50 cold/warm: 300.0/110.0 ms" in text
+
+
+# ------------------------------------------------------------------------------------ clients, caps and limits
+class _CountingWorker:
+    """Stands in for a gRPC client: counts how many are opened and answers every request at once."""
+
+    opened: list[int] = []
+
+    def __init__(self, *args, **kwargs):
+        _CountingWorker.opened.append(1)
+
+    def request(self, prompt, max_tokens, rid):
+        return RequestSample(ok=True, latency_s=0.01, ttft_s=0.005, output_tokens=max_tokens)
+
+    def close(self):
+        pass
+
+
+def test_bench_concurrency_3000_requests_2_opens_two_clients(monkeypatch, capsys):
+    """The exact input `bench --concurrency 3000 --requests 2`: two clients and threads, not 3000."""
+    import threading
+
+    import pipeline.bench as b
+    import tasks
+
+    _CountingWorker.opened = []
+    started = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(1) or real_start(self))
+    monkeypatch.setattr(b, "_Worker", _CountingWorker)
+    monkeypatch.setattr(b, "_served_model", lambda url, model: b._ModelInfo("ensemble", {}, set(), True))
+    tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1", concurrency="3000", requests="2")
+    out = capsys.readouterr().out
+    assert len(_CountingWorker.opened) == 1 + 2  # the warm-up's one client, then min(3000, 2)
+    assert len(started) == 1 + 2
+    assert "note: concurrency 3000: only 2 request(s) per level" in out
+
+
+def test_bench_refuses_levels_over_the_cap_with_one_line(capsys):
+    import tasks
+    from pipeline.bench import MAX_CONCURRENCY, clients_for, parse_levels
+
+    assert parse_levels("1,3000") == [1, 3000] and clients_for(3000, 2) == 2 and clients_for(2, 3000) == 2
+    with pytest.raises(SystemExit) as info:
+        tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1", concurrency=f"{MAX_CONCURRENCY + 1}")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --concurrency {MAX_CONCURRENCY + 1} exceeds the cap of {MAX_CONCURRENCY} concurrent "
+                   f"clients per level (pipeline.bench.MAX_CONCURRENCY); pick levels <= {MAX_CONCURRENCY}"]
+    with pytest.raises(BenchError, match="cap of 100000 requests"):
+        from pipeline.bench import plan_workload
+
+        plan_workload(concurrency=[1], requests_per_level=100_001)
+
+
+class _WordTokenizer:
+    """One token per word, plus one special token (as the build's tokenizer adds BOS)."""
+
+    def encode(self, text, add_special_tokens=True):
+        ids = list(range(len(text.split()) + (1 if add_special_tokens else 0)))
+        return type("Encoding", (), {"ids": ids})()
+
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_prompts_over_the_builds_limits_are_refused_before_sending():
+    from pipeline.bench import check_prompt_limits, plan_workload
+
+    tok = _WordTokenizer()
+    plans = plan_workload(concurrency=[1, 2], requests_per_level=2, max_tokens=8, shared_prefix_tokens=128,
+                          tokenizer=tok, max_input_len=256, max_seq_len=512)
+    assert [len(p.texts) for p in plans] == [2, 2]
+    assert max(len(tok.encode(t).ids) for p in plans for t in p.texts) < 256
+    with pytest.raises(BenchError) as info:
+        plan_workload(concurrency=[1], requests_per_level=2, shared_prefix_tokens=250, tokenizer=tok,
+                      max_input_len=256)
+    msg = str(info.value)
+    assert "over its max_input_len 256" in msg and "--shared-prefix-tokens to at most" in msg
+    assert "--max-input-len" in msg
+    with pytest.raises(BenchError, match=r"\+ --max-tokens 315 exceeds the build's max_seq_len 320; lower "
+                                         r"--max-tokens to at most \d+ or build with a larger --max-seq-len"):
+        check_prompt_limits(["a b c d e f g h i j"] * 2, tok, max_tokens=315, max_input_len=256, max_seq_len=320)
+    with pytest.raises(BenchError, match="--shared-prefix-tokens 300 exceeds the build's max_input_len 256"):
+        check_prompt_limits([], None, max_tokens=8, shared_prefix_tokens=300, max_input_len=256)
+
+
+def test_bench_spec_with_url_and_no_build_refuses_the_prefix_workload_without_a_tokenizer(pipeline_env, capsys):
+    import tasks
+
+    with pytest.raises(SystemExit) as info:
+        tasks.bench.body(None, model="tiny-llama", target="reference", url="127.0.0.1:1",
+                         shared_prefix_tokens="128")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--shared-prefix-tokens needs the build's tokenizer" in err[0]
+    assert "pass --repo" in err[0]

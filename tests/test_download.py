@@ -352,3 +352,55 @@ def test_invoke_download_task(pipeline_env):
             f"{pipeline_env / 'cache'}; run `invoke download --model llama-8b` with network access first"
         )
     ]
+
+
+def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
+    import hashlib
+    import threading
+    import types
+
+    import pipeline.download as dl
+
+    hashed_on = []
+
+    class Spy:
+        def __init__(self):
+            self._h = hashlib.sha256()
+
+        def update(self, data):
+            hashed_on.append(threading.current_thread().name)
+            self._h.update(data)
+
+        def hexdigest(self):
+            return self._h.hexdigest()
+
+    monkeypatch.setattr(dl, "hashlib", types.SimpleNamespace(sha256=Spy))
+    chunks = [bytes([i]) * 100_000 for i in range(20)]
+    with open(tmp_path / "f.incomplete", "wb") as f:
+        stream = dl._HashingFile(f, 0)
+        for c in chunks:
+            stream.write(c)
+        assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest() and stream.clean
+    assert len(hashed_on) == 20 and threading.current_thread().name not in hashed_on
+    assert set(hashed_on) == {"download-sha256"}
+    with open(tmp_path / "f.incomplete", "r+b") as f:  # resuming: the bytes on disk are hashed first
+        f.seek(0, 2)
+        stream = dl._HashingFile(f, 1_000_000)
+        for c in chunks[10:]:
+            stream.write(c)
+        assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def test_a_cached_download_is_reported_as_cached_not_fetching(hub, env):
+    from types import SimpleNamespace
+
+    from pipeline.build import _doing
+    from pipeline.download import is_cached
+
+    hub.add_commit("test-org/tiny", _files())
+    spec = SimpleNamespace(model=_entry(), draft_model=None)
+    assert not is_cached(_entry()) and _doing("download", spec) == "fetching test-org/tiny@main"
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert is_cached(_entry()) and _doing("download", spec) == "test-org/tiny@main cached"
+    (res.path / SHARD2).write_bytes(b"changed")  # no longer what the manifest records: it will be fetched
+    assert not is_cached(_entry())
