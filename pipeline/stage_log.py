@@ -55,8 +55,9 @@ def stage_log(path: str | Path, *, title: str = "") -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _redirect_fds(log: TextIO) -> Iterator[TextIO]:
-    """Point fds 1 and 2 at `log`; yield the console: the entry stderr (a dup of fd 2 when stderr was fd 2)."""
-    entry_err = sys.stderr
+    """Point fds 1 and 2 at `log`; yield the console: an enclosing stage_log's, else the entry stderr (a dup of fd 2
+    when stderr was fd 2)."""
+    entry_err = console()
     try:
         saved = {fd: os.dup(fd) for fd in (1, 2)}
     except OSError:  # no fd 1/2 (a daemon): Python-level routing only

@@ -78,6 +78,17 @@ def test_progress_is_quiet_between_periods_and_uses_tqdm_on_a_terminal(monkeypat
     assert tty.getvalue().startswith("\rbar:   0%|") and "0/2" in tty.getvalue()  # a tqdm bar, cleared after
 
 
+def test_nested_logs_keep_the_outer_console(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(sl, "PERIOD_S", 0.0)
+    with sl.stage_log(tmp_path / "outer.log"), sl.stage_log(tmp_path / "inner.log"):
+        print("inner chatter")
+        list(sl.progress(range(1), desc="inner work"))
+    err = capfd.readouterr().err
+    assert "inner work: 1/1" in err and "inner chatter" not in err
+    assert "inner chatter" in (tmp_path / "inner.log").read_text()
+    assert "inner work" not in (tmp_path / "outer.log").read_text()
+
+
 def test_the_log_is_restored_after_a_failure(tmp_path, capfd):
     with pytest.raises(RuntimeError, match="boom"), sl.stage_log(tmp_path / "f.log"):
         print("partial output")
