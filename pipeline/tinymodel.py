@@ -4,7 +4,7 @@ A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corp
 initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
 are reproducible. Architecture numbers come from the packaged registry (`models.yaml`). Results are cached under
 `cache_dir()/generated/<name>-<GENERATOR_VERSION>/`, written atomically under a file lock; the libraries' output
-while generating goes to `<that dir>.log`.
+while generating goes to `cache_dir()/logs/generate-<name>-<GENERATOR_VERSION>.log`.
 """
 
 from __future__ import annotations
@@ -267,8 +267,8 @@ def model_dir(name: str) -> Path:
 
 
 def log_file(model_path: Path) -> Path:
-    """Where the library output of generating the model at `model_path` goes: `<model dir>.log` beside it."""
-    return model_path.with_name(model_path.name + ".log")
+    """Where the library output of generating the model at `model_path` goes: `cache_dir()/logs/generate-<dir>.log`."""
+    return cache_dir() / "logs" / f"generate-{model_path.name}.log"
 
 
 def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
