@@ -124,10 +124,16 @@ def _set_stream(handler: logging.StreamHandler, stream: TextIO) -> None:
 
 
 def _is_tty(stream: TextIO) -> bool:
+    """A terminal with a width (a pseudo-terminal of 0 columns gets the plain lines; tqdm would draw nothing)."""
     try:
-        return stream.isatty()
+        if not stream.isatty():
+            return False
     except (AttributeError, ValueError):
         return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):
+        return True
 
 
 def progress(items: Iterable[T], *, desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:

@@ -78,6 +78,19 @@ def test_progress_is_quiet_between_periods_and_uses_tqdm_on_a_terminal(monkeypat
     assert tty.getvalue().startswith("\rbar:   0%|") and "0/2" in tty.getvalue()  # a tqdm bar, cleared after
 
 
+def test_a_terminal_without_a_width_gets_plain_lines(monkeypatch):
+    master, slave = os.openpty()  # a fresh pseudo-terminal: 0 columns, where tqdm would draw nothing
+    try:
+        with open(slave, "w", closefd=False) as tty:
+            monkeypatch.setattr(sl, "_consoles", [tty])
+            monkeypatch.setattr(sl, "PERIOD_S", 0.0)
+            list(sl.progress(range(2), desc="work", unit="step"))
+        assert b"work: 2/2 step (100%)" in os.read(master, 4096)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_nested_logs_keep_the_outer_console(tmp_path, capfd, monkeypatch):
     monkeypatch.setattr(sl, "PERIOD_S", 0.0)
     with sl.stage_log(tmp_path / "outer.log"), sl.stage_log(tmp_path / "inner.log"):
