@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .artifacts import engines_dir, stage_lock
+from .calibrate.stage import log_file as calibrate_log
 from .calibrate.stage import run_calibrate
 from .compile import run_compile
 from .compile.preflight import preflight
@@ -185,6 +186,9 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bo
     results = {"target": out.checkpoint, "draft": out.draft_checkpoint}
     detail = " ".join(f"{role} ppl Δ {float(r.manifest.quality['ppl_delta_pct']):+.2f}%"
                       for role, r in results.items() if r and r.manifest.quality.get("ppl_delta_pct") is not None)
+    logs = [str(calibrate_log(r.path)) for r in results.values() if r and r.built]
+    if logs:
+        detail += f"; library output: {', '.join(logs)}"
     return _outcome("calibrate", results, detail)
 
 
@@ -293,10 +297,6 @@ def build(
     lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}")
     with lock:
         outcomes += _run_chain(spec, chain, run, forced, out, options, toolchain, n=n, say=say)
-        if not compiles(spec) and "compile" in run:
-            at = next((k for k, o in enumerate(outcomes) if o.stage == "package"), len(outcomes))
-            outcomes.insert(at, StageOutcome("compile", "skipped", 0.0, detail=_no_compile(spec)))
-            say(f"compile: skipped ({_no_compile(spec)})")
     total = time.perf_counter() - t_start
     report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out)
     say(f"build {'unchanged' if report.noop else 'done'}: {out.build_id or '-'} in {total:.2f}s")
@@ -316,10 +316,18 @@ def _chain(spec: BuildSpec, last: str) -> list[str]:
 
 def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
                options: BuildOptions, toolchain: Any, *, n: int, say: Callable[[str], None]) -> list[StageOutcome]:
-    """Run the stages of `chain` that are in `run`, locate the others (check-only); the outcomes of those run."""
+    """Run the stages of `chain` that are in `run`, locate the others (check-only); the outcomes of those run.
+
+    A compile stage in `run` that the spec does not have is reported skipped in its place, without a `[k/n]`
+    counter (n counts the stages that run)."""
     outcomes: list[StageOutcome] = []
     i = 1
-    for stage in chain:
+    skip_compile = "compile" in run and not compiles(spec)
+    for stage in sorted({*chain, "compile"} if skip_compile else chain, key=STAGES.index):
+        if stage == "compile" and skip_compile:
+            outcomes.append(StageOutcome("compile", "skipped", 0.0, detail=_no_compile(spec)))
+            say(f"compile: skipped ({_no_compile(spec)})")
+            continue
         located = stage not in run
         if not located:
             i += 1

@@ -21,6 +21,7 @@ from . import __version__, planner
 from .artifacts import engines_dir, triton_repo_dir
 from .build import BuildOptions, locate_outputs, stage_range
 from .build import build as run_build
+from .calibrate.stage import log_file as calibrate_log
 from .calibrate.stage import run_calibrate
 from .cli import int_option
 from .compile.engine_plan import plan_compile
@@ -361,6 +362,7 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
             f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
+            + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
         )
 
 

@@ -3,7 +3,8 @@
 A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corpus.txt`), then each model is
 initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
 are reproducible. Architecture numbers come from the packaged registry (`models.yaml`). Results are cached under
-`cache_dir()/generated/<name>-<GENERATOR_VERSION>/`, written atomically under a file lock.
+`cache_dir()/generated/<name>-<GENERATOR_VERSION>/`, written atomically under a file lock; the libraries' output
+while generating goes to `cache_dir()/logs/generate-<name>-<GENERATOR_VERSION>.log`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .artifacts import atomic_dir, cache_dir, file_table, is_current, stage_key,
 from .errors import DownloadError
 from .manifests import GeneratedManifest
 from .registry import load_registry
+from .stage_log import progress, stage_log
 
 GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")
@@ -158,7 +160,7 @@ def _token_stream(tokenizer, texts: list[str]):
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _train(model, stream, steps: int) -> float:
+def _train(model, stream, steps: int, *, name: str = "tiny model") -> float:
     """Train `model` on random windows of `stream` for `steps` AdamW steps; returns the last loss."""
     import torch
 
@@ -176,7 +178,7 @@ def _train(model, stream, steps: int) -> float:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     loss_val = float("nan")
-    for _ in range(steps):
+    for _ in progress(range(steps), desc=f"generate {name}: training", unit="step"):
         starts = torch.randint(0, len(stream) - sl, (bs,), generator=g)
         batch = torch.stack([stream[s : s + sl] for s in starts.tolist()])
         out = model(input_ids=batch, labels=batch)  # the model shifts labels by one itself
@@ -235,7 +237,7 @@ def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -
         config = _config(name, tokenizer)
         torch.manual_seed(TRAIN["seed"])
         model = LlamaForCausalLM(config).float()
-        loss = _train(model, _token_stream(tokenizer, calib), steps) if steps else float("nan")
+        loss = _train(model, _token_stream(tokenizer, calib), steps, name=name) if steps else float("nan")
         ppl = heldout_perplexity(model, tokenizer, heldout)
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
@@ -264,6 +266,11 @@ def model_dir(name: str) -> Path:
     return cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}"
 
 
+def log_file(model_path: Path) -> Path:
+    """Where the library output of generating the model at `model_path` goes: `cache_dir()/logs/generate-<dir>.log`."""
+    return cache_dir() / "logs" / f"generate-{model_path.name}.log"
+
+
 def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
     """Return the cached HF-format directory of generated model `name`, generating it once if needed.
 
@@ -279,7 +286,7 @@ def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
     with stage_lock(final):
         if is_current(final, key):  # another process finished it while we waited
             return final
-        with atomic_dir(final) as tmp:
+        with atomic_dir(final) as tmp, stage_log(log_file(final), title=f"generate {name} -> {final}"):
             info = generate_tiny_model(name, tmp, steps=steps)
             GeneratedManifest(key=key, **info, files=file_table(tmp)).write(tmp)
     return final

@@ -118,6 +118,8 @@ def test_generation_is_deterministic_and_race_free(tmp_path):
     generated = list((tmp_path / "a" / "generated").iterdir())
     assert [p.name for p in generated if not p.name.startswith(".")] == [Path(outs[0]).name]
     assert not [p for p in generated if p.name.startswith(".tmp-")]
+    log = tmp_path / "a" / "logs" / f"generate-{Path(outs[0]).name}.log"  # the libraries' output, not the console
+    assert log.read_text().startswith(f"# generate tiny-llama-draft -> {outs[0]} (")
     man_a, man_b = read_manifest(Path(outs[0])), read_manifest(Path(outs[2]))
     def content(m):  # the bytes, not when they were written
         return {rel: (rec["sha256"], rec["size"]) for rel, rec in m["files"].items()}

@@ -5,6 +5,7 @@ Output layout: `engines/<model>-<precision>-<hash12>/checkpoint/` with TensorRT-
 inputs that change the checkpoint: source revision, recipe, calibration-sample fingerprint, tp/pp, toolchain.
 For runtime pytorch the output is `engines/<build-id>/hf_checkpoint/`: ModelOpt's unified Hugging Face export
 (`hf_quant_config.json`, unsharded, tokenizer files at the root), with the same gate and round-trip check.
+What ModelOpt, transformers and torch print while building goes to `engines/<build-id>/calibrate.log` (`log_file`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..manifests import CheckpointManifest, StageResult
 from ..registry import ModelEntry
 from ..safetensors_file import check_safetensors_dir
 from ..spec import BuildSpec
+from ..stage_log import progress, stage_log
 from ..tokenizer import identity
 from ..trtllm_rules import KV_QUANT_ALGO
 from . import data, export_hf, quality, recipes
@@ -212,8 +214,8 @@ def run_calibrate(
     with stage_lock(final):
         if (hit := _cached(final, key, plan, force=force, verify=verify, strict=False)) is not None:
             return hit
-        # ModelOpt prints progress to stdout; keep stdout for the stage's own result lines.
-        with atomic_dir(final) as tmp, contextlib.redirect_stdout(sys.stderr):
+        title = f"calibrate {plan.entry.name} {plan.precision} ({role}) -> {final}"
+        with atomic_dir(final) as tmp, stage_log(log_file(final), title=title):
             fields = _build(plan, src, calib, texts, encode, tmp)
             manifest = CheckpointManifest(
                 **fields,
@@ -228,6 +230,11 @@ def run_calibrate(
             )
             manifest.write(tmp)
     return CheckpointResult(final, manifest, "built")
+
+
+def log_file(checkpoint_dir: Path) -> Path:
+    """The calibrate log of a checkpoint (library output of its last build): beside it, in its build directory."""
+    return Path(checkpoint_dir).parent / "calibrate.log"
 
 
 def _factors(plan: _Plan, source_sha: str, calibration: str) -> dict[str, Any]:
@@ -320,14 +327,12 @@ def _quantize(model, cfg: dict[str, Any], plan: _Plan, calib: data.TokenSet, dev
     """ModelOpt PTQ in place: calibrate `model` on the calibration set in batches of `plan.batch_size`."""
     import modelopt.torch.quantization as mtq
     import torch
-    from tqdm import tqdm
 
     batches = [calib.samples[i : i + plan.batch_size] for i in range(0, len(calib.samples), plan.batch_size)]
 
     def forward_loop(m) -> None:
         with torch.no_grad():
-            for b in tqdm(batches, desc=f"calibrate {plan.entry.name} {plan.precision}", unit="batch", disable=None,
-                          file=sys.stderr):
+            for b in progress(batches, desc=f"calibrate {plan.entry.name} {plan.precision}", unit="batch"):
                 m(torch.tensor(b, dtype=torch.long, device=device))
 
     mtq.quantize(model, cfg, forward_loop)
