@@ -511,6 +511,10 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         while not stop["flag"]:
             if server._proc is None or server._proc.poll() is not None:
                 raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+            dead = server.dead_stubs()
+            if dead:
+                raise ServeError(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
+                                 f"keep answering errors); stopped the server, restart it; see {server.log_file}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

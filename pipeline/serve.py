@@ -24,6 +24,7 @@ import errno
 import ipaddress
 import os
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -41,6 +42,11 @@ from .procs import parent_death_preexec, pid_alive, terminate
 from .triton.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
+# tritonserver's HTTP frontend (2.5x) copies a request body onto its worker thread's stack: with the usual 8 MiB
+# stack a body of a few MB kills the server (SIGSEGV, measured from ~7 MB). Threads take RLIMIT_STACK as their stack
+# size (reserved, touched only as used), so the server runs with 1 GiB: bodies up to about that reach the models,
+# which refuse oversized text by bytes. A front proxy must cap bodies below it.
+SERVER_STACK_BYTES = 1 << 30
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 # Environment variables never handed to the server (its python models run arbitrary code and log their env): by
 # name (any credential-looking word), and by value (a URL carrying a password, a well-known token format).
@@ -401,12 +407,27 @@ def _cpu_command(kw: dict, env: dict[str, str]) -> ServerCommand:
     return ServerCommand(plan.local_argv(), env, "cpu-pytriton", plan)
 
 
+def _server_preexec():
+    """The parent-death signal plus a soft RLIMIT_STACK of at least SERVER_STACK_BYTES (capped by the hard limit)."""
+    death = parent_death_preexec()
+
+    def preexec() -> None:
+        if death is not None:
+            death()
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        want = SERVER_STACK_BYTES if hard == resource.RLIM_INFINITY else min(SERVER_STACK_BYTES, hard)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+
+    return preexec
+
+
 def spawn(cmd: ServerCommand, log) -> subprocess.Popen:
     """Start `cmd` (tritonserver, or mpirun with one per rank) in its own process group with SIGTERM as its
     parent-death signal: a parent killed even by SIGKILL makes it shut down cleanly (ports, /dev/shm released;
-    mpirun forwards SIGTERM to its ranks)."""
+    mpirun forwards SIGTERM to its ranks). Its threads get SERVER_STACK_BYTES stacks (see there)."""
     return subprocess.Popen(cmd.argv, env=cmd.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=parent_death_preexec())
+                            start_new_session=True, preexec_fn=_server_preexec())
 
 
 @dataclass
@@ -438,6 +459,7 @@ class TritonServer:
     bound: dict[str, str | None] = field(default_factory=dict)  # endpoint -> "host:port" it listens on
     command: ServerCommand | None = field(default=None, init=False, repr=False)  # what start() ran
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _stubs: set[str] = field(default_factory=set, init=False, repr=False)
     _launch: Path | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
 
@@ -511,12 +533,35 @@ class TritonServer:
             self._proc = spawn(cmd, self._log)
             self.wait_ready()
             self.bound = self.wait_bound()
+            self._stubs = set(self.stub_instances().values())
         except BaseException:
             self.stop()
             raise
         return self
 
+    def stub_instances(self) -> dict[int, str]:
+        """pid -> model instance name (e.g. `tensorrt_llm_0_0`) of the live Python-backend stubs of this server."""
+        found = {}
+        for pid in process_tree(self.pid) if self.pid else []:
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            # triton_python_backend_stub <model.py> <shm region> <shm size> <growth> <parent pid> <lib> <ipc> <name>
+            if len(args) > 8 and args[0].endswith(b"triton_python_backend_stub"):
+                found[pid] = args[8].decode(errors="replace")
+        return found
+
+    def dead_stubs(self) -> list[str]:
+        """Model instances whose Python stub was running once the server was ready and is gone now (no live stub
+        of the same name replaced it). tritonserver keeps such a model READY while it answers every request with
+        "Stub process ... is not healthy"; `is_ready()` and `invoke serve` report it instead."""
+        return sorted(self._stubs - set(self.stub_instances().values()))
+
     def is_ready(self) -> bool:
+        """The server says ready and no model instance lost its Python stub."""
+        if self._stubs and self.dead_stubs():
+            return False
         import tritonclient.http as httpclient  # heavy (gevent): not at CLI start-up
         from tritonclient.utils import InferenceServerException
 

@@ -214,7 +214,8 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
     values: dict[str, dict[str, Any]] = {
         "preprocessing": {"triton_max_batch_size": batch, **_QUEUE, "preprocessing_instance_count": 1,
                           "tokenizer_dir": "tokenizer", "add_special_tokens": True, "multimodal_model_path": "",
-                          "gpt_model_path": "", "max_num_images": "", "hf_model_path": ""},
+                          "gpt_model_path": "", "max_num_images": "", "hf_model_path": "",
+                          "max_input_len": spec.max_input_len},
         "postprocessing": {"triton_max_batch_size": batch, "postprocessing_instance_count": 1,
                            "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
         "tensorrt_llm": _llm_values("tensorrt_llm", target, llm, rel(llm.path, "tensorrt_llm"),

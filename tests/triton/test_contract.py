@@ -24,7 +24,8 @@ UPSTREAM = {
 }
 # Parameters only our python models read, beside upstream's (the C++ backend takes these from the engine).
 REFERENCE_ONLY = {"reference_dtype", "tokens_per_block", "max_input_len", "max_seq_len"}
-OURS_ONLY = {"tensorrt_llm_bls": {"default_num_draft_tokens", "max_batch_for_speculation"}}
+OURS_ONLY = {"tensorrt_llm_bls": {"default_num_draft_tokens", "max_batch_for_speculation"},
+             "preprocessing": {"max_input_len"}}
 # The one deliberate difference: Triton (2.51) checks only the number of inputs of a request, and its ensemble
 # scheduler fills only *optional* missing inputs, so an ensemble request without a required input never runs its
 # first step (a decoupled ensemble then answers nothing: a hang). Optional here, preprocessing still requires them

@@ -154,6 +154,27 @@ def test_bad_requests_get_one_error_each(llmapi_server):
     assert generate(srv, "hi", sampling_param_max_tokens=2)["text_output"]  # the server still serves
 
 
+BAD_SAMPLING = [("temperature", -1.0, "must be >= 0"), ("top_p", 7.0, "must be in (0, 1]"),
+                ("top_k", -1, "must be >= 0"), ("max_tokens", 0, "must be >= 1"), ("max_tokens", -5, "must be >= 1"),
+                ("best_of", 0, "must be >= 1")]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), BAD_SAMPLING, ids=[f"{n}={v}" for n, v, _ in BAD_SAMPLING])
+def test_out_of_range_sampling_value_gets_one_error(llmapi_server, name, value, message):
+    srv, _ = llmapi_server
+    assert f"sampling_param_{name} {message}" in generate_error(srv, text_input="hi", **{f"sampling_param_{name}": value})
+
+
+@pytest.mark.parametrize("size", [10_000_000, 100_000_000])
+def test_huge_prompt_gets_an_error_naming_the_byte_limit(llmapi_server, size):
+    srv, _ = llmapi_server
+    yaml_text = (srv.repo / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    max_seq_len = int(yaml_text.split("max_seq_len:")[1].split()[0])
+    error = generate_error(srv, text_input="fox " * (size // 4), sampling_param_max_tokens=2)
+    assert f"text_input is {size} bytes, over the limit of {max_seq_len * 32} bytes" in error
+    assert srv.is_ready() and generate(srv, "hi", sampling_param_max_tokens=2)["text_output"]
+
+
 def test_stop_request_cancels_a_running_stream(llmapi_server):
     import tritonclient.grpc as grpcclient
 

@@ -7,6 +7,10 @@ fields of the same name; `best_of` defaults to 1, `exclude_input_from_output` an
 optional outputs to send) and `stop` (cancel the request with the same request id). A response carries
 `text_output`, the outputs asked for, and with `return_perf_metrics` the KV-cache, timing and speculative-decoding
 metrics of the request.
+
+Bounded work per request: a prompt (or its stop strings) over the byte cap (`prompt_byte_limit`: the LLM's
+max_input_len, else max_seq_len, x BYTES_PER_TOKEN) is refused before anything decodes or tokenizes it; sampling
+values outside the bounds of TensorRT-LLM's SamplingParams / executor SamplingConfig are refused (`check_sampling`).
 """
 
 import os
@@ -36,6 +40,17 @@ PERF_OUTPUTS = {
     "total_draft_tokens": (np.int32, "total_draft_tokens"),
 }
 CONFIG_FILE = "model.yaml"
+BYTES_PER_TOKEN = 32  # generous: text averages about 4 bytes per token
+DEFAULT_MAX_PROMPT_BYTES = 4 << 20
+# SamplingParams field -> (lowest, lowest allowed, highest or None, human bound), as TensorRT-LLM 1.2 checks them
+# (executor SamplingConfig: temperature >= 0, top_k >= 0, 0 < top_p <= 1; best_of >= n = 1; max_tokens >= 1).
+SAMPLING_BOUNDS = {
+    "temperature": (0.0, True, None, ">= 0"),
+    "top_k": (0, True, None, ">= 0"),
+    "top_p": (0.0, False, 1.0, "in (0, 1]"),
+    "max_tokens": (1, True, None, ">= 1"),
+    "best_of": (1, True, None, ">= 1"),
+}
 
 
 class BadRequest(Exception):
@@ -63,6 +78,27 @@ def apply_triton_config(auto_complete_model_config, model_dir: str):
     return auto_complete_model_config
 
 
+def prompt_byte_limit(llm_args: dict) -> int:
+    """The byte cap of one prompt: max_input_len (else max_seq_len) tokens x BYTES_PER_TOKEN."""
+    tokens = llm_args.get("max_input_len") or llm_args.get("max_seq_len")
+    return int(tokens) * BYTES_PER_TOKEN if tokens else DEFAULT_MAX_PROMPT_BYTES
+
+
+def check_sampling(sampling: dict) -> None:
+    """Raise BadRequest for the first sampling value outside SAMPLING_BOUNDS."""
+    for name, (low, inclusive, high, bound) in SAMPLING_BOUNDS.items():
+        value = sampling.get(name)
+        if value is None:
+            continue
+        value = float(value)
+        if value != value or value < low or (value == low and not inclusive) or (high is not None and value > high):
+            raise BadRequest(f"sampling_param_{name} must be {bound}, got {value:g}; send a value {bound}")
+
+
+def _nbytes(value) -> int:
+    return len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8"))
+
+
 def _array(request, name):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
@@ -86,13 +122,20 @@ def is_stop_request(request) -> bool:
     return bool(_scalar(request, "stop"))
 
 
-def parse_request(request) -> dict:
-    """One request -> {"prompt", "sampling" (SamplingParams kwargs), "streaming", "outputs" (flags)}."""
+def parse_request(request, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES) -> dict:
+    """One request -> {"prompt", "sampling" (SamplingParams kwargs), "streaming", "outputs" (flags)}; raises
+    BadRequest for a prompt or stop strings over `max_prompt_bytes` and for sampling values out of bounds."""
     text = _array(request, "text_input")
     if text is None or text.size == 0:
         raise BadRequest("text_input is missing from the request")
     if text.ndim > 1 and text.shape[0] != 1:
         raise BadRequest("text_input must be one prompt (a 1-D tensor)")
+    stop = _array(request, "sampling_param_stop")
+    for name, arr in (("text_input", text), ("sampling_param_stop", stop)):
+        size = 0 if arr is None else sum(_nbytes(v) for v in arr.reshape(-1))
+        if size > max_prompt_bytes:
+            raise BadRequest(f"{name} is {size} bytes, over the limit of {max_prompt_bytes} bytes "
+                             f"(the model's input length x {BYTES_PER_TOKEN} bytes per token); shorten it")
     sampling = {}
     for field in SAMPLING_FIELDS:
         value = _scalar(request, f"sampling_param_{field}")
@@ -100,7 +143,7 @@ def parse_request(request) -> dict:
             value = SAMPLING_DEFAULTS.get(field)
         if value is not None:
             sampling[field] = value
-    stop = _array(request, "sampling_param_stop")
+    check_sampling(sampling)
     sampling["stop"] = [_text(s) for s in stop.reshape(-1)] if stop is not None and stop.size else None
     outputs = {flag: bool(_scalar(request, flag) or False) for flag in OUTPUT_FLAGS}
     return {"prompt": _text(text.reshape(-1)[0]), "sampling": sampling,

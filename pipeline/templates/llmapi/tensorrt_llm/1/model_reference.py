@@ -24,7 +24,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from hf_reference import Engine, Sequence, load_model
 from llmapi_io import (BadRequest, apply_triton_config, build_response, error_response, is_stop_request,
-                       parse_request, read_model_yaml)
+                       parse_request, prompt_byte_limit, read_model_yaml)
 from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,6 +65,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
         llm = read_model_yaml(HERE)
+        self.max_prompt_bytes = prompt_byte_limit(llm)
         dtype = _DTYPES.get(_param(config, "reference_dtype", "float32"))
         if dtype is None:
             raise pb_utils.TritonModelException("reference_dtype must be float32 or float64")
@@ -101,7 +102,7 @@ class TritonPythonModel:
         if is_stop_request(request):
             self._stop(request)
             return
-        parsed = parse_request(request)
+        parsed = parse_request(request, self.max_prompt_bytes)
         if parsed["streaming"] and not self.decoupled:
             raise BadRequest("Streaming is only supported in decoupled mode.")
         if int(parsed["sampling"].get("best_of", 1)) != 1:

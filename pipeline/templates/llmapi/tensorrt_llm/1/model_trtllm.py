@@ -18,7 +18,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 from llmapi_io import (BadRequest, apply_triton_config, build_response, error_response, is_stop_request,
-                       parse_request, read_model_yaml)
+                       parse_request, prompt_byte_limit, read_model_yaml)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -57,6 +57,7 @@ class TritonPythonModel:
         self.SamplingParams = SamplingParams
         data = read_model_yaml(HERE)
         self.decoupled = bool(data["triton_config"]["decoupled"])
+        self.max_prompt_bytes = prompt_byte_limit(data)
         kwargs = update_llm_args_with_extra_dict({}, {k: v for k, v in data.items() if k != "triton_config"})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -92,7 +93,7 @@ class TritonPythonModel:
             if is_stop_request(request):
                 self._stop(request, sender)
                 return
-            parsed = parse_request(request)
+            parsed = parse_request(request, self.max_prompt_bytes)
             if parsed["streaming"] and not self.decoupled:
                 raise BadRequest("Streaming is only supported in decoupled mode.")
             params = self.SamplingParams(**parsed["sampling"])

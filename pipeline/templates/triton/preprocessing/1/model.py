@@ -12,6 +12,9 @@ Written by pipeline.triton; self-contained (numpy + transformers). Per request (
   eos / pad token (pad falls back to eos);
 - PROMPT_TABLE_EXTRA_ID -> OUT_PROMPT_TABLE_EXTRA_IDS shaped like INPUT_ID: 0 for every token of a text prompt
   (only prompt-table tokens, which a text-only build never produces, carry the extra id).
+Bounded work per request: a text input (prompt, stop/bad words, bias words) longer than the byte cap is refused
+before it is tokenized, then a prompt over `max_input_len` tokens. The cap is `max_input_len` x BYTES_PER_TOKEN
+(generous: text averages about 4 bytes per token), DEFAULT_MAX_INPUT_BYTES without `max_input_len`.
 Image/video inputs need a multimodal build and are refused per request; the vision outputs are never produced.
 `tokenizer_dir` is resolved against this model's directory unless absolute; unset (`${...}`) parameters count as
 empty.
@@ -25,6 +28,8 @@ import triton_python_backend_utils as pb_utils
 
 MULTIMODAL_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")
 TRUE = ("true", "1", "t", "y", "yes")
+BYTES_PER_TOKEN = 32
+DEFAULT_MAX_INPUT_BYTES = 4 << 20
 
 
 class RequestError(ValueError):
@@ -43,6 +48,10 @@ def _input(request, name):
 
 def _text(value):
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _nbytes(value):
+    return len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8"))
 
 
 def _rows(arr, batch):
@@ -81,6 +90,27 @@ class TritonPythonModel:
         self.end_id = self._token_id(self.tokenizer.eos_token, 0)
         self.pad_id = self._token_id(self.tokenizer.pad_token, self.end_id)
         self.vocab_size = len(self.tokenizer.get_vocab())
+        limit = _param(config, "max_input_len", "0")
+        try:
+            self.max_input_len = int(limit)
+        except ValueError:
+            raise pb_utils.TritonModelException(f"preprocessing: max_input_len must be an integer, got {limit!r}") \
+                from None
+        self.max_input_bytes = self.max_input_len * BYTES_PER_TOKEN if self.max_input_len > 0 \
+            else DEFAULT_MAX_INPUT_BYTES
+
+    def _check_bytes(self, arr, name):
+        """Refuse a text input whose rows hold more bytes than the cap (before anything tokenizes them)."""
+        if arr is None:
+            return
+        batch = arr.shape[0] if arr.ndim else 1
+        for b, row in enumerate(_rows(arr, batch)):
+            size = sum(_nbytes(v) for v in row)
+            if size > self.max_input_bytes:
+                basis = (f"max_input_len {self.max_input_len} x {BYTES_PER_TOKEN} bytes per token"
+                         if self.max_input_len > 0 else "the default cap")
+                raise RequestError(f"{name} of batch row {b} is {size} bytes, over the limit of "
+                                   f"{self.max_input_bytes} bytes ({basis}); shorten it")
 
     def _token_id(self, token, default):
         if token is None:
@@ -97,6 +127,10 @@ class TritonPythonModel:
         empty = [b for b, ids in enumerate(encoded) if not ids]
         if empty:
             raise RequestError(f"text_input of batch row {empty[0]} is empty after tokenization; send a prompt")
+        longest = max(range(batch), key=lambda b: len(encoded[b]))
+        if self.max_input_len > 0 and len(encoded[longest]) > self.max_input_len:
+            raise RequestError(f"prompt length ({len(encoded[longest])}) of batch row {longest} exceeds maximum "
+                               f"input length ({self.max_input_len}); shorten the prompt")
         width = max(len(ids) for ids in encoded)
         ids = np.empty((batch, width), dtype=np.int32)
         for b, row in enumerate(encoded):
@@ -153,6 +187,10 @@ class TritonPythonModel:
         sent = [name for name in MULTIMODAL_INPUTS if _input(request, name) is not None]
         if sent:
             raise RequestError(f"{', '.join(sent)} need a multimodal build; this repository serves a text-only model")
+        for name, arr in (("text_input", query), ("bad_words", _input(request, "BAD_WORDS_DICT")),
+                          ("stop_words", _input(request, "STOP_WORDS_DICT")),
+                          ("embedding_bias_words", _input(request, "EMBEDDING_BIAS_WORDS"))):
+            self._check_bytes(arr, name)
         batch = query.shape[0]
         end_id = _ids(request, "END_ID", batch, self.end_id)
         pad_id = _ids(request, "PAD_ID", batch, self.pad_id)

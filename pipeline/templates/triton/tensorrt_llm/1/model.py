@@ -14,7 +14,8 @@ the output); stop words end it (included); `min_tokens` bans end_id until reache
 top_p_min/decay/reset_ids), `seed`. `streaming` (decoupled only) sends the new tokens as they come;
 non-streaming output holds the prompt unless `exclude_input_in_output`. `num_return_sequences` = n independent
 samples: one response per sequence with `sequence_index` when decoupled (as the C++ backend sends them), or one
-response with the n sequences on the beam axis when not. `beam_width` > 1 is refused per request.
+response with the n sequences on the beam axis when not. `beam_width` > 1 is refused per request, as is a
+sampling value outside the tensorrtllm backend's bounds (SAMPLING_BOUNDS).
 `draft_input_ids` (draft-target speculation) are verified in one forward pass: the accepted prefix plus one token.
 Limits as configured (`max_input_len`, `max_seq_len`): a longer prompt, prompt + output over the limit, or
 request_output_len <= 0 is an error response. Inputs that need another engine (LoRA, prompt tables, multimodal,
@@ -122,6 +123,35 @@ def word_list(arr):
             words.append([int(t) for t in ids[start:end]])
         start = end
     return words
+
+
+# The tensorrtllm backend's per-request sampling bounds (executor SamplingConfig checks; runtime_top_p <= 0 counts as
+# unset there): input -> (lowest, lowest allowed, highest or None, human bound).
+SAMPLING_BOUNDS = {
+    "beam_width": (1, True, None, ">= 1"),
+    "temperature": (0.0, True, None, ">= 0"),
+    "runtime_top_k": (0, True, None, ">= 0"),
+    "runtime_top_p": (0.0, False, 1.0, "in (0, 1]"),
+    "runtime_top_p_min": (0.0, True, 1.0, "in [0, 1]"),
+    "runtime_top_p_decay": (0.0, False, 1.0, "in (0, 1]"),
+    "runtime_top_p_reset_ids": (0, True, None, ">= 0"),
+    "repetition_penalty": (0.0, False, None, "> 0"),
+    "min_tokens": (0, True, None, ">= 0"),
+    "len_penalty": (0.0, True, None, ">= 0"),
+    "beam_search_diversity_rate": (0.0, True, None, ">= 0"),
+    "num_return_sequences": (1, True, None, ">= 1"),
+}
+
+
+def check_sampling(values):
+    """Raise RequestError for the first sampling value (name -> value or None) outside its SAMPLING_BOUNDS."""
+    for name, value in values.items():
+        if value is None or (name == "runtime_top_p" and float(value) <= 0):
+            continue
+        low, inclusive, high, bound = SAMPLING_BOUNDS[name]
+        value = float(value)
+        if value != value or value < low or (value == low and not inclusive) or (high is not None and value > high):
+            raise RequestError(f"{name} must be {bound}, got {value:g}; send a value {bound}")
 
 
 def load_model(path, dtype_name):
@@ -534,7 +564,8 @@ class TritonPythonModel:
             "runtime_top_p_decay", "runtime_top_p_reset_ids", "repetition_penalty", "min_tokens",
             "presence_penalty", "frequency_penalty", "seed", "return_log_probs", "return_context_logits",
             "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
-            "return_num_output_tokens", "exclude_input_in_output", "num_return_sequences")}
+            "return_num_output_tokens", "exclude_input_in_output", "num_return_sequences", "len_penalty",
+            "beam_search_diversity_rate")}
         inputs["request_output_len"] = out_len
         import torch
 
@@ -566,13 +597,12 @@ class TritonPythonModel:
         if any(t < 0 or t >= self.vocab for t in prompt):
             raise RequestError(f"input_ids hold a token id outside the vocabulary [0, {self.vocab}); "
                                "tokenize with the model's tokenizer")
+        check_sampling({name: scalar(name, None) for name in SAMPLING_BOUNDS})
         beam = int(scalar("beam_width", 1) or 1)
         if beam != 1:
             raise RequestError(f"beam_width {beam} is not supported by the reference backend (max_beam_width 1); "
                                "send beam_width 1 or use num_return_sequences")
         n = int(scalar("num_return_sequences", 1) or 1)
-        if n < 1:
-            raise RequestError(f"num_return_sequences must be >= 1, got {n}; send 1 or more")
         draft_row = _row(inputs["draft_input_ids"], b, batch)
         draft = [int(t) for t in draft_row.reshape(-1)] if draft_row is not None else []
         bias_row = _row(inputs["embedding_bias"], b, batch)

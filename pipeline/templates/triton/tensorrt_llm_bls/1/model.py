@@ -17,8 +17,9 @@ Routes:
 Models whose config says they are not decoupled (preprocessing, postprocessing, the draft, a unary target) are
 called with a unary `exec()`; a decoupled target with `exec(decoupled=True)`, read to its final response. Empty
 word lists ([1, 2, 0]) and an empty embedding bias ([1, 0]) from preprocessing count as absent. The target's
-limits (max_input_len, max_seq_len) are checked up front. Inputs that need another build (images, video, decoder
-text, prompt tables, LoRA, guided decoding) get a per-request error, as do requests without text_input or a positive
+limits (max_input_len, max_seq_len) are checked up front; before anything is tokenized, a text_input over
+max_input_len x BYTES_PER_TOKEN bytes (DEFAULT_MAX_INPUT_BYTES when the limit is unknown) is refused. Inputs that
+need another build (images, video, decoder text, prompt tables, LoRA, guided decoding) get a per-request error, as do requests without text_input or a positive
 max_tokens. A streamed request the client cancels stops the target (a `stop` request with the same id) and ends with
 an error response.
 
@@ -61,6 +62,9 @@ UNSUPPORTED = {
     "lora_task_id": "LoRA", "lora_weights": "LoRA", "lora_config": "LoRA",
     "guided_decoding_guide_type": "guided decoding", "guided_decoding_guide": "guided decoding",
 }
+
+BYTES_PER_TOKEN = 32  # generous: text averages about 4 bytes per token
+DEFAULT_MAX_INPUT_BYTES = 4 << 20
 
 # Request inputs forwarded to tensorrt_llm: BLS name -> (tensorrt_llm name, dtype). min_tokens, stream and
 # exclude_input_in_output are set per call.
@@ -327,6 +331,7 @@ class TritonPythonModel:
         if text.shape[0] != 1:
             raise RequestError(f"tensorrt_llm_bls serves batch size 1 per request, got {text.shape[0]}; "
                                "send one request per prompt")
+        self._check_bytes(text)
         max_tokens = _scalar(_input(request, "max_tokens"))
         if max_tokens is None or int(max_tokens) <= 0:
             raise RequestError("max_tokens is required and must be a single value > 0")
@@ -355,6 +360,14 @@ class TritonPythonModel:
         opts["beam"] = int(_scalar(_input(request, "beam_width"), 1) or 1)
         self._check_route(opts)
         return opts
+
+    def _check_bytes(self, text):
+        cap = self.max_input_len * BYTES_PER_TOKEN if self.max_input_len else DEFAULT_MAX_INPUT_BYTES
+        size = sum(len(v) if isinstance(v, bytes) else len(str(v).encode("utf-8")) for v in text.reshape(-1))
+        if size > cap:
+            basis = (f"max_input_len {self.max_input_len} x {BYTES_PER_TOKEN} bytes per token" if self.max_input_len
+                     else "the default cap")
+            raise RequestError(f"text_input is {size} bytes, over the limit of {cap} bytes ({basis}); shorten it")
 
     def _check_route(self, opts):
         if opts["k"] > 0:
