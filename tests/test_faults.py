@@ -162,12 +162,13 @@ def test_extra_file_in_a_checkpoint_is_refused(tree):
 
 # --- SIGKILL mid-stage, then re-run: correct result, no leftovers ----------------------------------------------
 PAUSE = """
-import sys, time
+import os, sys, time
 import {module} as m
+report = os.fdopen(os.dup(1), "w")  # the parent's pipe: stages send fds 1 and 2 to their log while they run
 real = m.{function}
 def paused(*args, **kwargs):
     out = real(*args, **kwargs)
-    print("paused", file=sys.__stdout__, flush=True)  # stages may redirect sys.stdout
+    print("paused", file=report, flush=True)
     time.sleep(600)
     return out
 m.{function} = paused
