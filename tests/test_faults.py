@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -85,7 +86,8 @@ def invoke(*args: str, env: dict, timeout: float = 600, **kw) -> subprocess.Comp
 
 def one_line(r: subprocess.CompletedProcess, code: int, *needles: str) -> str:
     """The error line of a failed command: exactly one besides `build`'s progress lines, no traceback."""
-    lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("[")]
+    lines = [ln for ln in r.stderr.strip().splitlines()
+             if not ln.startswith("[") and not re.match(r"\w+: skipped \(", ln)]  # progress lines
     assert r.returncode == code, (r.returncode, r.stderr[-3000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr[-3000:]
     for needle in needles:
