@@ -1,5 +1,5 @@
 # GPU build/serve host image: NGC Triton with the TensorRT-LLM 1.2.1 backend + this pipeline + kubectl.
-# Build (the tag `invoke deploy` uses by default, pipeline.deploy.images.DEFAULT_PIPELINE_IMAGE):
+# Build (the tag `invoke deploy` uses by default, pipeline.ops.deploy.images.DEFAULT_PIPELINE_IMAGE):
 #   docker build -t trtllm-pipeline:0.1.0-26.04-trtllm-python-py3 .
 # Another Triton release: --build-arg TRITON_VERSION=yy.mm and tag it trtllm-pipeline:0.1.0-<yy.mm>-trtllm-python-py3.
 #
@@ -43,11 +43,11 @@ WORKDIR /opt/trtllm-pipeline
 COPY pyproject.toml README.md tasks.py ./
 COPY pipeline ./pipeline
 # Install this repository against the image's stack without freezing it: only the engine contract (ENGINE_STACK in
-# pipeline/deploy/images.py: tensorrt_llm and torch, at the versions installed here) is a constraint; the rest of
+# pipeline/ops/deploy/images.py: tensorrt_llm and torch, at the versions installed here) is a constraint; the rest of
 # our requirements (pyproject.toml: transformers 4.57.x, nvidia-modelopt 0.37.x, numpy<2, ...) are the ranges
-# TensorRT-LLM 1.2.1 itself requires, so the image's own versions satisfy them and stay (tests/deploy/test_images.py
+# TensorRT-LLM 1.2.1 itself requires, so the image's own versions satisfy them and stay (tests/ops/deploy/test_images.py
 # checks the ranges against its requirements.txt). The constraints come from the standard library alone.
-RUN python3 -m pipeline.deploy.images > /tmp/engine-stack.txt \
+RUN python3 -m pipeline.ops.deploy.images > /tmp/engine-stack.txt \
  && cat /tmp/engine-stack.txt \
  && python3 -m pip install --no-cache-dir -c /tmp/engine-stack.txt . \
  && rm /tmp/engine-stack.txt \

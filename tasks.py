@@ -1,14 +1,14 @@
-"""invoke tasks: wiring only. Each task is a function of `pipeline.commands` (its docstring is the task's help).
+"""invoke tasks: wiring only. Each task is a function of `pipeline.cli.commands` (its docstring is the task's help).
 
-`invoke --list` shows them; `invoke TASK --help` the flags. Exit codes (pipeline/errors.py): 0 ok; 2 bad input or
+`invoke --list` shows them; `invoke TASK --help` the flags. Exit codes (pipeline/core/errors.py): 0 ok; 2 bad input or
 a missing prerequisite; 3 an artifact differs from its manifest or release record; 4 this host lacks the
 GPU/toolchain (or an engine was built for another); 5 the work ran and failed (I/O error, failed requests).
 """
 
 from __future__ import annotations
 
-from pipeline import commands
-from pipeline.cli import command_task
+from pipeline.cli import commands
+from pipeline.cli.flags import command_task
 
 check = command_task(commands.check_command)
 plan = command_task(commands.plan_command)

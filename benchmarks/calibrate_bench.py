@@ -30,7 +30,7 @@ def bare(src: Path, samples: list[list[int]], precision: str, kv: str, out: Path
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from pipeline.calibrate.recipes import quant_config
+    from pipeline.stages.calibrate.recipes import quant_config
 
     t = t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
@@ -73,11 +73,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="calibrate-bench-"))
     os.environ["PIPELINE_ROOT"] = str(work / "out")
     os.environ.setdefault("PIPELINE_CACHE", str(work / "cache"))
-    from pipeline.calibrate import data
-    from pipeline.calibrate.stage import run_calibrate
-    from pipeline.calibrate.stage import _plan
-    from pipeline.download import download_model
-    from pipeline.spec import resolve_spec
+    from pipeline.core.spec import resolve_spec
+    from pipeline.stages.calibrate import data
+    from pipeline.stages.calibrate.stage import _plan, run_calibrate
+    from pipeline.stages.download.stage import download_model
 
     spec = resolve_spec(
         model=args.model,

@@ -1,5 +1,5 @@
 """Host RAM of a CPU calibration: the calibrate stage's measured peak RSS against the host check's estimate
-(`pipeline.resources.calibration_memory(...).cpu_ram_bytes`), on a randomly initialised Llama with llama-1b's layer
+(`pipeline.planning.resources.calibration_memory(...).cpu_ram_bytes`), on a randomly initialised Llama with llama-1b's layer
 shape and vocabulary (fewer layers), so the float32 model, the export's copy and the round trip's re-load dominate.
 
     python benchmarks/calibrate_memory.py [--layers 4] [--precision fp8] [--calib-seq-len 32]
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 CHILD = """
 import sys
-from pipeline.calibrate.stage import run_calibrate
-from pipeline.spec import resolve_spec
+from pipeline.stages.calibrate.stage import run_calibrate
+from pipeline.core.spec import resolve_spec
 spec = resolve_spec(model="mid-llama", models_file=sys.argv[1], precision=sys.argv[2], calib_size=2,
                     calib_seq_len=int(sys.argv[3]), kv_cache="bf16", enable_kv_cache_reuse=False,
                     enable_chunked_context=False, quality_gate=False)
@@ -42,8 +42,8 @@ def make_model(dest: Path, layers: int, models_file: Path) -> None:
     import yaml
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.registry import get_model
-    from pipeline.tinymodel import ensure_tiny_model
+    from pipeline.core.registry import get_model
+    from pipeline.stages.download.tinymodel import ensure_tiny_model
 
     arch = get_model("llama-1b").architecture.model_copy(update={"num_layers": layers})
     torch.manual_seed(0)
@@ -67,8 +67,8 @@ def main() -> None:
     ap.add_argument("--calib-seq-len", type=int, default=32)
     args = ap.parse_args()
 
-    from pipeline.resources import calibration_memory, plan_resources
-    from pipeline.spec import resolve_spec
+    from pipeline.core.spec import resolve_spec
+    from pipeline.planning.resources import calibration_memory, plan_resources
 
     with tempfile.TemporaryDirectory(prefix="calibrate-memory-") as tmp:
         tmp = Path(tmp)

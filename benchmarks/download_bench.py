@@ -29,9 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.core.registry import get_model
 from tests.support.hubserver import LocalHub
-
-from pipeline.registry import get_model
 
 REPO_ID = "bench/synthetic-1g"
 PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.bench import format_report, parse_levels, run_bench, tokenizer_dir_of
+from pipeline.serving.bench import format_report, parse_levels, run_bench, tokenizer_dir_of
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -36,10 +36,10 @@ def main() -> None:
     ap.add_argument("--model-cache", default=os.environ.get("PIPELINE_CACHE"),
                     help="where the generated tiny models live (default $PIPELINE_CACHE)")
     args = ap.parse_args()
-    from pipeline.serve import TritonServer
-    from pipeline.spec import resolve_spec
-    from pipeline.tinymodel import ensure_tiny_model
-    from pipeline.triton import package_repo
+    from pipeline.core.spec import resolve_spec
+    from pipeline.serving.serve import TritonServer
+    from pipeline.stages.download.tinymodel import ensure_tiny_model
+    from pipeline.stages.package import package_repo
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_cache:

@@ -4,10 +4,10 @@ The tree: a fabricated build of `--size-gib` GiB (half bf16-like weights: the to
 FP8-like bytes: normals scaled and cast to int8), in four rank files plus a config and a stage manifest whose file
 table the release checks, as a real release does. Peers, timed in the same run on the same (page-cached) files:
 
-- pack: ours (`pipeline.release.pack_release`: one read per file, file and tarball sha256 on two threads, fsync)
+- pack: ours (`pipeline.ops.release.pack_release`: one read per file, file and tarball sha256 on two threads, fsync)
   vs `tar cf` of the same tree followed by an fsync of its output (like for like: a release must be on disk), and
   `tar cf` alone (tar hashes nothing);
-- verify: ours (`pipeline.release_verify.verify`: one streaming read, tarball and member sha256) vs `sha256sum` of
+- verify: ours (`pipeline.ops.release_verify.verify`: one streaming read, tarball and member sha256) vs `sha256sum` of
   the tarball (one read, one hash: the least a checker does).
 
 Prints MB/s of each, the ratios (goal: pack >= 0.8x tar) and what they imply for a 68 GB llama-70b FP8 release.
@@ -58,7 +58,7 @@ def make_tree(root: Path, size: int) -> dict[str, Path]:
     """A build-shaped tree of `size` bytes with a manifest; returns the release components."""
     import numpy as np
 
-    from pipeline.artifacts import file_table, write_manifest
+    from pipeline.core.artifacts import file_table, write_manifest
 
     engine = root / "engines" / "bench-fp8-000000000000" / "engine"
     engine.mkdir(parents=True)
@@ -81,9 +81,9 @@ def _fsync(path: Path) -> None:
 
 
 def time_ours(components: dict[str, Path], out: Path) -> tuple[float, Path]:
-    from pipeline.artifacts import read_manifest
-    from pipeline.manifests import FileRecord
-    from pipeline.release import pack_release
+    from pipeline.core.artifacts import read_manifest
+    from pipeline.core.manifests import FileRecord
+    from pipeline.ops.release import pack_release
 
     recorded = {arc: ("compile", {rel: FileRecord(**rec) for rel, rec in read_manifest(src)["files"].items()})
                 for arc, src in components.items()}
@@ -105,7 +105,7 @@ def time_tar(root: Path, out: Path) -> tuple[float, float]:
 
 
 def time_verify(tarball: Path) -> float:
-    from pipeline.release_verify import verify
+    from pipeline.ops.release_verify import verify
 
     t = time.perf_counter()
     assert verify(tarball, check_host=False).ok

@@ -1,9 +1,9 @@
-"""Fit pipeline.perf_model's CALIBRATION to recorded AIConfigurator estimates and print the constants.
+"""Fit pipeline.planning.perf_model's CALIBRATION to recorded AIConfigurator estimates and print the constants.
 
     python scripts/fit_perf_model.py [tests/data/aiconfigurator_0.12.json]
 
 Minimises the squared log error of TTFT, TPOT and output tok/s over the records with status "ok" (needs scipy,
-a development-only tool). Paste the printed Calibration into pipeline/perf_model.py.
+a development-only tool). Paste the printed Calibration into pipeline/planning/perf_model.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import numpy as np
 from scipy.optimize import minimize
 
-from pipeline.gpus import GPUS
-from pipeline.perf_model import CALIBRATION, Calibration, EngineCost, estimate
-from pipeline.registry import load_registry
+from pipeline.core.gpus import GPUS
+from pipeline.core.registry import load_registry
+from pipeline.planning.perf_model import CALIBRATION, Calibration, EngineCost, estimate
 
 PRECISION = {"fp8_static": "fp8", "bfloat16": "bf16"}
 KV = {"fp8": "fp8", "bfloat16": "bf16"}

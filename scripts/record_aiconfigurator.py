@@ -2,7 +2,7 @@
 
     PIPELINE_AICONFIGURATOR=/path/to/aiconfigurator python scripts/record_aiconfigurator.py [--out FILE]
 
-Without the variable it installs AIConfigurator into the pipeline cache venv first (pipeline.aiconfigurator).
+Without the variable it installs AIConfigurator into the pipeline cache venv first (pipeline.planning.aiconfigurator).
 Each record keeps the exact command line, the parsed numbers and the status (ok / oom / no_data). Cases whose
 command the output file already holds are kept, not rerun (delete the file to record everything again).
 """
@@ -14,7 +14,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from pipeline.aiconfigurator import AicCase, ensure_installed, run_case
+from pipeline.planning.aiconfigurator import AicCase, ensure_installed, run_case
 
 LENGTHS = ((1024, 256), (2048, 512))
 FP8 = dict(gemm="fp8_static", kv="fp8")

@@ -76,7 +76,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
     Set PIPELINE_TEST_MODEL_CACHE to a directory to reuse them across sessions (it is keyed by generator version).
     """
-    from pipeline.tinymodel import GENERATED_MODELS, ensure_tiny_model
+    from pipeline.stages.download.tinymodel import GENERATED_MODELS, ensure_tiny_model
 
     root = os.environ.get("PIPELINE_TEST_MODEL_CACHE") or str(tmp_path_factory.mktemp("model-cache"))
     old = os.environ.get("PIPELINE_CACHE")
@@ -109,8 +109,8 @@ def tiny_reference_repo(tiny_models, tmp_path_factory):
 
     `make(build_id, **spec_overrides)` returns the repository path (serving the generated HF-format models).
     """
-    from pipeline.spec import resolve_spec
-    from pipeline.triton import package_repo
+    from pipeline.core.spec import resolve_spec
+    from pipeline.stages.package import package_repo
 
     def make(build_id: str, **spec_overrides) -> Path:
         base = tmp_path_factory.mktemp(build_id)

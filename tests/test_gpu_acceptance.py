@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import build
-from pipeline.serve import TritonServer, find_gpu_tritonserver, local_gpu_count
-from pipeline.smoke import smoke_server
-from pipeline.spec import resolve_spec
+from pipeline.core.spec import resolve_spec
+from pipeline.serving.serve import TritonServer, find_gpu_tritonserver, local_gpu_count
+from pipeline.serving.smoke import smoke_server
+from pipeline.stages.build import build
 
 PROMPT = "The bee lives in the field."
 CLIENTS_ENV = "TRTLLM_TRITON_CLIENTS"

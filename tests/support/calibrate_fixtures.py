@@ -30,11 +30,11 @@ def session_root() -> Path:
 
 
 def make_spec(**overrides: Any):
-    from pipeline.spec import resolve_spec
+    from pipeline.core.spec import resolve_spec
 
     args = {"model": "tiny-llama", **LEAN, **NO_PAGED, **overrides}
     if args.get("draft") and "enable_kv_cache_reuse" not in overrides:
-        args["enable_kv_cache_reuse"] = True  # a draft-target target needs KV reuse (pipeline/spec_rules.py)
+        args["enable_kv_cache_reuse"] = True  # a draft-target target needs KV reuse (pipeline/core/spec_rules.py)
     return resolve_spec(**args)
 
 
@@ -47,7 +47,7 @@ def run_in_root(root: Path, fn, *args, **kwargs):
 
 def calibrated(tiny_models: dict[str, Path], *, role: str = "target", **overrides: Any):
     """Session-cached `run_calibrate(make_spec(**overrides), role=role, source_dir=<generated model>)`."""
-    from pipeline.calibrate.stage import run_calibrate
+    from pipeline.stages.calibrate.stage import run_calibrate
 
     key = (role, tuple(sorted(overrides.items())))
     if key not in _CACHE:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO
+from pipeline.core.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO
 
 FABRICATED_NOTE = "FABRICATED by the test suite: not a real TensorRT-LLM artifact\n"
 

@@ -1,7 +1,7 @@
 """FABRICATED exported Hugging Face checkpoints for llmapi packaging and serving tests: a real HF model dir (the
 generated tiny models) re-saved the way ModelOpt's unified HF export stores FP8 weights (float8_e4m3fn weight +
 per-tensor `weight_scale`, `k_proj.k_scale` / `v_proj.v_scale`, `hf_quant_config.json`). No `input_scale`: without
-calibration there is no honest activation scale (tests/triton/test_llmapi_real_export.py covers real exports)."""
+calibration there is no honest activation scale (tests/stages/package/test_llmapi_real_export.py covers real exports)."""
 
 from __future__ import annotations
 

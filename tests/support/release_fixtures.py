@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.artifacts import file_table, write_manifest
+from pipeline.core.artifacts import file_table, write_manifest
 
 
 def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:

@@ -23,8 +23,16 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 from hf_reference import Engine, Sequence, load_model
-from llmapi_io import (BadRequest, apply_triton_config, build_response, error_response, is_stop_request,
-                       parse_request, prompt_byte_limit, read_model_yaml)
+from llmapi_io import (
+    BadRequest,
+    apply_triton_config,
+    build_response,
+    error_response,
+    is_stop_request,
+    parse_request,
+    prompt_byte_limit,
+    read_model_yaml,
+)
 from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -17,8 +17,16 @@ import os
 import threading
 
 import triton_python_backend_utils as pb_utils
-from llmapi_io import (BadRequest, apply_triton_config, build_response, error_response, is_stop_request,
-                       parse_request, prompt_byte_limit, read_model_yaml)
+from llmapi_io import (
+    BadRequest,
+    apply_triton_config,
+    build_response,
+    error_response,
+    is_stop_request,
+    parse_request,
+    prompt_byte_limit,
+    read_model_yaml,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

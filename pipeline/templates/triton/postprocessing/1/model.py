@@ -1,6 +1,6 @@
 """postprocessing (Triton Python backend): token ids -> text, per the 1.2.1 tensor contract.
 
-Written by pipeline.triton; self-contained (numpy + transformers). TOKENS_BATCH [batch, beams, len] (or
+Written by pipeline.stages.package; self-contained (numpy + transformers). TOKENS_BATCH [batch, beams, len] (or
 [batch, len] for one beam) and SEQUENCE_LENGTH [batch, beams] -> OUTPUT: a 1-D string tensor holding one text per
 (batch row, beam), row-major, as upstream's postprocessing returns it (a client reads `OUTPUT[0]`).
 `tokenizer_dir` is resolved against this model's directory unless absolute.

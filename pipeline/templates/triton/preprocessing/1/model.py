@@ -1,6 +1,6 @@
 """preprocessing (Triton Python backend): text -> token ids for `tensorrt_llm`, per the 1.2.1 tensor contract.
 
-Written by pipeline.triton; self-contained (numpy + transformers). Per request (any batch size):
+Written by pipeline.stages.package; self-contained (numpy + transformers). Per request (any batch size):
 - QUERY -> INPUT_ID [batch, longest prompt] (right-padded with the pad id) and REQUEST_INPUT_LEN [batch, 1];
 - DECODER_INPUT_ID [batch, 1] = pad id and REQUEST_DECODER_INPUT_LEN [batch, 1] = 1, the placeholders a
   decoder-only model gets (DECODER_QUERY, for encoder-decoder models, is refused);

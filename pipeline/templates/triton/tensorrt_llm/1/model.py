@@ -1,6 +1,6 @@
 """Reference `tensorrt_llm` model (Triton Python backend, CPU): the tensorrtllm backend's tensor contract served by
 PyTorch from an HF-format model dir or an exported TensorRT-LLM checkpoint (dequantized by
-`pipeline.checkpoint.load_checkpoint_as_hf`). Only used for `--target reference` (CPU tests, CI, debugging).
+`pipeline.stages.calibrate.checkpoint.load_checkpoint_as_hf`). Only used for `--target reference` (CPU tests, CI, debugging).
 
 Serving: `execute()` validates each request, registers it and hands it to one scheduler thread, then returns None;
 responses go through the request's response sender in decoupled and non-decoupled mode alike. The scheduler
@@ -165,7 +165,7 @@ def load_model(path, dtype_name):
 
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     else:
-        from pipeline.checkpoint import load_checkpoint_as_hf
+        from pipeline.stages.calibrate.checkpoint import load_checkpoint_as_hf
 
         model = load_checkpoint_as_hf(path)
     return model.to(getattr(torch, dtype_name)).eval()

@@ -1,0 +1,736 @@
+"""What each `invoke` task does and prints. `tasks.py` only wires these to invoke (`pipeline.cli.flags.command_task`).
+
+Each function's docstring is its task's help: the first line for `invoke --list`, the `Args:` section for the flags.
+A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
+Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline import __version__
+from pipeline.cli.flags import int_option
+from pipeline.core.artifacts import engines_dir, triton_repo_dir
+from pipeline.core.errors import DeployError, PipelineError, ServeError, SpecError
+from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
+from pipeline.core.spec import BuildSpec
+from pipeline.ops.deploy import source as deploy_source
+from pipeline.ops.deploy.topology import choose as choose_topology
+from pipeline.ops.release import release as make_release
+from pipeline.ops.release_verify import verify as verify_release
+from pipeline.planning import planner
+from pipeline.planning.host_check import check_host_fits, format_resources, repo_code_bytes
+from pipeline.planning.placement import node_gpus
+from pipeline.planning.resources import SizeInputs, plan_resources
+from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
+from pipeline.serving.llmapi.local_inputs import locate_serve_inputs
+from pipeline.serving.llmapi.options import llm_api_options
+from pipeline.serving.llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
+from pipeline.serving.serve import (
+    NGC_TRITONSERVER,
+    TritonServer,
+    check_host,
+    find_gpu_tritonserver,
+    local_gpu_count,
+    serve_ports,
+)
+from pipeline.serving.smoke import DEFAULT_PROMPT, run_smoke
+from pipeline.stages.build import BuildOptions, locate_outputs, stage_range
+from pipeline.stages.build import build as run_build
+from pipeline.stages.calibrate.stage import log_file as calibrate_log
+from pipeline.stages.calibrate.stage import run_calibrate
+from pipeline.stages.compile.engine_plan import plan_compile
+from pipeline.stages.compile.preflight import preflight
+from pipeline.stages.compile.stage import run_compile
+from pipeline.stages.download.stage import download_model
+from pipeline.stages.package.install import install_command
+from pipeline.stages.package.llmapi_package import package_llmapi_repo
+from pipeline.stages.package.package import package_repo
+
+
+def _lazy(name: str):
+    """Module `name`, executed on first attribute access: keeps every task's start-up (e.g. `download`) free of
+    the modules only other tasks use."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+aiconfigurator = _lazy("pipeline.planning.aiconfigurator")
+bench_lib = _lazy("pipeline.serving.bench")
+deploy_render = _lazy("pipeline.ops.deploy.render")
+
+
+
+def _path(p: str | Path | None) -> Path | None:
+    return Path(p) if p else None
+
+
+def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
+    """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
+    check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
+
+    Args:
+        skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
+    """
+    print(spec.summary())
+    if not skip_host_check:
+        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
+        print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+
+
+def resources_section(spec: BuildSpec):
+    """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
+    return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
+
+
+def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
+                 prefix_hit=None, estimator=None) -> None:
+    """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
+    bound) and $ per 1M output tokens.
+
+    Args:
+        input_len: prompt tokens per request for capacity/throughput (default min(1024, max_input_len))
+        output_len: output tokens per request (default 256)
+        json_: print the plan as JSON
+        compare: a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this model
+            and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per 1M tokens
+        acceptance: draft acceptance rate for the estimate, 0..1 (default 0.7; `invoke bench` measures it)
+        prefix_hit: prefix-cache hit ratio for the estimate, 0..1 (default 0)
+        estimator: "aiconfigurator": also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own
+            venv under the pipeline cache on first use) and print both estimates side by side
+    """
+    lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
+    terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
+                                       minimum=0.0),
+                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0))
+    if estimator not in (None, "", "aiconfigurator"):
+        raise SpecError(f"--estimator={estimator!r}: the only second estimator is 'aiconfigurator'; drop the flag "
+                        "for the built-in estimate alone")
+    if compare:
+        if estimator:
+            raise SpecError("--estimator and --compare do not combine: run --estimator on one configuration")
+        c = planner.compare_plans(spec, **lengths, **terms)
+        print(json.dumps(c.as_dict(), indent=2) if json_ else planner.format_comparison(c))
+        return
+    result = planner.plan_capacity(spec, **lengths, **terms)
+    other = aiconfigurator.second_opinion(result, tokens_per_block=spec.limits.tokens_per_block) if estimator else None
+    resources = resources_section(spec)
+    if json_:
+        data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
+        print(json.dumps(data | {"resources": resources.as_dict()}, indent=2))
+        return
+    print(planner.format_capacity_plan(result))
+    if other is not None:
+        print()
+        print(aiconfigurator.format_side_by_side(result, other))
+    print("\nbuild resources\n" + format_resources(resources))
+
+
+# --- compile ---------------------------------------------------------------------------------------------------------
+def engine_dirs_for(checkpoint_dir: Path, spec: BuildSpec) -> tuple[Path, Path]:
+    """engines/<build-id>/engine and draft_engine for a checkpoint at engines/<build-id>/checkpoint.
+
+    A checkpoint elsewhere (--checkpoint-dir) gets engines/<model>-<precision>-ext-<hash12 of its path>/.
+    """
+    checkpoint_dir = Path(checkpoint_dir).resolve()
+    if checkpoint_dir.name == "checkpoint":
+        base = checkpoint_dir.parent
+    else:
+        digest = hashlib.sha256(str(checkpoint_dir).encode()).hexdigest()[:12]
+        base = engines_dir() / f"{spec.model.name}-{spec.quantization.precision}-ext-{digest}"
+    return base / "engine", base / "draft_engine"
+
+
+def locate_checkpoints(
+    spec: BuildSpec, *, checkpoint_dir: str | None, draft_checkpoint_dir: str | None, dry_run: bool
+) -> tuple[Path, Path | None]:
+    """Explicit directories win; else the calibrate stage's current outputs (check-only: never calibrates); a dry
+    run plans without them."""
+    target = _path(checkpoint_dir)
+    draft = _path(draft_checkpoint_dir)
+    need_draft = spec.draft_model is not None and draft is None
+    if target is not None and not need_draft:
+        return target, draft
+    if dry_run:
+        target = target or engines_dir() / PENDING / "checkpoint"
+        if need_draft:
+            draft = engines_dir() / f"{PENDING}-draft" / "checkpoint"
+        return target, draft
+    out = locate_outputs(spec, until="calibrate")
+    target = target or out.checkpoint.path
+    if need_draft:
+        draft = out.draft_checkpoint.path
+    return target, draft
+
+
+def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draft_checkpoint_dir=None, force=False,
+                    json_=False) -> dict[str, Any]:
+    """Compile TensorRT-LLM 1.2.1 engines (target + draft) for SM 90 from the exported checkpoint(s).
+
+    Args:
+        dry_run: print the trtllm-build plan (argv, expected outputs, GPU memory) and exit; works on any machine
+        checkpoint_dir: target TensorRT-LLM checkpoint dir (default: the calibrate stage's engines/<build-id>/checkpoint)
+        draft_checkpoint_dir: draft checkpoint dir (default: the calibrate stage's draft checkpoint)
+        force: rebuild even when the engine manifest's key is current
+        json_: print the plan / engine manifest as JSON
+    """
+    if not dry_run:  # fail fast (< 1 s on a CPU host) before locating anything
+        world = spec.parallelism.world_size
+        toolchain = preflight(gpu=spec.hardware.gpu, workers=max(1, min(world, spec.hardware.gpu_count)))
+    target, draft = locate_checkpoints(spec, checkpoint_dir=checkpoint_dir,
+                                       draft_checkpoint_dir=draft_checkpoint_dir, dry_run=dry_run)
+    engine_dir, draft_engine_dir = engine_dirs_for(target, spec)
+    dirs = dict(checkpoint_dir=target, output_dir=engine_dir, draft_checkpoint_dir=draft,
+                draft_output_dir=draft_engine_dir if draft else None)
+    if dry_run:
+        plan = plan_compile(spec, **dirs, allow_derived=True)
+        print(plan.to_json() if json_ else plan.format())
+        return plan.as_dict()
+    res, draft_res = run_compile(spec, **dirs, force=force, toolchain=toolchain)
+    m = res.manifest
+    if json_:
+        print(json.dumps(m.model_dump(mode="json"), indent=2))
+    else:
+        print(f"ok: target engine {res.path} {res.status} (key {m.key[:12]}, TensorRT-LLM {m.engine_version}, "
+              f"SM {m.gpu.get('sm')})")
+        if draft_res is not None:
+            print(f"ok: draft engine {draft_res.path} {draft_res.status} (key {draft_res.manifest.key[:12]}, "
+                  "tokenizer shared)")
+    return m.model_dump(mode="json")
+
+
+# --- build / release / verify / bench --------------------------------------------------------------------------------
+def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
+                  verify_download=False, verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
+    """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
+
+    A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
+    `--force STAGE`.
+
+    Args:
+        until: last stage to run: check, download, calibrate, compile, package
+        from_: first stage to run; earlier stages must already be current (they are located, not run)
+        force: rebuild this stage and every stage after it even when current
+        json_: print the build report as JSON on stdout (progress stays on stderr)
+        offline: download: use only the local cache
+        update: download: re-resolve a branch revision to its newest commit
+        verify_download: download: re-hash every cached file
+        verify: re-hash every stage output (sha256), not only sizes and mtimes, before reusing it
+        revision: download: model revision (branch, tag or commit) overriding the registry's
+        endpoint: download: Hugging Face Hub endpoint URL
+        skip_host_check: do not compare GPU memory, RAM and disk with what the stages need (unusual setups)
+    """
+    host_check = None if skip_host_check else (
+        lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
+    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
+                        revision=revision, endpoint=endpoint)
+    with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
+        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+
+
+def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) -> None:
+    """Pack a finished build as a deterministic, versioned release tarball + .sha256 (run `invoke build` first).
+
+    Every packed file is re-hashed against its stage manifest; a mismatch refuses the release (exit 3).
+
+    Args:
+        output: directory for the tarball: any directory, absolute or relative to the output tree (default releases/)
+        version: release version: letters, digits and . _ + - (default: the pipeline's version)
+        json_: print release.json's summary as JSON
+    """
+    r = make_release(spec, output=output, version=version)
+    files = len(r.document["files"])
+    if json_:
+        doc = {k: v for k, v in r.document.items() if k != "files"}
+        print(json.dumps({"tarball": str(r.tarball), "sha256": r.sha256, "files": files, "release": doc}, indent=2))
+    else:
+        print(f"ok: {r.tarball} sha256 {r.sha256} ({files} files)")
+
+
+def verify_command(path, *, skip_host=False, sha256=None, json_=False) -> None:
+    """Check every sha256 of a release or repo (complete: no extra file, no symlink) and refuse engines built for
+    another toolchain/GPU. Exit 3: files differ; 4: host mismatch; 2: not a release.
+
+    Args:
+        path: release .tar (or an earlier .tar.gz), unpacked release dir, or Triton model repository
+        skip_host: check hashes only, not the host's TensorRT-LLM/TensorRT/GPU against the engines
+        sha256: the tarball's expected sha256 (e.g. pinned by deploy), checked in the same read as its members
+        json_: print the verification report as JSON
+    """
+    if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
+        raise SpecError(f"{path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
+                        "(help: invoke --help verify)")
+    report = verify_release(path, check_host=not skip_host, sha256=sha256)
+    if json_:
+        print(json.dumps(report.as_dict(), indent=2))
+        return
+    host = "host matches" if report.host_checked else "host not checked"
+    print(f"ok: {report.kind} {path}: {report.files_checked} files verified; {host}")
+    for note in report.notes:
+        print(f"note: {note}")
+
+
+def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None, concurrency=None,
+                  requests=None, max_tokens=None, no_stream=False, budget=None, json_=None, plot=None,
+                  shared_prefix_tokens=None, shared_prefix_share=None, speculation=None) -> None:
+    """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
+
+    Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
+    2 the benchmark could not run.
+
+    Args:
+        url: gRPC address of a running server (127.0.0.1:PORT); default: start tritonserver on the build's repo
+        metrics_url: Triton metrics URL (http://127.0.0.1:PORT/metrics) for the prefix-cache hit ratio
+        repo: model repository to serve (default: the build's Triton repo)
+        model_name: model to call (default: tensorrt_llm_bls when served, else ensemble)
+        concurrency: concurrency levels, repeatable or comma-separated (default 1,2,4)
+        requests: requests per concurrency level (default 8)
+        max_tokens: output tokens per request (default 32)
+        no_stream: send non-streaming requests (TTFT not measurable)
+        budget: seconds per concurrency level before no new requests are sent (default 60)
+        json_: write the report as JSON to this file
+        plot: write a PNG of throughput and TTFT against concurrency to this file (needs matplotlib: .[plot])
+        shared_prefix_tokens: shared-prefix workload: this many prompt tokens common to a share of the requests
+            (each with a distinct suffix); default 0: the fixed prompt set
+        shared_prefix_share: share of the requests that reuse the shared prefix, 0..1 (default 1)
+        speculation: server (the route's default draft length), off (num_draft_tokens 0), or both (each level
+            twice: the crossover in the plot); default server
+    """
+    levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
+    report = bench_lib.bench_spec(
+        spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name,
+        concurrency=bench_lib.parse_levels(levels or "1,2,4"),
+        requests_per_level=int_option("requests", requests, default=8),
+        max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
+        level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
+        shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
+        shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
+                                       minimum=0.0),
+        speculation=speculation or "server",
+    )
+    print(bench_lib.format_report(report))
+    if json_:
+        print(f"json: {bench_lib.write_json(report, json_)}")
+    if plot:
+        png = bench_lib.plot_report(report, plot)
+        print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
+    bench_lib.check_failures(report)
+
+
+# --- download / calibrate --------------------------------------------------------------------------------------------
+def download_command(spec: BuildSpec, *, revision=None, update=False, offline=False, verify=False,
+                     endpoint=None) -> None:
+    """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path.
+
+    Args:
+        revision: branch, tag or commit overriding the registry's (target model only)
+        update: re-resolve the branch/tag to its current commit instead of the locked one (models.lock.json)
+        offline: no network: reuse a previous download, fail clearly when there is none
+        verify: re-hash every file against the Hub's oids (corrupt files are fetched again)
+        endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co); the token comes from HF_TOKEN/hf auth login
+    """
+    for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
+        res = download_model(entry, revision=revision if i == 0 else None, update=update, offline=offline,
+                             verify=verify, endpoint=endpoint)
+        m = res.manifest
+        print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
+              f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
+
+
+def calibrate_command(spec: BuildSpec, *, force=False) -> None:
+    """Quantize with ModelOpt (FP8/INT4-AWQ/W4A8-AWQ/INT8-SQ), gate on held-out quality, export TRT-LLM checkpoints
+    (runtime pytorch: unified Hugging Face checkpoints with hf_quant_config.json).
+
+    Args:
+        force: rebuild even when the checkpoint for these inputs exists
+    """
+    for role in ["target"] + (["draft"] if spec.draft_model else []):
+        res = run_calibrate(spec, role=role, force=bool(force))
+        q = res.manifest.quality
+        print(
+            f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
+            f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
+            + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
+        )
+
+
+# --- package / serve / smoke / install-repo -----------------------------------------------------------------------
+def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engine_dir=None, checkpoint_dir=None,
+                    draft_checkpoint_dir=None, tokenizer_dir=None, draft_tokenizer_dir=None, force=False) -> Any:
+    """Write and validate the Triton model repository (ensemble, BLS draft-target) for --target trtllm|reference;
+    for --runtime pytorch the `llmapi` model repository over the exported Hugging Face checkpoint.
+
+    Earlier stages' outputs are located, never built: run `invoke build --until compile` (or calibrate) first.
+    Explicit directories replace the located ones; the repository is named by the build layout unless only
+    explicit directories are given.
+
+    Args:
+        output: parent directory of the repository (default triton_repo/); the repo is <output>/<build-id>[-reference]
+        engine_dir: trtllm: target engine dir (default: the compile stage's engines/<build-id>/engine)
+        draft_engine_dir: trtllm: draft engine dir (default: <engine-dir>/../draft_engine)
+        checkpoint_dir: reference or runtime pytorch: target checkpoint dir (default: the calibrate stage's
+            engines/<build-id>/checkpoint, or hf_checkpoint for runtime pytorch)
+        draft_checkpoint_dir: reference or runtime pytorch: draft checkpoint dir (default: the calibrate stage's)
+        tokenizer_dir: tokenizer files to copy into the repo (default: the checkpoint's tokenizer/)
+        draft_tokenizer_dir: trtllm: the draft's tokenizer, for a draft engine built outside the pipeline
+        force: rewrite the repository even when its manifest key is current
+    """
+    if spec.runtime == "pytorch":
+        return _package_llmapi(spec, output=output, checkpoint_dir=checkpoint_dir,
+                               draft_checkpoint_dir=draft_checkpoint_dir, force=force)
+    explicit = checkpoint_dir if spec.target == "reference" else engine_dir
+    naming: dict[str, Any] = {}
+    if explicit is None:
+        out = locate_outputs(spec, until="compile" if spec.target == "trtllm" else "calibrate")
+        lay = out.layout
+        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = checkpoint_dir or out.checkpoint.path
+        tokenizer_dir = tokenizer_dir or out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+        if out.engine is not None:
+            engine_dir = engine_dir or out.engine.path
+            draft_engine_dir = draft_engine_dir or (out.draft_engine.path if out.draft_engine else None)
+    res = package_repo(
+        spec, output=_path(output), engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir),
+        checkpoint_dir=_path(checkpoint_dir), draft_checkpoint_dir=_path(draft_checkpoint_dir),
+        tokenizer_dir=_path(tokenizer_dir), draft_tokenizer_dir=_path(draft_tokenizer_dir), force=bool(force),
+        **naming,
+    )
+    for w in res.manifest.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target})")
+    return res
+
+
+def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint_dir, force) -> Any:
+    """Runtime pytorch: the `llmapi` repository over the exported HF checkpoints (located unless given)."""
+    naming: dict[str, Any] = {}
+    if checkpoint_dir is None:
+        out = locate_outputs(spec, until="calibrate")
+        lay = out.layout
+        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
+        checkpoint_dir = out.checkpoint.path
+        if out.draft_checkpoint is not None:
+            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
+    draft = _path(draft_checkpoint_dir) if spec.draft_model else None
+    if spec.draft_model and draft is None:
+        raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
+    res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
+                              options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
+                              force=bool(force), **naming)
+    state = "current (no-op)" if res.status == "cached" else "written"
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
+    return res
+
+
+def _repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
+    if repo:
+        return Path(repo)
+    if spec is None:
+        raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
+    return locate_outputs(spec).triton_repo.path
+
+
+def _print_addresses(server: TritonServer, path: Path) -> None:
+    configured = {"http": server.http_url, "grpc": server.grpc_url,
+                  "metrics": server.metrics_url.removeprefix("http://")}
+    lines = [f"ok: serving {path} (installed copy {server.launch_dir})"]
+    for what, addr in configured.items():
+        bound = server.bound.get(what)
+        lines.append(f"  {what:<8}{bound} (bound)" if bound else f"  {what:<8}{addr} (configured)")
+    lines += [f"  log     {server.log_file}", "(Ctrl-C to stop)"]
+    print("\n".join(lines), flush=True)
+
+
+def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
+                  port_offset=None, ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
+                  print_only=False) -> Any:
+    """Run tritonserver on an installed copy of the repository until Ctrl-C; it dies with this task. It is launched
+    as the repository's launch plan says (one process; leader-mode ranks under mpirun; or one orchestrator process
+    for draft-target), the same plan `deploy` renders.
+
+    `--mode trtllm-serve` instead runs TensorRT-LLM's OpenAI-compatible server (/v1/chat/completions): on the
+    exported Hugging Face checkpoint (--runtime pytorch) or on the engine with --backend tensorrt (--runtime engine),
+    with the build's LLM-API options YAML (GPU host with TensorRT-LLM 1.2.1).
+
+    Args:
+        mode: triton (default) or trtllm-serve
+        host: address to bind (default 127.0.0.1; 0.0.0.0: every interface)
+        print_only: print the launch command(s) and env and run nothing, needing no download (triton: from the spec
+            alone, or --repo; trtllm-serve: a finished build gets its options YAML written so the command runs as
+            printed, without one <build-id> stands in the paths)
+        repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
+        http_port: HTTP port (default 8000 + --port-offset)
+        grpc_port: gRPC port (default 8001 + --port-offset)
+        metrics_port: metrics port (default 8002 + --port-offset)
+        port_offset: shift the three default ports by N (e.g. 100: 8100/8101/8102)
+        ready_timeout: seconds to wait for readiness (default 300)
+        engine_dir: serve tensorrt_llm from this engine dir (the repository itself is not changed)
+        draft_engine_dir: serve tensorrt_llm_draft from this engine dir
+    """
+    if (mode or "triton") not in SERVE_MODES:
+        raise SpecError(f"--mode {mode!r}: use one of {', '.join(SERVE_MODES)}")
+    if mode == "trtllm-serve":
+        return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
+                             host=host or "127.0.0.1", print_only=bool(print_only))
+    host = check_host(host or "127.0.0.1")
+    given = {name: int_option(f"{name}_port", value) for name, value in
+             (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port))}
+    offset = int_option("port_offset", port_offset, minimum=0, default=0)
+    ports = serve_ports(host=host, offset=offset, given=given, check_free=not print_only)
+    if print_only:
+        return _print_launch_plan(spec, repo, Endpoints(host, ports["http"], ports["grpc"], ports["metrics"]))
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
+    path = _repo_for(spec, repo)
+    server = TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
+                          metrics_port=ports["metrics"], ready_timeout_s=timeout, engine_dir=_path(engine_dir),
+                          draft_engine_dir=_path(draft_engine_dir))
+    stop = {"flag": False}
+
+    def _term(*_):
+        stop["flag"] = True
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        server.start()
+        _print_addresses(server, path)
+        while not stop["flag"]:
+            if server._proc is None or server._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+            dead = server.dead_stubs()
+            if dead:
+                raise ServeError(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
+                                 f"keep answering errors); stopped the server, restart it; see {server.log_file}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, old)
+    print("ok: server stopped")
+
+
+def _planned_repo(spec: BuildSpec) -> Path:
+    """The repository `package` makes (or made) for `spec`: its current path, else its name with the build id that
+    calibration will fix."""
+    with contextlib.suppress(PipelineError):
+        return locate_outputs(spec).triton_repo.path
+    name = f"{PENDING}-{spec.fingerprint()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
+    return triton_repo_dir() / name
+
+
+def _print_launch_plan(spec: BuildSpec | None, repo: str | None, endpoints: Endpoints) -> LaunchPlan:
+    """Print the launch plan (env + command) of `--repo` or of the spec's repository; nothing runs or is written."""
+    if repo and Path(repo).is_dir():
+        path, shape = Path(repo).resolve(), shape_from_repo(Path(repo))
+        gpus = local_gpu_count()
+    elif spec is not None:
+        path, shape = (Path(repo) if repo else _planned_repo(spec)), shape_from_spec(spec)
+        gpus = node_gpus(spec.hardware)
+    else:
+        raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
+    binary = "tritonserver" if shape.kind == "reference" else str(find_gpu_tritonserver() or NGC_TRITONSERVER)
+    plan = plan_launch(shape, repo=str(path), binary=binary, endpoints=endpoints, shm_prefix="tripipe-",
+                       gpus_per_node=gpus)
+    print(plan.format())
+    if plan.mode == "cpu-reference":
+        print("# serve runs the nvidia-pytriton tritonserver with --backend-directory/--cache-directory of its bundle "
+              "and serves an installed copy of the repository")
+    return plan
+
+
+SERVE_MODES = ("triton", "trtllm-serve")
+
+
+def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: bool) -> TrtllmServePlan:
+    """Run (or print) trtllm-serve on the build's HF checkpoint (runtime pytorch) or engine (runtime engine), with
+    its options YAML; `--print-only` works from the spec alone (see `pipeline.serving.llmapi.local_inputs`)."""
+    if spec is None:
+        raise SpecError("--mode trtllm-serve serves a build: give its spec (--model ... or --spec FILE)")
+    inputs = locate_serve_inputs(spec, allow_pending=print_only)
+    plan = trtllm_serve_plan(spec, model_dir=inputs.model_dir, tokenizer_dir=inputs.tokenizer_dir,
+                             options_file=inputs.options_file, host=host, port=port)
+    if inputs.found:
+        inputs.write_options()
+    print(plan.command_line())
+    if not inputs.found:
+        print(inputs.pending_options())
+        print(f"note: the paths are where the build will put its outputs; none is finished here ({inputs.reason})",
+              file=sys.stderr)
+    if print_only:
+        return plan
+    require_trtllm_serve()
+    rc = subprocess.run(plan.argv, check=False).returncode
+    if rc != 0:
+        raise ServeError(f"trtllm-serve exited with status {rc}; see its output above")
+    return plan
+
+
+def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,
+                  num_draft_tokens=None, ready_timeout=None) -> None:
+    """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS draft-target; non-zero exit on failure.
+
+    Args:
+        repo: model repository to serve (default: the spec's repo under triton_repo/; --model is then needed)
+        http_url: HTTP address of a running server (127.0.0.1:PORT); with --grpc-url no server is started
+        grpc_url: gRPC address of a running server (127.0.0.1:PORT)
+        prompt: prompt text
+        max_tokens: output tokens per request (default 24)
+        num_draft_tokens: draft tokens per step for the BLS route (default: the repo's K)
+        ready_timeout: seconds to wait for readiness (default 300)
+    """
+    max_tokens = int_option("max_tokens", max_tokens, default=24)
+    num_draft_tokens = int_option("num_draft_tokens", num_draft_tokens)
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
+    path = None if (http_url and grpc_url and not repo) else _repo_for(spec, repo)
+    results = run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or DEFAULT_PROMPT,
+                        max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=timeout)
+    print(f"ok: smoke passed ({len(results)} routes)")
+
+
+def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=None) -> None:
+    """Make every path parameter of a repository absolute (and checked) so bare `tritonserver` can serve it.
+
+    Args:
+        repo: model repository to install (e.g. triton_repo/<build-id>)
+        dest: write the installed repository here instead of editing --repo in place (must not exist)
+        engine_dir: point tensorrt_llm at this engine dir
+        draft_engine_dir: point tensorrt_llm_draft at this engine dir
+    """
+    install_command(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+
+
+# --- deploy ----------------------------------------------------------------------------------------------------------
+def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
+                    partition, no_container, account=None, qos=None, constraint=None, time_=None,
+                    serve_mode=None) -> deploy_render.DeployOptions:
+    if platform not in ("k8s", "slurm"):
+        raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
+    slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
+    if platform != "slurm" and any(slurm_only.values()):
+        given = ", ".join(flag for flag, value in slurm_only.items() if value)
+        raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
+    if release_url and not release_url.startswith(("https://", "http://")):
+        raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
+    opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
+                image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
+                partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
+                container=not no_container, serve_mode=serve_mode)
+    if pipeline_cmd:
+        opts["pipeline_cmd"] = pipeline_cmd
+    return deploy_render.DeployOptions(**opts)
+
+
+def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, output=None, name=None, namespace=None,
+                   release_url=None, release_volume=None, image=None, pipeline_image=None, pipeline_cmd=None,
+                   partition=None, account=None, qos=None, constraint=None, time_=None, no_container=False,
+                   max_nodes=None, matrix=None, matrix_target=None, matrix_output=None, force=False,
+                   json_=False, serve_mode=None) -> dict[str, Any]:
+    """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
+
+    Args:
+        platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
+        release: release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags
+        output: directory to write (default <output tree>/deploy/<name>); replaced only with --force
+        name: deployment name, DNS-1123 (default <model>-<precision>)
+        namespace: Kubernetes namespace (default default)
+        release_url: http(s) URL the nodes fetch the release tarball from
+        release_volume: where the nodes find the tarball instead: a PVC name (k8s) or a shared directory (slurm)
+        image: server image (default: the NGC tritonserver image of the release's TensorRT-LLM)
+        pipeline_image: image with this pipeline (runs `invoke verify` and the build matrix; default derived)
+        pipeline_cmd: how the scripts call the pipeline (default: invoke -r /opt/trtllm-pipeline)
+        partition: Slurm partition
+        account: Slurm account to charge (#SBATCH --account)
+        qos: Slurm quality of service (#SBATCH --qos)
+        constraint: Slurm node features, e.g. 'h100&ib' (#SBATCH --constraint)
+        time_: Slurm time limit, e.g. 2-00:00:00 (serving default: none, the partition's limit; matrix: 04:00:00)
+        no_container: Slurm: run on the hosts instead of srun --container-image (pyxis)
+        max_nodes: most nodes the placement may use when tp/pp are not given (default 16)
+        matrix: build matrix instead of serving: MODEL:PRECISION[:TP],... (Indexed Job / job array)
+        matrix_target: target of every matrix cell: trtllm (default) or reference
+        matrix_output: where the matrix writes (k8s: a PVC name; slurm: a shared directory)
+        force: replace an existing output directory
+        json_: print the deployment summary as JSON
+        serve_mode: what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI
+            /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
+    """
+    if not platform:
+        raise DeployError("give --platform k8s or --platform slurm")
+    if matrix:
+        return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
+                              output=output, name=name, force=force, json_=json_,
+                              opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
+                                        pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
+                                        partition=partition, no_container=no_container, account=account, qos=qos,
+                                        constraint=constraint, time_=time_))
+    if release:
+        src = deploy_source.from_release(release)
+    elif spec is not None:
+        src = deploy_source.from_spec(spec)
+    else:
+        raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
+    explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
+    chosen, placement = choose_topology(src.spec, explicit=explicit,
+                                        max_nodes=int_option("max_nodes", max_nodes))
+    if src.origin == "spec":
+        src = deploy_source.from_spec(chosen)
+    else:
+        src = src.model_copy(update={"spec": chosen})
+    o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
+                        release_url=release_url, release_volume=release_volume, image=image,
+                        pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
+                        no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
+                        serve_mode=serve_mode)
+    dest = deploy_render.deploy_dir(output, o.name)
+    files = deploy_render.render_serving(o, src, placement, dest)
+    deploy_render.write_directory(dest, files, force=bool(force))
+    summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
+    for w in chosen.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if json_:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"ok: {dest}: {summary['kind']}, {placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
+              f"(tp={placement.tp}, pp={placement.pp}, {placement.world_size} ranks), image {summary['image']}")
+    return summary
+
+
+def _deploy_matrix(spec, platform, matrix, *, matrix_target, matrix_output, output, name, force, json_,
+                   opts) -> dict[str, Any]:
+    base = {"target": matrix_target or "trtllm"}
+    if spec is not None:
+        base["gpu"] = spec.hardware.gpu
+    cells = deploy_render.matrix_cells(matrix, base)
+    o = _deploy_options(platform, name or "build-matrix", **opts)
+    dest = deploy_render.deploy_dir(output, o.name)
+    if platform == "slurm" and not (matrix_output and Path(matrix_output).is_absolute()):
+        raise DeployError("--matrix on slurm: give --matrix-output /shared/dir (absolute) for the cells' outputs")
+    if platform == "k8s" and matrix_output:
+        o = o.model_copy(update={"output_pvc": matrix_output})
+    files = deploy_render.render_matrix(o, cells, dest, matrix_output or "")
+    deploy_render.write_directory(dest, files, force=bool(force))
+    summary = {"kind": "build-matrix", "platform": platform, "directory": str(dest), "files": sorted(files),
+               "cells": [c.summary() for c in cells], "releases": [release_file(c, __version__) for c in cells]}
+    print(json.dumps(summary, indent=2) if json_ else f"ok: {dest}: build matrix of {len(cells)} cells ({platform})")
+    return summary

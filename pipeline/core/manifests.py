@@ -1,0 +1,271 @@
+"""Typed stage seams: one pydantic manifest per stage output and the one result type every stage returns.
+
+Every finished stage directory holds `manifest.json`: its `key` (the hash of exactly the stage's inputs) and the
+file table of everything in the directory. A stage output is *cached* (reused) only when its key matches and its
+files still match that table (`Manifest.problems`); anything else is rebuilt, or refused with one line naming
+`--force STAGE`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
+from pipeline.core.errors import IntegrityError
+
+MAX_LISTED = 3
+
+
+class FileRecord(BaseModel):
+    """One file of an output: sha256, size, and the mtime it had when recorded (the fast re-use check)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: StrictInt = Field(ge=0)
+    mtime_ns: StrictInt | None = None
+
+
+class TokenizerIdentity(BaseModel):
+    """What decides token ids: sha256 over tokenizer.json's model/added_tokens/normalizer/pre_tokenizer sections,
+    or of tokenizer.model (sentencepiece). Two tokenizers are the same when their identities are equal."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: Literal["tokenizer.json", "tokenizer.model"]
+    sha256: str
+
+
+class Manifest(BaseModel):
+    """Base of every stage manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str  # the stage that wrote it: the name `--force` takes
+    key: str = Field(min_length=1)
+    files: dict[str, FileRecord]
+
+    @classmethod
+    def read(cls, directory: Path, *, strict: bool = True):
+        """The manifest of `directory`, None when it has none (or, unless `strict`, when it is unusable: a stage
+        about to build treats that like a stale output and replaces it).
+
+        Raises:
+            IntegrityError: manifest.json is unreadable or not this stage's manifest (corrupt, or another version).
+        """
+        path = Path(directory) / MANIFEST
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (ValidationError, ValueError, OSError):
+            if not strict:
+                return None
+            raise IntegrityError(
+                f"{path} is corrupt or from another pipeline version; re-run `invoke build --force {cls.stage_name()}`",
+                path=path,
+            ) from None
+
+    @classmethod
+    def current(cls, directory: Path, key: str | None, *, verify: bool = False, strict: bool = False):
+        """The manifest of `directory` when it is the output for `key` (None: any key) and its files still match
+        it; None when there is none, it is for other inputs, or (unless `strict`) it is unreadable. Temporaries a
+        killed run left beside `directory` are removed first, so a cached re-run cleans up too.
+
+        Raises:
+            IntegrityError: the output for `key` differs from its file table (exit 3, naming `--force STAGE`).
+        """
+        remove_stale_temps(directory)  # what a killed run of this stage left beside it (dead owners only)
+        m = cls.read(directory, strict=strict)
+        if m is None or (key is not None and m.key != key):
+            return None
+        m.check(directory, full=verify)
+        return m
+
+    @classmethod
+    def stage_name(cls) -> str:
+        return cls.model_fields["stage"].default
+
+    def write(self, directory: Path) -> Path:
+        return write_manifest(directory, self.model_dump(mode="json"))
+
+    def problems(self, directory: Path, *, full: bool = False) -> list[str]:
+        """How `directory` differs from this manifest's file table ([] when it matches)."""
+        return check_files(Path(directory), self.files, full=full)
+
+    def check(self, directory: Path, *, full: bool = False) -> None:
+        """Raise `IntegrityError` (exit 3, naming `--force STAGE`) unless `directory` matches the file table."""
+        problems = self.problems(directory, full=full)
+        if problems:
+            raise integrity_error(directory, problems, fix=f"re-run `invoke build --force {self.stage}`")
+
+
+def integrity_error(directory: Path, problems: list[str], *, fix: str) -> IntegrityError:
+    shown = "; ".join(problems[:MAX_LISTED]) + (f" (+{len(problems) - MAX_LISTED} more)"
+                                                 if len(problems) > MAX_LISTED else "")
+    return IntegrityError(f"{directory} differs from its manifest: {shown}; {fix}", path=directory,
+                          actual=problems)
+
+
+class GeneratedManifest(Manifest):
+    """A generated tiny model (`pipeline.stages.download.tinymodel`)."""
+
+    stage: Literal["download"] = "download"
+
+    name: str
+    generator_version: str
+    train_steps: int
+    final_train_loss: float | None
+    heldout_perplexity_fp32: float | None
+    seconds: float
+
+
+class DownloadManifest(Manifest):
+    """A Hub snapshot pinned to a commit (or a generated model, described the same way)."""
+
+    stage: Literal["download"] = "download"
+
+    model: str
+    repo_id: str
+    revision: str
+    sha: str
+    source: Literal["hub", "generated"]
+    total_bytes: int
+    allow_patterns: list[str] = []
+    refetched: list[str] = []
+    seconds: float | None = None
+    generator_version: str | None = None
+
+
+class SourceRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    repo_id: str
+    sha: str
+    revision: str
+    source_dir: str
+
+
+class CheckpointManifest(Manifest):
+    """An exported TensorRT-LLM checkpoint (calibrate stage) with its tokenizer and quality-gate numbers."""
+
+    stage: Literal["calibrate"] = "calibrate"
+
+    build_id: str
+    role: Literal["target", "draft"]
+    factors: dict[str, Any]
+    model: SourceRecord
+    tokenizer: TokenizerIdentity
+    recipe: dict[str, Any]
+    calibration: dict[str, Any]
+    parallelism: dict[str, int]
+    checkpoint: dict[str, Any]
+    quality: dict[str, Any]
+    roundtrip: dict[str, Any]
+    toolchain: dict[str, str]
+    device: dict[str, Any]
+    timings: dict[str, float]
+    peak_memory: dict[str, int]
+    argv: list[str]
+
+
+class DraftRecord(BaseModel):
+    """How a target engine records the draft engine it pairs with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    model: str | None
+    key: str
+    manifest_sha256: str
+    tokenizer: TokenizerIdentity
+
+
+class EngineManifest(Manifest):
+    """A verified TensorRT-LLM engine directory (compile stage)."""
+
+    stage: Literal["compile"] = "compile"
+
+    role: str
+    model: str
+    precision: str
+    kv_cache: str
+    tp: int
+    pp: int
+    world_size: int
+    engine_version: str
+    toolchain: dict[str, str | None]
+    gpu: dict[str, Any]
+    argv: list[str]
+    planned_build_config: dict[str, Any]
+    build_config_sha256: str
+    checkpoint: dict[str, Any]
+    tokenizer: TokenizerIdentity | None = None
+    draft: DraftRecord | None = None
+    build_seconds: float | None = None
+    log: str | None = None
+    created: str
+
+
+class RepoManifest(Manifest):
+    """A validated Triton model repository (package stage)."""
+
+    stage: Literal["package"] = "package"
+
+    target: Literal["trtllm", "reference"]
+    runtime: Literal["engine", "pytorch"] = "engine"  # pytorch: the LLM-API (llmapi) model layout
+    build_id: str
+    spec: str
+    spec_key: str | None = None
+    models: list[str]
+    speculation: dict[str, Any] | None = None
+    sources: dict[str, str | None]
+    gpt_model_path: dict[str, str]
+    world_size: int
+    kv_cache_reuse: bool
+    warnings: list[str] = []
+
+
+class ReleaseFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: StrictInt = Field(ge=0)
+
+
+class ReleaseDocument(BaseModel):
+    """`release.json`: the release's metadata and the sha256 of every file it holds (never empty)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal[1]
+    name: str = Field(min_length=1)
+    version: str | None = None
+    components: dict[str, list[str]] = {}
+    files: dict[str, ReleaseFile] = Field(min_length=1)
+
+    def canonical(self) -> bytes:
+        """The deterministic bytes of release.json (sorted keys, no timestamps)."""
+        return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+M = TypeVar("M", bound=Manifest)
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[M]):
+    """What every stage returns: where its output is, its manifest, and whether this call built it."""
+
+    path: Path
+    manifest: M
+    status: Literal["built", "cached"]
+
+    @property
+    def built(self) -> bool:
+        return self.status == "built"

@@ -1,0 +1,248 @@
+"""Model registry: the packaged `models.yaml` plus an optional user file, loaded safely into typed entries.
+
+`load_yaml_mapping` is the one way a YAML file (registry or spec) is read: UTF-8 with or without a BOM, safe
+constructors only, duplicate keys refused, one-line errors for a missing, unreadable, binary or malformed file.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.core.artifacts import SAFE_NAME
+from pipeline.core.errors import PipelineError, RegistryError
+
+# A Hugging Face Hub repo id, 'org/name' or 'name' (huggingface_hub's rule: no '--' or '..', at most 96 characters).
+REPO_ID = re.compile(r"^(?=.{1,96}$)[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+def check_repo_id(value: str) -> str:
+    """`value` if it is a Hub repo id (one cache directory per id: 'org/name' maps to 'org--name').
+
+    Raises:
+        ValueError: it is not; the message says what is allowed.
+    """
+    if not REPO_ID.match(value) or ".." in value or "--" in value:
+        raise ValueError(f"{value!r} is not a Hub repo id: 'org/name' or 'name' of letters, digits and . _ - "
+                         "(at most 96 characters, no '--' or '..')")
+    return value
+
+PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
+
+
+class Architecture(BaseModel):
+    """Architecture numbers of a Llama-class decoder, cross-checked against the downloaded config.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+
+    @model_validator(mode="after")
+    def _heads(self) -> Architecture:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
+
+    def hf_config(self) -> dict:
+        """The matching transformers `config.json` fields (LlamaForCausalLM)."""
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings, "rope_theta": self.rope_theta,
+        }
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the quantizable linear layers (attention + MLP), all layers."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+        mlp = 3 * h * self.intermediate_size
+        return self.num_layers * (attn + mlp)
+
+    @property
+    def embedding_params(self) -> int:
+        """Embedding plus lm_head parameters (kept in 16-bit by every recipe)."""
+        emb = self.vocab_size * self.hidden_size
+        return emb if self.tie_word_embeddings else 2 * emb
+
+    @property
+    def norm_params(self) -> int:
+        return (2 * self.num_layers + 1) * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        return self.linear_params + self.embedding_params + self.norm_params
+
+
+class ModelLimits(BaseModel):
+    """Per-model default engine limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_batch_size: int = Field(default=64, gt=0)
+    max_input_len: int = Field(default=2048, gt=0)
+    max_seq_len: int = Field(default=4096, gt=0)
+
+
+class CalibrationDefaults(BaseModel):
+    """Per-model calibration defaults (TRT-LLM's quantize script uses 512 samples of 512 tokens)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calib_size: int = Field(default=512, gt=0)
+    calib_seq_len: int = Field(default=512, gt=0)
+    max_ppl_delta_pct: float = Field(default=1.0, gt=0)
+
+
+class ModelEntry(BaseModel):
+    """One registry entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    repo_id: str
+    revision: str = "main"
+    source: Literal["hub", "generated"] = "hub"
+    gated: bool = False
+    tokenizer_family: str
+    architecture: Architecture
+    default_draft: str | None = None
+    default_draft_len: int = 5
+    limits: ModelLimits = ModelLimits()
+    calibration: CalibrationDefaults = CalibrationDefaults()
+
+    @field_validator("name", "default_draft")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        """Names become directory names (engines/<name>-...): one safe path component."""
+        if value is not None and (not SAFE_NAME.match(value) or ".." in value):
+            raise ValueError(f"{value!r} is not a safe name: use letters, digits and . _ + - (no '/', no '..')")
+        return value
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        return check_repo_id(value)
+
+    @model_validator(mode="after")
+    def _fit_default_limits(self) -> ModelEntry:
+        """Limits an entry leaves unset never exceed its positions (a user entry may omit `limits:`)."""
+        lim, given, pos = self.limits, self.limits.model_fields_set, self.architecture.max_position_embeddings
+        seq = lim.max_seq_len if "max_seq_len" in given else min(lim.max_seq_len, pos)
+        inp = lim.max_input_len if "max_input_len" in given else min(lim.max_input_len, seq // 2)
+        if (seq, inp) != (lim.max_seq_len, lim.max_input_len):
+            object.__setattr__(self, "limits", lim.model_copy(update={"max_seq_len": seq, "max_input_len": inp}))
+        return self
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_mapping(path: str | Path, *, what: str, flag: str, error: type[PipelineError] = RegistryError,
+                      shape: str = "") -> dict[str, Any]:
+    """The top-level mapping of a YAML file; `error` with one line (naming `what` and `flag`) for anything else.
+
+    `shape` completes the "must be a YAML mapping" message (e.g. " with a top-level 'models:' mapping").
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{what} {p} does not exist; pass an existing YAML file to {flag}", path=p) from None
+    except IsADirectoryError:
+        raise error(f"{what} {p} is a directory; pass a YAML file to {flag}", path=p) from None
+    except OSError as exc:
+        raise error(f"{what} {p} cannot be read ({exc.strerror}); pass a readable YAML file to {flag}",
+                    path=p) from None
+    try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise error(f"{what} {p} is not UTF-8 text (a binary file?); pass a YAML file to {flag}", path=p) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        problem = getattr(exc, "problem", None)
+        detail = f": {problem}" if problem and "duplicate key" in problem else ""
+        raise error(f"{what} {p} is not valid YAML{where}{detail}; fix it", path=p) from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {p} must be a YAML mapping{shape}", path=p)
+    return data
+
+
+def _load_file(path: Path) -> dict[str, dict]:
+    shape = " with a top-level 'models:' mapping of name -> entry"
+    raw = load_yaml_mapping(path, what="models file", flag="--models-file", shape=shape)
+    if not isinstance(raw.get("models"), dict):
+        raise RegistryError(f"models file {path} must be a YAML mapping{shape}", path=path)
+    return raw["models"]
+
+
+@lru_cache(maxsize=16)
+def _load(user_file: str | None) -> dict[str, ModelEntry]:
+    entries = dict(_load_file(PACKAGED_REGISTRY))
+    if user_file:
+        entries.update(_load_file(Path(user_file)))
+    out: dict[str, ModelEntry] = {}
+    for name, body in entries.items():
+        if not isinstance(body, dict):
+            raise RegistryError(f"model '{name}' must be a mapping of fields, got {type(body).__name__}")
+        try:
+            out[name] = ModelEntry.model_validate({"name": name, **body}, strict=True)  # YAML types as written
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise RegistryError(f"model {name!r}: field '{loc}': {err['msg']}; fix the registry entry") from None
+    for entry in out.values():
+        if entry.default_draft and entry.default_draft not in out:
+            raise RegistryError(f"model '{entry.name}': default_draft '{entry.default_draft}' is not in the registry")
+    return out
+
+
+def load_registry(models_file: str | Path | None = None) -> dict[str, ModelEntry]:
+    """Return name -> entry for the packaged registry, overlaid with `models_file` when given."""
+    return _load(str(models_file) if models_file else None)
+
+
+def get_model(name: str, *, models_file: str | Path | None = None) -> ModelEntry:
+    """Look one model up by registry name.
+
+    Raises:
+        RegistryError: unknown name (the message lists the known ones).
+    """
+    registry = load_registry(models_file)
+    if name not in registry:
+        known = ", ".join(sorted(registry))
+        raise RegistryError(f"unknown model '{name}'; known models: {known} (add one with --models-file FILE.yaml)")
+    return registry[name]

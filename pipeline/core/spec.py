@@ -1,0 +1,396 @@
+"""The typed build spec: one pydantic model per concern, resolved from the registry, a YAML file and CLI flags.
+
+`resolve_spec(...)` is the only way in; it validates field types (pydantic) and then every coherence rule
+(`pipeline.core.spec_rules`), raising `SpecError` with one line naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.core.errors import SpecError
+from pipeline.core.registry import ModelEntry, get_model, load_yaml_mapping
+from pipeline.core.spec_rules import validate_spec
+
+Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
+KVCache = Literal["fp8", "int8", "bf16", "fp16"]
+GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
+Target = Literal["trtllm", "reference"]
+Runtime = Literal["engine", "pytorch"]
+
+# No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
+_Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class QuantizationSpec(BaseModel):
+    model_config = _Strict
+
+    precision: Precision = Field("fp8", description="weight/activation precision")
+    kv_cache: KVCache | None = Field(
+        None, description="KV-cache dtype (default: fp8 for fp8/w4a8_awq, else the compute dtype)"
+    )
+    calib_data: str | None = Field(None, description="calibration text: .jsonl with {'text': ...} or plain text")
+    calib_size: int | None = Field(None, gt=0, le=1_000_000,
+                                   description="calibration samples (default: per model, 512)")
+    calib_seq_len: int | None = Field(None, gt=0, le=1_048_576, description="calibration max sequence length")
+    calib_batch_size: int = Field(1, gt=0, le=4096, description="calibration batch size")
+    calib_seed: int = Field(0, description="seed of the calibration sample selection")
+    awq_block_size: Literal[64, 128] = Field(128, description="INT4/W4A8 AWQ group size")
+    max_ppl_delta_pct: float | None = Field(None, gt=0, le=1000, description="quality gate: max perplexity increase, %")
+    quality_gate: bool = Field(True, description="fail calibration when the quality gate trips")
+
+    @property
+    def compute_dtype(self) -> str:
+        return "fp16" if self.precision == "fp16" else "bf16"
+
+    @property
+    def kv(self) -> str:
+        """The resolved KV-cache dtype."""
+        if self.kv_cache:
+            return self.kv_cache
+        return "fp8" if self.precision in ("fp8", "w4a8_awq") else self.compute_dtype
+
+
+class ParallelSpec(BaseModel):
+    model_config = _Strict
+
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, le=64, description="pipeline-parallel size")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+class EngineLimits(BaseModel):
+    model_config = _Strict
+
+    max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
+    max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
+    max_seq_len: int | None = Field(
+        None, gt=0, description="max prompt+output tokens, >= max_input_len (default: per model)"
+    )
+    max_num_tokens: int | None = Field(None, gt=0, description="max tokens per engine step (default: derived)")
+    opt_num_tokens: int | None = Field(None, gt=0, description="optimal tokens per step (no multiple_profiles)")
+    tokens_per_block: Literal[8, 16, 32, 64, 128] = Field(32, description="paged KV-cache tokens per block")
+    multiple_profiles: bool = Field(True, description="build several TensorRT optimization profiles")
+    context_fmha: bool = Field(True, description="fused attention in the context phase")
+    max_beam_width: int = Field(1, ge=1, le=8, description="max beam width")
+
+
+class SpeculationSpec(BaseModel):
+    """Draft-target speculation. The draft engine is built and placed on its own: its TP, max batch and GPUs.
+
+    Upstream: examples/draft_target_model/README.md (draft_len "from 4 to 10 in common usage";
+    `draft_model_device_list` whose length is the draft engine's TP; draft and target on one GPU "appears better
+    performance than placing on two separate GPUs"; `gpu_device_ids` per Triton model).
+    """
+
+    model_config = _Strict
+
+    draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
+    draft_len: int | None = Field(
+        None, description="draft tokens per step K >= 1 (default: registry's; 4-6 typical, > 8 warns)"
+    )
+    draft_precision: Precision | None = Field(None, description="draft precision (default: the target's)")
+    max_batch_for_speculation: int = Field(
+        8, gt=0, description="batch up to which speculation pays: warn above it; the draft engine's default max batch"
+    )
+    draft_tp: int = Field(1, ge=1, le=64, description="tensor-parallel size of the draft engine (pp is 1)")
+    draft_max_batch_size: int | None = Field(
+        None, gt=0, description="draft engine max batch (default: min(max_batch_for_speculation, max_batch_size))"
+    )
+    draft_gpu_device_ids: list[int] | None = Field(
+        None, description="GPUs of the draft engine, one per draft TP rank (default: the target's first draft_tp)"
+    )
+
+
+class ServingSpec(BaseModel):
+    model_config = _Strict
+
+    kv_cache_free_gpu_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="KV pool share of free GPU memory (default 0.9; 0.7 with a draft)"
+    )
+    draft_kv_cache_free_gpu_mem_fraction: float = Field(0.2, gt=0, le=1, description="the draft's KV share")
+    max_tokens_in_paged_kv_cache: int | None = Field(None, gt=0, description="cap on KV-cache tokens")
+    enable_kv_cache_reuse: bool = Field(True, description="prefix caching (needs paged context FMHA)")
+    enable_chunked_context: bool = Field(True, description="chunked prefill (needs paged context FMHA)")
+    decoupled: bool | None = Field(
+        None,
+        description="decoupled (streaming) tensorrt_llm: default on without a draft, off with one (upstream's "
+        "draft-target layout, unary target/draft/BLS)",
+    )
+    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
+        "guaranteed_no_evict", description="in-flight batcher scheduling policy"
+    )
+
+    def target_decoupled(self, speculative: bool) -> bool:
+        """Whether `tensorrt_llm` is decoupled: the spec's choice, else streaming unless a draft is served."""
+        return (not speculative) if self.decoupled is None else self.decoupled
+
+    def target_fraction(self, speculative: bool) -> float:
+        if self.kv_cache_free_gpu_mem_fraction is not None:
+            return self.kv_cache_free_gpu_mem_fraction
+        return 0.7 if speculative else 0.9
+
+
+class HardwareSpec(BaseModel):
+    model_config = _Strict
+
+    gpu: GPUName = Field("h100-sxm", description="target GPU")
+    gpu_count: int = Field(8, ge=1, le=1024, description="GPUs on one host")
+    nodes: int = Field(1, ge=1, le=256, description="nodes the ranks may span: TP within a node, PP across nodes")
+    gpus_per_node: int | None = Field(None, ge=1, le=64, description="GPUs per node (default: gpu_count)")
+    tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
+    gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
+
+
+def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
+    """A resolved value: the spec's `section.name`, or the registry model's `registry_section.name` when unset."""
+
+    def value(spec: BuildSpec) -> Any:
+        return getattr(getattr(spec, section), name) or getattr(getattr(spec.model, registry_section or section), name)
+
+    return property(value, doc=f"{section}.{name}, defaulting to the registry model's value")
+
+
+class BuildSpec(BaseModel):
+    """A whole, resolved build. `model`/`draft_model` are registry entries; everything else is the recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelEntry
+    draft_model: ModelEntry | None = None
+    target: Target = "trtllm"
+    runtime: Runtime = Field(
+        "engine", description="TensorRT-LLM runtime: engine (trtllm-build engines, TensorRT backend) or pytorch "
+        "(a ModelOpt-quantized Hugging Face checkpoint on the PyTorch backend / LLM API)",
+    )
+    quantization: QuantizationSpec = QuantizationSpec()
+    parallelism: ParallelSpec = ParallelSpec()
+    limits: EngineLimits = EngineLimits()
+    speculation: SpeculationSpec = SpeculationSpec()
+    serving: ServingSpec = ServingSpec()
+    hardware: HardwareSpec = HardwareSpec()
+    models_file: str | None = None
+    warnings: list[str] = Field(default_factory=list, exclude=True)
+
+    # Resolved values (defaults filled from the registry). -------------------------------------------------------
+    max_batch_size = _or_registry("limits", "max_batch_size")
+    max_input_len = _or_registry("limits", "max_input_len")
+    max_seq_len = _or_registry("limits", "max_seq_len")
+    calib_size = _or_registry("quantization", "calib_size", "calibration")
+    calib_seq_len = _or_registry("quantization", "calib_seq_len", "calibration")
+    max_ppl_delta_pct = _or_registry("quantization", "max_ppl_delta_pct", "calibration")
+
+    @property
+    def draft_len(self) -> int:
+        if not self.draft_model:
+            return 0
+        k = self.speculation.draft_len
+        return self.model.default_draft_len if k is None else k
+
+    @property
+    def draft_precision(self) -> str:
+        return self.speculation.draft_precision or self.quantization.precision
+
+    @property
+    def base_max_num_tokens(self) -> int:
+        """The spec's tokens per engine step before any engine-specific floor (default max(8192, max_input_len))."""
+        return self.limits.max_num_tokens or max(8192, self.max_input_len)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Tokens per engine step: at least one full prompt and every sequence's K+1 speculative tokens."""
+        floor = self.max_batch_size * (self.draft_len + 1)
+        return max(self.base_max_num_tokens, floor)
+
+    # The draft engine (resolved; meaningful only with a draft model). ------------------------------------------
+    @property
+    def draft_tp(self) -> int:
+        return self.speculation.draft_tp
+
+    @property
+    def draft_max_batch_size(self) -> int:
+        """The draft's engine batch: it never needs more than the batch speculation is served at."""
+        s = self.speculation
+        return s.draft_max_batch_size or min(s.max_batch_for_speculation, self.max_batch_size)
+
+    @property
+    def draft_max_seq_len(self) -> int:
+        """The draft drafts K tokens past any sequence the target holds (S + K; the target's engine records S + K)."""
+        return self.max_seq_len + self.draft_len
+
+    @property
+    def target_gpu_device_ids(self) -> list[int]:
+        """GPUs of the target engine's TP×PP ranks: the host's first tp×pp."""
+        return list(range(self.parallelism.world_size))
+
+    @property
+    def draft_gpu_device_ids(self) -> list[int]:
+        """GPUs of the draft engine, one per draft TP rank; default: co-located on the target's first draft_tp GPUs
+        (upstream draft_target_model README: one GPU for both performs better than two)."""
+        ids = self.speculation.draft_gpu_device_ids
+        return list(ids) if ids is not None else list(range(self.draft_tp))
+
+    @property
+    def draft_participant_ids(self) -> list[int]:
+        """MPI ranks of the draft in orchestrator mode without spawned processes (upstream README, fast logits:
+        rank 0 is the orchestrator, then the draft's ranks, then the target's)."""
+        return list(range(1, 1 + self.draft_tp))
+
+    @property
+    def target_participant_ids(self) -> list[int]:
+        first = 1 + self.draft_tp if self.draft_model else 1
+        return list(range(first, first + self.parallelism.world_size))
+
+    @property
+    def draft_max_tokens_in_paged_kv_cache(self) -> int:
+        """KV tokens the draft needs: its max batch × one full (S + K) sequence, in whole blocks."""
+        block = self.limits.tokens_per_block
+        return self.draft_max_batch_size * (-(-self.draft_max_seq_len // block) * block)
+
+    def summary(self) -> str:
+        """One line describing the resolved spec."""
+        q = self.quantization
+        parts = [
+            f"{self.model.name} ({self.model.repo_id}@{self.model.revision})",
+            f"precision={q.precision} kv={q.kv}",
+            f"tp={self.parallelism.tp} pp={self.parallelism.pp}",
+            f"gpu={self.hardware.gpu}",
+            f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
+            f"target={self.target}",
+        ]
+        if self.runtime != "engine":
+            parts.append(f"runtime={self.runtime}")
+        if self.draft_model:
+            parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
+                         f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "
+                         f"draft_gpus={','.join(map(str, self.draft_gpu_device_ids))}")
+        parts.append(f"kv_reuse={'on' if self.serving.enable_kv_cache_reuse else 'off'}")
+        return "ok: " + " ".join(parts)
+
+    def fingerprint(self, *fields: str) -> str:
+        """sha256 over the named top-level fields (a stage's explicit cache-key factors); `runtime` counts only
+        when it is not the default "engine"."""
+        data = self.model_dump(mode="json", include=set(fields) if fields else None)
+        if data.get("runtime") == "engine":
+            data.pop("runtime")  # the default runtime leaves every engine-path key unchanged
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution: YAML file + flat overrides (CLI flags) -> BuildSpec.
+
+SECTIONS = {
+    "quantization": QuantizationSpec,
+    "parallelism": ParallelSpec,
+    "limits": EngineLimits,
+    "speculation": SpeculationSpec,
+    "serving": ServingSpec,
+    "hardware": HardwareSpec,
+}
+
+
+TOP_LEVEL = ("model", "target", "runtime", "models_file")
+
+
+def _load_spec_file(path: str | Path) -> dict[str, Any]:
+    """The spec file's mapping, its scalar types checked as written (`tp: true` is not 1, `tp: "4"` not 4)."""
+    p = Path(path)
+    raw = load_yaml_mapping(p, what="spec file", flag="--spec", error=SpecError,
+                            shape=" (model:, quantization:, parallelism:, ...)")
+    unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL)
+    if unknown:
+        valid = ", ".join([*TOP_LEVEL, *SECTIONS])
+        raise SpecError(f"spec file {p}: unknown key(s) {', '.join(map(str, sorted(unknown, key=str)))}; "
+                        f"valid keys: {valid}")
+    for key in TOP_LEVEL:
+        if key in raw and not isinstance(raw[key], str):
+            raise SpecError(f"spec file {p}: {key}={raw[key]!r}: expected a string")
+    for section, cls in SECTIONS.items():
+        if section not in raw:
+            continue
+        if not isinstance(raw[section], dict):
+            raise SpecError(f"spec file {p}: '{section}' must be a mapping of its fields")
+        try:
+            cls.model_validate(raw[section], strict=True)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(x) for x in (section, *err["loc"]))
+            raise SpecError(f"spec file {p}: {loc}={err.get('input')!r}: {err['msg']}") from None
+    return raw
+
+
+def _field_section(name: str) -> str | None:
+    for section, cls in SECTIONS.items():
+        if name in cls.model_fields:
+            return section
+    return None
+
+
+def _pydantic_error(exc: ValidationError) -> SpecError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    value = err.get("input")
+    return SpecError(f"{loc}={value!r}: {err['msg']}")
+
+
+def resolve_spec(
+    *,
+    spec_file: str | Path | None = None,
+    models_file: str | Path | None = None,
+    validate: bool = True,
+    **overrides: Any,
+) -> BuildSpec:
+    """Build and validate a spec from an optional YAML file and flat overrides (None values are ignored).
+
+    Overrides use field names of the sections (`precision`, `tp`, `draft`, `gpu`, ...) plus `model`, `target`
+    and `runtime`.
+
+    Raises:
+        SpecError: a field has a bad value, a model is unknown, or a coherence rule is violated.
+    """
+    data: dict[str, Any] = _load_spec_file(spec_file) if spec_file else {}
+    models_file = overrides.pop("models_file", None) or models_file or data.get("models_file")
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in ("model", "target", "runtime"):
+            data[key] = value
+            continue
+        section = _field_section(key)
+        if section is None:
+            raise SpecError(f"unknown spec option '{key}'")
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise SpecError(f"spec section '{section}' must be a mapping")
+        data[section][key] = value
+    model_name = data.pop("model", None)
+    if not model_name:
+        raise SpecError("no model given; pass --model NAME (see `invoke check --help` or pipeline/models.yaml)")
+    if not isinstance(model_name, str):
+        raise SpecError(f"model must be a registry name, got {model_name!r}")
+    entry = get_model(model_name, models_file=models_file)
+    try:
+        spec = BuildSpec(
+            model=entry,
+            models_file=str(models_file) if models_file else None,
+            **{k: v for k, v in data.items() if k != "models_file"},
+        )
+    except ValidationError as exc:
+        raise _pydantic_error(exc) from None
+    draft = spec.speculation.draft
+    if draft:
+        name = entry.default_draft if draft == "auto" else draft
+        if not name:
+            raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
+        spec.draft_model = get_model(name, models_file=models_file)
+    if validate:
+        spec.warnings = validate_spec(spec)
+    return spec

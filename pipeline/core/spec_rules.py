@@ -1,0 +1,378 @@
+"""Coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix). Pure, instant, run before any download.
+
+Each rule raises `SpecError` with one line: the field, the value, and what to do instead. Soft problems are
+returned as warnings. Where a rule mirrors TensorRT-LLM 1.2.1 (NVIDIA/TensorRT-LLM), the function says which
+upstream code it comes from; rules of ours (no upstream failure) say so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.core.errors import SpecError
+from pipeline.core.gpus import GIB, GPUS, SUPPORTED_SM
+from pipeline.core.registry import ModelEntry
+from pipeline.core.trtllm_rules import (
+    MAX_NUM_TOKENS_WARN,
+    PYTORCH_KV,
+    PYTORCH_QUANT_ALGOS,
+    QUANT_ALGO,
+    needs_fp8_hardware,
+    paged_context_fmha_blocker,
+)
+from pipeline.planning.placement import place
+from pipeline.planning.planner import engine_shapes, fit_shortfall
+from pipeline.stages.calibrate.data import load_texts
+
+if TYPE_CHECKING:  # the spec module calls these rules; they only read a spec
+    from pipeline.core.spec import BuildSpec
+
+AWQ_PRECISIONS = ("int4_awq", "w4a8_awq")
+# Draft length: upstream sets no upper bound for draft_tokens_external (builder.py build() bounds only EAGLE) and
+# its examples/draft_target_model README uses "from 4 to 10 in common usage"; the seeds measured 4-6 as the sweet
+# spot. Above this we warn, never refuse.
+DRAFT_LEN_WARN = 8
+
+
+def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
+    gpu = GPUS[spec.hardware.gpu]
+    q = spec.quantization
+    for role, precision in (("target", q.precision), ("draft", spec.draft_precision if spec.draft_model else None)):
+        if precision and needs_fp8_hardware(precision, q.kv) and not gpu.has_fp8:
+            raise SpecError(
+                f"hardware.gpu={gpu.name}: SM {gpu.sm / 10:.1f} has no FP8, but the {role} uses precision={precision} "
+                f"kv_cache={q.kv}; use an H100/H200 (--gpu h100-sxm) or --precision int4_awq/bf16 --kv-cache bf16"
+            )
+    if gpu.sm != SUPPORTED_SM and spec.target == "trtllm" and spec.runtime == "engine":
+        warnings.append(
+            f"hardware.gpu={gpu.name} is SM {gpu.sm / 10:.1f}; this pipeline is tuned and tested for SM 9.0 "
+            "(H100/H200) and engines only run on the architecture they were built on"
+        )
+
+
+def _check_kv(spec: BuildSpec) -> None:
+    q = spec.quantization
+    if q.kv in ("bf16", "fp16") and q.kv != q.compute_dtype:
+        raise SpecError(
+            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses the compute dtype {q.compute_dtype}; "
+            f"use --kv-cache {q.compute_dtype}, fp8 or int8"
+        )
+
+
+def _paged_needs(spec: BuildSpec) -> list[str]:
+    s = spec.serving
+    needs = []
+    if s.enable_kv_cache_reuse:
+        needs.append("KV reuse (--no-kv-reuse to drop it)")
+    if s.enable_chunked_context:
+        needs.append("chunked context (--no-chunked-context to drop it)")
+    if spec.draft_model:
+        needs.append("draft-target speculation")
+    return needs
+
+
+def _check_paged_context(spec: BuildSpec) -> None:
+    q = spec.quantization
+    needs = _paged_needs(spec)
+    if not needs:
+        return
+    precisions = [("target", q.precision)]
+    if spec.draft_model:
+        precisions.append(("draft", spec.draft_precision))
+    for role, precision in precisions:
+        why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha,
+                                         runtime=spec.runtime)
+        if why:
+            raise SpecError(
+                f"quantization: {role} {why} (TensorRT-LLM 1.2.1, runtime {spec.runtime}), "
+                f"but {', '.join(needs)} need(s) it; "
+                f"use --kv-cache {q.compute_dtype} or an FP8 precision, or drop those features"
+            )
+
+
+def _check_parallel(spec: BuildSpec, model: ModelEntry, role: str, precision: str, *, tp: int, pp: int) -> None:
+    """TP must split heads (and divide or cover KV heads), PP at most the layers, AWQ blocks whole per rank
+    (TensorRT-LLM's checkpoint mapping / ModelOpt export)."""
+    a = model.architecture
+    flag = "--draft-tp" if role == "draft" else "--tp"
+    field = "speculation.draft_tp" if role == "draft" else "parallelism.tp"
+    if a.num_heads % tp:
+        raise SpecError(
+            f"{field}={tp}: {role} {model.name} has {a.num_heads} attention heads, not divisible by tp; "
+            f"use a {flag} that divides {a.num_heads}"
+        )
+    if a.num_kv_heads % tp and tp % a.num_kv_heads:
+        raise SpecError(
+            f"{field}={tp}: {role} {model.name} has {a.num_kv_heads} KV heads; tp must divide them "
+            f"or be a multiple of them (fix {flag})"
+        )
+    if pp > a.num_layers:
+        raise SpecError(f"parallelism.pp={pp}: {role} {model.name} has only {a.num_layers} layers")
+    if precision in AWQ_PRECISIONS:
+        block = spec.quantization.awq_block_size
+        for dim_name, dim in (("hidden_size", a.hidden_size), ("intermediate_size", a.intermediate_size)):
+            if dim % tp or (dim // tp) % block:
+                raise SpecError(
+                    f"{field}={tp}: {role} {precision} needs {dim_name}/tp divisible by the AWQ block "
+                    f"size {block}, but {model.name} has {dim_name}={dim}; use a smaller {flag} or "
+                    "--precision fp8"
+                )
+
+
+def _check_limits(spec: BuildSpec, warnings: list[str]) -> None:
+    lim, a = spec.limits, spec.model.architecture
+    positions = a.max_position_embeddings
+    # Ours: builder.py _init_max_seq_len() only warns past max_position_embeddings ("accuracy might be affected");
+    # positions the model never saw make garbage, so we refuse.
+    if spec.max_seq_len + spec.draft_len > positions:
+        extra = f" + draft_len {spec.draft_len}" if spec.draft_len else ""
+        raise SpecError(
+            f"limits.max_seq_len={spec.max_seq_len}{extra} exceeds {spec.model.name}'s "
+            f"max_position_embeddings={positions}; use --max-seq-len <= {positions - spec.draft_len}"
+        )
+    # builder.py _init_max_seq_len() clips max_input_len to max_seq_len (equal is fine); we refuse what it would
+    # silently change.
+    if spec.max_input_len > spec.max_seq_len:
+        raise SpecError(
+            f"limits.max_input_len={spec.max_input_len} exceeds max_seq_len={spec.max_seq_len} (trtllm-build would "
+            "clip it); lower --max-input-len or raise --max-seq-len"
+        )
+    if lim.multiple_profiles and lim.opt_num_tokens:
+        raise SpecError(
+            f"limits.opt_num_tokens={lim.opt_num_tokens} cannot be combined with multiple_profiles; "
+            "drop limits.opt_num_tokens from the spec file or pass --no-multiple-profiles"
+        )
+    # cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (constructor): without chunked context the
+    # runtime's max input length is min(max_seq_len - 1, max_num_tokens), so longer prompts are rejected.
+    if lim.max_num_tokens and lim.max_num_tokens < spec.max_input_len and not spec.serving.enable_chunked_context:
+        raise SpecError(
+            f"limits.max_num_tokens={lim.max_num_tokens} is below max_input_len={spec.max_input_len} without "
+            "chunked context; raise --max-num-tokens or keep chunked context on"
+        )
+    if lim.max_num_tokens and lim.max_num_tokens < spec.max_num_tokens:
+        warnings.append(
+            f"limits.max_num_tokens={lim.max_num_tokens} raised to {spec.max_num_tokens} "
+            f"(max_batch_size x (draft_len+1))"
+        )
+    if spec.max_num_tokens > MAX_NUM_TOKENS_WARN:  # tensorrt_llm/_common.py check_max_num_tokens() warns too
+        warnings.append(
+            f"limits.max_num_tokens={spec.max_num_tokens} > {MAX_NUM_TOKENS_WARN}: TensorRT-LLM expects no gain "
+            "from it and large values can exceed TensorRT's tensor volume"
+        )
+
+
+def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
+    draft, target = spec.draft_model, spec.model
+    sp = spec.speculation
+    if draft is None:
+        for name in ("draft_len", "draft_tp", "draft_max_batch_size", "draft_gpu_device_ids"):
+            if name in sp.model_fields_set and getattr(sp, name) not in (None, type(sp).model_fields[name].default):
+                raise SpecError(f"speculation.{name} is set but no draft model; pass --draft NAME (or --draft auto)")
+        return
+    k = spec.draft_len
+    if k < 1:
+        raise SpecError(f"speculation.draft_len={k}: must be >= 1 (K=4-6 is typical); raise --draft-len")
+    if k > DRAFT_LEN_WARN:
+        warnings.append(
+            f"speculation.draft_len={k}: above {DRAFT_LEN_WARN} acceptance falls off and each step costs more draft "
+            "passes (sweet spot 4-6; upstream's examples use 4-10); measure with `invoke bench`"
+        )
+    if draft.name == target.name:
+        raise SpecError(f"speculation.draft={draft.name} is the target itself; choose a smaller model of its family")
+    if draft.tokenizer_family != target.tokenizer_family or draft.architecture.vocab_size != target.architecture.vocab_size:
+        raise SpecError(
+            f"speculation.draft={draft.name}: its tokenizer ({draft.tokenizer_family}, vocab "
+            f"{draft.architecture.vocab_size}) differs from {target.name}'s ({target.tokenizer_family}, vocab "
+            f"{target.architecture.vocab_size}); draft and target must share one tokenizer"
+        )
+    if spec.limits.max_beam_width != 1:
+        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: draft-target speculation needs 1")
+    if draft.architecture.total_params >= target.architecture.total_params:
+        warnings.append(f"speculation.draft={draft.name} is not smaller than {target.name}; it cannot pay off")
+    if spec.max_batch_size > sp.max_batch_for_speculation:
+        warnings.append(
+            f"speculation with max_batch_size={spec.max_batch_size}: draft-target pays at batch 1-8 and costs "
+            "throughput at high load (seeds: slower at 64); route heavy traffic through the plain ensemble"
+        )
+    if spec.draft_max_batch_size > spec.max_batch_size:
+        warnings.append(
+            f"speculation.draft_max_batch_size={spec.draft_max_batch_size} exceeds max_batch_size="
+            f"{spec.max_batch_size}: the draft never serves more requests than the target"
+        )
+    s = spec.serving
+    total = s.target_fraction(True) + s.draft_kv_cache_free_gpu_mem_fraction
+    if total > 0.95:
+        raise SpecError(
+            f"serving: target ({s.target_fraction(True)}) + draft ({s.draft_kv_cache_free_gpu_mem_fraction}) "
+            f"KV memory fractions sum to {total:.2f} > 0.95; lower --mem-fraction (or "
+            "serving.draft_kv_cache_free_gpu_mem_fraction in the spec file)"
+        )
+
+
+def _check_draft_placement(spec: BuildSpec) -> None:
+    """The draft's GPUs: one per draft TP rank (upstream examples/draft_target_model README:
+    `draft_model_device_list` "must be the same as the TP size of the draft model engine"), on this host."""
+    ids, tp, count = spec.draft_gpu_device_ids, spec.draft_tp, spec.hardware.gpu_count
+    if tp > count:
+        raise SpecError(
+            f"speculation.draft_tp={tp} exceeds hardware.gpu_count={count}; lower --draft-tp (1 is usual)"
+        )
+    if len(ids) != tp:
+        raise SpecError(
+            f"speculation.draft_gpu_device_ids={ids}: the draft engine has draft_tp={tp} rank(s), so it needs "
+            f"exactly {tp} GPU id(s); list one GPU per rank or change --draft-tp"
+        )
+    if len(set(ids)) != len(ids) or any(i < 0 or i >= count for i in ids):
+        raise SpecError(
+            f"speculation.draft_gpu_device_ids={ids}: ids must be distinct GPUs within 0..{count - 1} "
+            "(hardware.gpu_count); fix the list or raise --gpu-count"
+        )
+
+
+def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
+    """Runtime engine: a draft-target target engine aborts at load without KV-cache block reuse.
+
+    Upstream: triton_backend/inflight_batcher_llm/src/model_instance_state.cc getKvCacheConfigFromParams() passes
+    `enable_kv_cache_reuse` into the executor's KvCacheConfig; cpp/tensorrt_llm/batch_manager/
+    trtGptModelInflightBatching.cpp (TrtGptModelInflightBatching constructor) then checks it for an engine built
+    with speculative_decoding_mode draft_tokens_external: "KV cache block reuse must be enabled for speculative
+    decoding target model".
+    """
+    if spec.runtime == "engine" and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
+        raise SpecError(
+            f"serving.enable_kv_cache_reuse=false with draft {spec.draft_model.name}: the draft-target target aborts "
+            "at load in TensorRT-LLM 1.2.1 ('KV cache block reuse must be enabled for speculative decoding target "
+            "model'); drop --no-kv-reuse or --draft"
+        )
+
+
+# Draft-engine settings with no meaning on the PyTorch backend (its draft shares the target's executor and mapping).
+_ENGINE_ONLY_DRAFT_FIELDS = ("draft_tp", "draft_max_batch_size", "draft_gpu_device_ids")
+
+
+def _check_pytorch_runtime(spec: BuildSpec) -> None:
+    """Runtime pytorch (TensorRT-LLM 1.2.1 PyTorch backend): the precisions its Linear layers load, its KV-cache
+    dtypes, and no separate draft engine (`PYTORCH_*` in pipeline/core/trtllm_rules.py cite the upstream code)."""
+    q = spec.quantization
+    roles = [("target", q.precision)] + ([("draft", spec.draft_precision)] if spec.draft_model else [])
+    for role, precision in roles:
+        if QUANT_ALGO[precision] not in PYTORCH_QUANT_ALGOS:
+            raise SpecError(
+                f"quantization: {role} precision={precision} has no PyTorch-backend kernels in TensorRT-LLM 1.2.1 "
+                "(no INT8 SmoothQuant linear there); use --precision fp8 or int4_awq, or --runtime engine"
+            )
+    if q.kv not in PYTORCH_KV:
+        raise SpecError(
+            f"quantization.kv_cache={q.kv}: the PyTorch backend's KV cache is fp8 or the compute dtype "
+            f"(kv_cache_config.dtype fp8|auto); use --kv-cache fp8 or {q.compute_dtype}, or --runtime engine"
+        )
+    sp = spec.speculation
+    for name in _ENGINE_ONLY_DRAFT_FIELDS:
+        if spec.draft_model and name in sp.model_fields_set:
+            raise SpecError(
+                f"speculation.{name} is an engine-runtime setting: the PyTorch backend runs the draft inside the "
+                "target's executor, on its GPUs and batch; drop it or use --runtime engine"
+            )
+
+
+def _largest_fitting(fits, low: int, high: int) -> int | None:
+    """The largest value in low..high for which the monotone predicate `fits` holds, or None."""
+    if not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
+    """Refuse limits whose activations plus one longest sequence's KV do not fit a GPU, naming what would fit.
+
+    Ours (pipeline/planning/planner.py's memory model, not an upstream check): TensorRT-LLM sizes activations by
+    max_num_tokens and max_batch_size at engine load, and a KV pool that cannot hold one max_seq_len sequence
+    makes the executor shrink the attention window or reject the longest requests. Weights that do not fit at all
+    are a parallelism question: a warning here, `invoke plan` names the minimum TP.
+    """
+
+    gpu = GPUS[spec.hardware.gpu]
+
+    def short(**kw) -> float:
+        return fit_shortfall(spec, *engine_shapes(spec, **kw), gpu)
+
+    if short() <= 0:
+        return
+    draft = spec.draft_model is not None
+    floor = spec.limits.tokens_per_block
+    knobs = [
+        ("limits.max_batch_size", "--max-batch", "max_batch", spec.max_batch_size, 1),
+        ("limits.max_num_tokens", "--max-num-tokens", "max_num_tokens", spec.base_max_num_tokens, floor),
+        ("limits.max_seq_len", "--max-seq-len", "max_seq_len", spec.max_seq_len, 1),
+    ]
+    if draft:
+        knobs.insert(1, ("speculation.draft_max_batch_size", "--draft-max-batch", "draft_max_batch",
+                         spec.draft_max_batch_size, 1))
+    # blame what the spec set explicitly first, then the registry defaults
+    given = {f"limits.{n}" for n in spec.limits.model_fields_set} | {
+        f"speculation.{n}" for n in spec.speculation.model_fields_set}
+    knobs.sort(key=lambda knob: knob[0] not in given)
+    minimal = {"max_batch": 1, "max_num_tokens": floor, "max_seq_len": 1}
+    if draft:
+        minimal["draft_max_batch"] = 1
+    if short(**minimal) > 0:
+        warnings.append(
+            f"hardware: {spec.model.name} {spec.quantization.precision} at tp={spec.parallelism.tp} does not fit "
+            f"one {gpu.name} ({gpu.memory_gib} GiB) even at batch 1; raise --tp (`invoke plan` shows the minimum)"
+        )
+        return
+    need = short() / GIB
+    for field, flag, key, value, low in knobs:
+        if value < low:
+            continue
+        best = _largest_fitting(lambda v, key=key: short(**{key: v}) <= 0, low, value)
+        if best is not None:
+            hint = " (and --max-input-len with it)" if key == "max_seq_len" and best < spec.max_input_len else ""
+            raise SpecError(
+                f"{field}={value}: activations and one {spec.max_seq_len}-token sequence's KV need {need:.1f} GiB "
+                f"more than a {gpu.name} has at tp={spec.parallelism.tp}; at most {best} fits: lower {flag} to "
+                f"<= {best}{hint} or raise --tp"
+            )
+    raise SpecError(
+        f"limits: max_batch_size={spec.max_batch_size}, max_num_tokens={spec.base_max_num_tokens} and "
+        f"max_seq_len={spec.max_seq_len} together need {need:.1f} GiB more than a {gpu.name} has at "
+        f"tp={spec.parallelism.tp}; lower them (each alone is not enough) or raise --tp"
+    )
+
+
+def validate_spec(spec: BuildSpec) -> list[str]:
+    """Apply every rule; return warnings, raise `SpecError` on the first violation."""
+    warnings: list[str] = []
+    _check_kv(spec)
+    if spec.runtime == "pytorch":
+        _check_pytorch_runtime(spec)
+    _check_hardware(spec, warnings)
+    _check_draft(spec, warnings)
+    _check_paged_context(spec)
+    _check_speculation_kv_reuse(spec)
+    p = spec.parallelism
+    _check_parallel(spec, spec.model, "target", spec.quantization.precision, tp=p.tp, pp=p.pp)
+    if spec.draft_model:
+        # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
+        draft_tp = spec.draft_tp if spec.runtime == "engine" else p.tp
+        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
+    place(p.tp, p.pp, spec.hardware)  # TP within a node, PP across nodes, within hardware.nodes
+    if spec.draft_model and spec.runtime == "engine":
+        _check_draft_placement(spec)
+    _check_limits(spec, warnings)
+    _check_memory_fit(spec, warnings)
+    _check_input_files(spec)
+    return warnings
+
+
+def _check_input_files(spec: BuildSpec) -> None:
+    """Rule of ours: file inputs exist and parse before anything is downloaded (the calibrate stage reads them
+    again; this only fails early)."""
+    if spec.quantization.calib_data is not None:
+        load_texts(spec.quantization.calib_data)

@@ -1,0 +1,1 @@
+"""Operations on finished builds: release archives, their verification, cluster deployments."""

@@ -1,0 +1,57 @@
+"""Names a Kubernetes API server and a container runtime accept, checked before anything is rendered.
+
+- DNS-1123 label (namespaces): 1-63 lowercase letters, digits and '-', starting and ending alphanumeric.
+- DNS-1123 subdomain (PersistentVolumeClaim and Secret names): dot-separated labels, 253 characters at most.
+- Image reference (the grammar of distribution/reference, which containerd and CRI-O parse):
+  `[host[:port]/]path[:tag][@digest]`, path components lowercase `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s,
+  tag `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`, digest `algorithm:hex` (32+ hex digits), name 255 characters at most.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.core.errors import DeployError
+
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(rf"{_LABEL}")
+DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+LABEL_MAX, SUBDOMAIN_MAX = 63, 253
+
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+_NAME = rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>{_NAME})(?::(?P<tag>[\w][\w.-]{{0,127}}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+NAME_MAX = 255
+
+
+def dns1123_label(value: str, flag: str) -> str:
+    """`value` if it is a DNS-1123 label (a namespace), else a DeployError naming `flag`."""
+    if len(value) > LABEL_MAX or not DNS1123_LABEL.fullmatch(value):
+        raise DeployError(f"{flag} {value!r}: not a DNS-1123 label (1-{LABEL_MAX} lowercase letters, digits and '-', "
+                          "starting and ending with a letter or digit); e.g. inference")
+    return value
+
+
+def dns1123_subdomain(value: str, flag: str) -> str:
+    """`value` if it is a DNS-1123 subdomain (a PVC or Secret name), else a DeployError naming `flag`."""
+    if len(value) > SUBDOMAIN_MAX or not DNS1123_SUBDOMAIN.fullmatch(value):
+        raise DeployError(f"{flag} {value!r}: not a DNS-1123 subdomain (at most {SUBDOMAIN_MAX} lowercase letters, "
+                          "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit); "
+                          "e.g. model-releases")
+    return value
+
+
+def image_reference(value: str, flag: str) -> str:
+    """`value` if it is an image reference a container runtime can pull, else a DeployError naming `flag`."""
+    m = IMAGE_REFERENCE.fullmatch(value)
+    if m is None or len(m.group("name")) > NAME_MAX:
+        raise DeployError(f"{flag} {value!r}: not an image reference ([host[:port]/]path[:tag][@sha256:HEX], "
+                          f"lowercase path, name at most {NAME_MAX} characters); "
+                          "e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
+    return value

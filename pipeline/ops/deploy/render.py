@@ -1,0 +1,200 @@
+"""`invoke deploy`: render every file of a deployment in memory, validate it, then write the directory in one rename.
+
+Nothing half-written: the files go to a temporary sibling directory that replaces the destination only once all of
+them are rendered, validated and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel
+
+from pipeline import __version__
+from pipeline.core.artifacts import output_root
+from pipeline.core.errors import DeployError, SpecError, io_error
+from pipeline.core.layout import release_file
+from pipeline.core.spec import BuildSpec, resolve_spec
+from pipeline.ops.deploy import k8s, names, slurm
+from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
+from pipeline.ops.deploy.runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
+from pipeline.ops.deploy.source import DeploySource
+from pipeline.ops.deploy.validate import validate_objects
+from pipeline.planning.placement import Placement
+
+Platform = Literal["k8s", "slurm"]
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
+
+
+class DeployOptions(BaseModel):
+    platform: Platform
+    name: str
+    namespace: str = "default"
+    image: str | None = None
+    pipeline_image: str | None = None
+    pipeline_cmd: str = f"invoke -r {PIPELINE_HOME}"
+    release_url: str | None = None
+    release_volume: str | None = None  # k8s: a PVC name; slurm: a directory on the cluster
+    partition: str | None = None
+    account: str | None = None  # Slurm only, like qos, constraint and time_limit
+    qos: str | None = None
+    constraint: str | None = None
+    time_limit: str | None = None
+    container: bool = True
+    serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
+    hf_secret: str = "hf-token"
+    output_pvc: str = "trtllm-build-output"
+
+
+def default_name(spec: BuildSpec) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"{spec.model.name}-{spec.quantization.precision}".lower()).strip("-")[:40]
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise DeployError(f"--name {name!r}: a deployment name is 1-40 lowercase letters, digits and '-', starting "
+                          "and ending with a letter or digit (Kubernetes DNS-1123); e.g. llama-405b-bf16")
+    return name
+
+
+def _images(o: DeployOptions, trtllm_version: str) -> tuple[str, str]:
+    """(server image, pipeline image): the NGC image of the release's TensorRT-LLM (or --image), and ours FROM it."""
+    if o.image and o.platform == "k8s":
+        names.image_reference(o.image, "--image")  # before ours is named after its tag
+    server = o.image or ngc_image(trtllm_version)
+    return server, o.pipeline_image or pipeline_image(server, __version__)
+
+
+def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: str) -> k8s.K8sOptions:
+    return k8s.K8sOptions(
+        name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
+        release_file=src.release_file if src else "", release_url=o.release_url,
+        release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
+        hf_secret=o.hf_secret, output_pvc=o.output_pvc,
+        work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
+
+
+def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, server: str,
+                   pipe: str) -> slurm.SlurmOptions:
+    return slurm.SlurmOptions(
+        name=o.name, directory=str(directory), server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
+        container=o.container, partition=o.partition, account=o.account, qos=o.qos, constraint=o.constraint,
+        time_limit=o.time_limit, release_file=src.release_file if src else "",
+        release_url=o.release_url, release_dir=o.release_volume if not o.release_url else None,
+        sha256=src.sha256 if src else None)
+
+
+def _summary(src: DeploySource, p: Placement, server: str, kind: str) -> dict[str, Any]:
+    return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
+            "target": src.spec.target, "runtime": src.spec.runtime, "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "nodes": p.nodes,
+            "ranks_per_node": p.ranks_per_node, "image": server, "trtllm_version": src.trtllm_version,
+            "release_file": src.release_file, "sha256": src.sha256, "origin": src.origin,
+            "summary": src.spec.summary()}
+
+
+def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory: Path) -> dict[str, str]:
+    """filename -> content of a serving deployment (Kubernetes objects validated strictly)."""
+    if not (o.release_url or o.release_volume):
+        raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
+                          "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
+    reference_demo = o.platform == "slurm" and src.spec.target == "reference" and src.spec.runtime == "engine"
+    if src.spec.target != "trtllm" and not reference_demo:
+        raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
+                          "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
+                          "(runtime engine, tests and demos) deploy it with --platform slurm")
+    server, pipe = _images(o, src.trtllm_version)
+    rt = runtime_for(src.spec, o.name, placement=p, platform=o.platform, serve_mode=o.serve_mode)
+    scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}
+    if o.platform == "k8s":
+        if p.multi_node:
+            scripts |= {"launch-leader.sh": leader_script(), "kubexec.sh": kubexec_script()}
+        objects = k8s.serving_objects(_k8s_options(o, src, server, pipe), rt, p, scripts)
+        validate_objects(objects)
+        kind = "LeaderWorkerSet" if p.multi_node else "Deployment"
+        files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
+    else:
+        kind = "sbatch"
+        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p)}
+    files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
+    return files
+
+
+def matrix_cells(matrix: str, base: dict[str, Any]) -> list[BuildSpec]:
+    """`MODEL:PRECISION[:TP],...` -> validated specs (the other spec flags in `base` apply to every cell)."""
+    cells = []
+    for item in (c.strip() for c in matrix.split(",")):
+        parts = item.split(":")
+        if not item or len(parts) not in (2, 3):
+            raise DeployError(f"--matrix item {item!r}: expected MODEL:PRECISION[:TP], e.g. "
+                              "--matrix tiny-llama:fp8,tiny-llama:int4_awq")
+        over = {**base, "model": parts[0], "precision": parts[1]}
+        if len(parts) == 3:
+            over["tp"] = parts[2]
+        try:
+            cells.append(resolve_spec(**over))
+        except SpecError as exc:
+            raise DeployError(f"--matrix item {item!r}: {exc}") from None
+    return cells
+
+
+def _cell_args(spec: BuildSpec) -> list[str]:
+    p = spec.parallelism
+    return ["--model", spec.model.name, "--precision", spec.quantization.precision, "--tp", str(p.tp),
+            "--pp", str(p.pp), "--target", spec.target, "--gpu", spec.hardware.gpu]
+
+
+def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, output: str) -> dict[str, str]:
+    """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
+    gpus = max((c.parallelism.world_size for c in cells if c.target == "trtllm"), default=0)
+    server, pipe = _images(o, TRTLLM_VERSION)
+    scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
+                                                        [release_file(c, __version__) for c in cells])}
+    if o.platform == "k8s":
+        objects = k8s.matrix_job(_k8s_options(o, None, server, pipe), len(cells), gpus, scripts)
+        validate_objects(objects)
+        return {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
+    opts = _slurm_options(o, directory, None, server, pipe)
+    return {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
+
+
+def deploy_dir(output: str | None, name: str) -> Path:
+    """--output as given (relative to the output tree), default `<output tree>/deploy/<name>`."""
+    if not output:
+        return output_root() / "deploy" / name
+    path = Path(output)
+    return (path if path.is_absolute() else output_root() / path).resolve()
+
+
+def write_directory(dest: Path, files: dict[str, str], *, force: bool) -> Path:
+    """Write `files` (+ an empty logs/) into `dest` atomically; an existing `dest` is replaced only with `force`."""
+    if dest.exists() and not force:
+        raise DeployError(f"{dest} exists; pass --force to replace it or choose another --output")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
+    except OSError as exc:
+        raise io_error(exc, f"writing the deployment {dest}") from None
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+            if name.endswith((".sh", ".sbatch")):
+                (tmp / name).chmod(0o755)
+        (tmp / "logs").mkdir()
+        if dest.exists():
+            old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
+            dest.rename(old)
+            tmp.rename(dest)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise io_error(exc, f"writing the deployment {dest}") from None
+    return dest

@@ -1,0 +1,273 @@
+"""What runs on the nodes: the shell scripts of a deployment (shared by Kubernetes and Slurm) and the server's ports.
+
+A `Runtime` is the slot a serving stack fills: the per-rank program, its health endpoints and ports, and what the
+node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository as its
+launch plan says (`pipeline.serving.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
+HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode (draft-target), one
+process that spawns each model's ranks; or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
+release's Hugging Face checkpoint: the argv of `pipeline.serving.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
+... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
+`srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
+`/health` route. An engine release can be served the same way instead of by tritonserver (`--serve-mode
+trtllm-serve`): serve_plan's `trtllm-serve ENGINE --backend tensorrt --tokenizer TOK ...` over the installed
+release's engine and tokenizer. The reference runtime (a --target reference build, CPU; tests and demos) runs the
+pipeline's own `invoke serve` on the installed repository as one process.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from pipeline.core.errors import DeployError
+from pipeline.core.spec import BuildSpec
+from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
+from pipeline.planning.placement import Placement
+from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
+from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
+CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
+SERVE_DIR = "serve"  # under $WORK, trtllm-serve: the model (and tokenizer) links and the LLM-API options YAML
+SERVE_MODES = ("triton", "trtllm-serve")  # deploy --serve-mode, as serve --mode
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    ready_path: str
+    live_path: str
+    rank_script: str  # /bin/sh: one rank (its rank number from MPI or Slurm), or the one process
+    ports: tuple[tuple[str, int], ...]  # (name, port) the serving pod exposes
+    ranks_launched: bool  # the platform starts world-size processes (else one process per deployment)
+    node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
+    gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
+    pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
+
+FETCH_VERIFY = """#!/bin/sh
+# Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
+# the tarball in one read (its sha256 against the pinned one, every member's type, mode, size and sha256, and the
+# engine's TensorRT-LLM/GPU, or a pytorch release's TensorRT-LLM, against this host: exit 4 on a mismatch), unpack,
+# install the repo. The tarball is verified rather than the unpacked tree: tar then only ever unpacks a checked
+# archive, and a 68 GB release is read twice (verify, tar) instead of three times (sha256sum, tar, verify).
+set -eu
+work="${WORK:-/work}"
+pipeline="${PIPELINE:-invoke -r /opt/trtllm-pipeline}"
+name="${RELEASE_FILE%.tar.gz}"
+name="${name%.tar}"
+mkdir -p "$work/download" "$work/release"
+if [ -n "${RELEASE_URL:-}" ]; then
+  tarball="$work/download/$RELEASE_FILE"
+  attempt=1
+  until [ -f "$tarball" ] || curl --fail --location --silent --show-error --retry 5 --retry-delay 10 \\
+      --retry-connrefused --continue-at - --output "$tarball.part" "$RELEASE_URL"; do
+    if [ "$attempt" -ge "${FETCH_ATTEMPTS:-5}" ]; then
+      echo "error: could not download $RELEASE_URL ($attempt attempts); check the URL and the network" >&2
+      exit 5
+    fi
+    attempt=$((attempt + 1))
+    sleep "${FETCH_RETRY_DELAY:-10}"
+  done
+  [ -f "$tarball" ] || mv "$tarball.part" "$tarball"
+else
+  tarball="${RELEASE_DIR:-/releases}/$RELEASE_FILE"
+fi
+rc=0
+$pipeline verify "$tarball" ${RELEASE_SHA256:+--sha256 "$RELEASE_SHA256"} || rc=$?
+if [ "$rc" -ne 0 ]; then
+  if [ -n "${RELEASE_URL:-}" ] && [ "$rc" -eq 3 ]; then rm -f "$tarball"; fi  # corrupt: fetched again next time
+  exit "$rc"
+fi
+rm -rf "$work/release/.tmp-$name" "$work/release/$name"
+mkdir "$work/release/.tmp-$name"
+tar -xf "$tarball" --no-same-owner -C "$work/release/.tmp-$name"
+if [ ! -d "$work/release/.tmp-$name/$name" ]; then
+  echo "error: $RELEASE_FILE does not hold $name/; give the tarball invoke release wrote, under its own name" >&2
+  exit 2
+fi
+mv "$work/release/.tmp-$name/$name" "$work/release/$name"
+rmdir "$work/release/.tmp-$name"
+repo=$(find "$work/release/$name/triton_repo" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+if [ -z "$repo" ]; then
+  echo "error: no triton_repo/ in $RELEASE_FILE" >&2
+  exit 2
+fi
+$pipeline install-repo --repo "$repo"
+echo "$repo" > "$work/REPO"
+if [ -n "${COPY_KUBECTL:-}" ]; then
+  mkdir -p "$work/bin" && cp "$(command -v kubectl)" "$work/bin/kubectl"
+fi
+"""
+
+
+REPO_WORD = "@REPO@"  # in a launch plan's argv: the node's installed repository, "$repo" in the rank script
+
+
+def engine_launch_plan(spec: BuildSpec, p: Placement) -> LaunchPlan:
+    """The launch plan of the release's Triton repository on the deployment's nodes (the one `serve` uses).
+
+    Raises:
+        DeployError: a layout upstream cannot launch (draft-target with its target across nodes, GPU ids beyond a
+            node's GPUs).
+    """
+    endpoints = Endpoints("0.0.0.0", HTTP_PORT, GRPC_PORT, METRICS_PORT)
+    return plan_launch(shape_from_spec(spec), repo=REPO_WORD, binary="tritonserver", endpoints=endpoints,
+                       shm_prefix="prefix", nodes=p.nodes, gpus_per_node=p.ranks_per_node, error=DeployError)
+
+
+def _plan_word(arg: str) -> str:
+    """`arg` quoted for /bin/sh, the repository placeholder left to the script's $repo."""
+    return '"$repo"'.join(shlex.quote(part) if part else "" for part in arg.split(REPO_WORD))
+
+
+def _engine_rank_script(plan: LaunchPlan) -> str:
+    """/bin/sh: the plan's env, then the argv of this process's rank (MPI or Slurm rank; 0 for one process)."""
+    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
+    cases = "".join(f"  {i}) exec {' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
+    return f"""#!/bin/sh
+# The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
+# upstream: {plan.source}
+set -eu
+rank="${{OMPI_COMM_WORLD_RANK:-${{SLURM_PROCID:-0}}}}"
+repo=$(cat "${{WORK:-/work}}/REPO")
+{env}case "$rank" in
+{cases}  *) echo "error: rank $rank is outside the {plan.processes} process(es) of this launch plan" >&2; exit 2 ;;
+esac
+"""
+
+
+def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
+    """tritonserver over the release's repository as its launch plan says: leader mode -> the platform starts
+    world-size ranks; single / orchestrator -> one process (the orchestrator spawns each model's ranks)."""
+    plan = engine_launch_plan(spec, p)
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
+                   ranks_launched=plan.ranks_launched)
+
+
+def _shell_word(arg: str) -> str:
+    """`arg` quoted for /bin/sh, a leading WORK/ left to the node's $WORK (Slurm: a per-job directory)."""
+    if arg.startswith(f"{WORK}/"):
+        return '"$WORK"/' + shlex.quote(arg[len(WORK) + 1:])
+    return shlex.quote(arg)
+
+
+def pytorch_rank_argv(spec: BuildSpec, served_name: str, *, launched: bool) -> list[str]:
+    """The rank program (paths under WORK): serve_plan's trtllm-serve argv, behind trtllm-llmapi-launch if
+    `launched` (every one of world-size ranks runs it; rank 0 serves HTTP)."""
+    serve = serve_argv(spec, model_dir=f"{WORK}/{SERVE_DIR}/{served_name}",
+                       options_file=f"{WORK}/{SERVE_DIR}/{OPTIONS_FILE}", host="0.0.0.0", port=HTTP_PORT)
+    return [LLMAPI_LAUNCH, *serve] if launched else serve
+
+
+def pytorch_runtime(spec: BuildSpec, served_name: str, *, launched: bool) -> Runtime:
+    """trtllm-serve on the release's HF checkpoint; `launched`: the platform starts world-size ranks."""
+    return _trtllm_serve_runtime("pytorch", pytorch_rank_argv(spec, served_name, launched=launched), served_name,
+                                 launched=launched, what="the release's checkpoint")
+
+
+def engine_serve_rank_argv(spec: BuildSpec, served_name: str, *, launched: bool) -> list[str]:
+    """The rank program of an engine under trtllm-serve (paths under WORK, written by serve_inputs --engine)."""
+    serve = engine_serve_argv(spec, engine_dir=f"{WORK}/{SERVE_DIR}/{served_name}",
+                              tokenizer_dir=f"{WORK}/{SERVE_DIR}/{TOKENIZER_LINK}",
+                              options_file=f"{WORK}/{SERVE_DIR}/{OPTIONS_FILE}", host="0.0.0.0", port=HTTP_PORT)
+    return [LLMAPI_LAUNCH, *serve] if launched else serve
+
+
+def engine_serve_runtime(spec: BuildSpec, served_name: str, *, launched: bool) -> Runtime:
+    """trtllm-serve --backend tensorrt on the release's engine; `launched`: the platform starts world-size ranks."""
+    return _trtllm_serve_runtime("engine-trtllm-serve", engine_serve_rank_argv(spec, served_name, launched=launched),
+                                 served_name, launched=launched, what="the release's engine", engine=True)
+
+
+def _trtllm_serve_runtime(name: str, argv: list[str], served_name: str, *, launched: bool, what: str,
+                          engine: bool = False) -> Runtime:
+    line = " ".join(_shell_word(a) for a in argv)
+    how = "every rank runs trtllm-llmapi-launch, rank 0 serves HTTP" if launched else \
+        "one process, the LLM spawns its TP/PP workers"
+    script = f"""#!/bin/sh
+# TensorRT-LLM's OpenAI server on {what} ({how}).
+set -eu
+WORK="${{WORK:-{WORK}}}"
+exec {line}
+"""
+    flag = "--engine " if engine else ""
+    setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.ops.deploy.serve_inputs {flag}"$repo" "$work/{SERVE_DIR}" '
+             f"{shlex.quote(served_name)}\n")
+    return Runtime(name, "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
+                   node_setup=setup)
+
+
+REFERENCE_RANK = f"""#!/bin/sh
+# The reference runtime (CPU; tests and demos): the pipeline's tritonserver over the installed repository, one
+# process; ports from HTTP_PORT / GRPC_PORT / METRICS_PORT (default {HTTP_PORT} / {GRPC_PORT} / {METRICS_PORT}).
+set -eu
+repo=$(cat "${{WORK:-{WORK}}}/REPO")
+pipeline="${{PIPELINE:-invoke -r /opt/trtllm-pipeline}}"
+exec $pipeline serve --repo "$repo" --host 0.0.0.0 --http-port "${{HTTP_PORT:-{HTTP_PORT}}}" \\
+  --grpc-port "${{GRPC_PORT:-{GRPC_PORT}}}" --metrics-port "${{METRICS_PORT:-{METRICS_PORT}}}"
+"""
+
+
+def reference_runtime() -> Runtime:
+    """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
+                   gpus=False, pipeline_image=True)
+
+
+def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
+                serve_mode: str | None = None) -> Runtime:
+    """The runtime of `spec` on `placement` (`serve_mode`: triton or trtllm-serve; default: tritonserver for
+    engines, trtllm-serve for runtime pytorch). trtllm-serve: Slurm and multi-node Kubernetes start world-size ranks
+    (srun / mpirun over pods). Triton on engines: as its launch plan says."""
+    if serve_mode not in (None, *SERVE_MODES):
+        raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
+    if spec.target == "reference":
+        if serve_mode == "trtllm-serve":
+            raise DeployError("--serve-mode trtllm-serve needs TensorRT-LLM engines or a checkpoint on GPUs; a "
+                              "--target reference build is served by tritonserver: drop --serve-mode")
+        return reference_runtime()
+    launched = placement.multi_node or platform == "slurm"
+    if spec.runtime == "pytorch":
+        if serve_mode == "triton":
+            raise DeployError("--serve-mode triton: a runtime-pytorch release is deployed with trtllm-serve; drop "
+                              "--serve-mode (or pass --serve-mode trtllm-serve)")
+        return pytorch_runtime(spec, served_name, launched=launched)
+    if serve_mode == "trtllm-serve":
+        return engine_serve_runtime(spec, served_name, launched=launched)
+    return engine_runtime(spec, placement)
+
+
+def fetch_verify_script(rt: Runtime) -> str:
+    return FETCH_VERIFY + rt.node_setup
+
+
+def leader_script(kubectl: str = f"{WORK}/bin/kubectl") -> str:
+    """The LeaderWorkerSet leader: wait for its group's worker pods, then mpirun every rank over the pods."""
+    k = shlex.quote(kubectl)
+    return f"""#!/bin/sh
+# LeaderWorkerSet leader: wait until the group's workers are Ready, then start every rank with mpirun
+# (RANKS_PER_NODE slots per pod; mpirun reaches the worker pods with kubectl exec, see kubexec.sh).
+set -eu
+hosts="$POD_NAME:$RANKS_PER_NODE"
+i=1
+while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
+  until {k} get pod "$POD_NAME-$i" >/dev/null 2>&1; do sleep 5; done
+  {k} wait --for=condition=Ready "pod/$POD_NAME-$i" --timeout=60m
+  hosts="$hosts,$POD_NAME-$i:$RANKS_PER_NODE"
+  i=$((i + 1))
+done
+exec mpirun --allow-run-as-root --mca plm_rsh_agent {CONFIG}/kubexec.sh -np "$WORLD_SIZE" --host "$hosts" \\
+  -x WORK {CONFIG}/rank.sh
+"""
+
+
+def kubexec_script(kubectl: str = f"{WORK}/bin/kubectl") -> str:
+    return f"""#!/bin/sh
+# mpirun's remote-shell agent on Kubernetes: run the MPI daemon in the named pod's server container.
+pod="$1"
+shift
+exec {shlex.quote(kubectl)} exec "$pod" -c server -- /bin/sh -c "$*"
+"""

@@ -1,0 +1,108 @@
+"""What a deployment serves: a release (its `release.json`: spec, toolchain, file name, sha256) or a spec alone.
+
+Only `release.json` is read (size-capped); the files themselves are verified on the serving nodes by `invoke verify`,
+where the engine/toolchain mismatch refusal belongs. The file the nodes fetch is named as `invoke release` names it
+(`pipeline.core.layout.release_file`); a name read back from a release is checked to be one safe file name first.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import zlib
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from pipeline import __version__
+from pipeline.core.errors import DeployError
+from pipeline.core.layout import LEGACY_SUFFIX, RELEASE_SUFFIX, release_file, release_name_ok
+from pipeline.core.spec import BuildSpec
+from pipeline.ops.deploy.images import TRTLLM_VERSION
+from pipeline.ops.release import RELEASE_JSON
+from pipeline.ops.release_verify import MAX_METADATA_BYTES
+
+SHA256_HEX = 64
+
+
+class DeploySource(BaseModel):
+    """The build a deployment serves and how the nodes get it."""
+
+    spec: BuildSpec
+    release_file: str  # the tarball's file name (what the init step fetches)
+    sha256: str | None = None  # pinned when known (from the release's .sha256)
+    trtllm_version: str  # the engines' toolchain, the TensorRT-LLM a pytorch release is for, or the pipeline's
+    origin: str  # "release" or "spec"
+
+
+def _tar_release_json(path: Path) -> bytes:
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if len(parts) == 2 and parts[1] == RELEASE_JSON and member.isfile():
+                    if member.size > MAX_METADATA_BYTES:
+                        raise DeployError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
+                                          f"{MAX_METADATA_BYTES >> 20} MiB limit; not a release of this pipeline")
+                    return tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        raise DeployError(f"--release {path}: not a readable release tarball; give a release made by "
+                          "`invoke release`") from None
+    raise DeployError(f"--release {path}: no <name>/{RELEASE_JSON} inside; give a release made by `invoke release`")
+
+
+def _read_document(path: Path) -> tuple[dict, str | None]:
+    """release.json and the sha256 of the tarball (from its `.sha256` sidecar; None for a directory)."""
+    if path.is_dir():
+        doc_path = path / RELEASE_JSON
+        if not doc_path.is_file() or doc_path.stat().st_size > MAX_METADATA_BYTES:
+            raise DeployError(f"--release {path}: no {RELEASE_JSON} (or an oversized one); give a release directory "
+                              "or tarball made by `invoke release`")
+        raw, digest = doc_path.read_bytes(), None
+    elif path.is_file():
+        raw, digest = _tar_release_json(path), None
+        sidecar = path.with_name(path.name + ".sha256")
+        if sidecar.is_file() and sidecar.stat().st_size < 4096:
+            first = sidecar.read_text(errors="replace").split()
+            digest = first[0] if first and len(first[0]) == SHA256_HEX else None
+    else:
+        raise DeployError(f"--release {path} does not exist; give a release tarball or unpacked release directory")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DeployError(f"--release {path}: {RELEASE_JSON} is not JSON ({exc}); re-create it with `invoke release`")
+    if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict) or not isinstance(doc.get("name"), str):
+        raise DeployError(f"--release {path}: {RELEASE_JSON} has no spec/name; re-create it with `invoke release`")
+    return doc, digest
+
+
+def from_release(path: str | Path) -> DeploySource:
+    """The release at `path` (tarball with its `.sha256`, or an unpacked directory)."""
+    path = Path(path)
+    doc, digest = _read_document(path)
+    try:
+        # A dump sets every field; read back, only non-default values count as given (the rules re-run on a new
+        # placement refuse some fields when given, e.g. engine-only draft settings on runtime pytorch).
+        spec = BuildSpec.model_validate(BuildSpec.model_validate(doc["spec"]).model_dump(mode="json",
+                                                                                           exclude_defaults=True))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise DeployError(f"--release {path}: recorded spec field {'.'.join(map(str, err['loc']))}: {err['msg']}; "
+                          "re-create the release with this pipeline version") from None
+    engine = ((doc.get("toolchain") or {}).get("engine") or {})
+    serving = doc.get("serving") or {}  # a runtime-pytorch release has no engine: the TensorRT-LLM it is written for
+    version = (engine.get("tensorrt_llm") if isinstance(engine, dict) else None) or (
+        serving.get("tensorrt_llm") if isinstance(serving, dict) else None)
+    name = doc["name"]
+    if not release_name_ok(name):
+        raise DeployError(f"--release {path}: {RELEASE_JSON} names the release {name[:80]!r}, not a safe file name "
+                          "(letters, digits and . _ -, at most 128, no '/' or '..'); re-create it with `invoke release`")
+    suffix = LEGACY_SUFFIX if path.name.endswith(LEGACY_SUFFIX) else RELEASE_SUFFIX
+    return DeploySource(spec=spec, release_file=name + suffix, sha256=digest,
+                        trtllm_version=str(version or TRTLLM_VERSION), origin="release")
+
+
+def from_spec(spec: BuildSpec, version: str = __version__) -> DeploySource:
+    """A spec whose release (`invoke release` of the same spec, at `version`) the nodes fetch."""
+    return DeploySource(spec=spec, release_file=release_file(spec, version), trtllm_version=TRTLLM_VERSION,
+                        origin="spec")

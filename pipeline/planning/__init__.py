@@ -1,0 +1,1 @@
+"""Planning: memory/throughput model, parallelism placement, resources, host fit, AIConfigurator."""

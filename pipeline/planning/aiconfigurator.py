@@ -1,0 +1,217 @@
+"""NVIDIA AIConfigurator as a second opinion on `plan`: installed in its own venv, run as a subprocess, its
+`cli estimate` report parsed.
+
+AIConfigurator needs Python >= 3.11 and numpy >= 2.1 (ours pins numpy < 2), so it never shares our environment:
+the first use creates `<cache>/aiconfigurator-venv` and pip-installs `AIC_REQUIREMENT` there.
+`PIPELINE_AICONFIGURATOR=/path/to/aiconfigurator` uses an existing install instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from pipeline.core.artifacts import cache_dir
+from pipeline.core.errors import HostError, RunError
+from pipeline.planning.planner import CapacityPlan
+
+AIC_REQUIREMENT = "aiconfigurator==0.12.*"
+AIC_ENV = "PIPELINE_AICONFIGURATOR"
+VENV_NAME = "aiconfigurator-venv"
+INSTALL_TIMEOUT_S = 1800
+RUN_TIMEOUT_S = 300
+OUTPUT_CAP = 1 << 20  # bytes of a report we read
+
+# Our registry names / GPU names / precisions -> AIConfigurator's (its bundled model configs and system databases).
+MODEL_PATHS = {"llama-70b": "meta-llama/Meta-Llama-3.1-70B", "llama-8b": "meta-llama/Meta-Llama-3.1-8B"}
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "h100-pcie": "h100_pcie", "a100": "a100_sxm",
+           "l40s": "l40s"}
+GEMM_MODES = {"bf16": "bfloat16", "fp8": "fp8_static", "int8_sq": "sq", "int4_awq": "int4_wo"}
+KV_MODES = {"bf16": "bfloat16", "fp8": "fp8", "int8": "int8"}
+
+
+class AicCase(BaseModel):
+    """One `aiconfigurator cli estimate` point: aggregated (continuous batching) serving on one TP group."""
+
+    model_path: str
+    system: str
+    tp: int
+    isl: int
+    osl: int
+    batch: int
+    gemm: str
+    kv: str
+    prefix: int = 0  # prompt tokens already in the KV cache (prefix reuse)
+
+    def argv(self, exe: str) -> list[str]:
+        fmha = "fp8" if self.kv == "fp8" else "bfloat16"
+        argv = [exe, "cli", "estimate", "--model-path", self.model_path, "--system", self.system,
+                "--backend", "trtllm", "--tp-size", str(self.tp), "--isl", str(self.isl), "--osl", str(self.osl),
+                "--batch-size", str(self.batch), "--gemm-quant-mode", self.gemm, "--kvcache-quant-mode", self.kv,
+                "--fmha-quant-mode", fmha]
+        return argv + (["--prefix", str(self.prefix)] if self.prefix else [])
+
+
+class AicResult(BaseModel):
+    """What AIConfigurator said: an estimate, out of memory, or no data for the case (with its reason)."""
+
+    status: Literal["ok", "oom", "no_data"]
+    reason: str = ""
+    backend_version: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    memory_gb: float | None = None
+    kv_capacity_exceeded: bool = False  # fits in memory, but the batch's KV exceeds the pool (requests queue)
+
+
+def case_for(*, model: str, gpu: str, precision: str, kv: str, tp: int, isl: int, osl: int, batch: int,
+             prefix: int = 0) -> AicCase | AicResult:
+    """The AIConfigurator case for a plan, or a no-data result naming what it lacks."""
+    missing = [f"{what} {value!r}" for what, value, table in (
+        ("model", model, MODEL_PATHS), ("GPU", gpu, SYSTEMS), ("precision", precision, GEMM_MODES),
+        ("KV cache dtype", kv, KV_MODES)) if value not in table]
+    if missing:
+        return AicResult(status="no_data", reason=f"AIConfigurator has no data for {', '.join(missing)}")
+    if batch < 1:
+        return AicResult(status="no_data", reason="no batch fits, nothing to estimate")
+    return AicCase(model_path=MODEL_PATHS[model], system=SYSTEMS[gpu], tp=tp, isl=isl, osl=osl, batch=batch,
+                   gemm=GEMM_MODES[precision], kv=KV_MODES[kv], prefix=prefix)
+
+
+_FIELDS = {"ttft_ms": r"TTFT:\s+([\d,.]+) ms", "tpot_ms": r"TPOT:\s+([\d,.]+) ms",
+           "tokens_per_s": r"tokens/s:\s+([\d,.]+)", "tokens_per_s_per_gpu": r"tokens/s/gpu:\s+([\d,.]+)",
+           "memory_gb": r"Memory \(GPU\):\s+([\d,.]+) GB"}
+
+
+def parse_report(stdout: str, stderr: str, returncode: int) -> AicResult:
+    """Parse `cli estimate` output: its "Performance Estimate" block, an OOM error or a missing-data error."""
+    if returncode == 0 and "Performance Estimate" in stdout:
+        values = {}
+        for key, pattern in _FIELDS.items():
+            m = re.search(pattern, stdout)
+            if m is None:
+                raise RunError(f"aiconfigurator: its report has no {key} line; is it {AIC_REQUIREMENT}?")
+            values[key] = float(m.group(1).replace(",", ""))
+        version = re.search(r"Backend:\s+\S+ \(([^)]+)\)", stdout)
+        return AicResult(status="ok", backend_version=version.group(1) if version else None,
+                         kv_capacity_exceeded="exceeds estimated KV cache capacity" in stdout + stderr, **values)
+    text = stderr + stdout
+    if re.search(r"\bOOM\b", text):
+        return AicResult(status="oom", reason="out of GPU memory at this batch")
+    m = re.search(r"perf database error: ([^\n;]+)", text) or re.search(r"(not supported[^\n]*)", text)
+    if m:
+        return AicResult(status="no_data", reason=re.sub(r" at /\S+", "", m.group(1)).strip())
+    last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["no output"]
+    raise RunError(f"aiconfigurator failed (exit {returncode}): {last[0].strip()[:300]}")
+
+
+def _venv_python() -> str:
+    """A Python >= 3.11 to create the venv with."""
+    if sys.version_info >= (3, 11):
+        return sys.executable
+    for name in ("python3.13", "python3.12", "python3.11"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise HostError("aiconfigurator needs Python >= 3.11 and none is on PATH; install python3.11 or set "
+                    f"{AIC_ENV}=/path/to/aiconfigurator")
+
+
+def ensure_installed(*, quiet: bool = False) -> str:
+    """The aiconfigurator executable: $PIPELINE_AICONFIGURATOR, else the cache venv's (created on first use)."""
+    override = os.environ.get(AIC_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise HostError(f"{AIC_ENV}={override} is not a file; point it at an aiconfigurator executable or unset it")
+        return override
+    venv = cache_dir() / VENV_NAME
+    exe, marker = venv / "bin" / "aiconfigurator", venv / "installed.ok"
+    if exe.is_file() and marker.is_file():
+        return str(exe)
+    if not quiet:
+        print(f"installing {AIC_REQUIREMENT} into {venv} (first use) ...", file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    for argv in ([_venv_python(), "-m", "venv", str(venv)],
+                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", AIC_REQUIREMENT]):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+            failure = None if done.returncode == 0 else ((done.stderr or done.stdout).strip().splitlines()
+                                                         or ["no output"])[-1][:300]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failure = str(exc)
+        if failure is not None:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise HostError(f"installing {AIC_REQUIREMENT} failed: {failure}; check network access to PyPI or set "
+                            f"{AIC_ENV}=/path/to/aiconfigurator")
+    marker.write_text(AIC_REQUIREMENT + "\n")
+    return str(exe)
+
+
+def run_case(case: AicCase, exe: str, *, timeout_s: float = RUN_TIMEOUT_S) -> AicResult:
+    """Run one estimate offline (no network: it reads its bundled model configs and databases)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        done = subprocess.run(case.argv(exe), capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise RunError(f"aiconfigurator took over {timeout_s:.0f} s; rerun, or drop --estimator") from exc
+    except OSError as exc:
+        raise HostError(f"cannot run {exe}: {exc.strerror}; reinstall (delete it) or set {AIC_ENV}") from exc
+    return parse_report(done.stdout[:OUTPUT_CAP], done.stderr[-OUTPUT_CAP:], done.returncode)
+
+
+class SecondOpinion(BaseModel):
+    """AIConfigurator's estimate for the planned case next to ours."""
+
+    command: str | None  # the exact command run (None when the case is outside its data)
+    result: AicResult
+    note: str = ""
+
+
+def second_opinion(plan: CapacityPlan, *, tokens_per_block: int) -> SecondOpinion:
+    """Run AIConfigurator on the plan's case: its model, GPU, precision, TP, lengths, batch and prefix reuse."""
+    reused = int(plan.prefix_hit_ratio * plan.input_len) // tokens_per_block * tokens_per_block
+    case = case_for(model=plan.model, gpu=plan.gpu, precision=plan.precision, kv=plan.kv_cache, tp=plan.tp,
+                    isl=plan.input_len, osl=plan.output_len, batch=plan.decode_batch, prefix=reused)
+    note = ""
+    if plan.speculation_active:
+        note = "AIConfigurator does not model draft-target speculation: its numbers are without the draft"
+    if plan.pp > 1:
+        note = (note + "; " if note else "") + "pipeline parallelism is not passed: its numbers are for pp=1"
+    if isinstance(case, AicResult):
+        return SecondOpinion(command=None, result=case, note=note)
+    exe = ensure_installed()
+    return SecondOpinion(command=" ".join(case.argv("aiconfigurator")), result=run_case(case, exe), note=note)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_side_by_side(plan: CapacityPlan, other: SecondOpinion) -> str:
+    """Ours next to AIConfigurator's for the same case, or one line saying why it has none."""
+    r = other.result
+    head = f"AIConfigurator ({AIC_REQUIREMENT}, TensorRT-LLM {r.backend_version or '?'} database)"
+    if r.status == "no_data":
+        return f"aiconfigurator: no estimate: {r.reason}"
+    verdict = {"ok": "fits", "oom": "OUT OF MEMORY"}[r.status]
+    if r.status == "ok" and r.kv_capacity_exceeded:
+        verdict = "fits, but the batch's KV exceeds its pool (requests queue)"
+    ours = "fits" if plan.fits and plan.decode_batch > 0 else "does not fit"
+    rows = [("", "plan (estimate)", head),
+            (f"batch {plan.decode_batch} @ {plan.input_len}+{plan.output_len}", ours, verdict),
+            ("TTFT ms", f"{plan.ttft_ms_estimate:,.1f}", _num(r.ttft_ms, ",.1f")),
+            ("TPOT ms", f"{plan.tpot_ms_estimate:.2f}", _num(r.tpot_ms, ".2f")),
+            ("output tok/s", f"{plan.output_tokens_per_s_estimate:,.0f}", _num(r.tokens_per_s, ",.0f"))]
+    w0, w1 = (max(len(row[i]) for row in rows) for i in (0, 1))
+    lines = [f"{a.ljust(w0)}  {b.ljust(w1)}  {c}".rstrip() for a, b, c in rows]
+    lines += [f"command: {other.command}"] + ([f"note: {other.note}"] if other.note else [])
+    return "\n".join(lines)

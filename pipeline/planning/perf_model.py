@@ -1,0 +1,161 @@
+"""Serving-time estimate for one TP group under continuous (in-flight) batching: TTFT, TPOT and output tok/s.
+
+Each engine step costs GEMMs (weights read at an achieved fraction of HBM bandwidth, or FLOPs at an achieved
+fraction of the precision's tensor-core peak, whichever is slower), attention (decode: the batch's KV read;
+prefill: causal FLOPs), two all-reduces per layer over NVLink at TP > 1, and a fixed cost per layer (launches,
+small kernels and the all-reduces' latency).
+A serving cycle of `batch` requests holds one prefill per mixed step (the prompt's tokens plus every decoding
+request) and decode-only steps for the rest of the output; speculation turns K + 1 verified tokens into the
+expected accepted tokens per step at the draft's K steps' cost; a prefix hit skips the reused blocks' prefill.
+
+The constants (`CALIBRATION`) are fitted to NVIDIA AIConfigurator 0.12's TensorRT-LLM database for H100 SXM
+(tests/data/aiconfigurator_0.12.json, refitted with scripts/fit_perf_model.py); on other GPUs they scale with
+that GPU's bandwidth and peaks, uncalibrated. INT4 weight-only GEMMs have no AIConfigurator data on Hopper:
+they use the BF16 compute efficiency with 4-bit weight reads, an extrapolation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.core.gpus import GPU
+from pipeline.core.registry import Architecture
+
+LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
+# GEMM math runs in FP8 for fp8/w4a8 (FP8 activations), INT8 for SmoothQuant, else 16-bit (AWQ dequantizes).
+GEMM_MATH = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8_sq": "fp8", "int4_awq": "bf16", "w4a8_awq": "fp8"}
+KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# Per-GPU one-direction GPU-to-GPU bandwidth (GB/s): NVLink 4 on SXM, NVLink bridge on NVL, else PCIe.
+INTERCONNECT_GB_S = {"h100-sxm": 450.0, "h200": 450.0, "h100-nvl": 300.0, "h100-pcie": 64.0, "l40s": 32.0,
+                     "a100": 300.0}
+
+
+def kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, tp: int = 1) -> int:
+    """KV bytes per token: 2 (K,V) x layers x kv heads (per TP rank, at least 1) x head_dim x dtype bytes."""
+    return 2 * arch.num_layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * KV_BYTES[kv_dtype]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achieved fractions of peak and fixed costs, fitted to AIConfigurator 0.12 (H100 SXM, TensorRT-LLM)."""
+
+    hbm_efficiency: float  # achieved fraction of HBM bandwidth for weight and KV reads
+    gemm_efficiency_fp8: float  # achieved fraction of the FP8 dense peak in prefill-sized GEMMs
+    gemm_efficiency_bf16: float
+    attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak (fitted low: it also
+    # carries the prefill's costs that grow with prompt length and are not modelled apart: softmax, RoPE, norms)
+    allreduce_bw_efficiency: float  # achieved fraction of the interconnect bandwidth in the all-reduce
+    layer_overhead_us: float  # launches and small kernels per layer per step
+    ttft_queue_base: float  # TTFT = one prefill x min(queue_max, base + per_prefill x prefills per cycle)
+    ttft_queue_per_prefill: float
+    ttft_queue_max: float
+
+
+CALIBRATION = Calibration(
+    hbm_efficiency=0.899, gemm_efficiency_fp8=0.534, gemm_efficiency_bf16=0.639, attention_efficiency=0.0906,
+    allreduce_bw_efficiency=0.416, layer_overhead_us=48.4, ttft_queue_base=1.67, ttft_queue_per_prefill=0.0541,
+    ttft_queue_max=4.12)
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One engine's per-GPU cost terms (target or draft)."""
+
+    arch: Architecture
+    precision: str
+    kv: str
+    tp: int
+    gpu: GPU
+
+    def weight_bytes(self) -> float:
+        """Weights read per step on one GPU: quantized linears plus the 16-bit lm_head (vocab-parallel)."""
+        a = self.arch
+        return (a.linear_params * LINEAR_BYTES[self.precision] + a.vocab_size * a.hidden_size * 2) / self.tp
+
+    def kv_bytes_per_token(self) -> float:
+        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp)
+
+    def step_ms(self, cal: Calibration, *, context_tokens: int, context_len: float, decode_seqs: float,
+                decode_len: float, tokens_per_seq: int = 1) -> float:
+        """One engine step: `context_tokens` prompt tokens (of sequences `context_len` long) plus `decode_seqs`
+        decoding sequences at mean length `decode_len`, each verifying `tokens_per_seq` tokens."""
+        a, g = self.arch, self.gpu
+        bw = g.hbm_tb_s * 1e12 * cal.hbm_efficiency
+        math_fp8 = GEMM_MATH[self.precision] == "fp8" and g.has_fp8
+        peak = (g.fp8_tflops if math_fp8 else g.bf16_tflops) * 1e12
+        eff = cal.gemm_efficiency_fp8 if math_fp8 else cal.gemm_efficiency_bf16
+        tokens = context_tokens + decode_seqs * tokens_per_seq
+        logits = (1 if context_tokens else 0) + decode_seqs * tokens_per_seq
+        flops = 2 * (a.linear_params * tokens + a.vocab_size * a.hidden_size * logits) / self.tp
+        gemm_s = max(self.weight_bytes() / bw, flops / (peak * eff))
+        kv_s = decode_seqs * (decode_len + tokens_per_seq) * self.kv_bytes_per_token() / bw
+        attn_peak = (g.fp8_tflops if self.kv == "fp8" and g.has_fp8 else g.bf16_tflops) * 1e12
+        attn_flops = 2 * context_tokens * context_len * a.num_heads * a.head_dim * a.num_layers / self.tp
+        attn_s = attn_flops / (attn_peak * cal.attention_efficiency)
+        return (gemm_s + kv_s + attn_s + self._allreduce_s(cal, tokens)) * 1e3 + a.num_layers * cal.layer_overhead_us / 1e3
+
+    def _allreduce_s(self, cal: Calibration, tokens: float) -> float:
+        """Two all-reduces per layer of the step's 16-bit hidden states (ring: 2(tp-1)/tp of the message)."""
+        if self.tp == 1:
+            return 0.0
+        link = INTERCONNECT_GB_S.get(self.gpu.name, 64.0) * 1e9 * cal.allreduce_bw_efficiency
+        message = tokens * self.arch.hidden_size * 2
+        return 2 * self.arch.num_layers * 2 * (self.tp - 1) / self.tp * message / link
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Draft-target decoding: the draft engine, K proposed tokens and the acceptance rate per proposed token."""
+
+    draft: EngineCost
+    draft_len: int
+    acceptance: float
+
+    def tokens_per_step(self) -> float:
+        return expected_tokens_per_step(self.acceptance, self.draft_len)
+
+
+def expected_tokens_per_step(acceptance: float, draft_len: int) -> float:
+    """Tokens one target step yields with draft-target speculation: (1 - a^(K+1)) / (1 - a) (K + 1 at a = 1)."""
+    if acceptance >= 1.0:
+        return float(draft_len + 1)
+    return (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s: float
+    prefill_ms: float  # one request's prefill step alone (no queueing)
+    decode_step_ms: float  # one decode-only step of the whole batch (target, plus the draft's K steps)
+    tokens_per_target_step: float
+
+
+def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int, prefix_reused: int = 0,
+             speculation: Speculation | None = None, cal: Calibration = CALIBRATION) -> Estimate:
+    """TTFT, TPOT and output tok/s of `batch` concurrent requests of `input_len` + `output_len` tokens."""
+    if batch < 1:
+        return Estimate(0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+    new_tokens = max(1, input_len - prefix_reused)
+    decode_len = input_len + output_len / 2
+    per_step = speculation.tokens_per_step() if speculation else 1.0
+    verify = speculation.draft_len + 1 if speculation else 1
+    decode_iters = max(output_len - 1, 0) / per_step  # after the prefill's first token
+    prefill_ms = target.step_ms(cal, context_tokens=new_tokens, context_len=input_len, decode_seqs=0, decode_len=0)
+    mix_ms = target.step_ms(cal, context_tokens=new_tokens, context_len=input_len, decode_seqs=batch - 1,
+                            decode_len=decode_len, tokens_per_seq=verify)
+    gen_ms = target.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=batch, decode_len=decode_len,
+                            tokens_per_seq=verify)
+    if speculation:
+        draft_ms = speculation.draft.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=batch,
+                                             decode_len=decode_len)
+        gen_ms += speculation.draft_len * draft_ms
+        mix_ms += speculation.draft_len * draft_ms
+    prefills = batch  # one prefill step per request per cycle
+    steps = max(decode_iters + 1, prefills)
+    cycle_ms = prefills * mix_ms + (steps - prefills) * gen_ms
+    queue = min(cal.ttft_queue_max, cal.ttft_queue_base + cal.ttft_queue_per_prefill * (prefills - 1))
+    return Estimate(ttft_ms=prefill_ms * max(1.0, queue), tpot_ms=cycle_ms / output_len,
+                    output_tokens_per_s=batch * output_len / cycle_ms * 1e3,
+                    prefill_ms=prefill_ms, decode_step_ms=gen_ms, tokens_per_target_step=per_step)

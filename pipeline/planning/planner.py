@@ -1,0 +1,592 @@
+"""Memory, capacity, throughput (calibrated estimate and roofline bound) and cost planning. Pure arithmetic, no I/O."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.core.errors import SpecError
+from pipeline.core.gpus import GIB, GPU, GPUS
+from pipeline.core.registry import Architecture
+from pipeline.core.trtllm_rules import engine_max_num_tokens
+from pipeline.planning.perf_model import (
+    LINEAR_BYTES,
+    EngineCost,
+    Estimate,
+    Speculation,
+    estimate,
+    expected_tokens_per_step,
+    kv_bytes_per_token,
+)
+from pipeline.planning.placement import capacity, try_place, with_memory
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
+
+EMBED_BYTES = 2  # embeddings / lm_head / norms stay 16-bit
+SCALE_BYTES = 2  # AWQ group scales are stored 16-bit in the engine
+# Per GPU, besides weights, activations and KV: CUDA context, cuBLAS workspaces, decoder and runtime buffers, and
+# NCCL's buffers at TP > 1. Sized as AIConfigurator 0.12 sizes them for TensorRT-LLM on H100 (3.5 GiB "other",
+# 342/392 MiB NCCL), so a batch it reports out of memory is not planned as fitting.
+RUNTIME_RESERVE_GIB = 3.5
+NCCL_RESERVE_GIB = {1: 0.0, 2: 0.334, 4: 0.383}  # 8 and more: the TP 4 figure
+TP_CHOICES = (1, 2, 4, 8)
+DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
+
+
+def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) -> float:
+    """Total weight bytes: quantized linear layers + 16-bit embeddings/norms (+ AWQ group scales)."""
+    linear = arch.linear_params * LINEAR_BYTES[precision]
+    if precision in ("int4_awq", "w4a8_awq"):
+        linear += arch.linear_params / awq_block * SCALE_BYTES
+    elif precision == "int8_sq":
+        linear += arch.num_layers * 7 * arch.hidden_size * 4  # per-channel fp32 scales, negligible
+    return linear + (arch.embedding_params + arch.norm_params) * EMBED_BYTES
+
+
+def activation_bytes(arch: Architecture, *, max_num_tokens: int, max_batch: int, tp: int) -> float:
+    """Rough activation workspace per GPU, sized by max_num_tokens (16-bit) plus fp32 logits of a batch."""
+    per_token = (4 * arch.hidden_size + 2 * arch.intermediate_size // tp) * 2
+    return max_num_tokens * per_token + max_batch * arch.vocab_size * 4
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """The numbers of one engine that decide its GPU memory (target or draft)."""
+
+    arch: Architecture
+    precision: str
+    kv: str
+    tp: int
+    pp: int
+    max_batch: int
+    max_seq_len: int  # as the engine records it (the target: S + K with speculation)
+    max_num_tokens: int  # as build() leaves it (trtllm_rules.engine_max_num_tokens)
+    awq_block: int = 128
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    def weights_per_gpu(self) -> float:
+        return weight_bytes(self.arch, self.precision, awq_block=self.awq_block) / self.world
+
+    def reserve_per_gpu(self) -> float:
+        """Runtime and NCCL reserve plus activations of this engine on each of its GPUs."""
+        nccl = NCCL_RESERVE_GIB.get(self.tp, NCCL_RESERVE_GIB[4])
+        return (RUNTIME_RESERVE_GIB + nccl) * GIB + activation_bytes(
+            self.arch, max_num_tokens=self.max_num_tokens, max_batch=self.max_batch, tp=self.tp)
+
+    def kv_per_token_per_gpu(self) -> float:
+        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp) / self.pp
+
+    def sequence_tokens(self, block: int) -> int:
+        """KV tokens of one longest sequence, in whole blocks."""
+        return math.ceil(self.max_seq_len / block) * block
+
+
+def engine_shapes(
+    spec: BuildSpec, *, tp: int | None = None, max_batch: int | None = None, max_seq_len: int | None = None,
+    max_num_tokens: int | None = None, draft_max_batch: int | None = None,
+) -> tuple[EngineShape, EngineShape | None]:
+    """The target's (and the draft's) shapes for `spec`, with any limit overridden (the fit search varies them).
+
+    `max_num_tokens` is the value given to trtllm-build (spec.base_max_num_tokens); build()'s clipping and the
+    speculative floor are applied here exactly as the compile plan applies them.
+    """
+    q, lim = spec.quantization, spec.limits
+    tp = spec.parallelism.tp if tp is None else tp
+    batch = spec.max_batch_size if max_batch is None else max_batch
+    seq = spec.max_seq_len if max_seq_len is None else max_seq_len
+    base = spec.base_max_num_tokens if max_num_tokens is None else max_num_tokens
+    k = spec.draft_len
+    common = dict(max_input_len=min(spec.max_input_len, seq), tokens_per_block=lim.tokens_per_block,
+                  context_fmha=lim.context_fmha)
+    target = EngineShape(
+        spec.model.architecture, q.precision, q.kv, tp, spec.parallelism.pp, batch, seq + k,
+        engine_max_num_tokens(base, max_batch_size=batch, max_seq_len=seq, draft_len=k, **common),
+        q.awq_block_size)
+    if spec.draft_model is None:
+        return target, None
+    dbatch = spec.draft_max_batch_size if draft_max_batch is None else draft_max_batch
+    draft = EngineShape(
+        spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, 1, dbatch, seq + k,
+        engine_max_num_tokens(base, max_batch_size=dbatch, max_seq_len=seq + k, **common), q.awq_block_size)
+    return target, draft
+
+
+@dataclass
+class GPUBudget:
+    """One GPU: what the engines on it take, what is left, and the KV pools carved from it."""
+
+    index: int
+    engines: tuple[str, ...]  # "target", "draft"
+    used: float  # weights + runtime reserve + activations of every engine on it
+    free: float
+    target_pool: float = 0.0
+    draft_pool: float = 0.0
+
+
+def gpu_budgets(spec: BuildSpec, target: EngineShape, draft: EngineShape | None, gpu: GPU) -> list[GPUBudget]:
+    """Per-GPU memory of the target's GPUs and the draft's GPUs (shared ones carry both engines).
+
+    The target's ranks sit on the host's first tp×pp GPUs; the draft's on `spec.draft_gpu_device_ids` (default:
+    co-located on the target's first draft_tp GPUs). Each engine's KV pool on a GPU is its
+    `kv_cache_free_gpu_mem_fraction` of that GPU's free memory; the draft's is capped at what its own batch can
+    hold (`spec.draft_max_tokens_in_paged_kv_cache`, its max batch × one S + K sequence), not sized by the target's
+    batch.
+    """
+    target_ids = list(range(target.world))
+    draft_ids = spec.draft_gpu_device_ids if draft is not None else []
+    budgets = []
+    for index in sorted(set(target_ids) | set(draft_ids)):
+        engines, used = [], 0.0
+        for role, shape, ids in (("target", target, target_ids), ("draft", draft, draft_ids)):
+            if shape is not None and index in ids:
+                engines.append(role)
+                used += shape.weights_per_gpu() + shape.reserve_per_gpu()
+        free = gpu.memory_gib * GIB - used
+        b = GPUBudget(index, tuple(engines), used, free)
+        if "target" in engines:
+            b.target_pool = max(0.0, free) * spec.serving.target_fraction(draft is not None)
+            if spec.serving.max_tokens_in_paged_kv_cache:
+                b.target_pool = min(b.target_pool, spec.serving.max_tokens_in_paged_kv_cache
+                                    * target.kv_per_token_per_gpu())
+        if "draft" in engines:
+            need = draft.max_batch * draft.sequence_tokens(spec.limits.tokens_per_block) * draft.kv_per_token_per_gpu()
+            b.draft_pool = min(max(0.0, free) * spec.serving.draft_kv_cache_free_gpu_mem_fraction, need)
+        budgets.append(b)
+    return budgets
+
+
+def fit_shortfall(spec: BuildSpec, target: EngineShape, draft: EngineShape | None, gpu: GPU) -> float:
+    """Bytes of GPU memory missing on the tightest GPU (<= 0: fits) for each engine's KV pool to hold one longest
+    sequence after every weight, runtime reserve and activation on that GPU.
+
+    That is the least an engine can serve with: its activations are sized by max_num_tokens and max_batch_size
+    and allocated whatever the load, and its pool is its memory fraction of what is left.
+    """
+    block = spec.limits.tokens_per_block
+    fractions = {"target": spec.serving.target_fraction(draft is not None),
+                 "draft": spec.serving.draft_kv_cache_free_gpu_mem_fraction}
+    worst = -math.inf
+    for b in gpu_budgets(spec, target, draft, gpu):
+        for role, shape in (("target", target), ("draft", draft)):
+            if role in b.engines:
+                needed_free = shape.sequence_tokens(block) * shape.kv_per_token_per_gpu() / fractions[role]
+                worst = max(worst, needed_free - b.free)
+    return worst
+
+
+@dataclass
+class CapacityPlan:
+    model: str
+    precision: str
+    kv_cache: str
+    gpu: str
+    tp: int
+    pp: int
+    gpus: int
+    input_len: int
+    output_len: int
+    max_batch_size: int
+    weights_gib_total: float
+    weights_gib_per_gpu: float
+    draft_weights_gib_per_gpu: float  # per draft GPU
+    kv_bytes_per_token_total: int
+    kv_bytes_per_token_per_gpu: int
+    reserve_gib_per_gpu: float
+    free_gib_per_gpu: float  # on the target's tightest GPU (a co-located draft's weights/reserve taken out)
+    kv_pool_gib_per_gpu: float  # the target's pool on its tightest GPU (TP ranks agree on the smallest)
+    kv_cache_tokens: int
+    max_concurrent_requests: int
+    fits: bool
+    min_tp: int | None
+    decode_batch: int
+    decode_tokens_per_s_bound: float  # HBM roofline of pure decode (x tokens per target step): an upper bound
+    ttft_ms_estimate: float  # calibrated estimate at decode_batch concurrent requests (perf_model)
+    tpot_ms_estimate: float
+    output_tokens_per_s_estimate: float  # continuous batching, prefill interleaved, speculation and reuse included
+    acceptance_rate: float | None  # the estimate's draft acceptance (None without a draft)
+    speculation_active: bool  # a draft is planned and decode_batch is within max_batch_for_speculation
+    prefix_hit_ratio: float
+    gpu_price_per_hour: float
+    cost_per_1m_output_tokens_usd: float | None  # from the estimate
+    cost_per_1m_output_tokens_usd_at_bound: float | None  # from the roofline: a lower bound on cost
+    draft_tp: int | None = None
+    draft_gpu_device_ids: list[int] | None = None
+    draft_max_batch_size: int | None = None
+    draft_kv_bytes_per_token_per_gpu: int | None = None
+    draft_kv_pool_gib_per_gpu: float | None = None
+    draft_kv_cache_tokens: int | None = None
+    draft_max_concurrent_requests: int | None = None
+    nodes: int = 1
+    per_node: list[dict] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp: int) -> dict:
+    target, draft = engine_shapes(spec, tp=tp)
+    budgets = gpu_budgets(spec, target, draft, gpu)
+    tb = [b for b in budgets if "target" in b.engines]
+    tight = min(tb, key=lambda b: b.target_pool)  # every TP rank allocates the smallest rank's block count
+    kv_gpu = target.kv_per_token_per_gpu()
+    tokens = int(tight.target_pool // kv_gpu)
+    block = spec.limits.tokens_per_block
+    per_request = math.ceil((input_len + output_len + spec.draft_len) / block) * block
+    out = dict(target=target, draft=draft, tight=tight, tokens=tokens, kv_gpu=kv_gpu,
+               concurrent=tokens // per_request, fits=tight.free > 0 and tokens >= per_request)
+    if draft is not None:
+        db = [b for b in budgets if "draft" in b.engines]
+        dtight = min(db, key=lambda b: b.draft_pool)
+        dkv = draft.kv_per_token_per_gpu()
+        dtokens = int(dtight.draft_pool // dkv)
+        out.update(draft_tight=dtight, draft_tokens=dtokens, draft_kv_gpu=dkv,
+                   draft_concurrent=min(draft.max_batch, dtokens // per_request))
+        out["fits"] = out["fits"] and dtight.free > 0 and dtokens >= per_request
+    placed = try_place(tp, spec.parallelism.pp, spec.hardware)
+    if placed is not None:
+        out["placement"] = with_memory(placed, {b.index: b.used for b in budgets},
+                                       {b.index: b.target_pool + b.draft_pool for b in budgets}, gpu)
+    return out
+
+
+def request_lengths(spec: BuildSpec, input_len: int | None, output_len: int | None) -> tuple[int, int]:
+    """Tokens in and out per request: checked against the engine limits, defaulting to 1024 in / 256 out."""
+    if input_len is not None and not 0 < input_len <= spec.max_input_len:
+        raise SpecError(
+            f"plan: --input-len={input_len} must be within 1..max_input_len={spec.max_input_len}; "
+            "lower it or raise --max-input-len"
+        )
+    input_len = input_len or min(1024, spec.max_input_len, spec.max_seq_len - 1)
+    if output_len is not None and not 0 < output_len <= spec.max_seq_len - input_len:
+        raise SpecError(
+            f"plan: --output-len={output_len} must be within 1..{spec.max_seq_len - input_len} "
+            f"(max_seq_len={spec.max_seq_len} - input {input_len}); lower it or raise --max-seq-len"
+        )
+    return input_len, output_len or min(256, spec.max_seq_len - input_len)
+
+
+def minimum_tp(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> int | None:
+    """The smallest TP size within the host's GPUs at which the spec fits, or None."""
+    for cand in TP_CHOICES:
+        if cand * spec.parallelism.pp > capacity(spec.hardware):
+            break
+        if _capacity(spec, gpu, input_len, output_len, tp=cand)["fits"]:
+            return cand
+    return None
+
+
+def decode_bound(target: EngineShape, gpu: GPU, *, batch: int, input_len: int, output_len: int) -> float:
+    """Pure-decode HBM roofline (tok/s): each step reads every weight once plus the batch's KV at mean context."""
+    if batch <= 0:
+        return 0.0
+    step_bytes = target.weights_per_gpu() + batch * (input_len + output_len / 2) * target.kv_per_token_per_gpu()
+    return batch * gpu.hbm_tb_s * 1e12 / step_bytes
+
+
+def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_len: int, output_len: int,
+                     acceptance: float, prefix_hit_ratio: float) -> tuple[Estimate, bool]:
+    """perf_model's estimate for the spec's target (and draft, when speculation is on at this batch)."""
+    q = spec.quantization
+    target = EngineCost(spec.model.architecture, q.precision, q.kv, tp, gpu)
+    active = spec.draft_model is not None and 0 < batch <= spec.speculation.max_batch_for_speculation
+    speculation = None
+    if active:
+        draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
+        speculation = Speculation(draft, spec.draft_len, acceptance)
+    block = spec.limits.tokens_per_block
+    reused = int(prefix_hit_ratio * input_len) // block * block if spec.serving.enable_kv_cache_reuse else 0
+    est = estimate(target, input_len=input_len, output_len=output_len, batch=batch, prefix_reused=reused,
+                   speculation=speculation)
+    return est, active
+
+
+def cost_per_1m(gpus: int, price_per_hour: float, tokens_per_s: float) -> float | None:
+    """$ per 1M output tokens: GPUs x $/GPU-hour / 3600 / tok/s x 1e6."""
+    return round(gpus * price_per_hour / 3600 / tokens_per_s * 1e6, 4) if tokens_per_s > 0 else None
+
+
+def _draft_fields(spec: BuildSpec, r: dict) -> dict:
+    draft = r["draft"]
+    if draft is None:
+        return {}
+    return dict(
+        draft_tp=draft.tp,
+        draft_gpu_device_ids=spec.draft_gpu_device_ids,
+        draft_max_batch_size=draft.max_batch,
+        draft_kv_bytes_per_token_per_gpu=int(r["draft_kv_gpu"]),
+        draft_kv_pool_gib_per_gpu=round(r["draft_tight"].draft_pool / GIB, 2),
+        draft_kv_cache_tokens=r["draft_tokens"],
+        draft_max_concurrent_requests=r["draft_concurrent"],
+    )
+
+
+def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
+                  acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0) -> CapacityPlan:
+    """Plan memory fit, KV capacity, concurrency, throughput (estimate and roofline bound) and cost for a spec.
+
+    The batch is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate models
+    continuous batching at that batch with speculation at `acceptance` and prefix reuse at `prefix_hit_ratio`.
+    """
+    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
+        raise SpecError("plan: --acceptance and --prefix-hit must be within 0..1")
+    gpu = GPUS[spec.hardware.gpu]
+    tp, pp = spec.parallelism.tp, spec.parallelism.pp
+    input_len, output_len = request_lengths(spec, input_len, output_len)
+    r = _capacity(spec, gpu, input_len, output_len, tp=tp)
+    target, draft = r["target"], r["draft"]
+    batch = min(spec.max_batch_size, r["concurrent"])
+    est, active = serving_estimate(spec, gpu, tp=tp, batch=batch, input_len=input_len, output_len=output_len,
+                                   acceptance=acceptance, prefix_hit_ratio=prefix_hit_ratio)
+    # with speculation the bound counts every expected token of a target step and the draft's steps as free
+    bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
+    bound *= est.tokens_per_target_step
+    arch, q, price = spec.model.architecture, spec.quantization, spec.hardware.gpu_price_per_hour
+    return CapacityPlan(
+        model=spec.model.name, precision=q.precision, kv_cache=q.kv, gpu=gpu.name, tp=tp, pp=pp, gpus=tp * pp,
+        input_len=input_len, output_len=output_len, max_batch_size=spec.max_batch_size,
+        weights_gib_total=round(weight_bytes(arch, q.precision, awq_block=q.awq_block_size) / GIB, 2),
+        weights_gib_per_gpu=round(target.weights_per_gpu() / GIB, 2),
+        draft_weights_gib_per_gpu=round(draft.weights_per_gpu() / GIB, 2) if draft is not None else 0.0,
+        kv_bytes_per_token_total=kv_bytes_per_token(arch, q.kv), kv_bytes_per_token_per_gpu=int(r["kv_gpu"]),
+        reserve_gib_per_gpu=round(target.reserve_per_gpu() / GIB, 2), free_gib_per_gpu=round(r["tight"].free / GIB, 2),
+        kv_pool_gib_per_gpu=round(r["tight"].target_pool / GIB, 2), kv_cache_tokens=r["tokens"],
+        max_concurrent_requests=r["concurrent"], fits=r["fits"],
+        min_tp=minimum_tp(spec, gpu, input_len, output_len), decode_batch=batch,
+        decode_tokens_per_s_bound=round(bound, 1), ttft_ms_estimate=round(est.ttft_ms, 1),
+        tpot_ms_estimate=round(est.tpot_ms, 2), output_tokens_per_s_estimate=round(est.output_tokens_per_s, 1),
+        acceptance_rate=acceptance if draft is not None else None, speculation_active=active,
+        prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price,
+        cost_per_1m_output_tokens_usd=cost_per_1m(tp * pp, price, est.output_tokens_per_s),
+        cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
+        nodes=r["placement"].nodes if "placement" in r else 1,
+        per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
+        **_draft_fields(spec, r),
+    )
+
+
+def format_capacity_plan(p: CapacityPlan) -> str:
+    """Human-readable table."""
+    rows = [
+        ("model / precision / KV", f"{p.model} / {p.precision} / {p.kv_cache}"),
+        ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp}, {p.nodes} node{'s' if p.nodes > 1 else ''})"),
+        ("weights total / per GPU", f"{p.weights_gib_total:.2f} GiB / {p.weights_gib_per_gpu:.2f} GiB"),
+    ]
+    if p.draft_tp is not None:
+        gpus = ",".join(map(str, p.draft_gpu_device_ids or []))
+        rows.append((f"draft tp={p.draft_tp} on GPU {gpus}, batch {p.draft_max_batch_size}",
+                     f"{p.draft_weights_gib_per_gpu:.2f} GiB weights, KV pool {p.draft_kv_pool_gib_per_gpu:.2f} GiB "
+                     f"({p.draft_kv_cache_tokens:,} tokens, {p.draft_max_concurrent_requests} requests)"))
+    rows += [
+        ("KV bytes/token total / per GPU", f"{p.kv_bytes_per_token_total} / {p.kv_bytes_per_token_per_gpu}"),
+        ("runtime reserve per GPU", f"{p.reserve_gib_per_gpu:.2f} GiB"),
+        ("KV pool per GPU", f"{p.kv_pool_gib_per_gpu:.2f} GiB"),
+        ("KV capacity", f"{p.kv_cache_tokens:,} tokens"),
+        (f"concurrent requests @ {p.input_len}+{p.output_len}", f"{p.max_concurrent_requests:,}"),
+        *((f"node {n['node']}: ranks {n['ranks'][0]}-{n['ranks'][-1]}",
+           f"{n['used_gib']:.1f} GiB used + {n['kv_pool_gib']:.1f} GiB KV of {n['capacity_gib']:.1f} GiB")
+          for n in (p.per_node or []) if p.nodes > 1),
+        ("fits", "yes" if p.fits else "NO"),
+        ("minimum TP that fits", str(p.min_tp) if p.min_tp else "none within the host's GPUs"),
+        *estimate_rows(p),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _usd(value: float | None) -> str:
+    return f"${value:.4f}" if value is not None else "n/a"
+
+
+def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
+    """The throughput and cost rows of the plan table."""
+    terms = [f"prefix hit {p.prefix_hit_ratio:.0%}"]
+    if p.acceptance_rate is not None:
+        terms.insert(0, f"speculation {'on' if p.speculation_active else 'gated off'}, acceptance "
+                        f"{p.acceptance_rate:.0%}")
+    return [
+        (f"estimate @ batch {p.decode_batch} ({', '.join(terms)})",
+         f"TTFT {p.ttft_ms_estimate:,.0f} ms, TPOT {p.tpot_ms_estimate:.1f} ms, "
+         f"{p.output_tokens_per_s_estimate:,.0f} output tok/s"),
+        ("decode roofline (upper bound)", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
+        (f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
+         f"{_usd(p.cost_per_1m_output_tokens_usd)} (at the bound: {_usd(p.cost_per_1m_output_tokens_usd_at_bound)})"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Comparing choices (`plan --compare`): precisions x TP x draft on/off for one model and GPU.
+
+COMPARE_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
+
+
+@dataclass
+class CompareRow:
+    precision: str
+    kv_cache: str
+    tp: int
+    draft: str | None
+    gpus: int
+    fits: bool
+    weights_gib_total: float
+    weights_gib_per_gpu: float
+    kv_bytes_per_token_total: int
+    kv_kib_per_token_total: float
+    kv_cache_tokens: int
+    max_concurrent_requests: int
+    decode_batch: int
+    decode_tokens_per_s_bound: float  # plan_capacity's HBM roofline at decode_batch: an upper bound
+    tokens_per_target_step: float | None  # with a draft: (1 - a^(K+1)) / (1 - a)
+    speculative_speedup: float | None  # estimate with the draft over without; 1.0 when gated off at this batch
+    ttft_ms_estimate: float
+    tpot_ms_estimate: float
+    output_tokens_per_s_estimate: float  # plan_capacity's calibrated estimate
+    prefill_ms_cold: float  # one request's prefill step (perf_model), no prefix reuse
+    prefill_ms_with_reuse: float  # the same with the prefix hit ratio's blocks reused
+    prefill_saving: float  # share of prompt tokens skipped
+    cost_per_1m_output_tokens_usd: float | None  # gpus x $/h / 3600 / estimated tok/s x 1e6
+    input_len: int = 0
+    output_len: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Comparison:
+    model: str
+    gpu: str
+    gpu_price_per_hour: float
+    input_len: int
+    output_len: int
+    acceptance_rate: float
+    draft_len: int | None
+    prefix_hit_ratio: float
+    assumption: str
+    rows: list[CompareRow]
+    skipped: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None):
+    """`spec` with another precision (its default KV dtype), TP and draft; limits, serving and hardware kept."""
+    from pipeline.core.spec import resolve_spec
+
+    overrides: dict = {}
+    for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
+        overrides.update(section.model_dump())
+    overrides.update(precision=precision, kv_cache=None, tp=tp, draft=draft, draft_precision=None,
+                     draft_gpu_device_ids=None, calib_data=None)
+    if draft is None:
+        overrides.update(draft_len=None, draft_max_batch_size=None)
+    return resolve_spec(model=spec.model.name, target=spec.target, models_file=spec.models_file, validate=False,
+                        **overrides)
+
+
+def compare_plans(
+    spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
+    acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0,
+    precisions: tuple[str, ...] = COMPARE_PRECISIONS,
+) -> Comparison:
+    """`plan_capacity` over precisions x TP sizes (within the host's GPUs) x draft off/on (the spec's draft, else
+    the registry default) for the spec's model and GPU, with speculation's gain, prefix reuse's prefill saving and
+    estimated cost per row."""
+    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
+        raise SpecError("plan --compare: --acceptance and --prefix-hit must be within 0..1")
+    gpu = GPUS[spec.hardware.gpu]
+    draft_name = spec.draft_model.name if spec.draft_model is not None else spec.model.default_draft
+    rows: list[CompareRow] = []
+    skipped: list[str] = []
+    k_used = None
+    for precision in precisions:
+        if precision in ("fp8", "w4a8_awq") and not gpu.has_fp8:
+            skipped.append(f"{precision}: {gpu.name} has no FP8")
+            continue
+        for tp in TP_CHOICES:
+            if tp * spec.parallelism.pp > spec.hardware.gpu_count:
+                break
+            for draft in (None, draft_name) if draft_name else (None,):
+                label = f"{precision} tp={tp} draft={draft or 'off'}"
+                try:
+                    variant = _variant(spec, precision=precision, tp=tp, draft=draft)
+                    p = plan_capacity(variant, input_len=input_len, output_len=output_len, acceptance=acceptance,
+                                      prefix_hit_ratio=prefix_hit_ratio)
+                except SpecError as exc:
+                    skipped.append(f"{label}: {exc}")
+                    continue
+                rows.append(_compare_row(variant, p, gpu, acceptance))
+                if draft is not None:
+                    k_used = variant.draft_len
+    first = rows[0] if rows else None
+    assumption = (f"estimates: continuous batching at each row's batch, constants calibrated against AIConfigurator "
+                  f"0.12 (H100 SXM, TensorRT-LLM); speculation at acceptance {acceptance:.0%}; prefix hit ratio "
+                  f"{prefix_hit_ratio:.0%}; bound: pure-decode HBM roofline at {gpu.hbm_tb_s} TB/s")
+    lengths = (first.input_len, first.output_len) if first else (input_len or 0, output_len or 0)
+    return Comparison(spec.model.name, gpu.name, spec.hardware.gpu_price_per_hour, *lengths, acceptance, k_used,
+                      prefix_hit_ratio, assumption, rows, skipped)
+
+
+def _compare_row(spec: BuildSpec, p: CapacityPlan, gpu: GPU, acceptance: float) -> CompareRow:
+    plain = dict(tp=p.tp, batch=p.decode_batch, input_len=p.input_len, output_len=p.output_len)
+    no_draft = spec.model_copy(update={"draft_model": None}) if spec.draft_model is not None else spec
+    cold, _ = serving_estimate(no_draft, gpu, acceptance=acceptance, prefix_hit_ratio=0.0, **plain)
+    warm, _ = serving_estimate(no_draft, gpu, acceptance=acceptance, prefix_hit_ratio=p.prefix_hit_ratio, **plain)
+    tokens_per_step = speedup = None
+    note = "" if p.fits else "does not fit"
+    if spec.draft_model is not None and p.decode_batch > 0:
+        tokens_per_step = round(expected_tokens_per_step(acceptance, spec.draft_len), 4)
+        speedup = p.output_tokens_per_s_estimate / warm.output_tokens_per_s if p.speculation_active else 1.0
+        if not p.speculation_active:
+            note = (note + "; " if note else "") + (f"batch {p.decode_batch} > max_batch_for_speculation "
+                                                    f"{spec.speculation.max_batch_for_speculation}: gated off")
+    return CompareRow(
+        precision=p.precision, kv_cache=p.kv_cache, tp=p.tp, draft=spec.draft_model.name if spec.draft_model else None,
+        gpus=p.gpus, fits=p.fits, weights_gib_total=p.weights_gib_total, weights_gib_per_gpu=p.weights_gib_per_gpu,
+        kv_bytes_per_token_total=p.kv_bytes_per_token_total,
+        kv_kib_per_token_total=round(p.kv_bytes_per_token_total / 1024, 2), kv_cache_tokens=p.kv_cache_tokens,
+        max_concurrent_requests=p.max_concurrent_requests, decode_batch=p.decode_batch,
+        decode_tokens_per_s_bound=p.decode_tokens_per_s_bound, tokens_per_target_step=tokens_per_step,
+        speculative_speedup=round(speedup, 4) if speedup is not None else None,
+        ttft_ms_estimate=p.ttft_ms_estimate, tpot_ms_estimate=p.tpot_ms_estimate,
+        output_tokens_per_s_estimate=p.output_tokens_per_s_estimate, prefill_ms_cold=round(cold.prefill_ms, 2),
+        prefill_ms_with_reuse=round(warm.prefill_ms, 2),
+        prefill_saving=round(1 - _new_prompt_tokens(spec, p) / p.input_len, 4) if p.input_len else 0.0,
+        cost_per_1m_output_tokens_usd=p.cost_per_1m_output_tokens_usd, input_len=p.input_len,
+        output_len=p.output_len, note=note)
+
+
+def _new_prompt_tokens(spec: BuildSpec, p: CapacityPlan) -> int:
+    """Prompt tokens prefilled after the prefix hit ratio's whole blocks are reused."""
+    block = spec.limits.tokens_per_block
+    return p.input_len - int(p.prefix_hit_ratio * p.input_len) // block * block
+
+
+def format_comparison(c: Comparison) -> str:
+    """Text table: one row per precision x TP x draft."""
+    head = ("precision", "KV", "tp", "draft", "fits", "weights GiB", "KV KiB/tok", "KV tokens", "max conc",
+            "batch", "bound tok/s", "spec x", "est tok/s", "TTFT ms", "TPOT ms", "prefill ms", "$/1M tok", "note")
+    out = [head]
+    for r in c.rows:
+        out.append((r.precision, r.kv_cache, str(r.tp), r.draft or "-", "yes" if r.fits else "NO",
+                    f"{r.weights_gib_total:.1f}", f"{r.kv_kib_per_token_total:g}", f"{r.kv_cache_tokens:,}",
+                    f"{r.max_concurrent_requests:,}", str(r.decode_batch), f"{r.decode_tokens_per_s_bound:,.0f}",
+                    "-" if r.speculative_speedup is None else f"{r.speculative_speedup:.2f}",
+                    f"{r.output_tokens_per_s_estimate:,.0f}", f"{r.ttft_ms_estimate:,.0f}",
+                    f"{r.tpot_ms_estimate:.1f}", f"{r.prefill_ms_cold:.1f}->{r.prefill_ms_with_reuse:.1f}",
+                    "n/a" if r.cost_per_1m_output_tokens_usd is None else f"{r.cost_per_1m_output_tokens_usd:.4f}",
+                    r.note))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in out]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += ["", f"{c.model} on {c.gpu} at ${c.gpu_price_per_hour:.2f}/GPU-h, {c.input_len}+{c.output_len} tokens "
+                  f"per request; draft K={c.draft_len}", f"assumption: {c.assumption}",
+              "$ per 1M output tokens = gpus x $/GPU-h / 3600 / estimated tok/s x 1e6"]
+    lines += [f"skipped: {s}" for s in c.skipped]
+    return "\n".join(lines)

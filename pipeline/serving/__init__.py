@@ -1,0 +1,1 @@
+"""Serving: launch plan, local server, smoke test, load benchmark, LLM-API runtime."""

@@ -1,0 +1,1043 @@
+"""Benchmark a running Triton repo: concurrency sweep, TTFT, time per output token, tok/s, p50/p99, $ per 1M tokens.
+
+Requests go over gRPC streams (one per concurrent client) to the ensemble — or to the BLS model for draft-target
+speculation, or to the LLM-API `tensorrt_llm` model of a runtime-pytorch repository — streaming when the route is
+decoupled, so the time to first token is the arrival of the first
+streamed response. Output tokens are what the server says it generated (`num_output_tokens`, else
+`sequence_length`) when the model returns them, else one token per streamed response, else the repo's tokenizer
+on the text. A run in which any request failed ends with `RequestsFailed` (exit code 5) after the report. The speculation acceptance rate and prefix-cache hit ratio come from the per-request outputs
+(`total_accepted_draft_tokens`/`total_draft_tokens`, `kv_cache_reused_blocks` (llmapi: `kv_cache_reused_block`) /
+`kv_cache_alloc_total_blocks`) or
+Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
+every level is bounded by a request count and a time budget, and opens min(concurrency, requests) clients. Every
+prompt is planned and checked against the build's limits (with the build's tokenizer) before the first request.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import BenchError, PipelineError, RequestsFailed
+from pipeline.serving.llmapi import client as llmapi
+from pipeline.serving.serve import TritonServer
+from pipeline.stages.build import locate_outputs
+from pipeline.stages.package import llmapi_yaml, pbtxt
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+MAX_CONCURRENCY = 4096  # clients per level; each is one gRPC stream and one thread, opened only for requests that exist
+MAX_REQUESTS = 100_000  # requests per level
+HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
+SHARED_PREFIX = (
+    "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
+)
+QUESTIONS = (
+    "Explain what a key-value cache does during text generation.",
+    "Why does quantization to eight-bit floating point reduce memory traffic?",
+    "Describe how a draft model speeds up decoding.",
+    "What limits the throughput of a memory-bound decoder?",
+    "How does batching many requests change latency and throughput?",
+    "What is tensor parallelism and when is it needed?",
+    "Why should an engine be rebuilt for a different GPU architecture?",
+    "What does a model repository contain for a serving system?",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics (pure).
+
+
+@dataclass
+class RequestSample:
+    ok: bool
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    reused_blocks: int | None = None
+    total_blocks: int | None = None
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+    error: str | None = None
+    token_source: str | None = None  # "server" | "stream" | "tokenizer" | "responses"
+    speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
+    ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (decode speed seen by one request)."""
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """`numpy.percentile` (linear interpolation) of the values that are not None; None for no values."""
+    import numpy as np
+
+    xs = [v for v in values if v is not None]
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def cost_per_1m_tokens(tokens_per_s: float, *, gpus: int, price_per_gpu_hour: float) -> float | None:
+    """USD per 1M output tokens at a sustained rate."""
+    if tokens_per_s <= 0:
+        return None
+    return gpus * price_per_gpu_hour / 3600.0 / tokens_per_s * 1e6
+
+
+def ratio(num: Iterable[int | None], den: Iterable[int | None]) -> float | None:
+    n = [x for x in num if x is not None]
+    d = [x for x in den if x is not None]
+    if not d or sum(d) <= 0:
+        return None
+    return sum(n) / sum(d)
+
+
+def speculated_share(samples) -> float | None:
+    """Share of the requests that took the draft path (`total_draft_tokens` > 0) among those reporting it."""
+    flags = [s.speculated for s in samples if s.speculated is not None]
+    return sum(flags) / len(flags) if flags else None
+
+
+def cold_warm_ttft(samples) -> tuple[float | None, float | None]:
+    """Median TTFT (s) of requests that reused no prefix-cache block (cold) and of those that reused some (warm)."""
+    known = [s for s in samples if s.reused_blocks is not None and s.ttft_s is not None]
+    return (percentile((s.ttft_s for s in known if s.reused_blocks == 0), 50),
+            percentile((s.ttft_s for s in known if s.reused_blocks > 0), 50))
+
+
+def block_hit_ratio(samples) -> float | None:
+    """Reused / (reused + newly allocated) context blocks: `kv_cache_alloc_total_blocks` counts the misses only
+    (the C++ backend's KVCacheManager), so the blocks a prompt needed are reused + alloc_total."""
+    pairs = [(s.reused_blocks, s.total_blocks) for s in samples
+             if s.reused_blocks is not None and s.total_blocks is not None]
+    needed = sum(r + t for r, t in pairs)
+    return sum(r for r, _ in pairs) / needed if needed > 0 else None
+
+
+@dataclass
+class LevelStats:
+    concurrency: int
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p99: float | None
+    latency_ms_p50: float | None
+    latency_ms_p99: float | None
+    cost_per_1m_output_tokens_usd: float | None
+    acceptance_rate: float | None
+    prefix_cache_hit_ratio: float | None
+    first_error: str | None = None
+    speculation: str = "server"  # "server" (the route's default draft length) | "off" (num_draft_tokens 0)
+    speculated_share: float | None = None
+    ttft_ms_cold_p50: float | None = None
+    ttft_ms_warm_p50: float | None = None
+
+
+def summarize(
+    concurrency: int, samples: list[RequestSample], wall_s: float, *, gpus: int, price_per_gpu_hour: float,
+    speculation: str = "server",
+) -> LevelStats:
+    ok = [s for s in samples if s.ok]
+    tokens = sum(s.output_tokens for s in ok)
+    tok_s = tokens / wall_s if wall_s > 0 else 0.0
+
+    def ms(v: float | None) -> float | None:
+        return round(v * 1000.0, 3) if v is not None else None
+
+    cost = cost_per_1m_tokens(tok_s, gpus=gpus, price_per_gpu_hour=price_per_gpu_hour)
+    errors = [s for s in samples if not s.ok]
+    cold, warm = cold_warm_ttft(ok)
+    return LevelStats(
+        concurrency=concurrency,
+        requests=len(samples),
+        errors=len(errors),
+        wall_s=round(wall_s, 4),
+        output_tokens=tokens,
+        output_tokens_per_s=round(tok_s, 3),
+        requests_per_s=round(len(ok) / wall_s, 4) if wall_s > 0 else 0.0,
+        ttft_ms_p50=ms(percentile((s.ttft_s for s in ok), 50)),
+        ttft_ms_p99=ms(percentile((s.ttft_s for s in ok), 99)),
+        tpot_ms_p50=ms(percentile((s.tpot_s for s in ok), 50)),
+        tpot_ms_p99=ms(percentile((s.tpot_s for s in ok), 99)),
+        latency_ms_p50=ms(percentile((s.latency_s for s in ok), 50)),
+        latency_ms_p99=ms(percentile((s.latency_s for s in ok), 99)),
+        cost_per_1m_output_tokens_usd=round(cost, 4) if cost is not None else None,
+        acceptance_rate=_round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok))),
+        prefix_cache_hit_ratio=_round(block_hit_ratio(ok)),
+        first_error=errors[0].error if errors else None,
+        speculation=speculation,
+        speculated_share=_round(speculated_share(ok)),
+        ttft_ms_cold_p50=ms(cold),
+        ttft_ms_warm_p50=ms(warm),
+    )
+
+
+def _round(v: float | None, n: int = 4) -> float | None:
+    return round(v, n) if v is not None else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics endpoint.
+
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+([-+0-9.eE]+|NaN|[+-]?Inf)\s*$")
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text -> {(name, labels): value}."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        pairs = frozenset(re.findall(r'(\w+)="([^"]*)"', labels or ""))
+        try:
+            out[(name, pairs)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def kv_block_counters(metrics: dict[tuple[str, frozenset], float], model: str = "tensorrt_llm") -> dict[str, float]:
+    """`nv_trt_llm_kv_cache_block_metrics` of `model` (the target; the draft exports its own) by kv_cache_block_type."""
+    out: dict[str, float] = {}
+    for (name, labels), value in metrics.items():
+        if name != "nv_trt_llm_kv_cache_block_metrics" or dict(labels).get("model", model) != model:
+            continue
+        kind = dict(labels).get("kv_cache_block_type")
+        if kind:
+            out[kind] = out.get(kind, 0.0) + value
+    return out
+
+
+def metrics_hit_ratio(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Prefix-cache hit ratio over a run from the backend's KV block counters, when it exports reuse and misses."""
+    if "cache_hit_rate" in after and "reused" not in after:
+        return after["cache_hit_rate"]
+    miss_key = next((k for k in ("missed", "alloc_new", "new") if k in after), None)
+    if "reused" not in after or miss_key is None:
+        return None
+    reused = after["reused"] - before.get("reused", 0.0)
+    missed = after[miss_key] - before.get(miss_key, 0.0)
+    total = reused + missed
+    return reused / total if total > 0 else None
+
+
+def scrape_metrics(url: str, timeout: float = 5.0) -> dict[tuple[str, frozenset], float] | None:
+    check_local(url)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return parse_metrics(r.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report.
+
+
+@dataclass
+class BenchReport:
+    url: str
+    model: str
+    streaming: bool
+    max_tokens: int
+    requests_per_level: int
+    gpus: int
+    gpu_price_per_hour: float
+    levels: list[LevelStats] = field(default_factory=list)
+    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_source: str = "n/a"
+    acceptance_rate: float | None = None
+    notes: list[str] = field(default_factory=list)
+    shared_prefix_tokens: int = 0
+    shared_prefix_share: float = 0.0
+    speculated_share: float | None = None
+    ttft_ms_cold_p50: float | None = None
+    ttft_ms_warm_p50: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(lv.errors for lv in self.levels)
+
+    @property
+    def sent(self) -> int:
+        return sum(lv.requests for lv in self.levels)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failed": self.failed}
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.1f}%"
+
+
+def format_report(r: BenchReport) -> str:
+    """Text table: one row per concurrency level, then the run-wide figures."""
+    head = ("conc", "spec", "reqs", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "e2e p50/p99 ms",
+            "hit %", "accept %", "spec'd %", "$/1M tok")
+    rows = [head]
+    for lv in r.levels:
+        rows.append(
+            (
+                str(lv.concurrency),
+                lv.speculation,
+                str(lv.requests),
+                str(lv.errors),
+                _fmt(lv.output_tokens_per_s),
+                f"{_fmt(lv.ttft_ms_p50)}/{_fmt(lv.ttft_ms_p99)}",
+                f"{_fmt(lv.tpot_ms_p50, '.2f')}/{_fmt(lv.tpot_ms_p99, '.2f')}",
+                f"{_fmt(lv.latency_ms_p50)}/{_fmt(lv.latency_ms_p99)}",
+                _pct(lv.prefix_cache_hit_ratio),
+                _pct(lv.acceptance_rate),
+                _pct(lv.speculated_share),
+                _fmt(lv.cost_per_1m_output_tokens_usd, ".4f"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    acc = _fmt(r.acceptance_rate * 100 if r.acceptance_rate is not None else None) + (
+        "%" if r.acceptance_rate is not None else ""
+    )
+    hit = _fmt(r.prefix_cache_hit_ratio * 100 if r.prefix_cache_hit_ratio is not None else None) + (
+        "%" if r.prefix_cache_hit_ratio is not None else ""
+    )
+    lines += [
+        "",
+        f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
+        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h",
+        f"speculation acceptance rate: {acc}",
+        f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
+        f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
+        f"requests that speculated: {_pct(r.speculated_share)}"
+        + (f"; shared prefix {r.shared_prefix_tokens} tokens on {r.shared_prefix_share:.0%} of requests"
+           if r.shared_prefix_tokens else ""),
+    ]
+    lines += [f"note: {n}" for n in r.notes]
+    lines += [f"warning: {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+def plot_report(r: BenchReport, path: Path) -> Path | None:
+    """Throughput and TTFT p50 against concurrency, one line per speculation mode (so the crossover shows), as a
+    PNG; None when matplotlib is not installed (optional: `pip install -e '.[plot]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = {"server": "speculation (route default)", "off": "no speculation"}
+    fig, (ax_tok, ax_ttft) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(lv.speculation for lv in r.levels):
+        lvs = [lv for lv in r.levels if lv.speculation == mode]
+        xs = [lv.concurrency for lv in lvs]
+        ax_tok.plot(xs, [lv.output_tokens_per_s for lv in lvs], marker="o", label=labels.get(mode, mode))
+        ax_ttft.plot(xs, [lv.ttft_ms_p50 if lv.ttft_ms_p50 is not None else float("nan") for lv in lvs],
+                     marker="o", label=labels.get(mode, mode))
+    for ax, ylabel in ((ax_tok, "output tokens/s"), (ax_ttft, "TTFT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    fig.suptitle(f"{r.model}: throughput and TTFT vs concurrency")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runner.
+
+
+def check_local(url: str) -> None:
+    host = re.sub(r"^[a-z]+://", "", url).split("/")[0]
+    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    if host not in LOCAL_HOSTS:
+        raise BenchError(f"bench only talks to 127.0.0.1, not {host!r}; run it on the serving host")
+
+
+def prompts(n: int) -> list[str]:
+    """Deterministic prompts sharing a system prefix (so prefix caching has something to reuse)."""
+    return [SHARED_PREFIX + QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+
+
+WARMUP_PROMPT = "Warm up."  # shares nothing with the workloads, so warming up never warms the prefix cache
+
+
+def filler_text(n_tokens: int, tokenizer=None, *, salt: str = "") -> str:
+    """Deterministic text of `n_tokens` tokens (exact with the repo's tokenizer; else n words, about as many)."""
+    words = (salt + " " + " ".join(QUESTIONS) * (1 + n_tokens // 8)).split()
+    if tokenizer is None:
+        return " ".join(words[:n_tokens])
+    ids = tokenizer.encode(" ".join(words[:n_tokens]), add_special_tokens=False).ids[:n_tokens]
+    return tokenizer.decode(ids)
+
+
+def is_shared(i: int, share: float) -> bool:
+    """Request i reuses the shared prefix: spread evenly, `share` of any run of requests (0 none, 1 all)."""
+    return int((i + 1) * share) > int(i * share)
+
+
+def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, start: int = 0,
+                          run: str = "") -> list[str]:
+    """The shared-prefix workload: requests start..start+n-1; a `share` of them begin with one common prefix of
+    `prefix_tokens` tokens, the others with a prefix of that length unique to the request and to `run` (it differs
+    from its first block on, so nothing is reusable, not even from an earlier run on the same server); each ends
+    with a distinct suffix."""
+    prefix = filler_text(prefix_tokens, tokenizer)
+    out = []
+    for i in range(start, start + n):
+        head = prefix if is_shared(i, share) else filler_text(prefix_tokens, tokenizer, salt=f"Session {run}{i}:")
+        out.append(f"{head} Request {i}: {QUESTIONS[i % len(QUESTIONS)]}")
+    return out
+
+
+@dataclass
+class _ModelInfo:
+    name: str
+    inputs: dict[str, str]  # name -> datatype
+    outputs: set[str]
+    decoupled: bool
+
+    @property
+    def llmapi(self) -> bool:
+        """The LLM-API model: one prompt per request, SamplingParams inputs, the text so far in each response."""
+        return llmapi.is_llmapi(self.inputs)
+
+
+def _model_info(client, model: str) -> _ModelInfo:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        meta = client.get_model_metadata(model, as_json=True)
+        cfg = client.get_model_config(model, as_json=True)["config"]
+    except InferenceServerException as exc:
+        raise BenchError(f"model '{model}' is not served here ({exc.message()}); pass --model-name") from None
+    inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
+    return _ModelInfo(model, inputs, {o["name"] for o in meta.get("outputs", [])}, _is_decoupled(client, cfg))
+
+
+def _is_decoupled(client, cfg: dict) -> bool:
+    """A model streams when it is decoupled; an ensemble when one of its steps is."""
+    if cfg.get("model_transaction_policy", {}).get("decoupled", False):
+        return True
+    steps = cfg.get("ensemble_scheduling", {}).get("step", [])
+    return any(_is_decoupled(client, client.get_model_config(step["model_name"], as_json=True)["config"])
+               for step in steps)
+
+
+def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool, draft_tokens: int | None = None):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name: str, value, dtype: str):
+        arr = np.array([[value]], dtype=object if dtype == "BYTES" else None)
+        if dtype != "BYTES":
+            arr = arr.astype({"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}[dtype])
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
+
+    if info.llmapi:
+        return llmapi.request_inputs(prompt, max_tokens, streaming=stream, top_k=1, return_perf_metrics=True)
+    if "text_input" not in info.inputs or "max_tokens" not in info.inputs:
+        raise BenchError(f"model '{info.name}' has no text_input/max_tokens inputs; benchmark the ensemble or BLS")
+    out = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32")]
+    optional = {"stream": stream, "temperature": 0.0, "top_k": 1, "return_num_output_tokens": True,
+                "return_perf_metrics": True, "exclude_input_in_output": True}
+    if draft_tokens is not None:
+        optional["num_draft_tokens"] = draft_tokens
+    for name, value in optional.items():
+        if name in info.inputs:
+            out.append(tensor(name, value, info.inputs[name]))
+    return out
+
+
+def _scalar(result, name: str) -> Any:
+    try:
+        arr = result.as_numpy(name)
+    except Exception:
+        return None
+    if arr is None or arr.size == 0:
+        return None
+    return arr.reshape(-1)[0]
+
+
+def _text(result) -> str:
+    v = _scalar(result, "text_output")  # text_output is 1-D [-1]: output[0] is this request's text
+    if v is None:
+        return ""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _server_count(result) -> int | None:
+    """Output tokens the server reports in one response: `num_output_tokens`, else `sequence_length`."""
+    for name in ("num_output_tokens", "sequence_length"):
+        v = _scalar(result, name)
+        if v is not None:
+            return int(v)
+    return None
+
+
+def stream_token_count(counts: list[int]) -> int:
+    """Tokens of a stream from per-response server counts: cumulative counts (strictly increasing, ending at
+    least at the number of responses) give the last one; per-response counts are summed."""
+    if len(counts) > 1 and all(b > a for a, b in zip(counts, counts[1:])) and counts[-1] >= len(counts):
+        return counts[-1]
+    return sum(counts)
+
+
+class _Worker:
+    """One gRPC client with its own stream; sends requests one after another."""
+
+    def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None,
+                 draft_tokens: int | None = None):
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(url)
+        self.info = info
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self.tokenizer = tokenizer
+        self.draft_tokens = draft_tokens
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: self.responses.put((time.perf_counter(), result, error))
+        )
+
+    def close(self) -> None:
+        try:
+            self.client.stop_stream(cancel_requests=True)
+        finally:
+            self.client.close()
+
+    def request(self, prompt: str, max_tokens: int, rid: str) -> RequestSample:
+        inputs = _build_inputs(self.info, prompt, max_tokens, self.stream, self.draft_tokens)
+        t0 = time.perf_counter()
+        self.client.async_stream_infer(self.info.name, inputs, request_id=rid, enable_empty_final_response=True)
+        sample, seen = RequestSample(ok=False), _Seen()
+        deadline = t0 + self.timeout_s
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                sample.error = f"timed out after {self.timeout_s:.0f}s"
+                return sample
+            try:
+                t, result, error = self.responses.get(timeout=left)
+            except queue.Empty:
+                continue
+            if error is not None:
+                sample.error = str(error)
+                sample.latency_s = t - t0
+                return sample
+            if _take_response(result, t - t0, sample, seen):
+                sample.latency_s = t - t0
+                break
+        self._count_tokens(sample, seen)
+        _finish_sample(sample, seen.stamps, self.stream)
+        return sample
+
+    def _count_tokens(self, sample: RequestSample, seen: _Seen) -> None:
+        """Output tokens: the server's counts, else streamed responses, else the tokenizer, else responses (the
+        llmapi model streams the text so far, several tokens per response with speculation: its last text is
+        re-tokenized)."""
+        if self.info.llmapi and self.tokenizer is not None and seen.texts:
+            sample.output_tokens = len(self.tokenizer.encode(seen.texts[-1], add_special_tokens=False).ids)
+            sample.token_source = "tokenizer"
+            return
+        counted = (stream_token_count(seen.counts) if self.stream else seen.counts[-1]) if seen.counts else 0
+        if counted > 0:
+            sample.output_tokens, sample.token_source = counted, "server"
+        elif self.stream and seen.chunks:
+            sample.output_tokens, sample.token_source = seen.chunks, "stream"
+        elif self.tokenizer is not None:
+            sample.output_tokens = len(self.tokenizer.encode("".join(seen.texts), add_special_tokens=False).ids)
+            sample.token_source = "tokenizer"
+        else:
+            sample.output_tokens, sample.token_source = seen.chunks, "responses"
+
+
+@dataclass
+class _Seen:
+    """What the responses of one request carried so far."""
+
+    texts: list[str] = field(default_factory=list)
+    chunks: int = 0
+    counts: list[int] = field(default_factory=list)  # the server's token counts, one per response that has one
+    stamps: dict[str, int] = field(default_factory=dict)  # first value of each perf timestamp output
+
+
+_SAMPLE_OUTPUTS = (("reused_blocks", "kv_cache_reused_blocks"), ("reused_blocks", "kv_cache_reused_block"),
+                   ("total_blocks", "kv_cache_alloc_total_blocks"),
+                   ("accepted_draft_tokens", "total_accepted_draft_tokens"), ("draft_tokens", "total_draft_tokens"))
+_PERF_STAMPS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
+
+
+def _take_response(result, elapsed_s: float, sample: RequestSample, seen: _Seen) -> bool:
+    """Record one streamed response into `sample`/`seen`; True when it is the request's final response."""
+    response = result.get_response()
+    params = response.parameters
+    final = params["triton_final_response"].bool_param if "triton_final_response" in params else True
+    if not response.outputs:
+        return final
+    text = _text(result)
+    # Every streamed response carries the next token, even when its text is empty (a partial UTF-8 sequence
+    # of a byte-level tokenizer); only an empty *final* response is bookkeeping, not a token.
+    if text or not final:
+        if sample.ttft_s is None:
+            sample.ttft_s = elapsed_s
+        seen.texts.append(text)
+        seen.chunks += 1
+    n = _server_count(result)
+    if n is not None:
+        seen.counts.append(n)
+    for attr, name in _SAMPLE_OUTPUTS:
+        v = _scalar(result, name)
+        if v is not None:
+            setattr(sample, attr, int(v))
+    for name in _PERF_STAMPS:
+        v = _scalar(result, name)
+        if v is not None and int(v) > 0:
+            seen.stamps.setdefault(name, int(v))
+    return final
+
+
+def _finish_sample(sample: RequestSample, stamps: dict[str, int], stream: bool) -> None:
+    """TTFT source, speculation flag, zero counters as n/a; marks the sample ok."""
+    if stream and sample.ttft_s is not None:
+        sample.ttft_source = "stream"
+    else:  # one response: the first token is observable only through the server's own timestamps
+        sample.ttft_s = server_ttft_s(stamps)
+        sample.ttft_source = "server" if sample.ttft_s is not None else None
+    if sample.draft_tokens is not None:
+        sample.speculated = sample.draft_tokens > 0
+    if sample.draft_tokens == 0:
+        sample.draft_tokens = sample.accepted_draft_tokens = None
+    if sample.total_blocks == 0:
+        sample.total_blocks = sample.reused_blocks = None
+    sample.ok = True
+
+
+def server_ttft_s(stamps: dict[str, int]) -> float | None:
+    """First token time minus arrival (else first scheduled) time from a response's perf outputs, in seconds."""
+    first = stamps.get("first_token_time_ns")
+    start = stamps.get("arrival_time_ns") or stamps.get("first_scheduled_time_ns")
+    return (first - start) / 1e9 if first and start and first >= start else None
+
+
+def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer,
+           texts: list[str] | None = None, draft_tokens: int | None = None) -> tuple:
+    """Send `n_requests` with at most `concurrency` in flight: min(concurrency, n_requests) clients, one thread
+    each; (samples, wall seconds)."""
+    workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens)
+               for _ in range(clients_for(concurrency, n_requests))]
+    texts = texts or prompts(n_requests)
+    samples: list[RequestSample] = []
+    lock = threading.Lock()
+    next_idx = [0]
+    start = time.perf_counter()
+
+    def run(w: _Worker, wid: int) -> None:
+        while True:
+            with lock:
+                i = next_idx[0]
+                if i >= n_requests or time.perf_counter() - start > budget_s:
+                    return
+                next_idx[0] += 1
+            s = w.request(texts[i], max_tokens, f"bench-{concurrency}-{i}")
+            with lock:
+                samples.append(s)
+            if not s.ok:
+                return
+
+    threads = [threading.Thread(target=run, args=(w, i), daemon=True) for i, w in enumerate(workers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=budget_s + timeout_s + 5)
+    finally:
+        for w in workers:
+            w.close()
+    return samples, time.perf_counter() - start
+
+
+def clients_for(concurrency: int, n_requests: int) -> int:
+    """Clients (gRPC streams and threads) a level opens: never more than requests that can be in flight at once."""
+    return max(1, min(concurrency, n_requests, MAX_CONCURRENCY))
+
+
+def load_tokenizer(tokenizer_dir: str | Path | None):
+    """A `tokenizers.Tokenizer` for counting tokens of non-streamed outputs (None when unavailable)."""
+    if not tokenizer_dir:
+        return None
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def tokenizer_dir_of(repo: str | Path) -> str | None:
+    """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, or the `tokenizer` (else
+    `model`) of an LLM-API repo's model.yaml, absolute; None when absent."""
+    if llmapi_yaml.is_llmapi_repo(Path(repo)):
+        data = llmapi_yaml.read(Path(repo) / llmapi_yaml.MODEL_YAML)
+        value = data.get("tokenizer") or data["model"]
+        return str((Path(repo) / llmapi_yaml.MODEL_YAML).parent / value)
+    for model in ("preprocessing", "postprocessing"):
+        cfg = Path(repo) / model / "config.pbtxt"
+        value = pbtxt.parameter(pbtxt.read(cfg), "tokenizer_dir") if cfg.is_file() else ""
+        if value:
+            p = Path(value)
+            return str(p if p.is_absolute() else (cfg.parent / p))
+    return None
+
+
+def run_bench(
+    *,
+    grpc_url: str,
+    metrics_url: str | None = None,
+    model: str | None = None,
+    concurrency: Iterable[int] = (1, 2, 4),
+    requests_per_level: int = 8,
+    max_tokens: int = 32,
+    stream: bool | None = None,
+    level_budget_s: float = 60.0,
+    request_timeout_s: float = 120.0,
+    gpus: int = 1,
+    gpu_price_per_hour: float = 3.5,
+    tokenizer_dir: str | Path | None = None,
+    warmup: bool = True,
+    shared_prefix_tokens: int = 0,
+    shared_prefix_share: float = 1.0,
+    speculation: str = "server",
+    max_input_len: int | None = None,
+    max_seq_len: int | None = None,
+) -> BenchReport:
+    """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
+
+    Args:
+        model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`.
+        stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
+            draft-target BLS does not stream).
+        tokenizer_dir: the served build's tokenizer (exact prompt lengths and output token counts).
+        shared_prefix_tokens: > 0: the shared-prefix workload (`shared_prefix_prompts`): `shared_prefix_share` of
+            the requests start with one prefix of this many tokens, each request has a distinct suffix.
+        speculation: "server" (the route's default draft length), "off" (num_draft_tokens 0) or "both" (every
+            level twice, with the route's default and off; needs a model with a num_draft_tokens input).
+        max_input_len, max_seq_len: the build's limits: every prompt is checked against them before anything is
+            sent (`check_prompt_limits`).
+
+    Raises:
+        BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
+    """
+    check_local(grpc_url)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    workload = plan_workload(concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
+                             shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share,
+                             speculation=speculation, tokenizer=tokenizer, max_input_len=max_input_len,
+                             max_seq_len=max_seq_len)
+    info = _served_model(grpc_url, model)
+    stream = _stream_mode(info, stream, speculation)
+    report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
+                         shared_prefix_tokens=shared_prefix_tokens,
+                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
+    if warmup:
+        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
+               texts=[WARMUP_PROMPT])
+    before = scrape_metrics(metrics_url) if metrics_url else None
+    samples = _sweep(report, info, tokenizer, workload, level_budget_s, request_timeout_s)
+    after = scrape_metrics(metrics_url) if metrics_url else None
+    ok = [s for s in samples if s.ok]
+    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    report.speculated_share = _round(speculated_share(ok))
+    cold, warm = cold_warm_ttft(ok)
+    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
+    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
+    _prefix_cache_ratio(report, ok, before, after)
+    _add_notes(report, ok, workload)
+    return report
+
+
+@dataclass
+class LevelPlan:
+    """One level of the sweep: its concurrency, speculation mode and the exact prompts it sends."""
+
+    concurrency: int
+    mode: str
+    texts: list[str]
+
+
+def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level: int = 8, max_tokens: int = 32,
+                  shared_prefix_tokens: int = 0, shared_prefix_share: float = 1.0, speculation: str = "server",
+                  tokenizer=None, max_input_len: int | None = None, max_seq_len: int | None = None,
+                  **_server_options: Any) -> list[LevelPlan]:
+    """Every level's prompts, checked against the options' caps and the build's limits before anything is sent.
+
+    Raises:
+        BenchError: bad options, a level over `MAX_CONCURRENCY`, requests over `MAX_REQUESTS`, prompts over the
+            build's limits.
+    """
+    levels = sorted({int(c) for c in concurrency})
+    _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
+    n = requests_per_level
+    run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
+    plans, sent = [], 0
+    for mode in ("server", "off") if speculation == "both" else (speculation,):
+        for c in levels:
+            texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer, start=sent, run=run)
+                     if shared_prefix_tokens else prompts(n))
+            plans.append(LevelPlan(c, mode, texts))
+            sent += n
+    check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=max_tokens,
+                        shared_prefix_tokens=shared_prefix_tokens, max_input_len=max_input_len,
+                        max_seq_len=max_seq_len)
+    return plans
+
+
+def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_prefix_tokens: int = 0,
+                        max_input_len: int | None = None, max_seq_len: int | None = None) -> None:
+    """BenchError when a prompt (counted with the build's tokenizer, special tokens included, as preprocessing
+    does) exceeds `max_input_len`, or prompt + `max_tokens` exceeds `max_seq_len`. Without a tokenizer only the
+    shared prefix itself is checked."""
+    if max_input_len is not None and shared_prefix_tokens > max_input_len:
+        raise BenchError(f"--shared-prefix-tokens {shared_prefix_tokens} exceeds the build's max_input_len "
+                         f"{max_input_len}; lower --shared-prefix-tokens or build with a larger --max-input-len")
+    if tokenizer is None or not texts or (max_input_len is None and max_seq_len is None):
+        return
+    longest = max(len(tokenizer.encode(t).ids) for t in set(texts))
+    if max_input_len is not None and longest > max_input_len:
+        over = longest - max_input_len
+        fix = ("" if not shared_prefix_tokens else
+               f"lower --shared-prefix-tokens to at most {shared_prefix_tokens - over} or " if shared_prefix_tokens > over
+               else "lower --shared-prefix-tokens or ")
+        raise BenchError(f"the longest bench prompt is {longest} tokens with the build's tokenizer, over its "
+                         f"max_input_len {max_input_len}; {fix}build with a larger --max-input-len")
+    if max_seq_len is not None and longest + max_tokens > max_seq_len:
+        fix = (f"lower --max-tokens to at most {max_seq_len - longest}" if max_seq_len > longest
+               else "shorten the prompts")
+        raise BenchError(f"the longest bench prompt ({longest} tokens) + --max-tokens {max_tokens} exceeds the "
+                         f"build's max_seq_len {max_seq_len}; {fix} or build with a larger --max-seq-len")
+
+
+def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, shared_prefix_tokens: int,
+                   shared_prefix_share: float, speculation: str) -> None:
+    if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
+        raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
+    _check_cap(levels)
+    if requests_per_level > MAX_REQUESTS:
+        raise BenchError(f"--requests {requests_per_level} exceeds the cap of {MAX_REQUESTS} requests per level "
+                         "(pipeline.serving.bench.MAX_REQUESTS); pass a smaller --requests")
+    if shared_prefix_tokens < 0 or not 0.0 <= shared_prefix_share <= 1.0:
+        raise BenchError("--shared-prefix-tokens must be >= 0 and --shared-prefix-share within 0..1")
+    if speculation not in ("server", "off", "both"):
+        raise BenchError(f"--speculation {speculation!r}: expected server, off or both")
+
+
+def _check_cap(levels: list[int]) -> None:
+    if levels and max(levels) > MAX_CONCURRENCY:
+        raise BenchError(f"--concurrency {max(levels)} exceeds the cap of {MAX_CONCURRENCY} concurrent clients per "
+                         f"level (pipeline.serving.bench.MAX_CONCURRENCY); pick levels <= {MAX_CONCURRENCY}")
+
+
+def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
+    """The model to benchmark on a ready server (default: `tensorrt_llm_bls` when served, else `ensemble`, else
+    the LLM-API `tensorrt_llm`)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        try:
+            live = client.is_server_ready()
+        except Exception:
+            live = False
+        if not live:
+            raise BenchError(f"no ready Triton server at {grpc_url}; start one with `invoke serve`")
+        if model is None:
+            names = {m["name"] for m in client.get_model_repository_index(as_json=True).get("models", [])}
+            model = next((m for m in ("tensorrt_llm_bls", "ensemble") if m in names), llmapi.MODEL)
+        return _model_info(client, model)
+    finally:
+        client.close()
+
+
+def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> bool:
+    """Whether to stream (default: when the model is decoupled, except the BLS); BenchError for what the route
+    cannot do."""
+    if stream is None:
+        stream = info.decoupled and info.name != "tensorrt_llm_bls"
+    if stream and not info.decoupled:
+        raise BenchError(f"model '{info.name}' is not decoupled, so it cannot stream; pass --no-stream")
+    if speculation != "server" and "num_draft_tokens" not in info.inputs:
+        raise BenchError(f"--speculation {speculation}: model '{info.name}' has no num_draft_tokens input; "
+                         "benchmark tensorrt_llm_bls")
+    return stream
+
+
+def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[LevelPlan], level_budget_s: float,
+           request_timeout_s: float) -> list[RequestSample]:
+    """Every planned level in order; appends each level's stats to `report`."""
+    samples: list[RequestSample] = []
+    for plan in workload:
+        level, wall = _level(report.url, info, report.streaming, plan.concurrency, len(plan.texts),
+                             report.max_tokens, level_budget_s, request_timeout_s, tokenizer, texts=plan.texts,
+                             draft_tokens=0 if plan.mode == "off" else None)
+        samples += level
+        report.levels.append(summarize(plan.concurrency, level, wall, gpus=report.gpus,
+                                       price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode))
+    return samples
+
+
+def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: dict | None,
+                        after: dict | None) -> None:
+    """Prefix-cache hit ratio from per-request outputs, else the metrics endpoint; warns when it is low."""
+    per_request = block_hit_ratio(ok)
+    if per_request is not None:
+        report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
+    elif after is not None:
+        hit = metrics_hit_ratio(kv_block_counters(before or {}), kv_block_counters(after))
+        if hit is not None:
+            report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(hit), "metrics endpoint"
+        else:
+            report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
+    if report.prefix_cache_hit_ratio is not None and report.prefix_cache_hit_ratio < HIT_RATIO_WARNING:
+        report.warnings.append(
+            f"prefix-cache hit ratio {report.prefix_cache_hit_ratio:.0%} is below {HIT_RATIO_WARNING:.0%}: requests "
+            "share little of their prompts' start (a prompt template that varies before the shared part?)")
+
+
+def _add_notes(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan]) -> None:
+    """Notes on how the report's figures were measured (and the failure line when requests failed)."""
+    bls = report.model == "tensorrt_llm_bls"
+    capped = sorted({p.concurrency for p in workload if clients_for(p.concurrency, len(p.texts)) < p.concurrency})
+    if capped:
+        report.notes.append(f"concurrency {', '.join(map(str, capped))}: only {report.requests_per_level} request(s) "
+                            "per level, so that many clients at most were in flight")
+    if bls and report.speculated_share:
+        report.notes.append("draft-target requests sum the block counts of every target call, so a request's own "
+                            "prompt counts as reused on each verification step: the hit ratio overstates reuse "
+                            "across requests")
+    if not report.streaming:
+        if any(s.ttft_source == "server" for s in ok):
+            report.notes.append("non-streaming requests: TTFT from the server's timestamps (first token - arrival); "
+                                "TPOT = (client latency - that TTFT) / (tokens - 1)")
+        else:
+            report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a)")
+    sources = sorted({s.token_source for s in ok if s.token_source})
+    if sources:
+        report.notes.append(f"output tokens counted from: {', '.join(_TOKEN_SOURCES[s] for s in sources)}")
+    if report.acceptance_rate is None and bls:
+        report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
+    if report.failed:
+        report.notes.append(failure_line(report))
+
+
+_TOKEN_SOURCES = {"server": "the server's num_output_tokens/sequence_length", "stream": "streamed responses",
+                  "tokenizer": "re-tokenizing the text", "responses": "responses (no tokenizer)"}
+
+
+def failure_line(report: BenchReport) -> str:
+    first = next((lv.first_error for lv in report.levels if lv.first_error), None)
+    return f"{report.failed} of {report.sent} request(s) failed; first error: {first}"
+
+
+def check_failures(report: BenchReport) -> None:
+    """RequestsFailed (exit code 5) when any request of the run failed."""
+    if report.failed:
+        raise RequestsFailed(failure_line(report))
+
+
+def write_json(report: BenchReport, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return path
+
+
+def parse_levels(text: str | Iterable[int]) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (BenchError on anything else)."""
+    if not isinstance(text, str):
+        return [int(x) for x in text]
+    try:
+        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: expected comma-separated integers like 1,2,4,8") from None
+    if not levels or min(levels) < 1:
+        raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
+    _check_cap(levels)
+    return levels
+
+
+def bench_spec(
+    spec,
+    *,
+    url: str | None = None,
+    metrics_url: str | None = None,
+    repo: str | Path | None = None,
+    ready_timeout_s: float = 300.0,
+    **kwargs: Any,
+) -> BenchReport:
+    """Benchmark the deployment of `spec`: a running server at `url`, or start tritonserver on its repo first.
+
+    Cost figures use the spec's $/GPU-hour and world size (TP×PP); prompts are counted with the build's tokenizer
+    and checked against its max_input_len/max_seq_len before anything is sent. The repo is `repo`, else the
+    build's Triton repo located check-only (`invoke build` first). With `url` and no build here the fixed prompt
+    set still runs (no token counts); the shared-prefix workload needs the tokenizer and is refused. Without `url`
+    the server is started on free 127.0.0.1 ports and stopped after.
+    """
+    gpus = spec.parallelism.world_size
+    price = spec.hardware.gpu_price_per_hour
+    if url:
+        check_local(url)
+    missing = None
+    if repo is None:
+        try:
+            repo = locate_outputs(spec).triton_repo.path
+        except PipelineError as exc:
+            if not url:
+                raise
+            missing = str(exc)
+    tokenizer_dir = tokenizer_dir_of(repo) if repo else None
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if kwargs.get("shared_prefix_tokens") and tokenizer is None:
+        raise BenchError(f"--shared-prefix-tokens needs the build's tokenizer to make prompts of that many tokens: "
+                         f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
+    limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
+    plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
+    common = dict(gpus=gpus, gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
+    if url:
+        return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
+    with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
+                      ready_timeout_s=ready_timeout_s) as server:
+        return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)

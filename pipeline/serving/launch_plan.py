@@ -1,0 +1,279 @@
+"""How a Triton model repository is launched: one pure plan shared by `serve` (this host), Kubernetes and Slurm.
+
+`plan_launch(shape, ...)` maps what the repository holds (its TensorRT-LLM models and their world sizes, or an
+LLM-API model, or the CPU reference backend) and the host shape (nodes, GPUs per node) to a mode, the processes
+the platform starts (each one's exact `tritonserver` argv, rank 0 first) and the environment they need.
+
+| mode | repository | processes | env |
+|---|---|---|---|
+| single | one `tensorrt_llm`, TP×PP = 1 | 1 | |
+| leader | one `tensorrt_llm`, TP×PP = N > 1 | N: rank 0 serves the endpoints and every model, ranks >= 1 load only `tensorrt_llm` (endpoints off) | |
+| orchestrator | draft + target (two `tensorrtllm` models) | 1: the backend spawns each model's ranks on its `gpu_device_ids` | TRTLLM_ORCHESTRATOR(_SPAWN_PROCESSES)=1 |
+| llmapi | runtime-pytorch, GPU | 1: the LLM spawns its TP/PP workers | |
+| cpu-reference | Python-backend reference | 1 (nvidia-pytriton's tritonserver) | |
+
+Upstream sources (read in the code index, never copied):
+- tensorrtllm_backend `scripts/launch_triton_server.py` (TensorRT-LLM 1.2 `triton_backend/scripts/`): `get_cmd` runs
+  `mpirun -n 1 tritonserver ... :` once per rank, ranks != 0 with `--model-control-mode=explicit
+  --load-model=<tensorrt_llm_model_name>`, each with `--backend-config=python,shm-region-prefix-name=prefix{i}_`;
+  `__main__` with `--multi-model` asserts ORCHESTRATOR_ASSERT below and sets the orchestrator env;
+  `add_multi_model_config` (Triton > 24.06, spawn on) adds `--pinned-memory-pool-byte-size=0
+  --enable-peer-access=false` and `--cuda-memory-pool-byte-size={j}:0` for every GPU j.
+- TensorRT-LLM `cpp/tensorrt_llm/executor/executorImpl.cpp`: `initializeOrchestrator` checks "When using the
+  orchestrator mode and isOrchestrator is true, expect MPI worldSize to be 1." and `MPI_Comm_spawn`s tp*pp*cp
+  workers from `MPI_COMM_SELF`; `initializeWorkers` checks "When specifying deviceIds, deviceIds (%lu) * numNodes (%u)
+  must be equal to tp*pp*cp". Nothing refuses two models sharing a GPU (the draft on the target's first GPU is the
+  recommended layout, examples/draft_target_model/README.md).
+- tensorrtllm_backend `docs/llama_multi_instance.md`: "If `MPI_Comm_Spawn` is used, it is not possible to distribute
+  the model across multiple nodes." Leader mode runs under mpirun/srun across nodes.
+
+Orchestrator mode keeps spawning on (upstream's default): one process for every platform and no `participant_ids`
+in the configs. `--disable-spawn-processes` would need participant ids (rank 0 the orchestrator, then each model's
+ranks: world size 1 + draft TP + target TP×PP) and an MPI world started by the platform; it buys fast logits only.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline.core.errors import PipelineError, ServeError
+
+Mode = Literal["single", "leader", "orchestrator", "llmapi", "cpu-reference"]
+MODES: tuple[str, ...] = ("single", "leader", "orchestrator", "llmapi", "cpu-reference")
+TARGET_MODEL, DRAFT_MODEL = "tensorrt_llm", "tensorrt_llm_draft"
+ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+ORCHESTRATOR_ASSERT = ("World size must be 1 when using multi-model without disable-spawn-processes. Processes will "
+                       "be spawned automatically to run the multi-GPU models")
+UPSTREAM: dict[str, str] = {
+    "single": "tensorrtllm_backend scripts/launch_triton_server.py --world_size 1: one tritonserver",
+    "leader": "tensorrtllm_backend scripts/launch_triton_server.py get_cmd: mpirun -n 1 tritonserver ... : per rank; "
+              "ranks != 0 --model-control-mode=explicit --load-model=tensorrt_llm, shm-region-prefix-name=prefix{i}_",
+    "orchestrator": "tensorrtllm_backend scripts/launch_triton_server.py --multi-model: assert world_size == 1, "
+                    f"'{ORCHESTRATOR_ASSERT}'; TRTLLM_ORCHESTRATOR=1, TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1; "
+                    "add_multi_model_config memory-pool flags; executorImpl.cpp initializeOrchestrator "
+                    "MPI_Comm_spawn on this node",
+    "llmapi": "TensorRT-LLM LLM API Triton model (tensorrt_llm.LLM in model.py): one tritonserver, the LLM spawns its "
+              "TP/PP workers",
+    "cpu-reference": "FACTS §5: the nvidia-pytriton tritonserver 2.51 with the Python backend",
+}
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """One `tensorrtllm`-backend model: its TP×PP ranks and the GPUs its `gpu_device_ids` names (empty: unset)."""
+
+    name: str
+    world_size: int
+    gpu_device_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RepoShape:
+    """What the launch depends on: the repository's kind and its TensorRT-LLM models."""
+
+    kind: Literal["engine", "llmapi", "reference"]
+    engine_models: tuple[EngineModel, ...] = ()
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The processes a platform starts for one repository: `ranks[i]` is process i's exact tritonserver argv."""
+
+    mode: Mode
+    ranks: tuple[tuple[str, ...], ...]
+    env: dict[str, str] = field(default_factory=dict)  # added to the server's environment (orchestrator vars)
+    nodes: int = 1
+    source: str = ""
+
+    @property
+    def processes(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def ranks_launched(self) -> bool:
+        """The platform starts world-size processes (mpirun/srun); otherwise one process."""
+        return self.processes > 1
+
+    def local_argv(self, mpirun: str = "mpirun") -> list[str]:
+        """One command line that starts every process on this host (`mpirun -n 1 ... : -n 1 ...` for leader mode)."""
+        if not self.ranks_launched:
+            return list(self.ranks[0])
+        argv = [mpirun, "--allow-run-as-root"]
+        for i, rank in enumerate(self.ranks):
+            argv += [*([":"] if i else []), "-n", "1", *rank]
+        return argv
+
+    def format(self) -> str:
+        """The plan as shell lines (env, then the command), with the mode and its upstream source as comments."""
+        lines = [f"# mode {self.mode}: {self.processes} process(es) on {self.nodes} node(s)",
+                 f"# upstream: {self.source}"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        lines.append(shlex.join(self.local_argv()))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "processes": self.processes, "nodes": self.nodes, "env": dict(self.env),
+                "ranks": [list(r) for r in self.ranks], "source": self.source}
+
+
+# ------------------------------------------------------------------------------------------------- shapes
+def shape_from_spec(spec) -> RepoShape:
+    """The repository `package` makes from `spec` (no file read): its kind and TensorRT-LLM models."""
+    if spec.target == "reference":
+        return RepoShape("reference")
+    if spec.runtime == "pytorch":
+        return RepoShape("llmapi")
+    if spec.draft_model is None:
+        return RepoShape("engine", (EngineModel(TARGET_MODEL, spec.parallelism.world_size),))
+    return RepoShape("engine", (
+        EngineModel(TARGET_MODEL, spec.parallelism.world_size, tuple(spec.target_gpu_device_ids)),
+        EngineModel(DRAFT_MODEL, spec.draft_tp, tuple(spec.draft_gpu_device_ids)),
+    ))
+
+
+def _device_ids(text: str, model: str, error: type[PipelineError]) -> tuple[int, ...]:
+    text = text.strip()
+    if not text or text.startswith("${"):
+        return ()
+    if ";" in text:
+        raise error(f"{model}: gpu_device_ids {text!r} lists several instances; this pipeline packages one instance "
+                    "per model: re-run `invoke package`")
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise error(f"{model}: gpu_device_ids {text!r} is not a comma-separated list of GPU ids; "
+                    "re-run `invoke package`") from None
+
+
+def shape_from_repo(repo: Path, *, world_size: int | None = None,
+                    error: type[PipelineError] = ServeError) -> RepoShape:
+    """The kind and TensorRT-LLM models of the repository at `repo` (its manifest and config.pbtxt files).
+
+    `world_size` overrides the manifest's for `tensorrt_llm`; another engine model's world size is the length of
+    its `gpu_device_ids` (1 when unset).
+    """
+    from pipeline.core.manifests import RepoManifest
+    from pipeline.stages.package import pbtxt
+
+    manifest = RepoManifest.read(repo, strict=False)
+    if manifest is not None and manifest.runtime == "pytorch":
+        return RepoShape("llmapi" if manifest.target == "trtllm" else "reference")
+    models = []
+    for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):
+        cfg = pbtxt.read(cfg_path)
+        if cfg.backend != "tensorrtllm":
+            continue
+        name = cfg_path.parent.name
+        ids = _device_ids(pbtxt.parameter(cfg, "gpu_device_ids"), name, error)
+        world = len(ids) or 1
+        if name == TARGET_MODEL:
+            world = world_size or (manifest.world_size if manifest is not None else world)
+        models.append(EngineModel(name, world, ids))
+    return RepoShape("engine", tuple(models)) if models else RepoShape("reference")
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+def rank_shm_prefix(shm_prefix: str, rank: int) -> str:
+    """Process `rank`'s Python-backend shared-memory prefix (upstream: prefix{i}_)."""
+    return f"{shm_prefix}{rank}_"
+
+
+def _common(repo: str, ep: Endpoints, shm: str, log_verbose: int, exit_timeout_s: int) -> list[str]:
+    return [
+        f"--model-repository={repo}",
+        f"--http-address={ep.host}", f"--http-port={ep.http_port}",
+        f"--grpc-address={ep.host}", f"--grpc-port={ep.grpc_port}",
+        f"--metrics-address={ep.host}", f"--metrics-port={ep.metrics_port}",
+        f"--backend-config=python,shm-region-prefix-name={shm}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+        f"--log-verbose={log_verbose}",
+    ]
+
+
+def _worker(binary: str, repo: str, model: str, shm: str, log_verbose: int, exit_timeout_s: int) -> tuple[str, ...]:
+    """Leader mode, rank >= 1: only the TensorRT-LLM model, no endpoints."""
+    return (binary, f"--model-repository={repo}", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+            "--model-control-mode=explicit", f"--load-model={model}",
+            f"--backend-config=python,shm-region-prefix-name={shm}",
+            f"--exit-timeout-secs={exit_timeout_s}", f"--log-verbose={log_verbose}", "--disable-auto-complete-config")
+
+
+def _check_orchestrator(models: tuple[EngineModel, ...], nodes: int, gpus_per_node: int | None,
+                        error: type[PipelineError]) -> int:
+    """The GPUs of the node the orchestrator's models use; refuses what the backend cannot spawn."""
+    names = " + ".join(m.name for m in models)
+    for m in models:
+        if nodes > 1 or (gpus_per_node and m.world_size > gpus_per_node):
+            where = f"{nodes} nodes" if nodes > 1 else f"{gpus_per_node} GPUs per node"
+            raise error(
+                f"{names} (draft-target) runs in orchestrator mode, which spawns every model's ranks on the server's "
+                f"own node (MPI_Comm_spawn; tensorrtllm_backend docs/llama_multi_instance.md), but {m.name} has "
+                f"{m.world_size} ranks over {where}; keep the target within one node (tp×pp <= GPUs per node) "
+                "or serve it without --draft (leader mode spans nodes)")
+        ids = m.gpu_device_ids
+        if ids and len(ids) != m.world_size:
+            raise error(f"{m.name}: gpu_device_ids {','.join(map(str, ids))} name {len(ids)} GPU(s) for "
+                        f"{m.world_size} rank(s) (the executor requires one per rank); re-run `invoke package`")
+        if len(set(ids)) != len(ids):
+            raise error(f"{m.name}: gpu_device_ids {','.join(map(str, ids))} repeat a GPU (one rank per GPU within "
+                        "a model); fix --draft-gpu-device-ids and re-run `invoke package`")
+        if gpus_per_node and ids and max(ids) >= gpus_per_node:
+            raise error(f"{m.name}: gpu_device_ids {','.join(map(str, ids))} go beyond the node's {gpus_per_node} "
+                        "GPU(s); place the draft on the target's GPUs (--draft-gpu-device-ids 0) or give the node "
+                        "more GPUs")
+    used = [i for m in models for i in (m.gpu_device_ids or range(m.world_size))]
+    return gpus_per_node or max(used) + 1
+
+
+def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoints = Endpoints(),
+                shm_prefix: str = "prefix", nodes: int = 1, gpus_per_node: int | None = None,
+                extra_args: tuple[str, ...] = (), log_verbose: int = 0, exit_timeout_s: int = 10,
+                error: type[PipelineError] = ServeError) -> LaunchPlan:
+    """The launch plan of a repository of `shape` at `repo` (a path, or a shell word the caller substitutes).
+
+    Args:
+        binary: the tritonserver program (the pytriton bundle's for cpu-reference).
+        shm_prefix: Python-backend shared-memory prefix; process i uses `rank_shm_prefix(shm_prefix, i)`.
+        nodes, gpus_per_node: the host shape (`serve`: this host; deploy: the placement). GPUs per node, when
+            known, bound each model's `gpu_device_ids` and size the orchestrator's memory-pool flags.
+        extra_args: appended to the single process's argv (cpu-reference: backend and cache directories).
+        error: the error class for layouts upstream cannot launch (ServeError / DeployError, exit 2).
+
+    Raises:
+        `error`: a draft-target repository whose target spans nodes or whose GPU ids the backend refuses; an LLM-API
+            repository across nodes.
+    """
+    common = _common(repo, endpoints, rank_shm_prefix(shm_prefix, 0), log_verbose, exit_timeout_s)
+    if shape.kind == "reference":
+        return LaunchPlan("cpu-reference", ((binary, *common, *extra_args),), source=UPSTREAM["cpu-reference"])
+    if shape.kind == "llmapi":
+        if nodes > 1:
+            raise error("the LLM-API Triton model runs in one tritonserver on one node (the LLM spawns its workers "
+                        "there); lower --tp/--pp to fit one node, or deploy --runtime pytorch (trtllm-serve per rank)")
+        return LaunchPlan("llmapi", ((binary, *common, "--disable-auto-complete-config"),), source=UPSTREAM["llmapi"])
+    models = shape.engine_models
+    if len(models) > 1:
+        gpus = _check_orchestrator(models, nodes, gpus_per_node, error)
+        pools = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
+                 *(f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus))]
+        argv = (binary, *common, *pools, "--disable-auto-complete-config")
+        return LaunchPlan("orchestrator", (argv,), dict(ORCHESTRATOR_ENV), 1, UPSTREAM["orchestrator"])
+    world = models[0].world_size if models else 1
+    first = (binary, *common, "--disable-auto-complete-config")
+    if world <= 1:
+        return LaunchPlan("single", (first,), source=UPSTREAM["single"])
+    name = models[0].name
+    ranks = [first] + [_worker(binary, repo, name, rank_shm_prefix(shm_prefix, r), log_verbose, exit_timeout_s)
+                       for r in range(1, world)]
+    return LaunchPlan("leader", tuple(ranks), nodes=nodes, source=UPSTREAM["leader"])

@@ -1,0 +1,97 @@
+"""What `invoke serve --mode trtllm-serve` serves on this host: the build's model directory, tokenizer and options.
+
+A finished build is located check-only (`locate_outputs`, nothing is built): runtime pytorch serves its Hugging Face
+checkpoint (engines/<build-id>/hf_checkpoint, tokenizer at its root), runtime engine its target engine
+(engines/<build-id>/engine) with the checkpoint's tokenizer (engines/<build-id>/checkpoint/tokenizer). The options
+YAML goes next to them, engines/<build-id>/llm_api_options-<spec-key8>.yaml.
+
+`--print-only` needs no build: without one the paths are those the build will have, with `<build-id>` standing for
+the id calibration gives it (it hashes the downloaded revision and the calibration set, as `compile --dry-run`
+shows), and nothing is written; the options the YAML will hold are printed instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.artifacts import engines_dir
+from pipeline.core.errors import IntegrityError, PipelineError, io_error
+from pipeline.core.layout import PENDING
+from pipeline.core.spec import BuildSpec
+from pipeline.serving.llmapi.options import engine_serve_options, llm_api_options
+from pipeline.serving.llmapi.serve_plan import check_servable
+from pipeline.stages.build import locate_outputs
+
+
+@dataclass(frozen=True)
+class LocalServeInputs:
+    model_dir: Path  # the HF checkpoint (pytorch) or the engine directory (engine)
+    tokenizer_dir: Path | None  # engine only: engines hold no tokenizer
+    options_file: Path
+    options_yaml: str
+    found: bool  # a finished build: the paths exist
+    reason: str = ""  # why no finished build was found (print-only)
+
+    def pending_options(self) -> str:
+        """The options YAML as `#` lines under the path it will be written to (for a build not finished here)."""
+        head = (f"# {self.options_file} (written when served; {PENDING} is the id calibration gives the build, "
+                "known once the model is downloaded):")
+        return "\n".join([head, *(f"#   {line}" for line in self.options_yaml.splitlines())])
+
+    def write_options(self) -> None:
+        """Write the options YAML atomically (only for a finished build)."""
+        tmp = self.options_file.with_name(f".{self.options_file.name}.{os.getpid()}")
+        try:
+            tmp.write_text(self.options_yaml)
+            os.replace(tmp, self.options_file)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise io_error(exc, f"writing {self.options_file}") from None
+
+
+def options_file_name(spec: BuildSpec) -> str:
+    return f"llm_api_options-{spec.fingerprint()[:8]}.yaml"
+
+
+def _options_yaml(spec: BuildSpec, draft_dir: Path | None) -> str:
+    if spec.runtime == "engine":
+        return engine_serve_options(spec).to_yaml()
+    return llm_api_options(spec, draft_dir=draft_dir).to_yaml()
+
+
+def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> LocalServeInputs:
+    """The inputs of the finished build of `spec`; with `allow_pending`, the planned ones when there is none.
+
+    Raises:
+        SpecError: the build cannot be served by trtllm-serve (reference target, engine with a draft).
+        PipelineError: no finished build (the message says what to run), unless `allow_pending`.
+        IntegrityError: a build output differs from its manifest (exit 3), even with `allow_pending`.
+    """
+    check_servable(spec)
+    engine = spec.runtime == "engine"
+    try:
+        out = locate_outputs(spec, until="compile" if engine else "calibrate")
+    except IntegrityError:
+        raise
+    except PipelineError as exc:
+        if not allow_pending:
+            raise
+        return _pending(spec, reason=str(exc))
+    base = out.checkpoint.path.parent
+    options_file = base / options_file_name(spec)
+    if engine:
+        return LocalServeInputs(out.engine.path, out.layout.tokenizer, options_file, _options_yaml(spec, None), True)
+    draft = out.draft_checkpoint.path if out.draft_checkpoint else None
+    return LocalServeInputs(out.checkpoint.path, None, options_file, _options_yaml(spec, draft), True)
+
+
+def _pending(spec: BuildSpec, *, reason: str) -> LocalServeInputs:
+    base = engines_dir() / PENDING
+    options_file = base / options_file_name(spec)
+    if spec.runtime == "engine":
+        return LocalServeInputs(base / "engine", base / "checkpoint" / "tokenizer", options_file,
+                                _options_yaml(spec, None), False, reason)
+    draft = engines_dir() / f"{PENDING}-draft" / "hf_checkpoint" if spec.draft_model is not None else None
+    return LocalServeInputs(base / "hf_checkpoint", None, options_file, _options_yaml(spec, draft), False, reason)

@@ -1,0 +1,153 @@
+"""The subset of TensorRT-LLM 1.2.1 `LlmArgs` this pipeline sets, as strict pydantic models, and the YAML we write.
+
+Field names and accepted values are those of `tensorrt_llm/llmapi/llm_args.py` (1.2.x): `BaseLlmArgs`
+(`tensor_parallel_size`, `pipeline_parallel_size`, `max_batch_size`, `max_num_tokens`, `max_seq_len`),
+`TorchLlmArgs.enable_chunked_prefill`, `KvCacheConfig` and `DraftTargetDecodingConfig` (built from YAML through
+`DecodingBaseConfig.from_dict`, whose key for it is "DraftTarget"). The same YAML feeds
+`trtllm-serve --extra_llm_api_options` and the Triton `llmapi` model's `model.yaml`. Unknown keys are refused
+here as `LlmArgs` (a `StrictBaseModel`, extra="forbid") refuses them there.
+
+An engine served by `trtllm-serve --backend tensorrt` takes a smaller YAML (`EngineServeOptions`): the engine fixes
+batch, sequence lengths, TP/PP and the KV dtype, so only the runtime KV-cache settings and chunked prefill remain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.core.errors import SpecError
+from pipeline.core.registry import load_yaml_mapping
+from pipeline.core.spec import BuildSpec
+
+_Strict = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+# kv_cache_config.dtype values the 1.2.1 PyTorch backend accepts (`_torch/pyexecutor/_util.py`
+# `_VALID_KV_CACHE_DTYPES`, plus "nvfp4" which we never write); "auto" keeps the checkpoint's own KV quantization.
+KV_DTYPE = {"fp8": "fp8", "bf16": "auto", "fp16": "auto"}
+
+
+class KvCacheConfig(BaseModel):
+    """`kv_cache_config` (1.2.1 `KvCacheConfig`; `dtype` is a PyTorch-backend-only field there)."""
+
+    model_config = _Strict
+
+    dtype: Literal["auto", "fp8"] = Field("auto", description="KV-cache dtype; auto: the checkpoint's")
+    enable_block_reuse: bool = Field(True, description="reuse KV blocks across requests (prefix caching)")
+    free_gpu_memory_fraction: float = Field(0.9, gt=0, le=1, description="share of free GPU memory for the KV pool")
+
+
+class DraftTargetConfig(BaseModel):
+    """`speculative_config` for two-model draft-target speculation (1.2.1 `DraftTargetDecodingConfig`).
+
+    Later releases rename fields: `decoding_type` becomes "Draft_Target" and `speculative_model_dir` becomes
+    `speculative_model` (1.3+); 1.2.1's `from_dict` refuses "Draft_Target".
+    """
+
+    model_config = _Strict
+
+    decoding_type: Literal["DraftTarget"] = "DraftTarget"
+    max_draft_len: int = Field(..., ge=1, description="draft tokens proposed per step (K)")
+    speculative_model_dir: str = Field(..., min_length=1, description="the draft's Hugging Face checkpoint")
+    max_concurrency: int | None = Field(
+        None, ge=1, description="PyTorch only: speculation is disabled at batch sizes above this value"
+    )
+
+
+class LlmApiOptions(BaseModel):
+    """The extra LLM-API options of one build (`trtllm-serve --extra_llm_api_options`, `model.yaml`)."""
+
+    model_config = _Strict
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    max_batch_size: int = Field(..., ge=1)
+    max_num_tokens: int = Field(..., ge=1)
+    max_seq_len: int = Field(..., ge=1)
+    enable_chunked_prefill: bool = False
+    kv_cache_config: KvCacheConfig = KvCacheConfig()
+    speculative_config: DraftTargetConfig | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as upstream reads them (unset speculation and max_concurrency left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.as_dict(), sort_keys=False)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, what: str) -> LlmApiOptions:
+        """Validate a mapping (e.g. a loaded YAML); `SpecError` with one line naming the key otherwise."""
+        try:
+            return cls.model_validate(data, strict=True)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise SpecError(f"{what}: {loc}={err.get('input')!r}: {err['msg']}; fix the LLM-API options") from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> LlmApiOptions:
+        """Load and validate an extra-options YAML file."""
+        data = load_yaml_mapping(path, what="LLM-API options file", flag="--extra-llm-api-options",
+                                 error=SpecError)
+        return cls.from_mapping(data, what=str(path))
+
+
+def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiOptions:
+    """The LLM-API options of `spec` on the PyTorch backend; `draft_dir`: where the draft's HF checkpoint is
+    when served (required exactly when the spec has a draft)."""
+    speculative = spec.draft_model is not None
+    if speculative != (draft_dir is not None):
+        need = "the draft's checkpoint directory" if speculative else "no draft directory (the spec has no draft)"
+        raise SpecError(f"llm_api_options: spec {spec.model.name} needs {need}")
+    kv_dtype = KV_DTYPE.get(spec.quantization.kv)
+    if kv_dtype is None:
+        raise SpecError(f"quantization.kv_cache={spec.quantization.kv}: the PyTorch backend's KV cache is fp8 or the "
+                        "compute dtype; use --kv-cache fp8 or bf16")
+    s = spec.serving
+    kv = KvCacheConfig(
+        dtype=kv_dtype,
+        enable_block_reuse=s.enable_kv_cache_reuse,
+        free_gpu_memory_fraction=s.target_fraction(speculative),
+    )
+    draft = None
+    if speculative:
+        draft = DraftTargetConfig(max_draft_len=spec.draft_len, speculative_model_dir=str(draft_dir),
+                                  max_concurrency=spec.speculation.max_batch_for_speculation)
+    return LlmApiOptions(
+        tensor_parallel_size=spec.parallelism.tp,
+        pipeline_parallel_size=spec.parallelism.pp,
+        max_batch_size=spec.max_batch_size,
+        max_num_tokens=spec.max_num_tokens,
+        max_seq_len=spec.max_seq_len,
+        enable_chunked_prefill=s.enable_chunked_context,
+        kv_cache_config=kv,
+        speculative_config=draft,
+    )
+
+
+class EngineServeOptions(BaseModel):
+    """The extra LLM-API options of an engine under `trtllm-serve --backend tensorrt` (1.2.1 `TrtLlmArgs`)."""
+
+    model_config = _Strict
+
+    kv_cache_config: KvCacheConfig
+    enable_chunked_prefill: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as upstream reads them; the KV dtype is the engine's, so `dtype` is left out."""
+        return self.model_dump(mode="json", exclude={"kv_cache_config": {"dtype"}})
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.as_dict(), sort_keys=False)
+
+
+def engine_serve_options(spec: BuildSpec) -> EngineServeOptions:
+    """The runtime options of `spec`'s target engine: the spec's KV pool share, KV reuse and chunked prefill (the spec
+    rules already refuse those two where the engine would lack paged context FMHA)."""
+    s = spec.serving
+    kv = KvCacheConfig(enable_block_reuse=s.enable_kv_cache_reuse, free_gpu_memory_fraction=s.target_fraction(False))
+    return EngineServeOptions(kv_cache_config=kv, enable_chunked_prefill=s.enable_chunked_context)

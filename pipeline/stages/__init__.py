@@ -1,0 +1,1 @@
+"""Build stages in order: download -> calibrate -> compile -> package; `build` runs them."""

@@ -1,0 +1,99 @@
+"""TensorRT-LLM checkpoint export (ModelOpt's legacy exporter), its structural checks, and the tokenizer copy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import CalibrationError
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "added_tokens.json",
+)
+
+
+def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
+    """Export `model` in place (the exporter mutates its input) and return it.
+
+    The mutated model is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant
+    scales rounded to the export dtype), which is what the quality gate and the round-trip check compare against.
+    Exporting in place keeps a single copy of the weights on the devices (no deep copy: 70B is 131 GiB in bf16).
+    """
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    try:
+        with torch.inference_mode():
+            export_tensorrt_llm_checkpoint(
+                model,
+                "llama",
+                dtype,
+                export_dir=out_dir,
+                inference_tensor_parallel=tp,
+                inference_pipeline_parallel=pp,
+            )
+    except (AssertionError, NotImplementedError, ValueError, RuntimeError) as exc:
+        raise CalibrationError(
+            f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
+        ) from None
+    snap_prequant_scales(model, dtype)
+    return model
+
+
+def snap_prequant_scales(model, dtype) -> None:
+    """Round AWQ/SmoothQuant pre-quant scales to the export dtype, as they are stored in the checkpoint."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    for mod in model.modules():
+        pqs = getattr(mod, "_pre_quant_scale", None) if isinstance(mod, TensorQuantizer) else None
+        if pqs is not None:
+            pqs.data = pqs.data.to(dtype).to(pqs.dtype)
+
+
+def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int, pp: int) -> dict[str, Any]:
+    """Check the written config (quant algos, mapping) and that rank files = tp*pp; return the config.
+
+    Raises:
+        CalibrationError: the export does not match the recipe.
+    """
+    path = out_dir / "config.json"
+    if not path.is_file():
+        raise CalibrationError("ModelOpt export wrote no config.json; see the log above")
+    cfg = json.loads(path.read_text())
+    q = cfg.get("quantization") or {}
+    got = (q.get("quant_algo"), q.get("kv_cache_quant_algo"))
+    if got != (quant_algo, kv_algo):
+        raise CalibrationError(
+            f"exported quant_algo/kv_cache_quant_algo {got} != expected {(quant_algo, kv_algo)}; "
+            "the ModelOpt version or config is wrong (pin nvidia-modelopt~=0.37.0)"
+        )
+    m = cfg.get("mapping") or {}
+    if (m.get("tp_size"), m.get("pp_size"), m.get("world_size")) != (tp, pp, tp * pp):
+        raise CalibrationError(f"exported mapping {m} != tp={tp} pp={pp}; re-run with --force")
+    ranks = sorted(p.name for p in out_dir.glob("rank*.safetensors"))
+    want = sorted(f"rank{i}.safetensors" for i in range(tp * pp))
+    if ranks != want:
+        raise CalibrationError(f"export wrote {ranks}, expected {want} (tp*pp={tp * pp}); re-run with --force")
+    return cfg
+
+
+def copy_tokenizer(src: Path, dst: Path, *, needed_by: str = "the Triton repo") -> list[str]:
+    """Copy the tokenizer (and generation config) files of a HF model dir into `dst`."""
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
+        raise CalibrationError(f"{src} has no tokenizer.json or tokenizer.model; {needed_by} needs the tokenizer")
+    return copied

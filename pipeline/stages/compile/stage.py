@@ -1,0 +1,120 @@
+"""`run_compile`: plan → tokenizer check → preflight → cached? → build in a temp dir → verify → manifest → rename."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.artifacts import atomic_dir, stage_lock
+from pipeline.core.errors import CompileError
+from pipeline.core.manifests import DraftRecord, EngineManifest, StageResult
+from pipeline.core.spec import BuildSpec
+from pipeline.stages.compile.engine_check import verify_engine_dir
+from pipeline.stages.compile.engine_plan import CompilePlan, EnginePlan, plan_compile
+from pipeline.stages.compile.manifest import (
+    check_same_tokenizer,
+    checkpoint_identity,
+    compile_key,
+    draft_record,
+    engine_manifest,
+)
+from pipeline.stages.compile.preflight import Toolchain, preflight
+from pipeline.stages.compile.runner import run_trtllm_build
+
+EngineResult = StageResult[EngineManifest]
+
+
+def log_path_for(engine_dir: Path) -> Path:
+    """The build log lives beside the engine dir, so it survives a failed (discarded) build."""
+    engine_dir = Path(engine_dir)
+    return engine_dir.parent / f"{engine_dir.name}.build.log"
+
+
+def _current(out: Path, key: str | None, *, verify: bool) -> EngineManifest | None:
+    """The engine manifest of `out` for `key` (None: check-only, any key) when its files match it."""
+    return EngineManifest.current(out, key, verify=verify, strict=key is None)
+
+
+def _recorded_toolchain(m: EngineManifest) -> dict:
+    """The toolchain an engine was built with, shaped like `Toolchain.as_dict()` (for its stage key)."""
+    return {**m.toolchain, "sm": m.gpu.get("sm"), "gpu_name": m.gpu.get("name")}
+
+
+def _locate_one(plan: EnginePlan, *, draft: DraftRecord | None, verify: bool) -> EngineResult:
+    """Check-only: the engine at the plan's output dir, if it was built from this plan and checkpoint (under the
+    toolchain it records) and still matches its manifest."""
+    out = Path(plan.output_dir)
+    m = _current(out, None, verify=verify)
+    if m is not None:
+        checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
+        key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=_recorded_toolchain(m),
+                          draft_key=draft.key if draft else None)
+        if m.key == key:
+            return EngineResult(out, m, "cached")
+    raise CompileError(f"no current {plan.role} engine at {out} for this spec and checkpoint; run `invoke compile` "
+                       "or `invoke build` on a GPU host first", path=out)
+
+
+def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: DraftRecord | None,
+                 verify: bool = False) -> EngineResult:
+    out = Path(plan.output_dir)
+    tc = toolchain.as_dict()
+    checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
+    key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=tc, draft_key=draft.key if draft else None)
+    if not force and (m := _current(out, key, verify=verify)) is not None:
+        return EngineResult(out, m, "cached")
+    with stage_lock(out):
+        if not force and (m := _current(out, key, verify=verify)) is not None:
+            return EngineResult(out, m, "cached")
+        log = log_path_for(out)
+        with atomic_dir(out) as tmp:
+            seconds = run_trtllm_build(plan.argv_for(tmp), log_path=log)
+            config = verify_engine_dir(tmp, plan, trtllm_version=toolchain.tensorrt_llm)
+            manifest = engine_manifest(tmp, plan, key=key, engine_config=config, toolchain=tc,
+                                       checkpoint=checkpoint, draft=draft, build_seconds=seconds, log_path=log)
+            manifest.write(tmp)
+    return EngineResult(out, manifest, "built")
+
+
+def run_compile(
+    spec: BuildSpec,
+    *,
+    force: bool = False,
+    toolchain: Toolchain | None = None,
+    check_only: bool = False,
+    verify: bool = False,
+    **dirs: Path | str | None,
+) -> tuple[EngineResult, EngineResult | None]:
+    """Compile the target (and draft) engines of `spec`; return (target, draft) results.
+
+    A draft with a different tokenizer is rejected, the host is preflighted, the draft then the target are built
+    (cached when their manifest key is current and their files match it, unless `force`), verified and recorded;
+    the target's manifest records the draft as a pair. `invoke compile --dry-run` plans without this function.
+
+    Args:
+        dirs: `checkpoint_dir`, `output_dir` and, with a draft, `draft_checkpoint_dir`, `draft_output_dir`, as
+            `plan_compile` takes them.
+        toolchain: the result of an earlier `preflight()` on this host (skips a second one).
+        check_only: return the existing engines (no preflight, works on any host) or raise `CompileError`.
+        verify: re-hash every file of current engines (default: sizes and mtimes, hashing what changed).
+
+    Raises:
+        CompileError: bad checkpoint, different tokenizers, build failed or did not verify, nothing current.
+        ToolchainError: this host cannot compile (exit 4).
+        IntegrityError: a current engine differs from its manifest (exit 3).
+    """
+    plan: CompilePlan = plan_compile(spec, **dirs, allow_derived=False)
+    tokenizer = None
+    if plan.draft is not None:
+        tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))
+    if check_only:
+        draft = _locate_one(plan.draft, draft=None, verify=verify) if plan.draft is not None else None
+        record = draft_record(draft.path, tokenizer) if draft is not None else None
+        return _locate_one(plan.target, draft=record, verify=verify), draft
+    workers = max(p.workers for p in plan.engines)
+    if toolchain is None or toolchain.gpu_count < workers:
+        toolchain = preflight(gpu=spec.hardware.gpu, workers=workers)
+    draft = record = None
+    if plan.draft is not None:
+        draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify)
+        record = draft_record(draft.path, tokenizer)
+    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify), draft

@@ -1,0 +1,1 @@
+"""Download stage: a Hub snapshot (verified, locked revision) or a generated tiny model."""

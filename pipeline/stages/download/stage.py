@@ -1,0 +1,744 @@
+"""Checkpoint acquisition: pinned, verified Hugging Face Hub downloads (and generated tiny models, same interface).
+
+A branch or tag resolves to a commit SHA once and is written to the revision lock file (`models.lock.json` in the
+output tree); later runs use the locked SHA unless `update=True`. Files are fetched with huggingface_hub's
+`snapshot_download` into a hidden staging directory (interrupted downloads resume from there), every file is checked
+against the Hub's oids (sha256 for LFS files, git blob sha1 otherwise), corrupt files are re-fetched, `config.json`
+is cross-checked against the registry, and only then is the directory renamed to
+`cache_dir()/downloads/<org>--<name>/<sha>/` with a `manifest.json`. A finished download is re-used after a
+size/mtime check (no network, no hashing) unless `verify=True`. The token is never logged or written anywhere.
+Every call returns a `StageResult[DownloadManifest]` (status "built" when something was fetched or generated).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from pipeline.core.artifacts import (
+    MANIFEST,
+    cache_dir,
+    output_root,
+    remove_stale_temps,
+    safe_join,
+    sha256_file,
+    stage_key,
+    stage_lock,
+)
+from pipeline.core.errors import DownloadError, IntegrityError
+from pipeline.core.manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
+from pipeline.core.registry import Architecture, ModelEntry, check_repo_id
+from pipeline.stages.download import tinymodel
+
+# Files a later stage uses (top level of the repo only).
+ALLOW_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+MAX_WORKERS = 8
+LOCK_FILE_NAME = "models.lock.json"
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_ATTEMPTS = 3  # fetch rounds: resume after a dropped connection / re-fetch corrupt files
+
+
+DownloadResult = StageResult[DownloadManifest]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Revision lock file
+
+
+def lock_file_path() -> Path:
+    """Default revision lock file: `<output root>/models.lock.json` (commit it to pin every model)."""
+    return output_root() / LOCK_FILE_NAME
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"version": 1, "models": {}}
+    except json.JSONDecodeError:
+        raise DownloadError(f"revision lock file {path} is not valid JSON; fix or delete it") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+        raise DownloadError(f"revision lock file {path} has no 'models' mapping; fix or delete it")
+    return data
+
+
+def locked_sha(path: Path, entry: ModelEntry, revision: str) -> str | None:
+    """The locked commit of `entry` at the requested `revision`, if the lock file has one for the same repo."""
+    rec = read_lock(path)["models"].get(entry.name)
+    if isinstance(rec, dict) and rec.get("repo_id") == entry.repo_id and rec.get("revision") == revision:
+        sha = rec.get("sha")
+        return sha if isinstance(sha, str) and _SHA_RE.match(sha) else None
+    return None
+
+
+def write_lock(path: Path, entry: ModelEntry, revision: str, sha: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        data = read_lock(path)
+        data["models"][entry.name] = {"repo_id": entry.repo_id, "revision": revision, "sha": sha}
+        data["models"] = dict(sorted(data["models"].items()))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str, model: str) -> None:
+    """Raise `DownloadError` when a downloaded config.json disagrees with the registry's architecture numbers."""
+    if not config.get("architectures"):
+        raise DownloadError(f"{where}: config.json has no 'architectures'; this is not a causal-LM checkpoint")
+    heads = config.get("num_attention_heads")
+    expected = {
+        "num_hidden_layers": (arch.num_layers, config.get("num_hidden_layers")),
+        "hidden_size": (arch.hidden_size, config.get("hidden_size")),
+        "num_attention_heads": (arch.num_heads, heads),
+        "num_key_value_heads": (arch.num_kv_heads, config.get("num_key_value_heads", heads)),
+        "head_dim": (arch.head_dim, config.get("head_dim") or (config.get("hidden_size", 0) // (heads or 1))),
+        "intermediate_size": (arch.intermediate_size, config.get("intermediate_size")),
+        "vocab_size": (arch.vocab_size, config.get("vocab_size")),
+        "max_position_embeddings": (arch.max_position_embeddings, config.get("max_position_embeddings")),
+        "tie_word_embeddings": (arch.tie_word_embeddings, bool(config.get("tie_word_embeddings", False))),
+        "rope_theta": (arch.rope_theta, float(config.get("rope_theta", 10000.0))),
+    }
+    for key, (want, got) in expected.items():
+        if want != got:
+            raise DownloadError(
+                f"{where}: config.json {key}={got} does not match the registry's {want} for model '{model}'; "
+                "fix the registry entry (or --models-file) or the repo/revision"
+            )
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_file(path: Path, meta: dict[str, Any]) -> str | None:
+    """None when `path` matches the Hub's metadata, else a short reason."""
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if meta.get("size") is not None and size != meta["size"]:
+        return f"size {size} != {meta['size']}"
+    if meta.get("lfs_sha256"):
+        got = sha256_file(path)
+        return None if got == meta["lfs_sha256"] else f"sha256 {got[:12]}… != {meta['lfs_sha256'][:12]}…"
+    if meta.get("blob_id"):
+        got = _git_blob_sha1(path)
+        return None if got == meta["blob_id"] else f"git sha1 {got[:12]}… != {meta['blob_id'][:12]}…"
+    return None
+
+
+def _with_mtimes(root: Path, m: DownloadManifest) -> DownloadManifest:
+    """`m` with the files' current mtimes recorded (after their bytes were checked)."""
+    files = {n: r.model_copy(update={"mtime_ns": (root / n).stat().st_mtime_ns}) for n, r in m.files.items()}
+    return m.model_copy(update={"files": files})
+
+
+def _unchanged(root: Path, m: DownloadManifest) -> bool:
+    """Cheap re-use check: exactly the manifest's files, each with its recorded size and mtime."""
+    try:
+        if {p.name for p in root.iterdir()} != set(m.files) | {MANIFEST}:
+            return False
+        return bool(m.files) and all(
+            (st := (root / n).stat()).st_size == r.size and st.st_mtime_ns == r.mtime_ns and not (root / n).is_symlink()
+            for n, r in m.files.items()
+        )
+    except OSError:
+        return False
+
+
+def _remove_extras(root: Path, names: set[str]) -> None:
+    """Delete what a download dir holds beyond its files (never part of the pinned snapshot)."""
+    for p in root.iterdir():
+        if p.name not in names | {MANIFEST}:
+            print(f"warning: {p} is not part of the download; removing it", file=sys.stderr)
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Generated models
+
+
+def source_id(manifest: dict[str, Any] | None) -> str | None:
+    """The id that names a model source in calibration keys, from its directory's manifest: the Hub commit of a
+    download, or for a generated model its generation key cut to a commit's length. None without a manifest.
+
+    The only place the id is derived: `download_model` records it and `calibrate` reads it back from a directory.
+    """
+    if not manifest:
+        return None
+    if manifest.get("sha"):
+        return str(manifest["sha"])
+    return str(manifest["key"])[:40] if manifest.get("key") else None
+
+
+def _generated_hint(entry: ModelEntry) -> str:
+    return (f"`invoke download --model {entry.name} --verify` or `invoke build --force download` regenerates it")
+
+
+def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> DownloadResult:
+    path = tinymodel.model_dir(entry.name)
+    remove_stale_temps(path)  # a killed generation's temporary, even when this run finds the model current
+    gen = GeneratedManifest.read(path) if path.is_dir() else None
+    current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
+    if check_only and not current:
+        raise DownloadError(f"{entry.name} has not been generated in {path.parent}; run `invoke build` first",
+                            path=path)
+    problems = gen.problems(path, full=verify) if current else []
+    if problems and (check_only or not verify):
+        raise integrity_error(path, problems, fix=_generated_hint(entry))
+    if problems or not current:
+        if problems:
+            print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
+            with stage_lock(path):
+                shutil.rmtree(path, ignore_errors=True)
+        path = tinymodel.ensure_tiny_model(entry.name)
+        gen = GeneratedManifest.read(path)
+    check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
+                       where=f"{entry.repo_id} (generated)", model=entry.name)
+    sha = source_id(gen.model_dump())
+    manifest = DownloadManifest(
+        key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
+        model=entry.name,
+        repo_id=entry.repo_id,
+        revision=entry.revision,
+        sha=sha,
+        source="generated",
+        generator_version=gen.generator_version,
+        files=gen.files,
+        total_bytes=sum(v.size for v in gen.files.values()),
+    )
+    return DownloadResult(path, manifest, "cached" if current and not problems else "built")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hub downloads
+
+
+def _repo_dir(repo_id: str) -> Path:
+    try:
+        check_repo_id(repo_id)
+    except ValueError as exc:
+        raise DownloadError(f"repo_id: {exc}; fix the registry entry (your own via --models-file)") from None
+    return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
+
+
+def _select(siblings: list[Any], *, where: str) -> dict[str, dict[str, Any]]:
+    """Pick the files the pipeline needs from the Hub's sibling list; name -> {size, lfs_sha256, blob_id}."""
+    out = {}
+    for s in siblings or []:
+        name = s.rfilename
+        if "/" not in name and any(fnmatch.fnmatchcase(name, p) for p in ALLOW_PATTERNS):
+            out[name] = {
+                "size": s.lfs.size if s.lfs else s.size,
+                "lfs_sha256": s.lfs.sha256 if s.lfs else None,
+                "blob_id": s.blob_id,
+            }
+    missing = [n for n in ("config.json",) if n not in out]
+    if not any(n.endswith(".safetensors") for n in out):
+        missing.append("*.safetensors")
+    if not any(n in out for n in ("tokenizer.json", "tokenizer.model")):
+        missing.append("tokenizer.json")
+    if missing:
+        raise DownloadError(f"{where} has no {', '.join(missing)}; the pipeline needs safetensors weights, config "
+                            "and tokenizer files: pick a revision that has them")
+    return out
+
+
+class _HubErrors:
+    """Translate huggingface_hub/requests exceptions into one-line `DownloadError`s (never mentioning the token)."""
+
+    def __init__(self, entry: ModelEntry, revision: str, endpoint: str, have_token: bool):
+        self.entry, self.revision, self.endpoint, self.have_token = entry, revision, endpoint, have_token
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or isinstance(exc, DownloadError):
+            return False
+        import requests
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            OfflineModeIsEnabled,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        repo, url = self.entry.repo_id, f"{self.endpoint}/{self.entry.repo_id}"
+        if isinstance(exc, GatedRepoError):
+            msg = _gated_message(repo, url, self.have_token)
+        elif isinstance(exc, RevisionNotFoundError):
+            msg = (f"revision '{self.revision}' does not exist in {repo}; fix 'revision' in the registry or pass "
+                   "--revision with an existing branch, tag or commit")
+        elif isinstance(exc, RepositoryNotFoundError):
+            msg = (f"repo {repo} was not found on {self.endpoint} (or it is private); fix 'repo_id' in the registry"
+                   + ("" if self.have_token else " or set HF_TOKEN for a private repo"))
+        elif isinstance(exc, EntryNotFoundError):
+            msg = (f"a file listed in {repo}@{self.revision} could not be fetched (404: {_url_tail(exc)}); "
+                   "pin another revision or retry later")
+        elif isinstance(exc, OfflineModeIsEnabled):
+            msg = "HF_HUB_OFFLINE=1 forbids network access; pass --offline to use the cache or unset HF_HUB_OFFLINE"
+        elif isinstance(exc, (LocalEntryNotFoundError, requests.ConnectionError, requests.Timeout,
+                              requests.exceptions.ChunkedEncodingError)):
+            msg = (f"cannot reach {self.endpoint} to fetch {repo} ({type(exc).__name__}); check the network, or use "
+                   "--offline with a previous download; re-running resumes partial files")
+        elif isinstance(exc, HfHubHTTPError):
+            code = exc.response.status_code if exc.response is not None else "?"
+            msg = f"the Hub answered HTTP {code} for {repo}@{self.revision}; retry later or check the endpoint"
+        else:
+            return False
+        raise DownloadError(msg) from None
+
+
+def _gated_message(repo: str, url: str, have_token: bool) -> str:
+    if have_token:
+        return f"{repo} is a gated repo and your Hugging Face token has no access to it; request access at {url}"
+    return (f"{repo} is a gated repo and no Hugging Face token was found; accept its license at {url}, "
+            "then set HF_TOKEN or run `hf auth login`")
+
+
+def _url_tail(exc: Exception) -> str:
+    resp = getattr(exc, "response", None)
+    url = getattr(resp, "url", None) or ""
+    return url.rsplit("/", 1)[-1] or "?"
+
+
+def _clear_local_metadata(root: Path, name: str) -> None:
+    """Forget huggingface_hub's local_dir metadata for `name` so it is fetched again."""
+    for p in (root / name, root / ".cache" / "huggingface" / "download" / f"{name}.metadata"):
+        p.unlink(missing_ok=True)
+
+
+# Streaming verification: sha256 of every LFS file is computed while huggingface_hub writes it (its `http_get`
+# is wrapped once per process), so a fresh download needs no second pass over the bytes. The digest is off the
+# download's critical path: each file's writer hands its chunks (immutable bytes) to that file's hashing thread
+# and goes back to the socket at once; the bounded queue only makes it wait when hashing falls behind the
+# network. A stream that does anything unexpected (seek elsewhere, direct fd access, hf_transfer) is not
+# trusted: the file is hashed from disk.
+_STREAMS: dict[str, tuple[str, int]] = {}  # abspath of a finished ".incomplete" file -> (sha256, bytes)
+_HASH_THREADS = 2
+_HASH_QUEUE_CHUNKS = 8  # per file: at most this many chunks (huggingface_hub's are 10 MB) wait for the hasher
+
+
+class _Hasher:
+    """sha256 of a byte stream computed on its own thread; `update` only enqueues."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self._h = hashlib.sha256()
+        self._q: queue.Queue = queue.Queue(maxsize=_HASH_QUEUE_CHUNKS)
+        self._thread = threading.Thread(target=self._run, name="download-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._q.get()) is not None:
+            self._h.update(chunk)
+
+    def update(self, data: bytes) -> None:
+        self._q.put(bytes(data))  # a copy only when the writer passed a mutable buffer
+
+    def hexdigest(self) -> str:
+        """The digest of everything updated so far (waits for the thread; the hasher is finished after)."""
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+        return self._h.hexdigest()
+
+
+class _HashingFile:
+    """File proxy that hashes what is written; `clean` stays True only for a plain sequential stream."""
+
+    def __init__(self, f: Any, resume_size: int):
+        self._f, self.name = f, f.name
+        self._h, self.size, self.clean = _Hasher(), 0, True
+        if resume_size:  # resuming: hash the bytes already on disk first
+            with open(f.name, "rb") as r:
+                while self.size < resume_size and (chunk := r.read(min(1 << 20, resume_size - self.size))):
+                    self._h.update(chunk)
+                    self.size += len(chunk)
+            self.clean = self.size == resume_size
+
+    def write(self, data: bytes) -> int:
+        n = self._f.write(data)
+        self._h.update(data)
+        self.size += len(data)
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) == (0, 0):
+            self._h.hexdigest()  # ends the old hasher's thread
+            self._h, self.size = _Hasher(), 0
+        else:
+            self.clean = False
+        return self._f.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        if (self._f.tell() if size is None else size) != self.size:
+            self.clean = False
+        return self._f.truncate(size)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def digest(self) -> str:
+        return self._h.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:  # anything else may bypass the hash
+        self.clean = False
+        return getattr(self._f, name)
+
+
+def _install_stream_hashing() -> None:
+    from huggingface_hub import file_download
+
+    original = file_download.http_get
+    if getattr(original, "_pipeline_hashing", False):
+        return
+
+    def http_get(url, temp_file, *args, resume_size: int = 0, **kwargs):
+        if isinstance(temp_file, _HashingFile):  # the hub's own resume-retry recursion: same stream
+            return original(url, temp_file, *args, resume_size=resume_size, **kwargs)
+        stream = _HashingFile(temp_file, resume_size)
+        try:
+            original(url, stream, *args, resume_size=resume_size, **kwargs)
+        finally:
+            digest = stream.digest()  # always ends the hashing thread
+        if stream.clean:
+            _STREAMS[os.path.abspath(temp_file.name)] = (digest, stream.size)
+
+    http_get._pipeline_hashing = True  # type: ignore[attr-defined]
+    file_download.http_get = http_get
+
+
+def _take_streams(staging: Path) -> dict[str, tuple[str, int]]:
+    """Pop the stream digests recorded under `staging`: etag (from '<hash>.<etag>.incomplete') -> (sha256, bytes)."""
+    prefix = os.path.abspath(staging) + os.sep
+    out = {}
+    for path in [p for p in list(_STREAMS) if p.startswith(prefix)]:
+        rec = _STREAMS.pop(path, None)
+        parts = os.path.basename(path).split(".")
+        if rec and len(parts) >= 3 and parts[-1] == "incomplete":
+            out[parts[-2]] = rec
+    return out
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _verify_staging(staging: Path, files: dict[str, dict[str, Any]], verified: dict[str, Any]) -> dict[str, str]:
+    """Check every file not yet verified (or changed since); stream digests first, else hash from disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams = _take_streams(staging)
+    bad, to_hash = {}, []
+    for name, meta in files.items():
+        key = _stat_key(staging / name)
+        if key is None:
+            bad[name] = "missing"
+        elif verified.get(name) == key:
+            continue
+        elif meta.get("size") is not None and key[1] != meta["size"]:
+            bad[name] = f"size {key[1]} != {meta['size']}"
+        elif meta.get("lfs_sha256") and streams.get(meta["lfs_sha256"]) == (meta["lfs_sha256"], key[1]):
+            verified[name] = key
+        else:
+            to_hash.append((name, key))
+    with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
+        reasons = list(pool.map(lambda nk: _check_file(staging / nk[0], files[nk[0]]), to_hash))
+    for (name, key), reason in zip(to_hash, reasons):
+        if reason:
+            bad[name] = reason
+        else:
+            verified[name] = key
+    return bad
+
+
+def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], staging: Path, *,
+                    endpoint: str, token: str | None, max_workers: int, errors: _HubErrors) -> list[str]:
+    """snapshot_download into `staging` until every file matches its oid; returns the names fetched again."""
+    import requests
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    _install_stream_hashing()
+    _take_streams(staging)  # drop stale records of an earlier call
+    refetched: list[str] = []
+    bad: dict[str, str] = {}
+    verified: dict[str, Any] = {}
+    for attempt in range(1, _ATTEMPTS + 1):
+        with errors:
+            try:
+                snapshot_download(
+                    entry.repo_id, revision=sha, local_dir=staging, allow_patterns=sorted(files),
+                    endpoint=endpoint, token=token or False, max_workers=max_workers,
+                )
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                    LocalEntryNotFoundError):
+                if attempt == _ATTEMPTS:
+                    raise
+                print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
+                      file=sys.stderr)
+                continue
+        bad = _verify_staging(staging, files, verified)
+        if not bad:
+            return refetched
+        for name, reason in bad.items():
+            print(f"warning: {entry.repo_id}@{sha[:12]}/{name} failed verification ({reason}); fetching it again",
+                  file=sys.stderr)
+            _clear_local_metadata(staging, name)
+            refetched.append(name)
+    name, reason = next(iter(bad.items()))
+    raise DownloadError(f"{entry.repo_id}@{sha[:12]}/{name} still fails verification after {_ATTEMPTS} fetches "
+                        f"({reason}); the server or a proxy is serving corrupt data, retry later")
+
+
+def is_cached(entry: ModelEntry, *, revision: str | None = None, update: bool = False,
+              lock_file: Path | None = None) -> bool:
+    """Whether `download_model` would reuse a finished download without fetching anything: a current generated
+    model, or a commit pinned (or locked) whose directory still matches its manifest's sizes and mtimes. Reads
+    manifests and stats only."""
+    if entry.source == "generated":
+        path = tinymodel.model_dir(entry.name)
+        gen = GeneratedManifest.read(path) if path.is_dir() else None
+        return gen is not None and gen.key == tinymodel.generation_key(entry.name)
+    requested = revision or entry.revision
+    lock_path = Path(lock_file) if lock_file else lock_file_path()
+    sha = requested if _SHA_RE.match(requested) else (None if update else locked_sha(lock_path, entry, requested))
+    if sha is None:
+        return False
+    final = _repo_dir(entry.repo_id) / sha
+    m = _read(final)
+    return m is not None and _unchanged(final, m)
+
+
+def download_model(
+    entry: ModelEntry,
+    *,
+    revision: str | None = None,
+    update: bool = False,
+    offline: bool = False,
+    verify: bool = False,
+    endpoint: str | None = None,
+    token: str | None = None,
+    max_workers: int = MAX_WORKERS,
+    lock_file: Path | None = None,
+    check_only: bool = False,
+) -> DownloadResult:
+    """Acquire `entry`'s checkpoint as a verified local HF-format directory (generated models: the generator's).
+
+    Args:
+        entry: registry entry (repo id, requested revision, architecture to cross-check).
+        revision: branch, tag or commit overriding the registry's.
+        update: re-resolve a branch/tag to its current commit instead of using the lock file.
+        offline: no network; use a previous download (HF_HUB_OFFLINE=1 implies it).
+        verify: re-hash every file of an existing download (corrupt files are fetched again when online).
+        endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co).
+        token: Hub token (default: HF_TOKEN or the token saved by `hf auth login`); never logged or stored.
+        max_workers: parallel file downloads.
+        lock_file: revision lock file (default `<output root>/models.lock.json`).
+        check_only: return the existing download (offline) or fail; never fetch or generate anything.
+
+    Raises:
+        DownloadError: unreachable Hub, gated/missing repo, revision or file, corrupt data, config mismatch, or an
+            offline request for something not downloaded before.
+        IntegrityError: a generated model no longer matches its manifest (exit 3).
+    """
+    if entry.source == "generated":
+        if revision not in (None, entry.revision):
+            raise DownloadError(f"--revision {revision}: {entry.name} is generated locally and has no Hub revisions; "
+                                "drop --revision")
+        return _download_generated(entry, verify, check_only)
+
+    from huggingface_hub import constants
+
+    offline = offline or constants.HF_HUB_OFFLINE or check_only
+    if offline and update:
+        raise DownloadError("--update needs the network to re-resolve the revision; drop --offline")
+    requested = revision or entry.revision
+    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    lock_path = Path(lock_file) if lock_file else lock_file_path()
+    repo_dir = _repo_dir(entry.repo_id)
+
+    sha = requested if _SHA_RE.match(requested) else (None if update else locked_sha(lock_path, entry, requested))
+    if offline:
+        return _offline(entry, requested, sha, repo_dir, verify)
+
+    if sha is not None:  # pinned: a finished, unchanged download needs no network at all
+        m = _read(repo_dir / sha)
+        if m and not verify and _unchanged(repo_dir / sha, m):
+            return DownloadResult(repo_dir / sha, m, "cached")
+
+    from huggingface_hub import HfApi, get_token
+
+    token = token or get_token()
+    if entry.gated and not token:  # the registry knows it is gated: fail before any request
+        raise DownloadError(_gated_message(entry.repo_id, f"{endpoint}/{entry.repo_id}", False))
+    errors = _HubErrors(entry, requested, endpoint, have_token=bool(token))
+    api = HfApi(endpoint=endpoint, token=token or False)
+    sha, files = _resolve_files(api, errors, entry, requested, sha, lock_path, endpoint)
+    return _fetch_download(entry, repo_dir, sha, requested, files, verify=verify, endpoint=endpoint, token=token,
+                           max_workers=max_workers, errors=errors)
+
+
+def _resolve_files(api, errors: _HubErrors, entry: ModelEntry, requested: str, sha: str | None, lock_path: Path,
+                   endpoint: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(commit SHA, files to fetch) from the Hub; an unpinned revision is resolved and written to the lock file."""
+    with errors:
+        info = api.model_info(entry.repo_id, revision=sha or requested, files_metadata=True)
+    if sha is None:
+        sha = info.sha
+        if not sha or not _SHA_RE.match(sha):
+            raise DownloadError(f"{endpoint} returned no commit SHA for {entry.repo_id}@{requested}; retry later")
+        write_lock(lock_path, entry, requested, sha)
+    return sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}")
+
+
+def _fetch_download(entry: ModelEntry, repo_dir: Path, sha: str, requested: str, files: dict[str, dict[str, Any]],
+                    *, verify: bool, endpoint: str, token: str | None, max_workers: int,
+                    errors: _HubErrors) -> DownloadResult:
+    """Reuse `<repo_dir>/<sha>` when it still matches `files`; otherwise fetch what is missing into a staging
+    dir, verify it and publish it atomically."""
+    where = f"{entry.repo_id}@{sha[:12]}"
+    final = repo_dir / sha
+    staging = repo_dir / f".partial-{sha}"
+    with stage_lock(final):
+        reused = _reuse_or_stage(final, staging, files, where=where, verify=verify)
+        if reused is not None:
+            return reused
+        t0 = time.monotonic()
+        refetched = _fetch_verified(entry, sha, files, staging, endpoint=endpoint, token=token,
+                                    max_workers=max_workers, errors=errors)
+        manifest = _finish_staging(entry, staging, files, sha=sha, requested=requested, where=where,
+                                   refetched=refetched, seconds=time.monotonic() - t0)
+        os.replace(staging, final)
+    return DownloadResult(final, manifest, "built")
+
+
+def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]], *, where: str,
+                    verify: bool) -> DownloadResult | None:
+    """Reuse a finished download that still matches the Hub's file list (re-hashing with `verify`); otherwise move
+    what is still good into `staging` (files that failed verification lose their local metadata, so they are
+    fetched again) and return None."""
+    m = _read(final)
+    if m and not verify and _unchanged(final, m):
+        return DownloadResult(final, m, "cached")
+    if m:
+        _remove_extras(final, set(m.files))
+        bad = _verify_staging(final, files, {})
+        if not bad and set(m.files) == set(files):
+            m = _with_mtimes(final, m)
+            m.write(final)
+            return DownloadResult(final, m, "cached")
+        for name, reason in bad.items():
+            print(f"warning: {where}/{name} in {final} failed verification ({reason}); fetching it again",
+                  file=sys.stderr)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.replace(final, staging)
+        (staging / "manifest.json").unlink(missing_ok=True)
+        for name in bad:
+            _clear_local_metadata(staging, name)
+    elif final.exists():  # a directory without a manifest is not ours to trust
+        shutil.rmtree(final)
+    return None
+
+
+def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str, Any]], *, sha: str,
+                    requested: str, where: str, refetched: Any, seconds: float) -> DownloadManifest:
+    """Check the fetched config against the registry, drop everything not in `files`, write the manifest."""
+    check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
+                       model=entry.name)
+    shutil.rmtree(staging / ".cache", ignore_errors=True)
+    for extra in {p.name for p in staging.iterdir()} - set(files):
+        p = staging / extra
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    table = {n: {"sha256": files[n]["lfs_sha256"] or sha256_file(staging / n), "size": files[n]["size"],
+                 "mtime_ns": (staging / n).stat().st_mtime_ns} for n in sorted(files)}
+    manifest = DownloadManifest(
+        key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
+        model=entry.name,
+        repo_id=entry.repo_id,
+        revision=requested,
+        sha=sha,
+        source="hub",
+        allow_patterns=list(ALLOW_PATTERNS),
+        files=table,
+        total_bytes=sum(t["size"] for t in table.values()),
+        refetched=refetched,
+        seconds=round(seconds, 2),
+    )
+    manifest.write(staging)
+    return manifest
+
+
+def _read(final: Path) -> DownloadManifest | None:
+    """The manifest of a finished download; None when there is none or it is unusable (it is then re-verified)."""
+    try:
+        return DownloadManifest.read(final) if final.is_dir() else None
+    except IntegrityError:
+        return None
+
+
+def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path, verify: bool) -> DownloadResult:
+    """Re-use a previous download with no network; fail clearly when there is none or it is damaged."""
+    if sha is None:  # no lock entry: the newest finished download of the same requested revision
+        found = []
+        for d in repo_dir.glob("*") if repo_dir.is_dir() else []:
+            m = _read(d) if _SHA_RE.match(d.name) else None
+            if m and m.revision == requested:
+                found.append(((d / MANIFEST).stat().st_mtime_ns, d.name))
+        sha = max(found)[1] if found else None
+    final = repo_dir / sha if sha else None
+    m = _read(final) if final is not None else None
+    if m is None:
+        raise DownloadError(f"offline: {entry.repo_id}@{requested} has not been downloaded to {cache_dir()}; "
+                            f"run `invoke download --model {entry.name}` with network access first")
+    unchanged = _unchanged(final, m)
+    if (verify or not unchanged) and m.problems(final, full=True):
+        raise DownloadError(f"offline: the download of {entry.repo_id}@{sha[:12]} in {final} is incomplete or "
+                            f"corrupt; re-run `invoke download --model {entry.name} --verify` (or `invoke build "
+                            "--verify-download`) with network access", path=final)
+    if not unchanged:  # same bytes, new timestamps (copied cache): remember them
+        with stage_lock(final):
+            m = _with_mtimes(final, m)
+            m.write(final)
+    return DownloadResult(final, m, "cached")

@@ -1,0 +1,292 @@
+"""Deterministic generator of the tiny Llama models (`tiny-llama`, `tiny-llama-draft`) in the Hub's file format.
+
+A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corpus.txt`), then each model is
+initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
+are reproducible. Architecture numbers come from the packaged registry (`models.yaml`). Results are cached under
+`cache_dir()/generated/<name>-<GENERATOR_VERSION>/`, written atomically under a file lock; the libraries' output
+while generating goes to `cache_dir()/logs/generate-<name>-<GENERATOR_VERSION>.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.artifacts import atomic_dir, cache_dir, file_table, is_current, stage_key, stage_lock
+from pipeline.core.errors import DownloadError
+from pipeline.core.manifests import GeneratedManifest
+from pipeline.core.registry import load_registry
+from pipeline.core.stage_log import progress, stage_log
+
+GENERATOR_VERSION = "1"
+GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")
+HELDOUT_EVERY = 10  # every 10th corpus paragraph is held out for evaluation
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+SPECIAL_TOKENS = (BOS, EOS, PAD, *ROLE_TOKENS)
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# Training recipe (part of the cache key). Steps are fixed, not timed, so the result is deterministic.
+TRAIN = {"seed": 1234, "steps": 120, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup": 20,
+         "weight_decay": 0.01, "init_std": 0.02}
+
+
+def corpus_path() -> Path:
+    """The bundled, license-clean text corpus (paragraphs separated by blank lines)."""
+    return Path(__file__).parents[2] / "data" / "corpus.txt"
+
+
+@lru_cache(maxsize=1)
+def _paragraphs() -> tuple[str, ...]:
+    text = corpus_path().read_text(encoding="utf-8")
+    return tuple(dict.fromkeys(p.strip() for p in text.split("\n\n") if p.strip()))  # unique, in order
+
+
+def corpus_split() -> tuple[list[str], list[str]]:
+    """Deterministic, disjoint (calibration/training texts, held-out evaluation texts) from the bundled corpus."""
+    paras = _paragraphs()
+    calib = [p for i, p in enumerate(paras) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
+    heldout = [p for i, p in enumerate(paras) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    return calib, heldout
+
+
+def _corpus_sha() -> str:
+    return hashlib.sha256(corpus_path().read_bytes()).hexdigest()
+
+
+def _as_chat(paragraph: str) -> str:
+    """Render corpus dialogues ("User: .. Assistant: ..") in the chat-template format so chat prompts work."""
+    if not paragraph.startswith("User: "):
+        return paragraph
+    out = paragraph
+    for role in ("User", "Assistant"):
+        out = out.replace(f"{role}: ", f"<|end|><|{role.lower()}|>")
+    out = out.replace(" <|end|>", "<|end|>")
+    return out.removeprefix("<|end|>") + "<|end|>"
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Train the byte-level BPE tokenizer; returns a `transformers.PreTrainedTokenizerFast` with the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(ROLE_TOKENS),
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def _config(name: str, tokenizer):
+    from transformers import LlamaConfig
+
+    arch = load_registry()[name].architecture
+    if len(tokenizer) > arch.vocab_size:
+        raise DownloadError(f"tokenizer has {len(tokenizer)} tokens > vocab_size {arch.vocab_size} of {name}")
+    return LlamaConfig(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        initializer_range=TRAIN["init_std"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+        dtype="bfloat16",
+    )
+
+
+@contextlib.contextmanager
+def _deterministic_torch() -> Iterator[None]:
+    """Single-threaded, deterministic torch for reproducible bytes; restores the previous settings."""
+    import torch
+
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det)
+
+
+def _token_stream(tokenizer, texts: list[str]):
+    import torch
+
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer(_as_chat(t))["input_ids"])  # BOS is added by the post-processor
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _train(model, stream, steps: int, *, name: str = "tiny model") -> float:
+    """Train `model` on random windows of `stream` for `steps` AdamW steps; returns the last loss."""
+    import torch
+
+    g = torch.Generator().manual_seed(TRAIN["seed"])
+    bs, sl = TRAIN["batch_size"], TRAIN["seq_len"]
+    opt = torch.optim.AdamW(model.parameters(), lr=TRAIN["lr"], weight_decay=TRAIN["weight_decay"],
+                            betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < TRAIN["warmup"]:
+            return (step + 1) / TRAIN["warmup"]
+        frac = (step - TRAIN["warmup"]) / max(1, steps - TRAIN["warmup"])
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    loss_val = float("nan")
+    for _ in progress(range(steps), desc=f"generate {name}: training", unit="step"):
+        starts = torch.randint(0, len(stream) - sl, (bs,), generator=g)
+        batch = torch.stack([stream[s : s + sl] for s in starts.tolist()])
+        out = model(input_ids=batch, labels=batch)  # the model shifts labels by one itself
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        loss_val = float(out.loss.detach())
+    model.eval()
+    return loss_val
+
+
+def heldout_perplexity(model, tokenizer, texts: list[str], *, seq_len: int = 128) -> float:
+    """Token-level perplexity of `model` over `texts` (concatenated, non-overlapping windows)."""
+    import torch
+
+    stream = _token_stream(tokenizer, texts)
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(stream) - 1, seq_len):
+            chunk = stream[s : s + seq_len + 1].unsqueeze(0)
+            if chunk.shape[1] < 2:
+                break
+            logits = model(input_ids=chunk[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum")
+            nll += float(loss)
+            count += chunk.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def generation_key(name: str, *, steps: int | None = None) -> str:
+    """Cache key of a generated model: generator version, recipe, corpus bytes, registry architecture."""
+
+    arch = load_registry()[name].architecture
+    recipe = dict(TRAIN, steps=TRAIN["steps"] if steps is None else steps)
+    return stage_key({"generator": GENERATOR_VERSION, "name": name, "recipe": recipe, "corpus": _corpus_sha(),
+                      "architecture": arch.model_dump(), "transformers_format": "4.57"})
+
+
+def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -> dict[str, Any]:
+    """Write the HF-format model `name` into the (empty) directory `out_dir`; returns its manifest fields.
+
+    `steps` overrides the number of training steps (tests of determinism use a short run).
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    if name not in GENERATED_MODELS:
+        raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(GENERATED_MODELS)}")
+    steps = TRAIN["steps"] if steps is None else steps
+    t0 = time.monotonic()
+    calib, heldout = corpus_split()
+    with _deterministic_torch():
+        tokenizer = train_tokenizer(calib, load_vocab_size(name))
+        config = _config(name, tokenizer)
+        torch.manual_seed(TRAIN["seed"])
+        model = LlamaForCausalLM(config).float()
+        loss = _train(model, _token_stream(tokenizer, calib), steps, name=name) if steps else float("nan")
+        ppl = heldout_perplexity(model, tokenizer, heldout)
+    model = model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=False,
+    )
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {
+        "name": name,
+        "generator_version": GENERATOR_VERSION,
+        "train_steps": steps,
+        "final_train_loss": round(loss, 4),
+        "heldout_perplexity_fp32": round(ppl, 3),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def load_vocab_size(name: str) -> int:
+    return load_registry()[name].architecture.vocab_size
+
+
+def model_dir(name: str) -> Path:
+    return cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}"
+
+
+def log_file(model_path: Path) -> Path:
+    """Where the library output of generating the model at `model_path` goes: `cache_dir()/logs/generate-<dir>.log`."""
+    return cache_dir() / "logs" / f"generate-{model_path.name}.log"
+
+
+def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
+    """Return the cached HF-format directory of generated model `name`, generating it once if needed.
+
+    Raises:
+        DownloadError: `name` is not a generated model.
+    """
+    if name not in GENERATED_MODELS:
+        raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(GENERATED_MODELS)}")
+    final = model_dir(name) if steps is None else cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}-s{steps}"
+    key = generation_key(name, steps=steps)
+    if is_current(final, key):
+        return final
+    with stage_lock(final):
+        if is_current(final, key):  # another process finished it while we waited
+            return final
+        with atomic_dir(final) as tmp, stage_log(log_file(final), title=f"generate {name} -> {final}"):
+            info = generate_tiny_model(name, tmp, steps=steps)
+            GeneratedManifest(key=key, **info, files=file_table(tmp)).write(tmp)
+    return final

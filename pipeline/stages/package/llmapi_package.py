@@ -1,0 +1,210 @@
+"""The package stage for the PyTorch runtime: a Triton repository with TensorRT-LLM's LLM-API (`llmapi`) model
+serving the exported Hugging Face checkpoint.
+
+Layout (`<out_dir>/<name>/`, name as for the engine runtime: `pipeline.core.layout.repo_name`):
+
+    tensorrt_llm/config.pbtxt            python backend, the 1.2 `llmapi` tensor contract; decoupled per the spec
+    tensorrt_llm/1/model.yaml            LLM(...) arguments (LlmApiOptions) + `model` + `triton_config`
+    tensorrt_llm/1/model.py, llmapi_io.py    trtllm: runs tensorrt_llm.LLM (GPU); reference: transformers on CPU
+    tensorrt_llm/1/hf_reference.py       (reference only) the CPU engine
+    manifest.json
+
+`model`, `tokenizer` (only when the checkpoint holds no tokenizer) and the draft's `speculative_model_dir` are
+written relative to `tensorrt_llm/1/` (see `pipeline.stages.package.llmapi_yaml`). The draft runs inside the target's
+LLM (speculative_config), so there is no ensemble, BLS or draft model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.artifacts import atomic_dir, check_name, file_table, stage_key, triton_repo_dir
+from pipeline.core.errors import PackageError, PipelineError
+from pipeline.core.layout import repo_name
+from pipeline.core.manifests import RepoManifest
+from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
+from pipeline.serving.llmapi.options import LlmApiOptions
+from pipeline.stages.package import llmapi_yaml, pbtxt
+from pipeline.stages.package.package import PackageResult, current_repo
+from pipeline.stages.package.render import render, templates_root
+from pipeline.stages.package.repo_check import validate_repo
+
+TEMPLATE_VERSION = 1
+# hf_quant_config.json quant_algo values the CPU reference can dequantize (None: not quantized).
+REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
+_MODEL_PY = {"trtllm": "model_trtllm.py", "reference": "model_reference.py"}
+_FILES = {"trtllm": ("llmapi_io.py",), "reference": ("llmapi_io.py", "hf_reference.py")}
+
+
+def templates_hash() -> str:
+    """sha256 over the llmapi template tree (a package key factor)."""
+    root = templates_root("llmapi")
+    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
+    """Facts of an exported HF checkpoint dir: {"quant_algo", "kv_cache_quant_algo", "architectures"}."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise PackageError(f"{what} {path} has no config.json; run `invoke calibrate --runtime pytorch`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{what} {path}/config.json is not JSON ({exc})") from None
+    if not isinstance(config, dict) or not config.get("architectures"):
+        raise PackageError(f"{what} {path} is not a Hugging Face checkpoint (config.json has no architectures)")
+    if not list(path.glob("*.safetensors")):
+        raise PackageError(f"{what} {path} holds no *.safetensors; the export did not finish")
+    quant: dict[str, Any] = {}
+    qfile = path / "hf_quant_config.json"
+    if qfile.is_file():
+        try:
+            quant = json.loads(qfile.read_text()).get("quantization", {}) or {}
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise PackageError(f"{qfile} is not a ModelOpt hf_quant_config.json ({exc})") from None
+    return {"quant_algo": quant.get("quant_algo"), "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
+            "architectures": config["architectures"]}
+
+
+def _dir_key(path: Path) -> str:
+    """A cheap content key of a checkpoint dir: its manifest's key, else names, sizes and config files."""
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        try:
+            key = json.loads(manifest.read_text()).get("key")
+            if key:
+                return str(key)
+        except json.JSONDecodeError:
+            pass
+    return stage_key({p.relative_to(path).as_posix(): (p.stat().st_size, p.read_text() if p.suffix == ".json"
+                                                        else None) for p in sorted(path.rglob("*")) if p.is_file()})
+
+
+def model_yaml(spec, options: LlmApiOptions, *, model: str, draft: str | None, tokenizer: str | None) -> dict:
+    """The model.yaml mapping: `model`, `backend`, the options (draft dir replaced by `draft`), `triton_config`."""
+    llm = options.as_dict()
+    if (draft is None) != ("speculative_config" not in llm):
+        raise PackageError("the LLM-API options and the draft checkpoint disagree: pass both or neither")
+    if draft is not None:
+        llm["speculative_config"]["speculative_model_dir"] = draft
+    head = {"model": model, **({"tokenizer": tokenizer} if tokenizer else {}), "backend": "pytorch"}
+    # The 1.2 llmapi model serves one prompt per request (Triton max_batch_size 0); the LLM batches in flight.
+    # Streaming (decoupled) unless the spec says otherwise: the draft runs inside the LLM, so it streams too.
+    decoupled = True if spec.serving.decoupled is None else spec.serving.decoupled
+    return {**head, **llm, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
+
+
+def _reference_parameters(spec) -> dict[str, str]:
+    return {"reference_dtype": "float64" if spec.model.source == "generated" else "float32",
+            "tokens_per_block": str(spec.limits.tokens_per_block)}
+
+
+def write_llmapi_repo(dest: Path, *, target: str, data: dict, parameters: dict[str, str]) -> None:
+    """Render the tensorrt_llm model into `dest` (existing, empty)."""
+    root = templates_root("llmapi") / llmapi_yaml.MODEL
+    out = dest / llmapi_yaml.MODEL
+    (out / "1").mkdir(parents=True)
+    text = render((root / "config.pbtxt").read_text(), {
+        "triton_max_batch_size": data["triton_config"]["max_batch_size"],
+        "decoupled_mode": data["triton_config"]["decoupled"]}, name="llmapi/tensorrt_llm/config.pbtxt")
+    if parameters:
+        text = pbtxt.with_parameters(text, parameters, name="llmapi/tensorrt_llm/config.pbtxt")
+    (out / "config.pbtxt").write_text(text)
+    shutil.copy2(root / "1" / _MODEL_PY[target], out / "1" / "model.py")
+    for name in _FILES[target]:
+        shutil.copy2(root / "1" / name, out / "1" / name)
+    llmapi_yaml.write(dest / llmapi_yaml.MODEL_YAML, data)
+
+
+def check_model_yaml(path: Path) -> LlmApiOptions:
+    """Read a written model.yaml back and validate its LLM arguments against `LlmApiOptions`."""
+    data = llmapi_yaml.read(path)
+    rest = {k: v for k, v in data.items() if k not in ("model", "tokenizer", "backend", "triton_config")}
+    try:
+        return LlmApiOptions.from_mapping(rest, what=str(path))
+    except PipelineError as exc:
+        raise PackageError(str(exc)) from None
+
+
+def _sources(target, checkpoint_dir, draft_dir):
+    ckpt = read_hf_checkpoint(checkpoint_dir, what="checkpoint")
+    draft = read_hf_checkpoint(draft_dir, what="draft checkpoint") if draft_dir is not None else None
+    if target == "reference":
+        for what, facts in (("checkpoint", ckpt), ("draft checkpoint", draft)):
+            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:
+                raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
+                                   "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
+    return ckpt, draft
+
+
+def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, options: LlmApiOptions,
+                        out_dir: Path | None = None, target: str | None = None, build_id: str | None = None,
+                        tokenizer_dir: Path | None = None, name: str | None = None, spec_key: str | None = None,
+                        force: bool = False, check_only: bool = False, verify: bool = False) -> PackageResult:
+    """Render, validate and publish the `llmapi` repository of `spec` for `target` ("trtllm" | "reference").
+
+    `checkpoint_dir`/`draft_dir`: the exported HF checkpoints (`draft_dir` exactly when `options` speculate).
+    Same caching, `name`, `force`, `check_only` and `verify` semantics as `package_repo`.
+
+    Raises:
+        PackageError: missing/invalid checkpoints, a quantization the reference cannot serve, a draft with another
+            tokenizer, options that disagree with the draft, or a repository that fails validation.
+        IntegrityError: the current repository differs from its manifest (exit 3).
+    """
+    target = target or spec.target
+    if target not in _MODEL_PY:
+        raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    checkpoint_dir = Path(checkpoint_dir).resolve()
+    draft_dir = Path(draft_dir).resolve() if draft_dir is not None else None
+    ckpt, draft = _sources(target, checkpoint_dir, draft_dir)
+    tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
+    if draft_dir is not None:
+        why = mismatch(identity(tok), identity(find_tokenizer(draft_dir, error=PackageError)))
+        if why:
+            raise PackageError(f"the draft {draft_dir} has a different tokenizer than the target's {tok} ({why})")
+    build_id = build_id or (checkpoint_dir.parent.name if checkpoint_dir.name.endswith("checkpoint")
+                            else checkpoint_dir.name)
+    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
+        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
+    final = (Path(out_dir) if out_dir else triton_repo_dir()) / name
+    base = (final / llmapi_yaml.MODEL_YAML).parent
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p, base.resolve())
+
+    data = model_yaml(spec, options, model=rel(checkpoint_dir), draft=rel(draft_dir) if draft_dir else None,
+                      tokenizer=rel(tok) if tok != checkpoint_dir else None)
+    parameters = _reference_parameters(spec) if target == "reference" else {}
+    key = stage_key({"stage": "package", "layout": "llmapi", "target": target,
+                     "templates": templates_hash(), "model_yaml": data,
+                     "parameters": parameters, "sources": {"llm": _dir_key(checkpoint_dir),
+                                                            "draft": _dir_key(draft_dir) if draft_dir else None}})
+    cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
+    if cached is not None:
+        return cached
+    with atomic_dir(final) as tmp:
+        write_llmapi_repo(tmp, target=target, data=data, parameters=parameters)
+        check_model_yaml(tmp / llmapi_yaml.MODEL_YAML)
+        summary = validate_repo(tmp)
+        manifest = RepoManifest(
+            key=key, target=target, runtime="pytorch", build_id=build_id, spec=spec.summary(), spec_key=spec_key,
+            models=sorted(summary.models),
+            speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft_dir else None,
+            sources={"llm": str(checkpoint_dir), "draft": str(draft_dir) if draft_dir else None,
+                     "tokenizer": str(tok.resolve())},
+            gpt_model_path={llmapi_yaml.MODEL: data["model"]},
+            world_size=options.tensor_parallel_size * options.pipeline_parallel_size,
+            kv_cache_reuse=options.kv_cache_config.enable_block_reuse,
+            warnings=[], files=file_table(tmp),
+        )
+        manifest.write(tmp)
+    return PackageResult(final, manifest, "built")

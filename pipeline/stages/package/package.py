@@ -1,0 +1,455 @@
+"""The package stage: render the Triton model repository of a build from the packaged templates, validate it, and
+publish it atomically under `triton_repo/`.
+
+Layout (`<output>/<name>/`, default output = `pipeline.core.artifacts.triton_repo_dir()`; `<name>` is the build id
+`<model>-<precision>-<hash12>` for `--target trtllm` and `<build-id>-reference` for `--target reference`):
+
+    preprocessing/   config.pbtxt, 1/model.py, tokenizer/      (python; the build's tokenizer, copied)
+    tensorrt_llm/    config.pbtxt, 1/[model.py]                  (tensorrtllm backend, or python for reference)
+    postprocessing/  config.pbtxt, 1/model.py, tokenizer/
+    ensemble/        config.pbtxt, 1/                            (text in, text out, streaming)
+    tensorrt_llm_draft/, tensorrt_llm_bls/                       (only with speculation)
+    manifest.json
+
+`<name>` is chosen by the build layout (`pipeline.core.layout.repo_name`: the build id plus the spec's key) when the
+build or a task packages; a direct call names it `<build-id>[-reference]` unless given `name`.
+
+`gpt_model_path` and `tokenizer_dir` are written *relative to the model's directory* (e.g.
+`../../../engines/<id>/engine`), so the repository and `engines/` move together. The C++ backend (and upstream's
+python models) need absolute paths: `pipeline.stages.package.install` writes them (`invoke install-repo`; `invoke serve`
+launches from such an installed copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.artifacts import atomic_dir, check_name, file_table, read_manifest, stage_key, triton_repo_dir
+from pipeline.core.errors import PackageError
+from pipeline.core.layout import repo_name
+from pipeline.core.manifests import EngineManifest, RepoManifest, StageResult, TokenizerIdentity
+from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
+from pipeline.stages.package import pbtxt
+from pipeline.stages.package.render import render, templates_root
+from pipeline.stages.package.repo_check import MAX_MEMORY_FRACTION_SUM, validate_repo
+
+TEMPLATE_VERSION = 1
+_TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                       "chat_template*", "*.tiktoken")
+_QUEUE = {"max_queue_delay_microseconds": 0, "max_queue_size": 0}
+
+
+PackageResult = StageResult[RepoManifest]
+
+
+@dataclass
+class LLMSource:
+    """What one tensorrt_llm model serves: an engine dir (trtllm) or a checkpoint dir (reference), and limits."""
+
+    path: Path
+    max_batch_size: int
+    max_beam_width: int
+    world_size: int
+    kv_reuse_ok: bool
+    key: str
+    max_draft_len: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+def _dir_key(path: Path) -> str:
+    """The stage key of a pipeline output (its manifest), else a hash of config.json + file sizes."""
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest and manifest.get("key"):
+        return str(manifest["key"])
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(f"{p.relative_to(path)}:{p.stat().st_size}".encode())
+            if p.name == "config.json":
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def read_engine_source(engine_dir: Path) -> LLMSource:
+    """Limits of a TensorRT-LLM 1.2 engine, from its own config.json (never re-typed)."""
+    engine_dir = Path(engine_dir)
+    try:
+        cfg = json.loads((engine_dir / "config.json").read_text())
+        build = cfg["build_config"]
+        mapping = cfg["pretrained_config"].get("mapping", {})
+    except FileNotFoundError:
+        raise PackageError(f"engine dir {engine_dir} has no config.json; run `invoke compile` first") from None
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise PackageError(f"{engine_dir}/config.json is not a TensorRT-LLM engine config ({exc})") from None
+    world = int(mapping.get("world_size", int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))))
+    missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise PackageError(f"engine dir {engine_dir} lacks {', '.join(missing)}; the build did not finish")
+    plugin = build.get("plugin_config", {})
+    paged = str(build.get("kv_cache_type", "PAGED")).upper() in ("PAGED", "1", "KVCACHETYPE.PAGED")
+    return LLMSource(
+        path=engine_dir,
+        max_batch_size=int(build["max_batch_size"]),
+        max_beam_width=int(build.get("max_beam_width", 1)),
+        world_size=world,
+        kv_reuse_ok=paged and bool(plugin.get("use_paged_context_fmha", False)),
+        key=_dir_key(engine_dir),
+        max_draft_len=int(build.get("max_draft_len", 0) or 0),
+    )
+
+
+def read_checkpoint_source(ckpt_dir: Path, spec) -> LLMSource:
+    """A checkpoint served by the reference backend: TRT-LLM checkpoint (config.json + rank*.safetensors) or HF."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        cfg = json.loads((ckpt_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise PackageError(f"checkpoint dir {ckpt_dir} has no config.json; run `invoke calibrate` first") from None
+    if "architectures" not in cfg and not list(ckpt_dir.glob("rank*.safetensors")):
+        raise PackageError(f"{ckpt_dir} has no rank*.safetensors; not an exported TensorRT-LLM checkpoint")
+    return LLMSource(
+        path=ckpt_dir,
+        max_batch_size=spec.max_batch_size,
+        max_beam_width=1,
+        world_size=1,
+        kv_reuse_ok=True,
+        key=_dir_key(ckpt_dir),
+    )
+
+
+def _tokenizer_files(src: Path) -> list[Path]:
+    files = sorted({p for pat in _TOKENIZER_PATTERNS for p in src.glob(pat) if p.is_file()})
+    if not files:
+        raise PackageError(f"{src} holds no tokenizer files; pass --tokenizer-dir")
+    return files
+
+
+def _tokenizer_files_hash(src: Path) -> str:
+    """sha256 over the tokenizer files the repository copies (a package key factor; identity is `tokenizer`)."""
+    h = hashlib.sha256()
+    for p in _tokenizer_files(src):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- values
+# Parameters of the 1.2.1 `tensorrtllm` backend that this pipeline leaves at the backend's default: an empty value
+# is read as "not set" (model_state.cc / model_instance_state.cc catch the failed conversion and keep the default).
+_BACKEND_DEFAULTS = (
+    "encoder_model_path", "max_attention_window_size", "sink_token_length", "cross_kv_cache_fraction",
+    "kv_cache_host_memory_bytes", "kv_cache_onboard_blocks", "enable_trt_overlap", "cancellation_check_period_ms",
+    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "gpu_device_ids",
+    "participant_ids", "num_nodes", "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size",
+    "lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode",
+    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
+    "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
+    "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
+)
+EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+
+
+def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
+                spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
+    """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
+    return {
+        "model_name": name,
+        "triton_backend": "python" if target == "reference" else "tensorrtllm",
+        "triton_max_batch_size": src.max_batch_size,
+        "decoupled_mode": decoupled,
+        **_QUEUE,
+        **dict.fromkeys(_BACKEND_DEFAULTS, ""),
+        "max_beam_width": src.max_beam_width,
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": rel_path,
+        "batch_scheduler_policy": spec.serving.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": fraction,
+        "max_tokens_in_paged_kv_cache": spec.serving.max_tokens_in_paged_kv_cache,
+        "enable_kv_cache_reuse": kv_reuse,
+        "enable_chunked_context": chunked,
+        "exclude_input_in_output": False,  # the backend's default; upstream's draft-target clients rely on it
+        "normalize_log_probs": True,
+        "executor_worker_path": EXECUTOR_WORKER,
+    }
+
+
+def reference_parameters(spec, *, draft: bool) -> dict[str, str]:
+    """Parameters only the reference backend reads (the C++ backend takes them from the engine's config.json)."""
+    k = spec.draft_len if draft else 0
+    return {
+        "reference_dtype": "float64" if spec.model.source == "generated" else "float32",
+        "tokens_per_block": str(spec.limits.tokens_per_block),
+        "max_input_len": str(spec.max_input_len),
+        "max_seq_len": str(spec.max_seq_len + k),
+    }
+
+
+def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSource | None) -> tuple[dict, list]:
+    """model name -> template values for every model of the repository, plus warnings."""
+    warnings: list[str] = []
+    speculative = draft is not None
+    fraction = spec.serving.target_fraction(speculative)
+    draft_fraction = spec.serving.draft_kv_cache_free_gpu_mem_fraction
+    if speculative and fraction + draft_fraction > MAX_MEMORY_FRACTION_SUM + 1e-9:
+        raise PackageError(f"KV memory fractions target {fraction} + draft {draft_fraction} > "
+                           f"{MAX_MEMORY_FRACTION_SUM}; lower --mem-fraction")
+    kv_reuse = spec.serving.enable_kv_cache_reuse and llm.kv_reuse_ok
+    chunked = spec.serving.enable_chunked_context and llm.kv_reuse_ok
+    if spec.serving.enable_kv_cache_reuse and not llm.kv_reuse_ok:
+        warnings.append("engine built without paged context FMHA: KV-cache reuse and chunked context stay off")
+    if target == "trtllm" and speculative and llm.max_draft_len < spec.draft_len:
+        raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
+                           "rebuild the target with --speculative_decoding_mode draft_tokens_external")
+    batch = llm.max_batch_size
+
+    def rel(p: Path, model: str) -> str:
+        return os.path.relpath(Path(p).resolve(), (repo / model).resolve())
+
+    values: dict[str, dict[str, Any]] = {
+        "preprocessing": {"triton_max_batch_size": batch, **_QUEUE, "preprocessing_instance_count": 1,
+                          "tokenizer_dir": "tokenizer", "add_special_tokens": True, "multimodal_model_path": "",
+                          "gpt_model_path": "", "max_num_images": "", "hf_model_path": "",
+                          "max_input_len": spec.max_input_len},
+        "postprocessing": {"triton_max_batch_size": batch, "postprocessing_instance_count": 1,
+                           "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
+        "tensorrt_llm": _llm_values("tensorrt_llm", target, llm, rel(llm.path, "tensorrt_llm"),
+                                    decoupled=spec.serving.target_decoupled(speculative), fraction=fraction,
+                                    spec=spec, kv_reuse=kv_reuse, chunked=chunked),
+        "ensemble": {"triton_max_batch_size": batch},
+    }
+    if draft is not None:
+        values["tensorrt_llm_draft"] = _llm_values(
+            "tensorrt_llm_draft", target, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
+            fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
+            chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
+        values["tensorrt_llm_draft"]["max_tokens_in_paged_kv_cache"] = spec.draft_max_tokens_in_paged_kv_cache
+        if target == "trtllm":
+            # Orchestrator mode (two tensorrtllm models in one server): each model's GPUs, comma-separated within
+            # one instance (model_state.cc LoadParameters). Participant ids stay empty: the orchestrator spawns.
+            values["tensorrt_llm"]["gpu_device_ids"] = ",".join(map(str, spec.target_gpu_device_ids))
+            values["tensorrt_llm_draft"]["gpu_device_ids"] = ",".join(map(str, spec.draft_gpu_device_ids))
+        values["tensorrt_llm_bls"] = {
+            "triton_max_batch_size": batch, "decoupled_mode": False, "bls_instance_count": 1,
+            "accumulate_tokens": False, "tensorrt_llm_model_name": "tensorrt_llm",
+            "tensorrt_llm_draft_model_name": "tensorrt_llm_draft", "multimodal_encoders_name": "",
+            "default_num_draft_tokens": spec.draft_len,
+            "max_batch_for_speculation": spec.speculation.max_batch_for_speculation,
+        }
+    return values, warnings
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def templates_hash() -> str:
+    root = templates_root()
+    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, tokenizer: Path,
+               extra_parameters: dict[str, dict[str, str]] | None = None) -> None:
+    """Render every model of `values` into `dest` (which must exist and be empty); `extra_parameters` (model ->
+    key -> value) are added to the rendered configs."""
+    root = templates_root()
+    extra_parameters = extra_parameters or {}
+    for model, vals in values.items():
+        template = "tensorrt_llm" if model == "tensorrt_llm_draft" else model
+        src = root / template
+        out = dest / model
+        (out / "1").mkdir(parents=True)
+        name = f"{template}/config.pbtxt"
+        text = render((src / "config.pbtxt").read_text(), vals, name=name)
+        if model in extra_parameters:
+            text = pbtxt.with_parameters(text, extra_parameters[model], name=name)
+        (out / "config.pbtxt").write_text(text)
+        python = model != "ensemble" and not (template == "tensorrt_llm" and target == "trtllm")
+        if python:
+            shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
+        if model in ("preprocessing", "postprocessing"):
+            (out / "tokenizer").mkdir()
+            for f in _tokenizer_files(tokenizer):
+                shutil.copy2(f, out / "tokenizer" / f.name)
+
+
+def _draft_tokenizer(target: str, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+    """The draft's tokenizer identity: its own tokenizer dir, or what its engine's manifest records."""
+    if draft_tokenizer_dir is not None:
+        return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
+    if target == "reference":
+        return identity(find_tokenizer(draft.path, error=PackageError))
+    recorded = EngineManifest.read(draft.path)
+    if recorded is None or recorded.tokenizer is None:
+        raise PackageError(f"draft engine {draft.path} records no tokenizer (no pipeline manifest); pass "
+                           "--draft-tokenizer-dir with the draft checkpoint's tokenizer", path=draft.path)
+    return recorded.tokenizer
+
+
+def _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+    """--target trtllm: the target (and draft) engine sources, the tokenizer and the build id the engines imply."""
+    if engine_dir is None:
+        raise PackageError("--target trtllm needs the engine dir (engines/<build-id>/engine); run `invoke compile`")
+    llm = read_engine_source(Path(engine_dir))
+    draft = None
+    if spec.draft_model is not None:
+        draft = read_engine_source(Path(draft_engine_dir or Path(engine_dir).parent / "draft_engine"))
+    tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
+    return llm, draft, tok, Path(engine_dir).resolve().parent.name
+
+
+def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+    """--target reference: the target (and draft) checkpoint sources, the tokenizer and the implied build id."""
+    if checkpoint_dir is None:
+        raise PackageError("--target reference needs the checkpoint dir; run `invoke calibrate`")
+    llm = read_checkpoint_source(Path(checkpoint_dir), spec)
+    draft = None
+    if spec.draft_model is not None:
+        if draft_checkpoint_dir is None:
+            raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
+        draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
+    tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
+    resolved = Path(checkpoint_dir).resolve()
+    return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
+
+
+def _extra_parameters(spec, target: str, with_draft: bool) -> dict[str, Any]:
+    """Reference-backend parameters appended to the `tensorrt_llm` model(s); none for the GPU backend."""
+    if target != "reference":
+        return {}
+    extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
+    if with_draft:
+        extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
+    return extra
+
+
+def current_repo(final: Path, key: str, *, force: bool, verify: bool, check_only: bool) -> PackageResult | None:
+    """The repository at `final` when its manifest is current for `key` (None: build it).
+
+    Raises:
+        PackageError: `check_only` and there is no current repository.
+        IntegrityError: the repository differs from its manifest.
+    """
+    m = None if force else RepoManifest.current(final, key, verify=verify, strict=check_only)
+    if m is not None:
+        return PackageResult(final, m, "cached")
+    if check_only:
+        raise PackageError(f"no current Triton repository at {final} for this spec; run `invoke package` or "
+                           "`invoke build` first", path=final)
+    return None
+
+
+def package_repo(
+    spec,
+    *,
+    target: str | None = None,
+    build_id: str | None = None,
+    output: Path | None = None,
+    engine_dir: Path | None = None,
+    draft_engine_dir: Path | None = None,
+    checkpoint_dir: Path | None = None,
+    draft_checkpoint_dir: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    draft_tokenizer_dir: Path | None = None,
+    name: str | None = None,
+    spec_key: str | None = None,
+    force: bool = False,
+    check_only: bool = False,
+    verify: bool = False,
+) -> PackageResult:
+    """Render, validate and publish the repository of `spec` for `target` ("trtllm" | "reference").
+
+    trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
+    (+ `draft_checkpoint_dir`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
+    name to `repo_name(build_id, target, spec_key)`); the same inputs again are a no-op (status "cached") after
+    the files were checked against the manifest (sizes and mtimes; every sha256 with `verify`).
+
+    Args:
+        draft_tokenizer_dir: the draft's tokenizer for a draft engine without a pipeline manifest.
+        spec_key: the spec's key, recorded in the manifest (and part of the default name).
+        check_only: return the current repository or raise `PackageError`; never write.
+
+    Raises:
+        PackageError: missing/invalid inputs, the draft's tokenizer differs from the target's or is unknown, or
+            the rendered repository fails validation (nothing is published).
+        IntegrityError: the current repository differs from its manifest (exit 3).
+    """
+    target = target or spec.target
+    llm, draft, tok, derived_id = _sources(spec, target, engine_dir, draft_engine_dir, checkpoint_dir,
+                                           draft_checkpoint_dir, tokenizer_dir)
+    build_id = build_id or derived_id
+    final = _repo_path(output, name, build_id, target, spec_key)
+    values, warnings = plan_values(spec, target=target, repo=final, llm=llm, draft=draft)
+    if draft is not None:
+        why = mismatch(identity(tok), _draft_tokenizer(target, draft, draft_tokenizer_dir))
+        if why:
+            raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
+    extra = _extra_parameters(spec, target, draft is not None)
+    key = stage_key({
+        "stage": "package",
+        "target": target,
+        "templates": templates_hash(),
+        "values": values,
+        "sources": {"llm": llm.key, "draft": draft.key if draft else None},
+        "tokenizer": _tokenizer_files_hash(tok),
+        "extra_parameters": extra,
+    })
+
+    cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
+    if cached is not None:
+        return cached
+    with atomic_dir(final) as tmp:
+        write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
+        summary = validate_repo(tmp)
+        manifest = _repo_manifest(spec, key, target, build_id, spec_key, sorted(summary.models), values, warnings,
+                                  llm, draft, tok, files=file_table(tmp))
+        manifest.write(tmp)
+    return PackageResult(final, manifest, "built")
+
+
+def _sources(spec, target: str, engine_dir: Path | None, draft_engine_dir: Path | None,
+             checkpoint_dir: Path | None, draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None):
+    """(llm, draft, tokenizer dir, derived build id) for `target`: engines for trtllm, checkpoints for reference."""
+    if target == "trtllm":
+        return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
+    if target == "reference":
+        return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
+    raise PackageError(f"target {target!r} is not one of trtllm, reference")
+
+
+def _repo_path(output: Path | None, name: str | None, build_id: str, target: str, spec_key: str | None) -> Path:
+    """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, target, spec_key)`."""
+    out_root = Path(output) if output else triton_repo_dir()
+    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
+        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
+    return out_root / name
+
+
+def _repo_manifest(spec, key: str, target: str, build_id: str, spec_key: str | None, models: list[str],
+                   values: dict, warnings: list[str], llm, draft, tok: Path, files: dict) -> RepoManifest:
+    """The manifest of a rendered repository whose files are `files`."""
+    return RepoManifest(
+        key=key,
+        target=target,
+        build_id=build_id,
+        spec=spec.summary(),
+        spec_key=spec_key,
+        models=models,
+        speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
+        sources={
+            "llm": str(llm.path.resolve()),
+            "draft": str(draft.path.resolve()) if draft else None,
+            "tokenizer": str(tok.resolve()),
+        },
+        gpt_model_path={m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
+        world_size=llm.world_size,
+        kv_cache_reuse=values["tensorrt_llm"]["enable_kv_cache_reuse"],
+        warnings=warnings,
+        files=files,
+    )

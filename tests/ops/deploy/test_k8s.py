@@ -1,0 +1,322 @@
+"""`invoke deploy --platform k8s`: LeaderWorkerSet across nodes, Deployment on one, strict offline validation."""
+
+import copy
+import io
+import json
+import tarfile
+
+import pytest
+import yaml
+
+from pipeline.cli.commands import deploy_command
+from pipeline.core.errors import DeployError
+from pipeline.core.spec import resolve_spec
+from pipeline.ops.deploy.validate import validate_object, validate_objects
+
+URL = "https://releases.example.invalid/llama.tar.gz"
+
+
+def _deploy(tmp_path, precision, **kw):
+    spec = resolve_spec(model="llama-405b", precision=precision)
+    out = tmp_path / precision
+    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
+    objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
+    return summary, {o["kind"]: o for o in objects}, objects
+
+
+def test_bf16_is_a_leader_worker_set_of_two_nodes(tmp_path):
+    summary, by_kind, objects = _deploy(tmp_path, "bf16")
+    assert (summary["tp"], summary["pp"], summary["world_size"], summary["nodes"]) == (8, 2, 16, 2)
+    lws = by_kind["LeaderWorkerSet"]
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    tmpl = lws["spec"]["leaderWorkerTemplate"]
+    assert tmpl["size"] == 2 and tmpl["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader = tmpl["leaderTemplate"]["spec"]
+    server = leader["containers"][0]
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["WORLD_SIZE"] == "16" and env["RANKS_PER_NODE"] == "8"
+    assert server["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert server["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert server["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    init = leader["initContainers"][0]
+    assert init["command"][-1].endswith("fetch-verify.sh")
+    assert {e["name"]: e.get("value") for e in init["env"]}["RELEASE_URL"] == URL
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in leader["volumes"])  # /dev/shm
+    assert {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service"} <= set(by_kind)
+    assert {p["port"] for p in by_kind["Service"]["spec"]["ports"]} == {8000, 8001, 8002}
+    assert by_kind["Service"]["spec"]["selector"]["role"] == "leader"
+    scripts = by_kind["ConfigMap"]["data"]
+    assert "mpirun" in scripts["launch-leader.sh"] and "verify" in scripts["fetch-verify.sh"]
+    validate_objects(objects)
+
+
+def test_fp8_is_a_single_node_deployment_at_tp8(tmp_path):
+    summary, by_kind, objects = _deploy(tmp_path, "fp8")
+    assert (summary["tp"], summary["pp"], summary["nodes"]) == (8, 1, 1)
+    assert "LeaderWorkerSet" not in by_kind and "Role" not in by_kind
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["containers"][0]["command"][:4] == ["mpirun", "--allow-run-as-root", "-np", "8"]
+    validate_objects(objects)
+
+
+def _mutations(lws):
+    unknown = copy.deepcopy(lws)
+    unknown["spec"]["leaderWorkerTemplate"]["sizee"] = 2
+    wrong_type = copy.deepcopy(lws)
+    wrong_type["spec"]["leaderWorkerTemplate"]["size"] = "two"
+    bad_enum = copy.deepcopy(lws)
+    bad_enum["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    deep_unknown = copy.deepcopy(lws)
+    deep_unknown["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["gpus"] = 8
+    return [unknown, wrong_type, bad_enum, deep_unknown]
+
+
+def test_mutated_leader_worker_set_fails(tmp_path):
+    _, by_kind, _ = _deploy(tmp_path, "bf16")
+    for bad in _mutations(by_kind["LeaderWorkerSet"]):
+        with pytest.raises(DeployError, match="LeaderWorkerSet .* fails the leaderworkerset.x-k8s.io/v1 CRD schema"):
+            validate_object(bad)
+
+
+def test_mutated_core_objects_fail(tmp_path):
+    _, by_kind, _ = _deploy(tmp_path, "fp8")
+    unknown = copy.deepcopy(by_kind["Deployment"])
+    unknown["spec"]["template"]["spec"]["containers"][0]["gpuCount"] = 8
+    wrong_type = copy.deepcopy(by_kind["Service"])
+    wrong_type["spec"]["ports"][0]["port"] = "eight-thousand"
+    for bad in (unknown, wrong_type):
+        with pytest.raises(DeployError, match="fails the Kubernetes 1.31 schema"):
+            validate_object(bad)
+
+
+def test_unknown_kind_is_refused_not_skipped():
+    obj = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    with pytest.raises(DeployError, match="no schema for example.com/v1 Widget"):
+        validate_object(obj)
+
+
+def test_nothing_written_when_options_are_bad(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    with pytest.raises(DeployError, match="--release-url URL"):
+        deploy_command(spec, platform="k8s", output=str(tmp_path / "d"))
+    with pytest.raises(DeployError, match="DNS-1123"):
+        deploy_command(spec, platform="k8s", release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
+    with pytest.raises(DeployError, match="DNS-1123"):
+        deploy_command(spec, platform="k8s", release_url=URL, name="llama\n", output=str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_needs_force(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    with pytest.raises(DeployError, match="--force"):
+        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "d"), force=True)
+    text = (tmp_path / "d" / "serving.yaml").read_text()
+    assert "claimName: releases" in text and URL not in text
+
+
+def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
+    deploy_command(None, platform="k8s", matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
+    job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    token = [e for e in env if e["name"] == "HF_TOKEN"][0]
+    assert "value" not in token and token["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    cm = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text())
+          if o["kind"] == "ConfigMap"][0]
+    assert "--model llama-8b --precision int4_awq --tp 2" in cm["data"]["build-cell.sh"]
+
+
+def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
+    doc = {"format": 1, "name": "llama-70b-fp8-abc-v1.0.0", "spec": spec.model_dump(mode="json"),
+           "toolchain": {"engine": {"tensorrt_llm": "1.1.0"}}, "files": {}}
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    (rel / "release.json").write_text(json.dumps(doc))
+    summary = deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "d"))
+    assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar")
+    assert summary["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    doc["toolchain"]["engine"]["tensorrt_llm"] = "0.9.0"
+    (rel / "release.json").write_text(json.dumps(doc))
+    with pytest.raises(DeployError, match="no NGC tritonserver image is known for TensorRT-LLM 0.9.0.*--image"):
+        deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "e"))
+
+
+def test_reference_build_is_not_deployed(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    with pytest.raises(DeployError, match="--target reference"):
+        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+
+
+def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=2, nodes=2)
+    name = "llama-405b-bf16-abc-v2.0.0"
+    doc = json.dumps({"format": 1, "name": name, "spec": spec.model_dump(mode="json"),
+                      "toolchain": {"engine": {"tensorrt_llm": "1.2.1"}}, "files": {}}).encode()
+    tarball = tmp_path / f"{name}.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        info = tarfile.TarInfo(f"{name}/release.json")
+        info.size = len(doc)
+        tar.addfile(info, io.BytesIO(doc))
+    digest = "ab" * 32
+    (tmp_path / f"{name}.tar.gz.sha256").write_text(f"{digest}  {name}.tar.gz\n")
+    summary = deploy_command(None, platform="k8s", release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
+    assert (summary["kind"], summary["nodes"], summary["world_size"], summary["sha256"]) == (
+        "LeaderWorkerSet", 2, 16, digest)
+    lws = [o for o in yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text())
+           if o["kind"] == "LeaderWorkerSet"][0]
+    init = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["initContainers"][0]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["RELEASE_SHA256"] == digest and env["RELEASE_FILE"] == f"{name}.tar.gz"
+    assert env["RELEASE_DIR"] == "/releases"
+    (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
+    with pytest.raises(DeployError, match="not a readable release tarball"):
+        deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
+                       output=str(tmp_path / "e"))
+
+
+def _pods(objects):
+    """Every pod template's spec in `objects` (Deployment, LeaderWorkerSet leader and worker)."""
+    for o in objects:
+        if o["kind"] == "Deployment":
+            yield o["spec"]["template"]["spec"]
+        elif o["kind"] == "LeaderWorkerSet":
+            tmpl = o["spec"]["leaderWorkerTemplate"]
+            yield tmpl["leaderTemplate"]["spec"]
+            yield tmpl["workerTemplate"]["spec"]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_work_volume_is_sized_from_the_release(tmp_path, precision):
+    from pipeline.core.gpus import GIB
+    from pipeline.ops.deploy.k8s import WORK_HEADROOM, quantity, work_bytes
+    from pipeline.planning.resources import plan_resources
+
+    summary, by_kind, objects = _deploy(tmp_path, precision)
+    spec = resolve_spec(model="llama-405b", precision=precision, tp=summary["tp"], pp=summary["pp"],
+                        nodes=summary["nodes"])
+    release = plan_resources(spec).stage_bytes("release", needed=False)
+    size = quantity(work_bytes(spec, download=True))
+    # the tarball and its unpacked copy, both on the node
+    assert 2 * release + WORK_HEADROOM <= int(size.removesuffix("Gi")) * GIB <= 2.2 * release + WORK_HEADROOM + GIB
+    pods = list(_pods(objects))
+    assert len(pods) == (2 if precision == "bf16" else 1)
+    for pod in pods:
+        (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+        assert work["emptyDir"] == {"sizeLimit": size}
+        for c in (*pod["initContainers"], *pod["containers"]):
+            assert c["resources"]["requests"] == {"ephemeral-storage": size}
+            assert c["resources"]["limits"]["ephemeral-storage"] == size
+    validate_objects(objects)
+
+
+def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    url = deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "u"), json_=True)
+    vol = deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "v"))
+    assert url["tp"] == vol["tp"]
+    sizes = []
+    for d in ("u", "v"):
+        objects = list(yaml.safe_load_all((tmp_path / d / "serving.yaml").read_text()))
+        (pod,) = _pods(objects)
+        (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+        sizes.append(int(work["emptyDir"]["sizeLimit"].removesuffix("Gi")))
+    assert 1.8 < sizes[0] / sizes[1] < 2.0  # a downloaded tarball doubles it (headroom aside)
+
+
+def test_gpu_deployment_recreates_instead_of_surging(tmp_path):
+    _, by_kind, objects = _deploy(tmp_path, "fp8")
+    dep = by_kind["Deployment"]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    server = dep["spec"]["template"]["spec"]["containers"][0]
+    assert server["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"  # probes unchanged
+    broken = copy.deepcopy(dep)
+    broken["spec"]["strategy"] = {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}, "surge": 0}
+    with pytest.raises(DeployError, match="fails the Kubernetes 1.31 schema"):
+        validate_object(broken)
+
+
+# Exact inputs `kubectl apply` or the container runtime would reject, and the flag each error must name.
+BAD_K8S_OPTIONS = [
+    ({"namespace": "Inference"}, "--namespace 'Inference': not a DNS-1123 label"),
+    ({"namespace": "team_a"}, "--namespace 'team_a': not a DNS-1123 label"),
+    ({"namespace": "-prod"}, "--namespace '-prod': not a DNS-1123 label"),
+    ({"namespace": "a" * 64}, "--namespace 'a{64}': not a DNS-1123 label"),
+    ({"namespace": "prod\n"}, "--namespace 'prod\\\\n': not a DNS-1123 label"),
+    ({"release_url": None, "release_volume": "Releases_PVC"}, "--release-volume 'Releases_PVC': not a DNS-1123"),
+    ({"release_url": None, "release_volume": "pvc/../etc"}, r"--release-volume 'pvc/\.\./etc': not a DNS-1123"),
+    ({"release_url": None, "release_volume": "a..b"}, r"--release-volume 'a\.\.b': not a DNS-1123 subdomain"),
+    ({"image": "nvcr.io/NVIDIA/tritonserver:26.04-trtllm-python-py3"}, "--image 'nvcr.io/NVIDIA/.*not an image"),
+    ({"image": "nvcr.io/nvidia/tritonserver:26.04 ; rm -rf /"}, "--image .*not an image reference"),
+    ({"image": "nvcr.io#nvidia/tritonserver:26.04-trtllm-python-py3"}, "--image 'nvcr.io#nvidia.*not an image"),
+    ({"image": "nvcr.io/nvidia/tritonserver:26.04:latest", "pipeline_image": "ours:1"}, "--image .*not an image"),
+    ({"pipeline_image": "trtllm pipeline:0.1.0"}, "--pipeline-image 'trtllm pipeline:0.1.0': not an image"),
+    ({"pipeline_image": "trtllm-pipeline:"}, "--pipeline-image 'trtllm-pipeline:': not an image reference"),
+    ({"pipeline_image": "trtllm-pipeline@sha256:abc"}, "--pipeline-image .*not an image reference"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_K8S_OPTIONS)
+def test_names_kubernetes_would_reject_are_refused_naming_the_flag(tmp_path, options, message):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    kw = {"release_url": URL, **options}
+    with pytest.raises(DeployError, match=message) as err:
+        deploy_command(spec, platform="k8s", output=str(tmp_path / "d"), **kw)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert not (tmp_path / "d").exists()
+
+
+def test_names_kubernetes_accepts_pass(tmp_path):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    digest = "sha256:" + "0123456789abcdef" * 4
+    deploy_command(spec, platform="k8s", release_volume="model-releases.v2", namespace="inference-prod",
+                   image=f"registry.example.com:5000/team/triton_server__x:26.04-trtllm@{digest}",
+                   pipeline_image=f"localhost:5000/trtllm-pipeline@{digest}", output=str(tmp_path / "d"))
+    objects = list(yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text()))
+    assert {o["metadata"]["namespace"] for o in objects} == {"inference-prod"}
+    (pod,) = _pods(objects)
+    assert pod["initContainers"][0]["image"] == f"localhost:5000/trtllm-pipeline@{digest}"
+
+
+def test_matrix_output_and_secret_names_are_checked(tmp_path):
+    from pipeline.ops.deploy import render
+
+    with pytest.raises(DeployError, match="--matrix-output 'Build PVC': not a DNS-1123 subdomain"):
+        deploy_command(None, platform="k8s", matrix="llama-8b:fp8", matrix_output="Build PVC",
+                       output=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+    cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
+    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN")
+    with pytest.raises(DeployError, match="^hf_secret 'HF_TOKEN': not a DNS-1123 subdomain"):
+        render.render_matrix(opts, cells, tmp_path / "m", "trtllm-build-output")
+
+
+def test_default_images_are_the_ngc_one_and_ours(tmp_path):
+    from pipeline.ops.deploy.images import DEFAULT_PIPELINE_IMAGE
+
+    _, by_kind, _ = _deploy(tmp_path, "fp8")
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == DEFAULT_PIPELINE_IMAGE
+    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
+                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod"],
+                       cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("error: --namespace 'Prod': not a DNS-1123 label (1-63 lowercase "
+                                                 "letters, digits and '-', starting and ending with a letter or "
+                                                 "digit); e.g. inference")
+    assert "Traceback" not in r.stderr and not (tmp_path / "deploy").exists()

@@ -1,0 +1,193 @@
+"""serve.sbatch / build-matrix.sbatch as sbatch and the shell read them: pyxis image refs, $WORK created before any
+container mount, time/account/qos/constraint directives, and user values that cannot inject shell (the rendered
+scripts run under bash with a recording `srun` stand-in)."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.commands import deploy_command
+from pipeline.core.errors import DeployError
+from pipeline.core.spec import resolve_spec
+from pipeline.ops.deploy.runtime import HTTP_PORT, REFERENCE_RANK, pytorch_rank_argv
+from pipeline.ops.deploy.slurm import pyxis_image
+
+EVIL = "x;touch pwned"
+RECORD = f"""#!{sys.executable}
+import json, os, sys
+with open(os.environ["RECORD_LOG"], "a") as f:
+    f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
+                        "release_dir": os.environ.get("RELEASE_DIR"), "output": os.environ.get("OUTPUT")}}) + "\\n")
+"""
+
+
+def _render(tmp_path, spec=None, **kw):
+    spec = spec or resolve_spec(model="llama-405b", precision="bf16")
+    kw.setdefault("output", str(tmp_path / "serve"))
+    summary = deploy_command(spec, platform="slurm", **{"release_volume": "/shared/releases", **kw})
+    return Path(summary["directory"])
+
+
+def _run_with_stub_srun(script: Path, tmp_path: Path) -> list[dict]:
+    """Run `script` under bash with `srun` recording its argv (and nothing else); returns the records."""
+    bin_dir, cwd, log = tmp_path / "bin", tmp_path / "cwd", tmp_path / "srun.log"
+    bin_dir.mkdir(exist_ok=True)
+    cwd.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(RECORD)
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_LOG": str(log), "SLURM_JOB_ID": "7",
+           "WORK": str(tmp_path / "work")}
+    res = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _no_pwned(*dirs: Path) -> None:
+    for d in dirs:
+        assert not [p for p in d.rglob("pwned*")], f"a command ran from a user value under {d}"
+
+
+@pytest.mark.parametrize("ref,want", [
+    ("nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3", "nvcr.io#nvidia/tritonserver:26.03-trtllm-python-py3"),
+    ("nvcr.io#nvidia/tritonserver:26.03-trtllm-python-py3", "nvcr.io#nvidia/tritonserver:26.03-trtllm-python-py3"),
+    ("localhost:5000/trtllm-pipeline:1.0", "localhost:5000#trtllm-pipeline:1.0"),
+    ("registry.example.com:443/team/img@sha256:abc", "registry.example.com:443#team/img@sha256:abc"),
+    ("nvidia/cuda:12.8.0-base", "nvidia/cuda:12.8.0-base"),  # Docker Hub: no registry host to split off
+    ("ubuntu:24.04", "ubuntu:24.04"),
+])
+def test_pyxis_image_form(ref, want):
+    assert pyxis_image(ref) == want
+
+
+def test_serve_script_uses_pyxis_refs_and_creates_work_before_any_mount(tmp_path):
+    script = (_render(tmp_path, image="nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3") /
+              "serve.sbatch").read_text()
+    lines = script.splitlines()
+    words = [w for ln in lines if ln.startswith("srun ") for w in shlex.split(ln)]
+    images = [w.split("=", 1)[1] for w in words if w.startswith("--container-image=")]
+    assert images[-1] == "nvcr.io#nvidia/tritonserver:26.03-trtllm-python-py3", images
+    assert images[0].startswith("trtllm-pipeline:")  # a local name: no registry host to split off
+    mkdir = lines.index('srun --nodes=2 --ntasks-per-node=1 mkdir -p "$WORK"')
+    first_mount = next(i for i, ln in enumerate(lines) if "--container-mounts=" in ln)
+    assert mkdir < first_mount and "--container" not in lines[mkdir]
+    assert '--container-mounts="$WORK:$WORK",' in lines[first_mount]
+
+
+def test_serving_has_no_time_limit_unless_given_the_matrix_keeps_one(tmp_path):
+    script = (_render(tmp_path) / "serve.sbatch").read_text()
+    assert "#SBATCH --time" not in script and "#SBATCH --account" not in script
+    script = (_render(tmp_path, output=str(tmp_path / "t"), time_="2-00:00:00", account="proj-42", qos="high",
+                      constraint="h100&ib", partition="gpu") / "serve.sbatch").read_text()
+    for line in ("#SBATCH --time=2-00:00:00", "#SBATCH --account=proj-42", "#SBATCH --qos=high",
+                 '#SBATCH --constraint="h100&ib"', "#SBATCH --partition=gpu"):
+        assert line in script.splitlines(), line
+    matrix = tmp_path / "m"
+    deploy_command(None, platform="slurm", matrix="tiny-llama:fp8", matrix_output="/shared/builds",
+                   output=str(matrix))
+    assert "#SBATCH --time=04:00:00" in (matrix / "build-matrix.sbatch").read_text().splitlines()
+    deploy_command(None, platform="slurm", matrix="tiny-llama:fp8", matrix_output="/shared/builds",
+                   output=str(tmp_path / "m2"), time_="30")
+    assert "#SBATCH --time=30" in (tmp_path / "m2" / "build-matrix.sbatch").read_text().splitlines()
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("partition", EVIL, "--partition"),
+    ("partition", "gpu\n#SBATCH --wrap=id", "--partition"),
+    ("account", "a b", "--account"),
+    ("qos", "q#x", "--qos"),
+    ("constraint", "h100;id", "--constraint"),
+    ("time_", "4h", "--time"),
+    ("release_volume", EVIL, "--release-volume"),  # relative: the nodes need one shared absolute directory
+    ("release_volume", "/shared/rel,x", "--release-volume"),  # pyxis splits mounts on ','
+    ("output", "bad\nname", "--output"),
+    ("output", "logs%j", "--output"),
+    ("output", "/tmp/a\\b", "--output"),  # a backslash turns off sbatch's file patterns
+])
+def test_bad_slurm_values_are_refused_before_anything_is_written(tmp_path, monkeypatch, flag, value, match):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    out = tmp_path / "never"
+    kw = {"output": str(out), flag: value}
+    with pytest.raises(DeployError, match=re.escape(match)) as exc:
+        _render(tmp_path, **kw)
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
+    assert not out.exists() and not list(tmp_path.glob("**/serve.sbatch"))
+
+
+def test_slurm_flags_on_k8s_are_refused(tmp_path):
+    spec = resolve_spec(model="llama-8b", precision="fp8")
+    with pytest.raises(DeployError, match="--account, --time: Slurm options"):
+        deploy_command(spec, platform="k8s", release_url="https://h/r.tar.gz", account="a", time_="10",
+                       output=str(tmp_path / "k"))
+
+
+def test_injection_values_stay_data_when_the_scripts_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    release = tmp_path / "rel eases" / EVIL
+    d = _render(tmp_path, output=EVIL, release_volume=str(release), partition="gpu")
+    assert d == tmp_path / "root" / EVIL
+    script = d / "serve.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert f'#SBATCH --output="{d}/logs/%x-%j.out"' in script.read_text()
+    records = _run_with_stub_srun(script, tmp_path)
+    assert [r["argv"][-1] for r in records] == [str(tmp_path / "work"), f"{d}/fetch-verify.sh", f"{d}/rank.sh"]
+    mounts = [a for a in records[1]["argv"] if a.startswith("--container-mounts=")]
+    assert mounts == [f"--container-mounts={tmp_path / 'work'}:{tmp_path / 'work'},{d}:{d},{release}:{release}"]
+    assert {r["release_dir"] for r in records} == {str(release)}
+    _no_pwned(tmp_path)
+
+
+def test_matrix_output_injection_stays_data(tmp_path):
+    out = tmp_path / "builds" / EVIL
+    d = tmp_path / f"deploy {EVIL}"
+    deploy_command(None, platform="slurm", matrix="tiny-llama:fp8", matrix_target="reference",
+                   matrix_output=str(out), output=str(d))
+    script = d / "build-matrix.sbatch"
+    records = _run_with_stub_srun(script, tmp_path)
+    assert records[0]["output"] == str(out) and out.is_dir()  # the mount source exists before the step
+    assert f"--container-mounts={out}:{out},{d}:{d}" in records[0]["argv"]
+    assert records[0]["argv"][-1] == f"{d}/build-cell.sh"
+    _no_pwned(tmp_path)
+
+
+def test_reference_rank_runs_the_pipelines_server_on_env_ports(tmp_path):
+    work, repo = tmp_path / "work", tmp_path / "rel ease" / "triton_repo" / "b"
+    work.mkdir()
+    (work / "REPO").write_text(f"{repo}\n")
+    rank, log = tmp_path / "rank.sh", tmp_path / "argv.log"
+    rank.write_text(REFERENCE_RANK)
+    (tmp_path / "record").write_text(RECORD)
+    (tmp_path / "record").chmod(0o755)
+    env = {**os.environ, "WORK": str(work), "PIPELINE": str(tmp_path / "record"), "RECORD_LOG": str(log),
+           "HTTP_PORT": "18000", "GRPC_PORT": "18001"}
+    env.pop("METRICS_PORT", None)
+    subprocess.run(["/bin/sh", str(rank)], env=env, check=True, timeout=60)
+    argv = json.loads(log.read_text())["argv"]
+    assert argv == ["serve", "--repo", str(repo), "--host", "0.0.0.0", "--http-port", "18000", "--grpc-port", "18001",
+                    "--metrics-port", "8002"]
+
+
+def test_reference_build_deploys_on_slurm_only_without_gpus(tmp_path):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    d = _render(tmp_path, spec=spec, image="nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3")
+    script = (d / "serve.sbatch").read_text()
+    assert "--gpus" not in script and "--exclusive" not in script and "--mpi" not in script
+    assert "#SBATCH --ntasks-per-node=1" in script
+    rank_line = script.splitlines()[-1]
+    assert rank_line.endswith(f"{d}/rank.sh") and "--container-image=trtllm-pipeline:" in rank_line  # runs invoke
+    assert "tritonserver" not in rank_line
+    assert json.loads((d / "deploy.json").read_text())["target"] == "reference"
+    with pytest.raises(DeployError, match="--target reference"):
+        deploy_command(spec, platform="k8s", release_url="https://h/r.tar.gz", output=str(tmp_path / "k"))
+
+
+def test_trtllm_serve_ranks_bind_all_interfaces():
+    spec = resolve_spec(model="llama-8b", precision="fp8", runtime="pytorch")
+    argv = pytorch_rank_argv(spec, "llama-8b-fp8", launched=True)
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[argv.index("--port") + 1] == str(HTTP_PORT)

@@ -1,0 +1,69 @@
+"""The LLM-API options: derived from the spec, strict like upstream's LlmArgs, written and read back as YAML."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import resolve_spec
+from pipeline.serving.llmapi.options import LlmApiOptions, llm_api_options
+
+
+def test_options_from_a_speculative_fp8_spec():
+    spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch", target="reference",
+                        max_batch_size=4)
+    opts = llm_api_options(spec, draft_dir="/models/draft")
+    assert opts.as_dict() == {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "max_batch_size": 4,
+        "max_num_tokens": spec.max_num_tokens,
+        "max_seq_len": 512,
+        "enable_chunked_prefill": True,
+        "kv_cache_config": {"dtype": "fp8", "enable_block_reuse": True, "free_gpu_memory_fraction": 0.7},
+        "speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4,
+                               "speculative_model_dir": "/models/draft", "max_concurrency": 8},
+    }
+
+
+def test_options_without_draft_and_with_a_16_bit_kv():
+    spec = resolve_spec(model="tiny-llama", precision="bf16", tp=2, pp=2, runtime="pytorch",
+                        enable_kv_cache_reuse=False, enable_chunked_context=False, target="reference")
+    d = llm_api_options(spec, draft_dir=None).as_dict()
+    assert "speculative_config" not in d
+    assert (d["tensor_parallel_size"], d["pipeline_parallel_size"]) == (2, 2)
+    assert d["kv_cache_config"] == {"dtype": "auto", "enable_block_reuse": False, "free_gpu_memory_fraction": 0.9}
+    assert d["enable_chunked_prefill"] is False
+
+
+def test_draft_dir_must_match_the_spec():
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    with pytest.raises(SpecError, match="needs the draft's checkpoint directory"):
+        llm_api_options(spec, draft_dir=None)
+    plain = resolve_spec(model="tiny-llama", runtime="pytorch", target="reference")
+    with pytest.raises(SpecError, match="no draft directory"):
+        llm_api_options(plain, draft_dir="/x")
+
+
+def test_yaml_round_trip(tmp_path):
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    opts = llm_api_options(spec, draft_dir="draft")
+    f = tmp_path / "extra.yaml"
+    f.write_text(opts.to_yaml())
+    assert yaml.safe_load(f.read_text())["speculative_config"]["decoding_type"] == "DraftTarget"
+    assert LlmApiOptions.read(f) == opts
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"max_batch_size": 0}, r"max_batch_size=0"),
+    ({"enable_chunked_prefil": True}, r"enable_chunked_prefil=True: Extra inputs are not permitted"),
+    ({"kv_cache_config": {"dtype": "int8"}}, r"kv_cache_config.dtype='int8'"),
+    ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 4, "speculative_model_dir": "d"}},
+     r"speculative_config.decoding_type='Draft_Target'"),
+    ({"speculative_config": {"max_draft_len": 4, "speculative_model": "d"}}, r"speculative_config"),
+])
+def test_bad_options_refused(patch, match):
+    base = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 512}
+    with pytest.raises(SpecError, match=match):
+        LlmApiOptions.from_mapping({**base, **patch}, what="t.yaml")

@@ -1,0 +1,59 @@
+"""bench's shared-prefix workload on a real tritonserver with the tiny draft-target reference
+repo: a shared prefix gives a hit ratio above 0.5 and a warm TTFT below the cold one; distinct prefixes give ~0 and
+the low-hit warning; the BLS reports which requests speculated, with and without speculation."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+PREFIX = 192  # 6 blocks of the tiny build's 32 tokens; + suffix stays within max_input_len 256
+
+
+@pytest.fixture(scope="module")
+def served(tiny_reference_repo):
+    from pipeline.serving.serve import TritonServer
+
+    repo = tiny_reference_repo("bench-prefix")
+    with TritonServer(repo, ready_timeout_s=300) as server:
+        yield repo, server
+
+
+def bench(repo, server, **kwargs):
+    from pipeline.serving.bench import format_report, run_bench, tokenizer_dir_of
+
+    report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, tokenizer_dir=tokenizer_dir_of(repo),
+                       max_tokens=4, **kwargs)
+    print("\n" + format_report(report))
+    assert report.failed == 0, report.notes
+    return report
+
+
+def test_shared_prefix_hits_and_warm_ttft_is_lower(served):
+    repo, server = served
+    shared = bench(repo, server, model="ensemble", concurrency=[1, 2], requests_per_level=8,
+                   shared_prefix_tokens=PREFIX, shared_prefix_share=0.9)
+    assert shared.prefix_cache_source == "per-request outputs"
+    assert shared.prefix_cache_hit_ratio > 0.5  # 6 of a prompt's 7-8 blocks on 90 % of the requests, less the first
+    assert all(lv.ttft_ms_p50 is not None and lv.prefix_cache_hit_ratio is not None for lv in shared.levels)
+    assert shared.ttft_ms_warm_p50 < shared.ttft_ms_cold_p50  # cold: a new prefix of the same length
+    distinct = bench(repo, server, model="ensemble", concurrency=[1, 2], requests_per_level=4,
+                     shared_prefix_tokens=PREFIX, shared_prefix_share=0.0)
+    assert distinct.prefix_cache_hit_ratio < 0.05
+    assert distinct.warnings and "below 60%" in distinct.warnings[0]
+
+
+def test_bls_reports_speculation_with_and_without(served, tmp_path):
+    from pipeline.serving.bench import plot_report, write_json
+
+    repo, server = served
+    r = bench(repo, server, model="tensorrt_llm_bls", concurrency=[1], requests_per_level=2, speculation="both",
+              shared_prefix_tokens=64)
+    by_mode = {lv.speculation: lv for lv in r.levels}
+    assert by_mode["server"].speculated_share == 1.0  # one request in flight <= the cap of 8
+    assert by_mode["off"].speculated_share == 0.0
+    assert by_mode["server"].acceptance_rate is not None and r.speculated_share == 0.5
+    assert all(lv.ttft_ms_p50 is not None for lv in r.levels)  # the server's timestamps (non-streaming)
+    assert write_json(r, tmp_path / "b.json").is_file()
+    png = plot_report(r, tmp_path / "b.png")
+    assert png is None or png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,303 @@
+"""The launch plan: one table of layouts (upstream's launch_triton_server.py semantics), and `serve`, Kubernetes and
+Slurm starting the same processes for each layout."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.core.errors import DeployError, ServeError
+from pipeline.core.spec import resolve_spec
+from pipeline.serving.launch_plan import (
+    ORCHESTRATOR_ASSERT,
+    ORCHESTRATOR_ENV,
+    Endpoints,
+    EngineModel,
+    RepoShape,
+    plan_launch,
+    shape_from_repo,
+    shape_from_spec,
+)
+
+EP = Endpoints("0.0.0.0", 8000, 8001, 8002)
+TARGET = "tensorrt_llm"
+DRAFT = "tensorrt_llm_draft"
+
+
+@pytest.fixture
+def out_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _plan(shape, **kw):
+    return plan_launch(shape, repo="/r", binary="tritonserver", endpoints=EP, **kw)
+
+
+def _engine(*models):
+    return RepoShape("engine", tuple(models))
+
+
+# (layout, shape, host kw, mode, processes, orchestrator env)
+LAYOUTS = [
+    ("single", _engine(EngineModel(TARGET, 1)), {}, "single", 1, False),
+    ("leader tp2", _engine(EngineModel(TARGET, 2)), {}, "leader", 2, False),
+    ("leader tp4", _engine(EngineModel(TARGET, 4)), {}, "leader", 4, False),
+    ("leader tp2 x pp2", shape_from_spec(resolve_spec(model="llama-70b", precision="fp8", tp=2, pp=2,
+                                                      target="trtllm")), {}, "leader", 4, False),
+    ("orchestrator tp1 + draft", _engine(EngineModel(TARGET, 1, (0,)), EngineModel(DRAFT, 1, (0,))),
+     {"gpus_per_node": 1}, "orchestrator", 1, True),
+    ("tp4 target + tp1 draft", shape_from_spec(resolve_spec(model="llama-70b", precision="fp8", tp=4,
+                                                            draft="llama-1b", target="trtllm")),
+     {"gpus_per_node": 4}, "orchestrator", 1, True),
+    ("multi-node leader 8 x 2", _engine(EngineModel(TARGET, 16)), {"nodes": 2, "gpus_per_node": 8}, "leader", 16,
+     False),
+]
+
+
+@pytest.mark.parametrize(("layout", "shape", "host", "mode", "processes", "orchestrator"), LAYOUTS,
+                         ids=[row[0] for row in LAYOUTS])
+def test_layout_table(layout, shape, host, mode, processes, orchestrator):
+    plan = _plan(shape, **host)
+    assert (plan.mode, plan.processes, plan.ranks_launched) == (mode, processes, processes > 1)
+    first = plan.ranks[0]
+    assert first[0] == "tritonserver" and "--model-repository=/r" in first
+    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--http-address=0.0.0.0"} <= set(first)
+    assert not any(a.startswith("--load-model") for a in first)  # rank 0 serves every model
+    for i, rank in enumerate(plan.ranks):  # upstream: shm-region-prefix-name=prefix{i}_
+        assert f"--backend-config=python,shm-region-prefix-name=prefix{i}_" in rank
+    for rank in plan.ranks[1:]:  # leader mode, ranks >= 1: only tensorrt_llm, endpoints off
+        assert {"--model-control-mode=explicit", f"--load-model={TARGET}", "--allow-http=false",
+                "--allow-grpc=false", "--allow-metrics=false"} <= set(rank)
+        assert not any(a.startswith(("--http-port", "--grpc-port", "--metrics-port")) for a in rank)
+    if orchestrator:
+        # launch_triton_server.py: --multi-model asserts world size 1 (ORCHESTRATOR_ASSERT); the backend spawns
+        assert plan.env == ORCHESTRATOR_ENV and ORCHESTRATOR_ASSERT in plan.source
+        gpus = host["gpus_per_node"]
+        pools = [a for a in first if a.startswith("--cuda-memory-pool-byte-size=")]
+        assert pools == [f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus)]
+        assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"} <= set(first)
+    else:
+        assert plan.env == {} and not any("memory-pool" in a for a in first)
+
+
+def test_leader_local_argv_is_one_mpirun_with_a_segment_per_rank():
+    plan = _plan(_engine(EngineModel(TARGET, 4)))
+    argv = plan.local_argv("mpirun")
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"] and argv.count(":") == 3
+    segments = " ".join(argv[2:]).split(" : ")
+    assert [s.split()[2:] for s in segments] == [list(r) for r in plan.ranks]
+    assert _plan(_engine(EngineModel(TARGET, 1))).local_argv() == list(_plan(_engine(EngineModel(TARGET, 1))).ranks[0])
+
+
+def test_multi_node_draft_target_is_refused_naming_the_fix():
+    spec = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=2, nodes=2, draft="llama-1b", target="trtllm")
+    with pytest.raises(DeployError, match=r"MPI_Comm_spawn.*keep the target within one node"):
+        _plan(shape_from_spec(spec), nodes=2, gpus_per_node=8, error=DeployError)
+    # one node too small for the target: the same refusal (ServeError for `serve`)
+    with pytest.raises(ServeError, match="16 ranks over 8 GPUs per node"):
+        _plan(shape_from_spec(spec), gpus_per_node=8)
+
+
+def test_orchestrator_gpu_ids_the_executor_refuses():
+    target4 = EngineModel(TARGET, 4, (0, 1, 2, 3))
+    # co-locating the draft on the target's first GPU is upstream's recommended layout: accepted
+    assert _plan(_engine(target4, EngineModel(DRAFT, 1, (0,))), gpus_per_node=4).mode == "orchestrator"
+    with pytest.raises(ServeError, match="name 2 GPU.* for 1 rank"):  # executorImpl: deviceIds == tp*pp*cp
+        _plan(_engine(target4, EngineModel(DRAFT, 1, (0, 1))), gpus_per_node=4)
+    with pytest.raises(ServeError, match="repeat a GPU"):
+        _plan(_engine(target4, EngineModel(DRAFT, 2, (1, 1))), gpus_per_node=4)
+    with pytest.raises(ServeError, match="beyond the node's 4 GPU"):
+        _plan(_engine(target4, EngineModel(DRAFT, 1, (4,))), gpus_per_node=4)
+
+
+def test_llmapi_and_reference_are_one_process():
+    llm = _plan(RepoShape("llmapi"))
+    assert (llm.mode, llm.processes, llm.env) == ("llmapi", 1, {})
+    with pytest.raises(DeployError, match="one node"):
+        _plan(RepoShape("llmapi"), nodes=2, error=DeployError)
+    ref = _plan(RepoShape("reference"), extra_args=("--backend-directory=/b",))
+    assert ref.mode == "cpu-reference" and ref.ranks[0][-1] == "--backend-directory=/b"
+
+
+def _write_repo(root: Path, models: dict[str, str], ids: dict[str, str] | None = None) -> Path:
+    for name, backend in models.items():
+        (root / name / "1").mkdir(parents=True)
+        param = ""
+        if ids and name in ids:
+            param = f'parameters: {{ key: "gpu_device_ids" value: {{ string_value: "{ids[name]}" }} }}\n'
+        (root / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "{backend}"\n{param}')
+    return root
+
+
+def test_shape_from_repo_reads_backends_and_gpu_ids(tmp_path):
+    repo = _write_repo(tmp_path / "dt", {TARGET: "tensorrtllm", DRAFT: "tensorrtllm", "preprocessing": "python"},
+                       {TARGET: "0,1,2,3", DRAFT: "0"})
+    assert shape_from_repo(repo) == _engine(EngineModel(TARGET, 4, (0, 1, 2, 3)), EngineModel(DRAFT, 1, (0,)))
+    assert shape_from_repo(_write_repo(tmp_path / "ref", {TARGET: "python"})).kind == "reference"
+    assert shape_from_repo(_write_repo(tmp_path / "l", {TARGET: "tensorrtllm"}), world_size=2) == \
+        _engine(EngineModel(TARGET, 2))
+    bad = _write_repo(tmp_path / "bad", {TARGET: "tensorrtllm"}, {TARGET: "0,x"})
+    with pytest.raises(ServeError, match="not a comma-separated list"):
+        shape_from_repo(bad)
+
+
+# ------------------------------------------------------------------------------------------------ serve == k8s == slurm
+SPECS = {
+    "single": dict(model="llama-70b", precision="fp8", tp=1, target="trtllm", gpu_count=1),
+    "leader tp4": dict(model="llama-70b", precision="fp8", tp=4, target="trtllm", gpu_count=4),
+    "leader tp2 x pp2": dict(model="llama-70b", precision="fp8", tp=2, pp=2, target="trtllm", gpu_count=4),
+    "tp4 target + tp1 draft": dict(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm",
+                                   gpu_count=4),
+    "multi-node leader": dict(model="llama-405b", precision="bf16", tp=8, pp=2, nodes=2, target="trtllm",
+                              gpu_count=8),
+}
+
+
+def _serve_processes(spec, tmp_path, monkeypatch) -> tuple[list[list[str]], dict[str, str]]:
+    """What `serve` starts for a repository `package` would write for `spec` (its engine models' configs)."""
+    from pipeline.serving import serve
+
+    shape = shape_from_spec(spec)
+    repo = _write_repo(tmp_path / "repo", {m.name: "tensorrtllm" for m in shape.engine_models},
+                       {m.name: ",".join(map(str, m.gpu_device_ids)) for m in shape.engine_models if m.gpu_device_ids})
+    monkeypatch.setattr(serve, "local_gpu_count", lambda: spec.hardware.gpu_count)
+    cmd = serve.build_command(repo, http_port=8000, grpc_port=8001, metrics_port=8002, shm_prefix="prefix",
+                              host="0.0.0.0", binary="/opt/tritonserver/bin/tritonserver",
+                              world_size=spec.parallelism.world_size)
+    argv = cmd.argv
+    if Path(argv[0]).name == "mpirun":
+        ranks = [s.split()[2:] for s in " ".join(argv[2:]).split(" : ")]
+    else:
+        ranks = [argv]
+    norm = [[("tritonserver" if a == "/opt/tritonserver/bin/tritonserver" else a.replace(str(repo.resolve()), "R"))
+             for a in r] for r in ranks]
+    env = {k: cmd.env[k] for k in ORCHESTRATOR_ENV if k in cmd.env}
+    return norm, env
+
+
+def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
+    ranks = [shlex.split(m.group(2).replace('"$repo"', "R")) for m in re.finditer(r"^  (\d+)\) exec (.*) ;;$", text,
+                                                                                  re.M)]
+    env = dict(m.groups() for m in re.finditer(r"^export (\w+)=(\S+)$", text, re.M))
+    return ranks, env
+
+
+def _k8s_processes(spec, out: Path) -> int:
+    from pipeline.cli.commands import deploy_command
+
+    deploy_command(spec, platform="k8s", release_url="https://r.example.invalid/x.tar.gz", output=str(out))
+    objects = {o["kind"]: o for o in yaml.safe_load_all((out / "serving.yaml").read_text())}
+    scripts = objects["ConfigMap"]["data"]
+    if "LeaderWorkerSet" in objects:
+        leader = objects["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+        env = {e["name"]: e.get("value") for e in leader["containers"][0]["env"]}
+        assert '-np "$WORLD_SIZE"' in scripts["launch-leader.sh"]
+        count = int(env["WORLD_SIZE"])
+    else:
+        command = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
+        count = int(command[command.index("-np") + 1]) if command[0] == "mpirun" else 1
+    return count, _rank_script(scripts["rank.sh"])
+
+
+def _slurm_processes(spec, out: Path) -> int:
+    from pipeline.cli.commands import deploy_command
+
+    deploy_command(spec, platform="slurm", release_volume="/shared/releases", output=str(out))
+    sbatch = (out / "serve.sbatch").read_text()
+    srun = next(line for line in sbatch.splitlines() if line.endswith("rank.sh"))
+    nodes = int(re.search(r"--nodes=(\d+)", srun).group(1))
+    per_node = int(re.search(r"--ntasks-per-node=(\d+)", srun).group(1))
+    return nodes * per_node, _rank_script((out / "rank.sh").read_text())
+
+
+@pytest.mark.parametrize("layout", list(SPECS))
+def test_serve_k8s_and_slurm_start_the_same_processes(layout, tmp_path, monkeypatch, out_env):
+    spec = resolve_spec(**SPECS[layout])
+    served, serve_env = _serve_processes(spec, tmp_path, monkeypatch)
+    k8s_count, (k8s_ranks, k8s_env) = _k8s_processes(spec, tmp_path / "k8s")
+    slurm_count, (slurm_ranks, slurm_env) = _slurm_processes(spec, tmp_path / "slurm")
+    assert len(served) == k8s_count == slurm_count == len(k8s_ranks) == len(slurm_ranks)
+    assert served == k8s_ranks == slurm_ranks  # modulo the repository path and the binary's location
+    assert serve_env == k8s_env == slurm_env
+    draft = spec.draft_model is not None
+    assert len(served) == (1 if draft else spec.parallelism.world_size)
+    assert (serve_env == ORCHESTRATOR_ENV) is draft
+
+
+def test_draft_target_with_tp4_target_is_one_orchestrator_process_everywhere(tmp_path, monkeypatch, out_env):
+    spec = resolve_spec(**SPECS["tp4 target + tp1 draft"])
+    served, env = _serve_processes(spec, tmp_path, monkeypatch)
+    assert len(served) == 1 and served[0][0] == "tritonserver" and env == ORCHESTRATOR_ENV
+    assert "--cuda-memory-pool-byte-size=3:0" in served[0]
+    sbatch = (tmp_path / "s" / "serve.sbatch")
+    _slurm_processes(spec, tmp_path / "s")
+    assert "--mpi=pmix" not in sbatch.read_text()  # one process: the backend spawns the ranks
+
+
+def test_multi_node_draft_target_deploy_is_refused(out_env, tmp_path):
+    from pipeline.cli.commands import deploy_command
+
+    spec = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=2, nodes=2, draft="llama-1b", target="trtllm")
+    with pytest.raises(DeployError, match="keep the target within one node"):
+        deploy_command(spec, platform="slurm", release_volume="/shared/releases", output=str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+
+
+def test_serve_print_only_needs_only_the_spec(out_env, capsys):
+    from pipeline.cli.commands import serve_command
+
+    spec = resolve_spec(**SPECS["tp4 target + tp1 draft"])
+    plan = serve_command(spec, print_only=True, host="0.0.0.0", port_offset="10")
+    text = capsys.readouterr().out
+    assert plan.mode == "orchestrator" and "# mode orchestrator: 1 process(es)" in text
+    assert "export TRTLLM_ORCHESTRATOR=1\nexport TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1\n" in text
+    command = shlex.split(text.strip().splitlines()[-1])
+    assert command == list(plan.ranks[0]) and "--http-port=8010" in command and "--http-address=0.0.0.0" in command
+    repo = next(a for a in command if a.startswith("--model-repository=")).split("=", 1)[1]
+    assert Path(repo).parent == out_env / "out" / "triton_repo" and "<build-id>" in repo  # not built yet
+    leader = serve_command(resolve_spec(**SPECS["leader tp4"]), print_only=True)
+    assert shlex.split(capsys.readouterr().out.strip().splitlines()[-1])[:4] == ["mpirun", "--allow-run-as-root",
+                                                                                  "-n", "1"]
+    assert leader.processes == 4
+
+
+@pytest.mark.parametrize("layout", ["leader tp4", "tp4 target + tp1 draft"])
+def test_rank_script_execs_the_plan_argv_of_its_rank(layout, tmp_path, out_env):
+    """/bin/sh runs the rendered rank.sh with a stand-in tritonserver that records the argv and env it gets."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.ops.deploy.runtime import REPO_WORD, engine_launch_plan
+    from pipeline.planning.placement import place
+
+    spec = resolve_spec(**SPECS[layout])
+    _slurm_processes(spec, tmp_path / "d")
+    bindir, work = tmp_path / "bin", tmp_path / "work dir"
+    bindir.mkdir()
+    work.mkdir()
+    (work / "REPO").write_text("/srv/repo with space\n")
+    stand_in = bindir / "tritonserver"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        "print(json.dumps([sys.argv[1:], {k: v for k, v in os.environ.items() "
+                        "if k.startswith('TRTLLM_')}]))\n")
+    stand_in.chmod(0o755)
+    plan = engine_launch_plan(spec, place(spec.parallelism.tp, spec.parallelism.pp, spec.hardware))
+    for rank in range(plan.processes):
+        env = {"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work), "SLURM_PROCID": str(rank)}
+        out = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], env=env, capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+        argv, got_env = json.loads(out)
+        assert argv == [a.replace(REPO_WORD, "/srv/repo with space") for a in plan.ranks[rank][1:]]
+        assert got_env == plan.env
+    beyond = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], capture_output=True, text=True,
+                            env={"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work),
+                                 "SLURM_PROCID": str(plan.processes)})
+    assert beyond.returncode == 2 and "outside the" in beyond.stderr

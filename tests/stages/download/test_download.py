@@ -1,0 +1,406 @@
+"""Download stage against a local Hub server (tests/support/hubserver.py) running huggingface_hub's real snapshot_download."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import DownloadError
+from pipeline.core.manifests import StageResult
+from pipeline.core.registry import get_model
+from pipeline.stages.download.stage import download_model, lock_file_path, read_lock
+from tests.support.hubserver import LocalHub, serve_directory
+
+REPO = Path(__file__).resolve().parents[3]
+SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+TOKEN = "hf_test_secret_token_123"
+
+
+def _entry(repo_id="test-org/tiny", **kw):
+    return get_model("tiny-llama").model_copy(update={"name": "hub-tiny", "repo_id": repo_id, "source": "hub", **kw})
+
+
+def _config(**override) -> bytes:
+    cfg = get_model("tiny-llama").architecture.hf_config()
+    return json.dumps({**cfg, **override}).encode()
+
+
+def _files(seed: int = 0, **override) -> dict[str, bytes]:
+    rnd = __import__("random").Random(seed)
+    files = {
+        "config.json": _config(),
+        "generation_config.json": b'{"bos_token_id": 0, "eos_token_id": 1}',
+        "tokenizer.json": b'{"version": "1.0"}',
+        "tokenizer_config.json": b"{}",
+        SHARD1: rnd.randbytes(3_000_000),
+        SHARD2: rnd.randbytes(1_000_000),
+        "model.safetensors.index.json": b'{"weight_map": {}}',
+        "README.md": b"# not needed",
+        "original/consolidated.00.pth": b"not needed either",
+    }
+    files.update(override)
+    return {k: v for k, v in files.items() if v is not None}
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, hub_online):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256 * 1024)  # small chunks: a cut mid-file leaves bytes
+    return tmp_path
+
+
+@pytest.fixture
+def hub(env):
+    with LocalHub(tokens={TOKEN}) as server:
+        yield server
+
+
+def _hub_requests(hub) -> int:
+    return len(hub.requests)
+
+
+def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
+    import pipeline.stages.download.stage as dl
+
+    hashed_from_disk = []
+    check = dl._check_file
+    monkeypatch.setattr(dl, "_check_file", lambda path, meta: hashed_from_disk.append(path.name) or check(path, meta))
+    sha = hub.add_commit("test-org/tiny", _files())
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert not [n for n in hashed_from_disk if n.endswith(".safetensors")]  # LFS files were hashed while streaming
+    assert isinstance(res, StageResult) and res.status == "built" and res.manifest.sha == sha
+    assert res.path == env / "cache" / "downloads" / "test-org--tiny" / sha
+    expected = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", SHARD1, SHARD2,
+                "model.safetensors.index.json"}
+    assert {p.name for p in res.path.iterdir()} == expected | {"manifest.json"}  # allow_patterns; no .cache left
+    files = _files()
+    for name in expected:
+        assert (res.path / name).read_bytes() == files[name]
+    m = res.manifest
+    assert m.repo_id == "test-org/tiny" and m.sha == sha and m.revision == "main" and m.source == "hub"
+    assert m.files[SHARD1].sha256 == __import__("hashlib").sha256(files[SHARD1]).hexdigest()
+    assert json.loads((res.path / "manifest.json").read_text())["key"] == m.key
+    assert read_lock(lock_file_path())["models"]["hub-tiny"] == {"repo_id": "test-org/tiny", "revision": "main",
+                                                                 "sha": sha}
+    # the second run touches no network and no file contents
+    before = _hub_requests(hub)
+    manifest_mtime = (res.path / "manifest.json").stat().st_mtime_ns
+    again = download_model(_entry(), endpoint=hub.endpoint)
+    assert again.status == "cached" and again.path == res.path and again.manifest.key == m.key
+    assert _hub_requests(hub) == before
+    assert (res.path / "manifest.json").stat().st_mtime_ns == manifest_mtime
+
+
+def test_locked_revision_holds_until_update(hub, env):
+    old = hub.add_commit("test-org/tiny", _files(seed=1))
+    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
+    new = hub.add_commit("test-org/tiny", _files(seed=2))  # the branch moves
+    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
+    res = download_model(_entry(), endpoint=hub.endpoint, update=True)
+    assert res.manifest.sha == new and res.status == "built"
+    assert read_lock(lock_file_path())["models"]["hub-tiny"]["sha"] == new
+    assert download_model(_entry(), endpoint=hub.endpoint, revision=old).manifest.sha == old  # explicit commit
+
+
+def test_resume_after_dropped_connection(hub, env, capsys):
+    hub.add_commit("test-org/tiny", _files())
+    hub.drop[SHARD1] = 1_400_000
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
+    ranges = hub.file_gets(SHARD1)
+    assert ranges[0] is None and len(ranges) == 2 and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+    assert int(ranges[1].split("=")[1].rstrip("-")) > 0  # resumed, not restarted
+    assert "resuming" in capsys.readouterr().err
+
+
+def test_resume_against_a_server_that_ignores_range(hub, env):
+    hub.add_commit("test-org/tiny", _files())
+    hub.drop[SHARD1] = 1_400_000
+    hub.ignore_range = True  # the client must restart the file from byte 0 (and the stream hash with it)
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1] and res.manifest.refetched == []
+    assert len(hub.file_gets(SHARD1)) == 2
+
+
+def test_corrupt_file_is_reported_and_refetched(hub, env, capsys):
+    hub.add_commit("test-org/tiny", _files())
+    hub.corrupt[SHARD2] = 1
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert res.manifest.refetched == [SHARD2]
+    assert (res.path / SHARD2).read_bytes() == _files()[SHARD2]
+    assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
+
+
+_KILLED_CHILD = """
+import sys, time
+import pipeline.stages.download.stage as d
+from pipeline.core.registry import get_model
+
+def paused(*args, **kwargs):  # every file is fetched into the staging dir; stop before it is verified
+    print("paused", flush=True)
+    time.sleep(600)
+
+d._verify_staging = paused
+entry = get_model("tiny-llama").model_copy(update={"name": "hub-tiny", "repo_id": "test-org/tiny", "source": "hub"})
+d.download_model(entry, endpoint=sys.argv[1])
+"""
+
+
+def test_sigkill_mid_download_then_rerun_resumes_and_leaves_nothing(hub, env):
+    import signal
+
+    sha = hub.add_commit("test-org/tiny", _files())
+    child_env = dict(os.environ, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, hub.endpoint], cwd=REPO, env=child_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "paused", proc.stderr.read()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    repo_dir = env / "cache" / "downloads" / "test-org--tiny"
+    assert (repo_dir / f".partial-{sha}").is_dir() and not (repo_dir / sha).exists()
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert res.status == "built" and res.path == repo_dir / sha
+    assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
+    assert len(hub.file_gets(SHARD1)) == 1  # the killed run's bytes were kept, not fetched again
+    assert sorted(p.name for p in repo_dir.iterdir() if not p.name.endswith(".lock")) == [sha]  # no staging left
+
+
+def test_persistently_corrupt_file_fails_and_publishes_nothing(hub, env):
+    sha = hub.add_commit("test-org/tiny", _files())
+    hub.corrupt[SHARD2] = 99
+    with pytest.raises(DownloadError, match=f"{SHARD2} still fails verification after 3 fetches"):
+        download_model(_entry(), endpoint=hub.endpoint)
+    assert not (env / "cache" / "downloads" / "test-org--tiny" / sha).exists()
+
+
+def test_local_corruption_needs_verify_and_is_repaired(hub, env):
+    hub.add_commit("test-org/tiny", _files())
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    shard = res.path / SHARD1
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only hashing can tell
+    assert download_model(_entry(), endpoint=hub.endpoint).status == "cached"
+    with pytest.raises(DownloadError, match="incomplete or corrupt"):
+        download_model(_entry(), endpoint=hub.endpoint, offline=True, verify=True)
+    fixed = download_model(_entry(), endpoint=hub.endpoint, verify=True)
+    assert fixed.path == res.path and shard.read_bytes() == _files()[SHARD1]
+    # a truncated file is caught by the cheap size check
+    shard.write_bytes(b"short")
+    assert download_model(_entry(), endpoint=hub.endpoint).status == "built"
+    assert shard.read_bytes() == _files()[SHARD1]
+
+
+def test_offline_reuses_cache_without_network(hub, env):
+    hub.add_commit("test-org/tiny", _files())
+    with pytest.raises(DownloadError, match=r"offline: test-org/tiny@main has not been downloaded"):
+        download_model(_entry(), endpoint=hub.endpoint, offline=True)
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    before = _hub_requests(hub)
+    lock_file_path().unlink()  # even without the lock file, the cached download of 'main' is found
+    off = download_model(_entry(), offline=True)
+    assert off.path == res.path and off.status == "cached" and _hub_requests(hub) == before
+    os.utime(res.path / SHARD1, ns=(1, 1))  # copied cache: new mtime, same bytes -> hashed once, accepted
+    assert download_model(_entry(), offline=True).path == res.path
+    assert json.loads((res.path / "manifest.json").read_text())["files"][SHARD1]["mtime_ns"] == 1
+    (res.path / SHARD1).write_bytes(b"x" * len(_files()[SHARD1]))
+    with pytest.raises(DownloadError, match="incomplete or corrupt"):
+        download_model(_entry(), offline=True)
+    with pytest.raises(DownloadError, match="--update needs the network"):
+        download_model(_entry(), offline=True, update=True)
+
+
+def test_hf_hub_offline_implies_offline(env, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DownloadError, match="offline: test-org/tiny@main has not been downloaded"):
+        download_model(_entry())
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing_repo", r"repo test-org/nope was not found on http://127\.0\.0\.1:\d+ \(or it is private\)"),
+        ("missing_revision", r"revision 'v9' does not exist in test-org/tiny; fix 'revision'"),
+        ("gated_no_token", r"test-org/gated is a gated repo and no Hugging Face token was found; accept its license"),
+        ("gated_bad_token", r"test-org/gated is a gated repo and your Hugging Face token has no access"),
+        ("missing_file", r"a file listed in test-org/tiny@main could not be fetched \(404: " + SHARD2),
+        ("no_tokenizer", r"test-org/tiny@[0-9a-f]{12} has no tokenizer\.json"),
+        ("no_weights", r"has no \*\.safetensors"),
+        ("config_mismatch", r"config\.json num_hidden_layers=7 does not match the registry's 4 for model 'hub-tiny'"),
+        ("no_architectures", r"config\.json has no 'architectures'"),
+        ("unreachable", r"cannot reach http://127\.0\.0\.1:9 to fetch test-org/tiny"),
+        ("bad_repo_id", r"repo_id: '\.\./\.\./etc' is not a Hub repo id"),
+    ],
+)
+def test_errors_are_one_line(hub, env, monkeypatch, case, message):
+    files, entry, kw = _files(), _entry(), {"endpoint": hub.endpoint}
+    if case == "missing_repo":
+        entry = _entry("test-org/nope")
+    elif case == "missing_revision":
+        kw["revision"] = "v9"
+    elif case.startswith("gated"):
+        hub.add_commit("test-org/gated", files, gated=True)
+        entry = _entry("test-org/gated")
+        if case == "gated_bad_token":
+            kw["token"] = "hf_wrong"
+    elif case == "missing_file":
+        hub.hide.add(SHARD2)
+    elif case == "no_tokenizer":
+        files = _files(**{"tokenizer.json": None})
+    elif case == "no_weights":
+        files = _files(**{SHARD1: None, SHARD2: None})
+    elif case == "config_mismatch":
+        files = _files(**{"config.json": _config(num_hidden_layers=7)})
+    elif case == "no_architectures":
+        files = _files(**{"config.json": _config(architectures=None)})
+    elif case == "unreachable":
+        kw["endpoint"] = "http://127.0.0.1:9"
+    elif case == "bad_repo_id":
+        entry = _entry("../../etc")
+    if "test-org/tiny" not in hub.repos and entry.repo_id == "test-org/tiny":
+        hub.add_commit("test-org/tiny", files)
+    with pytest.raises(DownloadError, match=message) as err:
+        download_model(entry, **kw)
+    assert "\n" not in str(err.value)
+    assert not list((env / "cache" / "downloads").glob("*/[0-9a-f]*"))  # nothing published under a final name
+
+
+def test_registry_gated_without_token_fails_before_any_request(hub, env, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    hub.add_commit("test-org/gated", _files(), gated=True)
+    with pytest.raises(DownloadError, match=r"test-org/gated is a gated repo and no Hugging Face token") as err:
+        download_model(_entry("test-org/gated", gated=True), endpoint=hub.endpoint)
+    assert "\n" not in str(err.value) and _hub_requests(hub) == 0
+    assert not (env / "cache" / "downloads").exists() and not lock_file_path().exists()
+
+
+def test_gated_repo_with_token_never_leaks_it(hub, env, capsys):
+    hub.add_commit("test-org/gated", _files(), gated=True)
+    res = download_model(_entry("test-org/gated"), endpoint=hub.endpoint, token=TOKEN)
+    assert res.status == "built"
+    assert all(auth for m, p, _, auth in hub.requests if "/resolve/" in p)
+    out = capsys.readouterr()
+    for text in (out.out, out.err, lock_file_path().read_text(), (res.path / "manifest.json").read_text(),
+                 res.manifest.model_dump_json()):
+        assert TOKEN not in text
+
+
+def test_generated_model_goes_through_the_same_function(pipeline_env):
+    res = download_model(get_model("tiny-llama"))
+    assert res.status == "cached" and res.path.name.startswith("tiny-llama-")
+    assert res.manifest.source == "generated" and res.manifest.repo_id == "local/tiny-llama"
+    assert res.status == "cached"  # the session fixture generated it already
+    assert len(res.manifest.sha) == 40 and set(res.manifest.files) >= {"config.json", "model.safetensors"}
+    assert download_model(get_model("tiny-llama"), verify=True).manifest == res.manifest
+    assert not (pipeline_env / "out").exists()  # no lock file for generated models
+    with pytest.raises(DownloadError, match=r"--revision v2: tiny-llama is generated locally"):
+        download_model(get_model("tiny-llama"), revision="v2")  # never silently ignored
+
+
+@pytest.mark.slow
+def test_generated_files_round_trip_through_the_hub(tiny_models, hub, env):
+    """The generated tiny model published on the local Hub downloads, verifies and loads with transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sha = serve_directory(hub, "test-org/tiny-llama", tiny_models["tiny-llama"])
+    res = download_model(_entry("test-org/tiny-llama"), endpoint=hub.endpoint)
+    assert res.manifest.sha == sha
+    for name in res.manifest.files:
+        assert (res.path / name).read_bytes() == (tiny_models["tiny-llama"] / name).read_bytes()
+    assert AutoModelForCausalLM.from_pretrained(res.path).config.num_hidden_layers == 4
+    assert AutoTokenizer.from_pretrained(res.path)("hello")["input_ids"][0] == 0
+
+
+def test_test_suite_cannot_reach_the_real_hub(hub_online):
+    import requests
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    assert constants.ENDPOINT == "http://127.0.0.1:9"
+    with pytest.raises(requests.ConnectionError, match="non-loopback"):
+        get_session().get("https://huggingface.co/api/models/gpt2", timeout=5)
+
+
+def test_invoke_download_task(pipeline_env):
+    env = {**os.environ, "PIPELINE_ROOT": str(pipeline_env / "out"), "PIPELINE_CACHE": str(pipeline_env / "cache")}
+    ok = subprocess.run([sys.executable, "-m", "invoke", "download", "--model", "tiny-llama"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "tiny-llama" in ok.stdout and "generated" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "invoke", "download", "--model", "llama-8b", "--offline"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        (
+            "error: offline: meta-llama/Llama-3.1-8B-Instruct@main has not been downloaded to "
+            f"{pipeline_env / 'cache'}; run `invoke download --model llama-8b` with network access first"
+        )
+    ]
+
+
+def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
+    import hashlib
+    import threading
+    import types
+
+    import pipeline.stages.download.stage as dl
+
+    hashed_on = []
+
+    class Spy:
+        def __init__(self):
+            self._h = hashlib.sha256()
+
+        def update(self, data):
+            hashed_on.append(threading.current_thread().name)
+            self._h.update(data)
+
+        def hexdigest(self):
+            return self._h.hexdigest()
+
+    monkeypatch.setattr(dl, "hashlib", types.SimpleNamespace(sha256=Spy))
+    chunks = [bytes([i]) * 100_000 for i in range(20)]
+    with open(tmp_path / "f.incomplete", "wb") as f:
+        stream = dl._HashingFile(f, 0)
+        for c in chunks:
+            stream.write(c)
+        assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest() and stream.clean
+    assert len(hashed_on) == 20 and threading.current_thread().name not in hashed_on
+    assert set(hashed_on) == {"download-sha256"}
+    with open(tmp_path / "f.incomplete", "r+b") as f:  # resuming: the bytes on disk are hashed first
+        f.seek(0, 2)
+        stream = dl._HashingFile(f, 1_000_000)
+        for c in chunks[10:]:
+            stream.write(c)
+        assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def test_a_cached_download_is_reported_as_cached_not_fetching(hub, env):
+    from types import SimpleNamespace
+
+    from pipeline.stages.build import _doing
+    from pipeline.stages.download.stage import is_cached
+
+    hub.add_commit("test-org/tiny", _files())
+    spec = SimpleNamespace(model=_entry(), draft_model=None)
+    assert not is_cached(_entry()) and _doing("download", spec) == "fetching test-org/tiny@main"
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert is_cached(_entry()) and _doing("download", spec) == "test-org/tiny@main cached"
+    (res.path / SHARD2).write_bytes(b"changed")  # no longer what the manifest records: it will be fetched
+    assert not is_cached(_entry())
