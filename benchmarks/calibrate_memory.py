@@ -1,5 +1,5 @@
 """Host RAM of a CPU calibration: the calibrate stage's measured peak RSS against the host check's estimate
-(`pipeline.planning.resources.calibration_memory(...).cpu_ram_bytes`), on a randomly initialised Llama with llama-1b's layer
+(`pipeline.stages.resources.calibration_memory(...).cpu_ram_bytes`), on a randomly initialised Llama with llama-1b's layer
 shape and vocabulary (fewer layers), so the float32 model, the export's copy and the round trip's re-load dominate.
 
     python benchmarks/calibrate_memory.py [--layers 4] [--precision fp8] [--calib-seq-len 32]
@@ -68,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipeline.core.spec import resolve_spec
-    from pipeline.planning.resources import calibration_memory, plan_resources
+    from pipeline.stages.resources import calibration_memory, plan_resources
 
     with tempfile.TemporaryDirectory(prefix="calibrate-memory-") as tmp:
         tmp = Path(tmp)

@@ -1,6 +1,6 @@
 """CPU calibration rate per core: the FLOP/s ModelOpt FP8 calibration sustains in float32 on this CPU, measured
 on a randomly initialised model with a real Llama layer shape (llama-1b's: hidden 2048, MLP 8192), against the
-figure the host check assumes (`pipeline.planning.resources.CPU_FLOPS_PER_CORE`).
+figure the host check assumes (`pipeline.stages.resources.CPU_FLOPS_PER_CORE`).
 
 Peer: a plain float32 forward of the same model over the same tokens (no quantizers) — the ratio shows what fake
 quantization costs on top of the GEMMs.
@@ -32,7 +32,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.core.registry import get_model
-    from pipeline.planning.resources import CPU_FLOPS_PER_CORE
+    from pipeline.stages.resources import CPU_FLOPS_PER_CORE
     from pipeline.stages.calibrate.recipes import quant_config
 
     torch.set_num_threads(args.threads)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.host import visible_gpu_count
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.serve import TritonServer, find_gpu_tritonserver, local_gpu_count
+from pipeline.serving.serve import TritonServer, find_gpu_tritonserver
 from pipeline.serving.smoke import smoke_server
 from pipeline.stages.build import build
 
@@ -29,7 +30,7 @@ CLIENTS_ENV = "TRTLLM_TRITON_CLIENTS"
 
 
 def visible_gpus() -> int:
-    return local_gpu_count() or 0
+    return visible_gpu_count() or 0
 
 
 def _skip_reason() -> str | None:

@@ -21,6 +21,7 @@ from pipeline import __version__
 from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, triton_repo_dir
 from pipeline.core.errors import DeployError, PipelineError, ServeError, SpecError
+from pipeline.core.host import visible_gpu_count
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import source as deploy_source
@@ -28,19 +29,15 @@ from pipeline.ops.deploy.topology import choose as choose_topology
 from pipeline.ops.release import release as make_release
 from pipeline.ops.release_verify import verify as verify_release
 from pipeline.planning import planner
-from pipeline.planning.host_check import check_host_fits, format_resources, repo_code_bytes
 from pipeline.planning.placement import node_gpus
-from pipeline.planning.resources import SizeInputs, plan_resources
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
 from pipeline.serving.llmapi.local_inputs import locate_serve_inputs
-from pipeline.serving.llmapi.options import llm_api_options
 from pipeline.serving.llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
 from pipeline.serving.serve import (
     NGC_TRITONSERVER,
     TritonServer,
     check_host,
     find_gpu_tritonserver,
-    local_gpu_count,
     serve_ports,
 )
 from pipeline.serving.smoke import DEFAULT_PROMPT, run_smoke
@@ -52,9 +49,12 @@ from pipeline.stages.compile.engine_plan import plan_compile
 from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.compile.stage import run_compile
 from pipeline.stages.download.stage import download_model
+from pipeline.stages.host_check import check_host_fits, format_resources, repo_code_bytes
 from pipeline.stages.package.install import install_command
+from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.package import package_repo
+from pipeline.stages.resources import SizeInputs, plan_resources
 
 
 def _lazy(name: str):
@@ -544,7 +544,7 @@ def _print_launch_plan(spec: BuildSpec | None, repo: str | None, endpoints: Endp
     """Print the launch plan (env + command) of `--repo` or of the spec's repository; nothing runs or is written."""
     if repo and Path(repo).is_dir():
         path, shape = Path(repo).resolve(), shape_from_repo(Path(repo))
-        gpus = local_gpu_count()
+        gpus = visible_gpu_count()
     elif spec is not None:
         path, shape = (Path(repo) if repo else _planned_repo(spec)), shape_from_spec(spec)
         gpus = node_gpus(spec.hardware)

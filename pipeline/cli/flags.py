@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core.errors import PipelineError, SpecError, io_error, os_error_in
-from pipeline.core.spec import SECTIONS, resolve_spec
+from pipeline.core.spec import SECTIONS
+from pipeline.stages.check import resolve_checked_spec
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def spec_from_flags(values: dict[str, Any]):
         overrides["multiple_profiles"] = False
     if values.get("tp_across_nodes"):
         overrides["tp_across_nodes"] = True
-    return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
+    return resolve_checked_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 
 def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None, kind: type = int) -> Any:

@@ -20,6 +20,8 @@ class GpuMemory(BaseModel):
     name: str
     total_bytes: int
     free_bytes: int
+    sm: int = 0  # compute capability x10 (90: H100/H200)
+    driver: str = ""  # NVIDIA driver version
 
 
 class VolumeSpace(BaseModel):
@@ -66,6 +68,10 @@ def _visible(entries: list[tuple[int, str]], env: str | None) -> list[int]:
     return out
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def probe_gpus() -> tuple[list[GpuMemory], int]:
     """(GPUs visible to CUDA with their free memory, GPUs on the host); ([], 0) without NVML or a driver."""
     try:
@@ -78,11 +84,14 @@ def probe_gpus() -> tuple[list[GpuMemory], int]:
         return [], 0
     try:
         found = []
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            found.append((GpuMemory(index=i, name=str(pynvml.nvmlDeviceGetName(h)), total_bytes=int(mem.total),
-                                    free_bytes=int(mem.free)), str(pynvml.nvmlDeviceGetUUID(h))))
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            found.append((GpuMemory(index=i, name=_text(pynvml.nvmlDeviceGetName(h)), total_bytes=int(mem.total),
+                                    free_bytes=int(mem.free), sm=major * 10 + minor, driver=driver),
+                          _text(pynvml.nvmlDeviceGetUUID(h))))
     except pynvml.NVMLError:
         return [], 0
     finally:
@@ -90,6 +99,11 @@ def probe_gpus() -> tuple[list[GpuMemory], int]:
     visible = _visible([(g.index, uuid) for g, uuid in found], os.environ.get("CUDA_VISIBLE_DEVICES"))
     by_index = {g.index: g for g, _ in found}
     return [by_index[i] for i in visible], len(found)
+
+
+def visible_gpu_count() -> int | None:
+    """GPUs CUDA can see on this host (NVML under CUDA_VISIBLE_DEVICES), None when there are none or no driver."""
+    return len(probe_gpus()[0]) or None
 
 
 def volume_space(path: Path) -> VolumeSpace:

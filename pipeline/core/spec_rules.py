@@ -1,4 +1,4 @@
-"""Coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix). Pure, instant, run before any download.
+"""Intrinsic coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix). Pure, instant.
 
 Each rule raises `SpecError` with one line: the field, the value, and what to do instead. Soft problems are
 returned as warnings. Where a rule mirrors TensorRT-LLM 1.2.1 (NVIDIA/TensorRT-LLM), the function says which
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import SpecError
-from pipeline.core.gpus import GIB, GPUS, SUPPORTED_SM
+from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.registry import ModelEntry
 from pipeline.core.trtllm_rules import (
     MAX_NUM_TOKENS_WARN,
@@ -20,9 +20,6 @@ from pipeline.core.trtllm_rules import (
     needs_fp8_hardware,
     paged_context_fmha_blocker,
 )
-from pipeline.planning.placement import place
-from pipeline.planning.planner import engine_shapes, fit_shortfall
-from pipeline.stages.calibrate.data import load_texts
 
 if TYPE_CHECKING:  # the spec module calls these rules; they only read a spec
     from pipeline.core.spec import BuildSpec
@@ -275,79 +272,9 @@ def _check_pytorch_runtime(spec: BuildSpec) -> None:
             )
 
 
-def _largest_fitting(fits, low: int, high: int) -> int | None:
-    """The largest value in low..high for which the monotone predicate `fits` holds, or None."""
-    if not fits(low):
-        return None
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
-    """Refuse limits whose activations plus one longest sequence's KV do not fit a GPU, naming what would fit.
-
-    Ours (pipeline/planning/planner.py's memory model, not an upstream check): TensorRT-LLM sizes activations by
-    max_num_tokens and max_batch_size at engine load, and a KV pool that cannot hold one max_seq_len sequence
-    makes the executor shrink the attention window or reject the longest requests. Weights that do not fit at all
-    are a parallelism question: a warning here, `invoke plan` names the minimum TP.
-    """
-
-    gpu = GPUS[spec.hardware.gpu]
-
-    def short(**kw) -> float:
-        return fit_shortfall(spec, *engine_shapes(spec, **kw), gpu)
-
-    if short() <= 0:
-        return
-    draft = spec.draft_model is not None
-    floor = spec.limits.tokens_per_block
-    knobs = [
-        ("limits.max_batch_size", "--max-batch", "max_batch", spec.max_batch_size, 1),
-        ("limits.max_num_tokens", "--max-num-tokens", "max_num_tokens", spec.base_max_num_tokens, floor),
-        ("limits.max_seq_len", "--max-seq-len", "max_seq_len", spec.max_seq_len, 1),
-    ]
-    if draft:
-        knobs.insert(1, ("speculation.draft_max_batch_size", "--draft-max-batch", "draft_max_batch",
-                         spec.draft_max_batch_size, 1))
-    # blame what the spec set explicitly first, then the registry defaults
-    given = {f"limits.{n}" for n in spec.limits.model_fields_set} | {
-        f"speculation.{n}" for n in spec.speculation.model_fields_set}
-    knobs.sort(key=lambda knob: knob[0] not in given)
-    minimal = {"max_batch": 1, "max_num_tokens": floor, "max_seq_len": 1}
-    if draft:
-        minimal["draft_max_batch"] = 1
-    if short(**minimal) > 0:
-        warnings.append(
-            f"hardware: {spec.model.name} {spec.quantization.precision} at tp={spec.parallelism.tp} does not fit "
-            f"one {gpu.name} ({gpu.memory_gib} GiB) even at batch 1; raise --tp (`invoke plan` shows the minimum)"
-        )
-        return
-    need = short() / GIB
-    for field, flag, key, value, low in knobs:
-        if value < low:
-            continue
-        best = _largest_fitting(lambda v, key=key: short(**{key: v}) <= 0, low, value)
-        if best is not None:
-            hint = " (and --max-input-len with it)" if key == "max_seq_len" and best < spec.max_input_len else ""
-            raise SpecError(
-                f"{field}={value}: activations and one {spec.max_seq_len}-token sequence's KV need {need:.1f} GiB "
-                f"more than a {gpu.name} has at tp={spec.parallelism.tp}; at most {best} fits: lower {flag} to "
-                f"<= {best}{hint} or raise --tp"
-            )
-    raise SpecError(
-        f"limits: max_batch_size={spec.max_batch_size}, max_num_tokens={spec.base_max_num_tokens} and "
-        f"max_seq_len={spec.max_seq_len} together need {need:.1f} GiB more than a {gpu.name} has at "
-        f"tp={spec.parallelism.tp}; lower them (each alone is not enough) or raise --tp"
-    )
-
-
 def validate_spec(spec: BuildSpec) -> list[str]:
-    """Apply every rule; return warnings, raise `SpecError` on the first violation."""
+    """Apply every intrinsic rule (the spec alone, no planner, no files); return warnings, raise `SpecError` on the
+    first violation. `pipeline.stages.check` adds the rules that need the planner or the input files."""
     warnings: list[str] = []
     _check_kv(spec)
     if spec.runtime == "pytorch":
@@ -362,17 +289,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
         # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
         draft_tp = spec.draft_tp if spec.runtime == "engine" else p.tp
         _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
-    place(p.tp, p.pp, spec.hardware)  # TP within a node, PP across nodes, within hardware.nodes
     if spec.draft_model and spec.runtime == "engine":
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
-    _check_memory_fit(spec, warnings)
-    _check_input_files(spec)
     return warnings
-
-
-def _check_input_files(spec: BuildSpec) -> None:
-    """Rule of ours: file inputs exist and parse before anything is downloaded (the calibrate stage reads them
-    again; this only fails early)."""
-    if spec.quantization.calib_data is not None:
-        load_texts(spec.quantization.calib_data)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from pipeline.core.artifacts import atomic_dir, cache_dir, stage_lock
 from pipeline.core.errors import ServeError
+from pipeline.core.host import visible_gpu_count
 from pipeline.core.procs import parent_death_preexec, pid_alive, terminate
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, RepoShape, plan_launch, shape_from_repo
 from pipeline.stages.package.install import install_repo
@@ -371,21 +372,9 @@ def build_command(
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
             "--target reference for CPU"
         )
-    plan = plan_launch(shape, binary=str(exe), gpus_per_node=local_gpu_count(), **kw)
+    plan = plan_launch(shape, binary=str(exe), gpus_per_node=visible_gpu_count(), **kw)
     env.update(plan.env)
     return ServerCommand(plan.local_argv(shutil.which("mpirun") or "mpirun"), env, "gpu-ngc", plan)
-
-
-def local_gpu_count() -> int | None:
-    """GPUs visible on this host (nvidia-smi), None when it cannot tell."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--list-gpus"], capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sum(1 for line in out.splitlines() if line.startswith("GPU ")) or None
 
 
 def _cpu_command(kw: dict, env: dict[str, str]) -> ServerCommand:

@@ -26,7 +26,6 @@ from pipeline.core.errors import BuildError
 from pipeline.core.layout import BuildLayout
 from pipeline.core.manifests import StageResult
 from pipeline.core.spec import BuildSpec
-from pipeline.serving.llmapi.options import llm_api_options
 from pipeline.stages.calibrate.stage import log_file as calibrate_log
 from pipeline.stages.calibrate.stage import run_calibrate
 from pipeline.stages.compile import run_compile
@@ -34,6 +33,7 @@ from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.download.stage import download_model
 from pipeline.stages.download.stage import is_cached as download_is_cached
 from pipeline.stages.package import package_repo
+from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
@@ -269,7 +269,7 @@ def build(
         progress: callback for the one-line-per-stage progress (default: stderr); None for silence.
         check_only: locate every stage up to `until`; nothing is built (`locate_outputs`).
         host_check: called with the stages to run after the spec and preflight checks, before any download;
-            returns a line for the check stage's detail or raises (`pipeline.planning.host_check`).
+            returns a line for the check stage's detail or raises (`pipeline.stages.host_check`).
 
     Raises:
         BuildError: bad --until/--from/--force. PipelineError subclasses from the stages, e.g. IntegrityError

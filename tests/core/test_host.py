@@ -30,3 +30,54 @@ def test_probe_host_reports_volumes_ram_and_consistent_gpus(tmp_path):
     h = probe_host({"cache": tmp_path / "c", "root": tmp_path / "r"})
     assert set(h.volumes) == {"cache", "root"} and h.volumes["cache"].device == h.volumes["root"].device
     assert h.ram_available_bytes == ram_available() > 0 and h.cpu_count == (os.cpu_count() or 1)
+
+
+class _FakeNvml:
+    """pynvml's calls the probe makes, over three H100s."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"580.95.05"
+
+    def nvmlDeviceGetCount(self):
+        return len(GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("Mem", (), {"total": 80 << 30, "free": (70 - h) << 30})()
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return 9, 0
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUUID(self, h):
+        return GPUS[h][1]
+
+
+def test_one_probe_serves_serve_and_compile_preflight_under_cuda_visible_devices(monkeypatch):
+    from pipeline.core.host import visible_gpu_count
+    from pipeline.stages.compile.preflight import probe_host as compile_probe
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", _FakeNvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,1")
+    gpus, on_host = probe_gpus()
+    assert on_host == 3 and [g.index for g in gpus] == [2, 1]
+    assert gpus[0].sm == 90 and gpus[0].driver == "580.95.05" and gpus[0].free_bytes == 68 << 30
+    assert visible_gpu_count() == 2
+    probe = compile_probe()
+    assert [(g.index, g.sm, g.memory_mib) for g in probe.gpus] == [(2, 90, 80 << 10), (1, 90, 80 << 10)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpu_count() is None
+    assert compile_probe().gpu_query_error == "CUDA_VISIBLE_DEVICES hides every GPU"

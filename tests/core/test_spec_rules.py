@@ -163,10 +163,6 @@ def test_awq_block_per_rank():
     assert resolve_spec(model="tiny-llama", precision="int4_awq", tp=2).parallelism.tp == 2
 
 
-def test_world_size_beyond_host_gpus():
-    reject(r"tp×pp=16 exceeds hardware.gpu_count=8", model="llama-70b", tp=8, pp=2)
-
-
 def test_max_seq_len_beyond_positions():
     reject(r"max_seq_len=2000 exceeds tiny-llama's max_position_embeddings=1024", model="tiny-llama",
            max_seq_len=2000)
@@ -283,62 +279,6 @@ def test_draft_batch_above_target_batch_warns():
     spec = resolve_spec(model="llama-70b", tp=4, draft="llama-1b", max_batch_size=4, draft_max_batch_size=16)
     assert spec.draft_max_batch_size == 16
     assert any("draft_max_batch_size=16 exceeds max_batch_size=4" in w for w in spec.warnings)
-
-
-# --- limits bounded by what fits on the GPU (planner memory model) ---------------------------------------------
-
-def _fits_number(msg: str) -> int:
-    import re
-
-    return int(re.search(r"at most (\d+) fits", msg).group(1))
-
-
-def test_absurd_max_batch_rejected_with_the_batch_that_fits():
-    msg = reject(r"limits.max_batch_size=99999999999: .* at most \d+ fits: lower --max-batch to <= \d+",
-                 model="llama-70b", precision="fp8", tp=4, max_batch_size=99999999999)
-    best = _fits_number(msg)
-    assert resolve_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=best).max_batch_size == best
-    reject(r"limits.max_batch_size", model="llama-70b", precision="fp8", tp=4, max_batch_size=best + 1)
-
-
-def test_max_num_tokens_that_does_not_fit_rejected():
-    msg = reject(r"limits.max_num_tokens=400000: .* lower --max-num-tokens to <= \d+", model="llama-70b",
-                 precision="fp8", max_num_tokens=400000)
-    best = _fits_number(msg)
-    assert 8192 < best < 400000
-    assert resolve_spec(model="llama-70b", precision="fp8", max_num_tokens=best).limits.max_num_tokens == best
-
-
-def test_max_seq_len_whose_kv_does_not_fit_rejected():
-    # 70B FP8 on one H100: ~9 GiB left after weights; one 131072-token sequence needs 20 GiB of FP8 KV
-    msg = reject(r"limits.max_seq_len=131072: .* one 131072-token sequence's KV .* lower --max-seq-len",
-                 model="llama-70b", precision="fp8", max_seq_len=131072)
-    best = _fits_number(msg)
-    assert 8192 < best < 131072
-    assert resolve_spec(model="llama-70b", precision="fp8", max_seq_len=best).max_seq_len == best
-    assert resolve_spec(model="llama-70b", precision="fp8", tp=2, max_seq_len=131072).max_seq_len == 131072
-
-
-def test_draft_batch_on_a_small_gpu_rejected():
-    # the draft's fp32 logits at batch 80000 (80000 x 128256 x 4 B = 38 GiB) do not fit a 44.5 GiB L40S beside
-    # the 8B target
-    msg = reject(r"speculation.draft_max_batch_size=80000: .* lower --draft-max-batch", model="llama-8b",
-                 precision="fp8", gpu="l40s", draft="llama-1b", max_batch_size=4, draft_max_batch_size=80000)
-    assert resolve_spec(model="llama-8b", precision="fp8", gpu="l40s", draft="llama-1b", max_batch_size=4,
-                        draft_max_batch_size=_fits_number(msg)).draft_max_batch_size == _fits_number(msg)
-
-
-def test_limits_that_only_fit_together_name_all_of_them():
-    # neither batch 1 at 131072 tokens nor 8192 tokens at batch 1e11 fits one H100 beside 70B FP8 weights
-    msg = reject(r"max_batch_size=99999999999, max_num_tokens=8192 and max_seq_len=131072 together need",
-                 model="llama-70b", precision="fp8", max_batch_size=99999999999, max_seq_len=131072)
-    assert "raise --tp" in msg
-
-
-def test_weights_that_do_not_fit_warn_and_leave_min_tp_to_plan():
-    spec = resolve_spec(model="llama-70b", precision="bf16")
-    assert any("does not fit one h100-sxm" in w and "raise --tp" in w for w in spec.warnings)
-    assert not [w for w in resolve_spec(model="llama-70b", precision="bf16", tp=2).warnings if "fit" in w]
 
 
 def test_large_max_num_tokens_warns_like_trtllm_build():

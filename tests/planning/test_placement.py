@@ -6,6 +6,7 @@ from pipeline.core.errors import SpecError
 from pipeline.core.spec import HardwareSpec, resolve_spec
 from pipeline.planning.placement import place
 from pipeline.planning.planner import plan_capacity
+from pipeline.stages.check import resolve_checked_spec
 
 
 def test_tp_within_node_pp_across_nodes():
@@ -42,7 +43,7 @@ def test_tp_across_nodes_when_asked():
 
 def test_check_refuses_tp_spanning_nodes():
     with pytest.raises(SpecError, match="tp=16 exceeds the 8 GPUs of one node"):
-        resolve_spec(model="llama-405b", precision="bf16", tp=16, nodes=2)
+        resolve_checked_spec(model="llama-405b", precision="bf16", tp=16, nodes=2)
 
 
 def test_plan_reports_memory_per_node():

@@ -114,7 +114,7 @@ def test_runtime_pytorch_build_exports_hf_skips_compile_and_packages_llmapi(pipe
 
     import yaml
 
-    from pipeline.serving.llmapi.options import LlmApiOptions
+    from pipeline.stages.package.llmapi_options import LlmApiOptions
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch", calib_size=4,
                         calib_seq_len=32)

@@ -27,7 +27,7 @@ from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import names
 from pipeline.ops.deploy.runtime import CONFIG, HTTP_PORT, WORK, Runtime
 from pipeline.planning.placement import Placement
-from pipeline.planning.resources import plan_resources
+from pipeline.stages.resources import plan_resources
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"

@@ -21,13 +21,14 @@ from pipeline import __version__
 from pipeline.core.artifacts import output_root
 from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
-from pipeline.core.spec import BuildSpec, resolve_spec
+from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s, names, slurm
 from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
 from pipeline.ops.deploy.runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.planning.placement import Placement
+from pipeline.stages.check import resolve_checked_spec
 
 Platform = Literal["k8s", "slurm"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
@@ -138,7 +139,7 @@ def matrix_cells(matrix: str, base: dict[str, Any]) -> list[BuildSpec]:
         if len(parts) == 3:
             over["tp"] = parts[2]
         try:
-            cells.append(resolve_spec(**over))
+            cells.append(resolve_checked_spec(**over))
         except SpecError as exc:
             raise DeployError(f"--matrix item {item!r}: {exc}") from None
     return cells

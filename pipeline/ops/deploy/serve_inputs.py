@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pipeline.core.artifacts import check_name
 from pipeline.core.errors import DeployError, PipelineError, io_error
-from pipeline.serving.llmapi.options import EngineServeOptions, KvCacheConfig
 from pipeline.stages.package import llmapi_yaml, pbtxt
+from pipeline.stages.package.llmapi_options import EngineServeOptions, KvCacheConfig
 from pipeline.stages.package.llmapi_package import check_model_yaml
 
 OPTIONS_FILE = "llm_api_options.yaml"

@@ -12,6 +12,7 @@ from pipeline.core.spec import BuildSpec, ParallelSpec
 from pipeline.core.spec_rules import validate_spec
 from pipeline.planning.placement import Placement, node_gpus, place
 from pipeline.planning.planner import TP_CHOICES, plan_capacity
+from pipeline.stages.check import check_spec_fits
 
 MAX_NODES = 16
 
@@ -21,7 +22,7 @@ def with_parallelism(spec: BuildSpec, tp: int, pp: int, nodes: int) -> BuildSpec
     hw = spec.hardware.model_copy(update={"nodes": nodes})
     out = spec.model_copy(update={"parallelism": ParallelSpec(tp=tp, pp=pp), "hardware": hw})
     out.warnings = validate_spec(out)
-    return out
+    return check_spec_fits(out)
 
 
 def _fits(spec: BuildSpec, tp: int, pp: int, nodes: int) -> BuildSpec | None:

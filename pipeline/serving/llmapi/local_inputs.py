@@ -20,9 +20,9 @@ from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
 from pipeline.core.spec import BuildSpec
-from pipeline.serving.llmapi.options import engine_serve_options, llm_api_options
 from pipeline.serving.llmapi.serve_plan import check_servable
 from pipeline.stages.build import locate_outputs
+from pipeline.stages.package.llmapi_options import engine_serve_options, llm_api_options
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Preflight of the compile stage: is this host able to build TensorRT-LLM 1.2.1 engines for the target GPU?
 
 Cheap checks first (no heavy import): the `tensorrt_llm` distribution is installed with the pinned version
-(importlib metadata, not an import) and GPUs are visible through `nvidia-smi` (NVML via `pynvml` as a fallback)
+(importlib metadata, not an import) and GPUs are visible to CUDA (NVML, `pipeline.core.host`)
 with the compute capability of the spec's GPU and at least `--workers` of them. Only then is `tensorrt_llm`
 imported — in a subprocess, because it needs libcuda — to read the TensorRT and CUDA versions for the manifest.
 On a CPU-only host this fails in well under a second with what to run instead.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
 from pipeline.core.errors import ToolchainError
 from pipeline.core.gpus import GPUS
+from pipeline.core.host import probe_gpus
 from pipeline.core.trtllm_rules import TRTLLM_VERSION
 
 CPU_STAGES_HINT = (
@@ -74,63 +74,21 @@ def _trtllm_version() -> tuple[bool, str | None]:
     return True, None
 
 
-def parse_nvidia_smi(text: str) -> list[GPUInfo]:
-    """Parse `nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version` CSV (noheader, nounits)."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5:
-            continue
-        index, name, cap, mem, driver = parts[:5]
-        major, _, minor = cap.partition(".")
-        try:
-            gpus.append(GPUInfo(int(index), name, int(major) * 10 + int(minor or 0), int(float(mem)), driver))
-        except ValueError:
-            continue
-    return gpus
-
-
 def _query_gpus() -> tuple[list[GPUInfo], str | None]:
-    exe = shutil.which("nvidia-smi")
-    if exe:
-        try:
-            r = subprocess.run(
-                [exe, "--query-gpu=index,name,compute_cap,memory.total,driver_version",
-                 "--format=csv,noheader,nounits"],
-                check=False, capture_output=True, text=True, timeout=20,
-            )
-        except subprocess.TimeoutExpired:
-            return [], "nvidia-smi timed out"
-        if r.returncode == 0:
-            return parse_nvidia_smi(r.stdout), None
-        smi_error = f"nvidia-smi failed: {(r.stderr or r.stdout).strip().splitlines()[-1:] or ['?']}"
-    else:
-        smi_error = "nvidia-smi not found (no NVIDIA driver)"
-    if importlib.util.find_spec("pynvml") is None:
-        return [], smi_error
-    try:  # NVML fallback
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total // (1 << 20)
-            gpus.append(GPUInfo(i, name if isinstance(name, str) else name.decode(), major * 10 + minor, mem,
-                                driver if isinstance(driver, str) else driver.decode()))
-        return gpus, None
-    except Exception as exc:  # noqa: BLE001 - any NVML failure means: no usable GPU
-        return [], f"{smi_error}; NVML: {exc}"
+    """The GPUs CUDA can see (the one host probe, `pipeline.core.host`), or why there are none."""
+    visible, on_host = probe_gpus()
+    if not visible:
+        why = ("CUDA_VISIBLE_DEVICES hides every GPU" if on_host else
+               "no GPU visible through NVML (no NVIDIA driver on this host)")
+        return [], why
+    return [GPUInfo(g.index, g.name, g.sm, g.total_bytes // (1 << 20), g.driver) for g in visible], None
 
 
 def probe_host() -> HostProbe:
     """Look at this host without importing TensorRT-LLM (fast on any machine)."""
     installed, version = _trtllm_version()
     probe = HostProbe(trtllm_installed=installed, trtllm_version=version)
-    probe.gpus, probe.gpu_query_error = _query_gpus()  # instant without a driver: no nvidia-smi, no pynvml
+    probe.gpus, probe.gpu_query_error = _query_gpus()  # instant without a driver
     return probe
 
 

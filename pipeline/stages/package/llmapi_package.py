@@ -28,8 +28,8 @@ from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.layout import repo_name
 from pipeline.core.manifests import RepoManifest
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
-from pipeline.serving.llmapi.options import LlmApiOptions
 from pipeline.stages.package import llmapi_yaml, pbtxt
+from pipeline.stages.package.llmapi_options import LlmApiOptions
 from pipeline.stages.package.package import PackageResult, current_repo
 from pipeline.stages.package.render import render, templates_root
 from pipeline.stages.package.repo_check import validate_repo

@@ -195,7 +195,7 @@ def _pods(objects):
 def test_work_volume_is_sized_from_the_release(tmp_path, precision):
     from pipeline.core.gpus import GIB
     from pipeline.ops.deploy.k8s import WORK_HEADROOM, quantity, work_bytes
-    from pipeline.planning.resources import plan_resources
+    from pipeline.stages.resources import plan_resources
 
     summary, by_kind, objects = _deploy(tmp_path, precision)
     spec = resolve_spec(model="llama-405b", precision=precision, tp=summary["tp"], pp=summary["pp"],

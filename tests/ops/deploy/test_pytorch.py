@@ -19,9 +19,9 @@ from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, write_serve_inputs
 from pipeline.ops.deploy.serve_inputs import main as serve_inputs_main
 from pipeline.ops.deploy.validate import validate_objects
-from pipeline.serving.llmapi.options import LlmApiOptions, llm_api_options
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from pipeline.stages.package import llmapi_yaml
+from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import model_yaml
 from tests.support.rank_stub import run_rank
 

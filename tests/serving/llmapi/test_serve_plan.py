@@ -13,7 +13,7 @@ from pipeline.cli.commands import serve_command
 from pipeline.core.errors import DownloadError, HostError, IntegrityError, SpecError
 from pipeline.core.spec import resolve_spec
 from pipeline.serving.llmapi import local_inputs, serve_plan
-from pipeline.serving.llmapi.options import engine_serve_options
+from pipeline.stages.package.llmapi_options import engine_serve_options
 from tests.support.trtllm_serve_cli_table import backend_choices
 from tests.support.trtllm_serve_cli_table import options as cli_options
 

@@ -23,7 +23,6 @@ from pipeline.stages.compile.preflight import (
     HostProbe,
     check_host,
     host_problems,
-    parse_nvidia_smi,
     preflight,
     probe_host,
 )
@@ -80,13 +79,6 @@ def test_host_problems_for_gpu_hosts():
     assert host_problems(none, gpu="h200", workers=1) == ["no GPU is visible"]
     with pytest.raises(CompileError, match=r"SM 9.0\) with TensorRT-LLM 1.2.1, but no GPU is visible"):
         check_host(none, gpu="h200", workers=1)
-
-
-def test_parse_nvidia_smi():
-    text = "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.95.05\n1, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.95.05\n"
-    gpus = parse_nvidia_smi(text)
-    assert [g.sm for g in gpus] == [90, 90] and gpus[1].index == 1 and gpus[0].driver == "580.95.05"
-    assert parse_nvidia_smi("garbage\n") == []
 
 
 def test_probe_host_is_import_free():

@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi.options import llm_api_options
 from pipeline.serving.serve import TritonServer, find_gpu_tritonserver
+from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from tests.support.llmapi_fixtures import fabricated_fp8_export
 

@@ -13,9 +13,9 @@ import pytest
 
 from pipeline.core.errors import PackageError
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi.options import LlmApiOptions, llm_api_options
 from pipeline.stages.package import llmapi_yaml, pbtxt
 from pipeline.stages.package.install import install_repo
+from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.render import templates_root
 from tests.support import llmapi_contract_table as table

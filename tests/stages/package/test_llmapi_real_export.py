@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi.options import llm_api_options
 from pipeline.stages.calibrate.hf_checkpoint import load_hf_checkpoint
+from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.render import templates_root
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi.options import llm_api_options
 from pipeline.serving.serve import TritonServer
+from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from tests.support.llmapi_fixtures import fabricated_fp8_export
 

@@ -1,7 +1,7 @@
 """Does this host have the GPU memory, RAM and disk for a build? Checked before the first byte is downloaded.
 
 `check_host_fits` finds which stage outputs are already current (check-only lookups: nothing is built or fetched),
-plans what the rest needs (`pipeline.planning.resources`), probes the host (`pipeline.core.host`, injectable) and raises
+plans what the rest needs (`pipeline.stages.resources`), probes the host (`pipeline.core.host`, injectable) and raises
 `HostResourceError` (exit 4) with one line: the numbers and the ways out.
 """
 
@@ -17,7 +17,9 @@ from pipeline.core.errors import HostResourceError, PipelineError
 from pipeline.core.gpus import GIB
 from pipeline.core.host import HostResources, probe_host
 from pipeline.core.spec import BuildSpec
-from pipeline.planning.resources import (
+from pipeline.stages.build import STAGES, locate_outputs
+from pipeline.stages.download.stage import download_model
+from pipeline.stages.resources import (
     CUDA_CONTEXT_BYTES,
     STAGE_VOLUME,
     CalibrationMemory,
@@ -25,8 +27,6 @@ from pipeline.planning.resources import (
     SizeInputs,
     plan_resources,
 )
-from pipeline.stages.build import STAGES, locate_outputs
-from pipeline.stages.download.stage import download_model
 
 TEMPLATES = Path(__file__).parents[1] / "templates" / "triton"
 SKIP_HINT = "--skip-host-check to build anyway"

@@ -8,8 +8,8 @@ from pipeline.core.errors import HostResourceError
 from pipeline.core.gpus import GIB
 from pipeline.core.host import GpuMemory, HostResources, VolumeSpace
 from pipeline.core.spec import resolve_spec
-from pipeline.planning.host_check import check_host_fits
 from pipeline.stages.build import build
+from pipeline.stages.host_check import check_host_fits
 
 BUILD = ("download", "calibrate", "compile", "package")
 PLENTY = 10**15

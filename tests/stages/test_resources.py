@@ -10,7 +10,7 @@ import pytest
 from pipeline.core.gpus import GIB
 from pipeline.core.registry import get_model
 from pipeline.core.spec import resolve_spec
-from pipeline.planning.resources import (
+from pipeline.stages.resources import (
     ROUNDTRIP_MAX_PARAMS,
     SizeInputs,
     calibration_memory,
@@ -103,7 +103,7 @@ def _tree_bytes(root: Path) -> int:
 @pytest.mark.parametrize("overrides", [dict(precision="fp8"), dict(precision="fp8", tp=2),
                                        dict(precision="int4_awq", kv_cache="bf16")])
 def test_tiny_checkpoint_estimate_within_10_percent_of_what_calibrate_writes(tiny_models, overrides):
-    from pipeline.planning.host_check import repo_code_bytes
+    from pipeline.stages.host_check import repo_code_bytes
     from tests.support.calibrate_fixtures import calibrated, make_spec
 
     written = _tree_bytes(calibrated(tiny_models, **overrides).path)
@@ -114,7 +114,7 @@ def test_tiny_checkpoint_estimate_within_10_percent_of_what_calibrate_writes(tin
 
 @pytest.mark.slow
 def test_tiny_download_and_repository_estimates_within_10_percent(tiny_models, tiny_reference_repo):
-    from pipeline.planning.host_check import repo_code_bytes
+    from pipeline.stages.host_check import repo_code_bytes
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
     plan = plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))

@@ -7,7 +7,7 @@ import yaml
 
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi.options import LlmApiOptions, llm_api_options
+from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 
 
 def test_options_from_a_speculative_fp8_spec():
