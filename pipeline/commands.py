@@ -196,7 +196,8 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
         plan = plan_compile(spec, **dirs, allow_derived=True)
         print(plan.to_json() if json_ else plan.format())
         return plan.as_dict()
-    res, draft_res = run_compile(spec, **dirs, force=force, toolchain=toolchain)
+    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
+                                 draft_output_dir=dirs["draft_output_dir"], force=force, toolchain=toolchain)
     m = res.manifest
     if json_:
         print(json.dumps(m.model_dump(mode="json"), indent=2))
@@ -529,7 +530,7 @@ def _planned_repo(spec: BuildSpec) -> Path:
     calibration will fix."""
     with contextlib.suppress(PipelineError):
         return locate_outputs(spec).triton_repo.path
-    name = f"{PENDING}-{spec.fingerprint()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
+    name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
     return triton_repo_dir() / name
 
 
