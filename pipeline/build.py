@@ -155,7 +155,8 @@ def _outcome(stage: str, results: dict[str, StageResult | None], detail: str = "
                         keys={role: r.manifest.key for role, r in found.items()}, detail=detail)
 
 
-def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
+def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool,
+              check_only: bool = False) -> StageOutcome:
     for role, entry in (("model", spec.model), ("draft", spec.draft_model)):
         if entry is None:
             continue

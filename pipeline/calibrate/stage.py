@@ -194,13 +194,14 @@ def run_calibrate(
         IntegrityError: the current checkpoint differs from its manifest (re-run with `--force calibrate`).
     """
     plan = _plan(spec, role)
-    texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
+    texts, calib_source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
     src, source_sha = _resolve_source(plan.entry, source)
     _check_architecture(src, plan.entry)
     fix = f"re-fetch the model (`invoke download --model {plan.entry.name} --verify`)"
     check_safetensors_dir(src, fix=fix)
     encode = data.tokenizer_fn(src, fix=fix)
-    calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
+    calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed,
+                      source=calib_source)
     factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)
     build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"

@@ -48,7 +48,7 @@ def pair(tmp_path):
                                     precision="fp8", kv_cache="fp8", vocab_size=1024,
                                     tokenizer_extra={"chat_template": "another template"},
                                     manifest_key="fabricated-draft-checkpoint-key")
-    return plan_compile(spec, checkpoint_dir=t, output_dir=base / "engine", draft_checkpoint=d)
+    return plan_compile(spec, checkpoint_dir=t, output_dir=base / "engine", draft_checkpoint_dir=d)
 
 
 def test_verify_accepts_engine_matching_plan(tmp_path, pair):
