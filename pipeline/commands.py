@@ -36,6 +36,7 @@ from .llmapi.local_inputs import locate_serve_inputs
 from .layout import release_file
 from .llmapi.options import llm_api_options
 from .llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
+from .refs import write_ref
 from .release import release as make_release
 from .release_verify import verify as verify_release
 from .resources import SizeInputs, plan_resources
@@ -198,6 +199,8 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
         return plan.as_dict()
     res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
                                  draft_output_dir=dirs["draft_output_dir"], force=force, toolchain=toolchain)
+    if checkpoint_dir is None and draft_checkpoint_dir is None:  # the spec's own build: point its ref here
+        write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
     if json_:
         print(json.dumps(m.model_dump(mode="json"), indent=2))
@@ -357,14 +360,17 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
     Args:
         force: rebuild even when the checkpoint for these inputs exists
     """
+    results = {}
     for role in ["target"] + (["draft"] if spec.draft_model else []):
-        res = run_calibrate(spec, role=role, force=bool(force))
+        res = results["checkpoint" if role == "target" else "draft_checkpoint"] = run_calibrate(spec, role=role,
+                                                                                              force=bool(force))
         q = res.manifest.quality
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
             f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
             + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
         )
+    write_ref("calibrate", spec.identity("calibrate"), results)
 
 
 # --- package / serve / smoke / install-repo -----------------------------------------------------------------------
@@ -410,6 +416,8 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         tokenizer_dir=_path(tokenizer_dir), draft_tokenizer_dir=_path(draft_tokenizer_dir), force=bool(force),
         **naming,
     )
+    if naming and output is None:  # the spec's own build: point its ref here
+        write_ref("package", spec.identity("package"), {"triton_repo": res})
     for w in res.manifest.warnings:
         print(f"warning: {w}", file=sys.stderr)
     state = "current (no-op)" if res.status == "cached" else "written"
@@ -433,6 +441,8 @@ def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint
     res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
                               options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
                               force=bool(force), **naming)
+    if naming and output is None:  # the spec's own build: point its ref here
+        write_ref("package", spec.identity("package"), {"triton_repo": res})
     state = "current (no-op)" if res.status == "cached" else "written"
     print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
     return res
