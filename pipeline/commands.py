@@ -361,9 +361,8 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
         force: rebuild even when the checkpoint for these inputs exists
     """
     results = {}
-    for role in ["target"] + (["draft"] if spec.draft_model else []):
-        res = results["checkpoint" if role == "target" else "draft_checkpoint"] = run_calibrate(spec, role=role,
-                                                                                              force=bool(force))
+    for role, output in (("target", "checkpoint"), ("draft", "draft_checkpoint"))[: 2 if spec.draft_model else 1]:
+        res = results[output] = run_calibrate(spec, role=role, force=bool(force))
         q = res.manifest.quality
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "

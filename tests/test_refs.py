@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import __version__
 from pipeline.artifacts import file_table
-from pipeline.errors import CalibrationError, IntegrityError, PipelineError
+from pipeline.errors import CalibrationError, IntegrityError, PackageError, PipelineError
 from pipeline.manifests import RepoManifest, StageResult
 from pipeline.refs import lookup, read_ref, ref_path, write_ref
 from pipeline.spec import resolve_spec
@@ -143,3 +143,17 @@ def test_readers_refuse_a_recorded_output_that_changed_with_exit_3(built):
     with pytest.raises(IntegrityError, match="re-run `invoke build --force calibrate`") as err:
         locate_outputs(built["spec"], verify=True)
     assert err.value.exit_code == 3
+
+
+@pytest.mark.slow
+def test_a_standalone_package_points_the_ref_that_serve_follows(built, capsys):
+    from pipeline.build import locate_outputs
+    from pipeline.commands import package_command
+
+    spec = built["spec"]
+    ref_path("package", spec.identity("package")).unlink()
+    with pytest.raises(PackageError, match="no current Triton repository for tiny-llama fp8 .* run `invoke package`"):
+        locate_outputs(spec)
+    res = package_command(spec)  # `invoke package`: finds the checkpoint through its ref, then records its own
+    assert res.status == "cached" and locate_outputs(spec).triton_repo.path == res.path
+    assert "current (no-op)" in capsys.readouterr().out
