@@ -23,6 +23,7 @@ from pipeline.core.artifacts import engines_dir, triton_repo_dir
 from pipeline.core.errors import DeployError, PipelineError, ServeError, SpecError
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
+from pipeline.core.refs import write_ref
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import source as deploy_source
 from pipeline.ops.deploy.topology import choose as choose_topology
@@ -203,7 +204,10 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
         plan = plan_compile(spec, **dirs, allow_derived=True)
         print(plan.to_json() if json_ else plan.format())
         return plan.as_dict()
-    res, draft_res = run_compile(spec, **dirs, force=force, toolchain=toolchain)
+    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
+                                 draft_output_dir=dirs["draft_output_dir"], force=force, toolchain=toolchain)
+    if checkpoint_dir is None and draft_checkpoint_dir is None:  # the spec's own build: point its ref here
+        write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
     if json_:
         print(json.dumps(m.model_dump(mode="json"), indent=2))
@@ -363,14 +367,16 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
     Args:
         force: rebuild even when the checkpoint for these inputs exists
     """
-    for role in ["target"] + (["draft"] if spec.draft_model else []):
-        res = run_calibrate(spec, role=role, force=bool(force))
+    results = {}
+    for role, output in (("target", "checkpoint"), ("draft", "draft_checkpoint"))[: 2 if spec.draft_model else 1]:
+        res = results[output] = run_calibrate(spec, role=role, force=bool(force))
         q = res.manifest.quality
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
             f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
             + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
         )
+    write_ref("calibrate", spec.identity("calibrate"), results)
 
 
 # --- package / serve / smoke / install-repo -----------------------------------------------------------------------
@@ -416,6 +422,8 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         tokenizer_dir=_path(tokenizer_dir), draft_tokenizer_dir=_path(draft_tokenizer_dir), force=bool(force),
         **naming,
     )
+    if naming and output is None:  # the spec's own build: point its ref here
+        write_ref("package", spec.identity("package"), {"triton_repo": res})
     for w in res.manifest.warnings:
         print(f"warning: {w}", file=sys.stderr)
     state = "current (no-op)" if res.status == "cached" else "written"
@@ -439,6 +447,8 @@ def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint
     res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
                               options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
                               force=bool(force), **naming)
+    if naming and output is None:  # the spec's own build: point its ref here
+        write_ref("package", spec.identity("package"), {"triton_repo": res})
     state = "current (no-op)" if res.status == "cached" else "written"
     print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
     return res
@@ -536,7 +546,7 @@ def _planned_repo(spec: BuildSpec) -> Path:
     calibration will fix."""
     with contextlib.suppress(PipelineError):
         return locate_outputs(spec).triton_repo.path
-    name = f"{PENDING}-{spec.fingerprint()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
+    name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
     return triton_repo_dir() / name
 
 

@@ -5,19 +5,19 @@
                                             (hf_quant_config.json, tokenizer at its root); the draft's likewise
     engines/<build-id>/engine/, draft_engine/   compile (target trtllm)
     triton_repo/<build-id>-<spec-key8>[-reference]/   package
-    releases/<model>-<precision>-<release-key8>[-reference]-v<version>.tar   release (`release_file`)
+    releases/<model>-<precision>-<spec-key8>[-reference]-v<version>.tar   release (`release_file`)
+    engines/.refs/<stage>/<spec identity>.json   the build refs (`pipeline.core.refs`)
 
 A build id is `<model>-<precision>-<calibrate key12>`; the repository name adds the first 8 hex digits of the spec's
-key, so two specs sharing a checkpoint (e.g. with and without a draft) never share a repository. A release file is
-named from the spec alone (no stage output is read), so `deploy` from a spec names the file `release` writes: its key
-hashes the spec minus what never changes an artifact (node count, GPUs per host, price, the registry file's path).
-Every name is checked to be one safe path component.
+key, `BuildSpec.identity("package")`: the hash of exactly the package stage's spec factors, so two specs sharing a
+checkpoint (e.g. with and without a draft) never share a repository, and what never changes an artifact (GPU price,
+node count, GPUs per host, memory fractions, the registry file's path) never renames one. A release file is named
+from the same key (no stage output is read), so `deploy` from a spec names the file `release` writes. Every name is
+checked to be one safe path component.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,13 +63,8 @@ def release_name_ok(name: object) -> bool:
 
 
 def release_key(spec: BuildSpec) -> str:
-    """sha256 over the spec's artifact-defining fields: the spec minus where it runs (hardware but the GPU, whose SM
-    an engine is built for), the registry file's path and the default runtime (so engine-path names stay put)."""
-    data = spec.model_dump(mode="json", exclude={"models_file"})
-    data["hardware"] = {"gpu": data["hardware"]["gpu"]}
-    if data.get("runtime") == "engine":
-        data.pop("runtime")
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    """The key a release of `spec` is named by: the package stage's spec identity (what the release holds)."""
+    return spec.identity("package")
 
 
 def release_name(spec: BuildSpec, version: str) -> str:

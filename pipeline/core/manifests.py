@@ -152,6 +152,16 @@ class SourceRecord(BaseModel):
     source_dir: str
 
 
+class DeviceRecord(BaseModel):
+    """Where a checkpoint was calibrated: cuda or cpu, the device's name and how many were visible."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["cuda", "cpu"]
+    name: str
+    count: int | None = None
+
+
 class CheckpointManifest(Manifest):
     """An exported TensorRT-LLM checkpoint (calibrate stage) with its tokenizer and quality-gate numbers."""
 
@@ -169,7 +179,7 @@ class CheckpointManifest(Manifest):
     quality: dict[str, Any]
     roundtrip: dict[str, Any]
     toolchain: dict[str, str]
-    device: dict[str, Any]
+    device: DeviceRecord
     timings: dict[str, float]
     peak_memory: dict[str, int]
     argv: list[str]
@@ -213,6 +223,15 @@ class EngineManifest(Manifest):
     created: str
 
 
+class SpeculationRecord(BaseModel):
+    """The draft a repository serves with its target, and the draft tokens per step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    draft: str
+    num_draft_tokens: StrictInt = Field(ge=1)
+
+
 class RepoManifest(Manifest):
     """A validated Triton model repository (package stage)."""
 
@@ -224,7 +243,7 @@ class RepoManifest(Manifest):
     spec: str
     spec_key: str | None = None
     models: list[str]
-    speculation: dict[str, Any] | None = None
+    speculation: SpeculationRecord | None = None
     sources: dict[str, str | None]
     gpt_model_path: dict[str, str]
     world_size: int

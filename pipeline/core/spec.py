@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,8 +27,31 @@ Runtime = Literal["engine", "pytorch"]
 _Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class QuantizationSpec(BaseModel):
+def _sha256(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+class _Section(BaseModel):
+    """A spec section that states its hash factors (vLLM's `compute_hash`): every field changes an artifact except
+    those in `IGNORED`, each with the reason it never does."""
+
+    IGNORED: ClassVar[dict[str, str]] = {}
+
+    def hash_factors(self) -> dict[str, Any]:
+        """The fields that change an artifact, as JSON values."""
+        return self.model_dump(mode="json", exclude=set(self.IGNORED))
+
+    def compute_hash(self) -> str:
+        return _sha256(self.hash_factors())
+
+
+class QuantizationSpec(_Section):
     model_config = _Strict
+    IGNORED: ClassVar[dict[str, str]] = {
+        "calib_data": "the file's location: the calibrate key hashes its tokenized samples, which `build` checks",
+        "max_ppl_delta_pct": "the quality gate's threshold passes or refuses a checkpoint, never changes it",
+        "quality_gate": "whether the gate is enforced passes or refuses a checkpoint, never changes it",
+    }
 
     precision: Precision = Field("fp8", description="weight/activation precision")
     kv_cache: KVCache | None = Field(
@@ -56,7 +79,7 @@ class QuantizationSpec(BaseModel):
         return "fp8" if self.precision in ("fp8", "w4a8_awq") else self.compute_dtype
 
 
-class ParallelSpec(BaseModel):
+class ParallelSpec(_Section):
     model_config = _Strict
 
     tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
@@ -67,7 +90,7 @@ class ParallelSpec(BaseModel):
         return self.tp * self.pp
 
 
-class EngineLimits(BaseModel):
+class EngineLimits(_Section):
     model_config = _Strict
 
     max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
@@ -83,7 +106,7 @@ class EngineLimits(BaseModel):
     max_beam_width: int = Field(1, ge=1, le=8, description="max beam width")
 
 
-class SpeculationSpec(BaseModel):
+class SpeculationSpec(_Section):
     """Draft-target speculation. The draft engine is built and placed on its own: its TP, max batch and GPUs.
 
     Upstream: examples/draft_target_model/README.md (draft_len "from 4 to 10 in common usage";
@@ -110,8 +133,13 @@ class SpeculationSpec(BaseModel):
     )
 
 
-class ServingSpec(BaseModel):
+class ServingSpec(_Section):
     model_config = _Strict
+    IGNORED: ClassVar[dict[str, str]] = {
+        "kv_cache_free_gpu_mem_fraction": "a runtime memory share (rendered into the repository, never its name)",
+        "draft_kv_cache_free_gpu_mem_fraction": "a runtime memory share (rendered into the repository, never its name)",
+        "max_tokens_in_paged_kv_cache": "a runtime memory cap (rendered into the repository, never its name)",
+    }
 
     kv_cache_free_gpu_mem_fraction: float | None = Field(
         None, gt=0, le=1, description="KV pool share of free GPU memory (default 0.9; 0.7 with a draft)"
@@ -139,8 +167,15 @@ class ServingSpec(BaseModel):
         return 0.7 if speculative else 0.9
 
 
-class HardwareSpec(BaseModel):
+class HardwareSpec(_Section):
     model_config = _Strict
+    IGNORED: ClassVar[dict[str, str]] = {
+        "gpu_count": "where the build runs: engines are built for tp x pp ranks, not for the host's GPUs",
+        "nodes": "where the build runs (placement)",
+        "gpus_per_node": "where the build runs (placement)",
+        "tp_across_nodes": "where the build runs (placement)",
+        "gpu_price_per_hour": "cost figures only",
+    }
 
     gpu: GPUName = Field("h100-sxm", description="target GPU")
     gpu_count: int = Field(8, ge=1, le=1024, description="GPUs on one host")
@@ -275,13 +310,36 @@ class BuildSpec(BaseModel):
         parts.append(f"kv_reuse={'on' if self.serving.enable_kv_cache_reuse else 'off'}")
         return "ok: " + " ".join(parts)
 
-    def fingerprint(self, *fields: str) -> str:
-        """sha256 over the named top-level fields (a stage's explicit cache-key factors); `runtime` counts only
-        when it is not the default "engine"."""
-        data = self.model_dump(mode="json", include=set(fields) if fields else None)
-        if data.get("runtime") == "engine":
-            data.pop("runtime")  # the default runtime leaves every engine-path key unchanged
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    def hash_factors(self, stage: str) -> dict[str, Any]:
+        """What names `stage`'s output (`STAGE_FACTORS`): each section's factors (its `IGNORED` fields left out),
+        the registry entries themselves (not the file they came from) and the target/runtime where they count."""
+        try:
+            names = STAGE_FACTORS[stage]
+        except KeyError:
+            raise SpecError(f"no stage {stage!r} has spec hash factors; stages: {', '.join(STAGE_FACTORS)}") from None
+        out: dict[str, Any] = {"stage": stage}
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value.hash_factors() if isinstance(value, _Section) else \
+                value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        return out
+
+    def identity(self, stage: str = "package") -> str:
+        """sha256 of `hash_factors(stage)`: the spec's identity for `stage`, which names its output slot (the build
+        ref), the Triton repository and the release (`stage="package"`: every artifact-defining factor). GPU price,
+        node count, memory fractions and the models-file path never change it."""
+        return _sha256(self.hash_factors(stage))
+
+
+# The spec factors each stage's output depends on (later stages add to earlier ones). Never part of any:
+# `models_file` (the registry entries are hashed, not the file's path) and `warnings`.
+_CALIBRATE_FACTORS = ("model", "draft_model", "runtime", "quantization", "parallelism", "speculation")
+_COMPILE_FACTORS = (*_CALIBRATE_FACTORS, "limits", "hardware")
+STAGE_FACTORS: dict[str, tuple[str, ...]] = {
+    "calibrate": _CALIBRATE_FACTORS,
+    "compile": _COMPILE_FACTORS,
+    "package": (*_COMPILE_FACTORS, "serving", "target"),
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ the checkpoint; the report says so) and package writes the Triton `llmapi` repos
 Every stage owns its cache (its output dir's `manifest.json` records `key`, the hash of exactly its inputs, and the
 file table of its output), so a finished build re-run reads manifests and file sizes/mtimes only, a changed input
 rebuilds just the stages downstream of it, and an output that no longer matches its manifest fails with one line
-naming `--force STAGE`. Each stage returns a typed `StageResult`; this module reports what they returned. It
+naming `--force STAGE`. Each stage returns a typed `StageResult`; this module reports what they returned and
+points the stage's build ref (`pipeline.core.refs`) at it, which is how every later reader finds the build. It
 only sequences the stages, validates everything first (spec + the compile preflight for target trtllm, so an
 impossible build fails in well under a second before any download), serializes concurrent builds of the same spec
 on a file lock, prints one progress line per stage, and returns a machine-readable report.
@@ -22,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.core.artifacts import engines_dir, stage_lock
-from pipeline.core.errors import BuildError
+from pipeline.core.errors import BuildError, CalibrationError, CompileError, PackageError, PipelineError
 from pipeline.core.layout import BuildLayout
-from pipeline.core.manifests import StageResult
+from pipeline.core.manifests import StageResult, integrity_error
+from pipeline.core.refs import ROLES, Lookup, lookup, write_ref
 from pipeline.core.spec import BuildSpec
 from pipeline.stages.calibrate.stage import log_file as calibrate_log
 from pipeline.stages.calibrate.stage import run_calibrate
@@ -131,7 +133,8 @@ def stage_range(*, until: str | None, from_stage: str | None, force: str | None,
 
 # ---------------------------------------------------------------------------------------------------------------
 # Stage adapters: each calls the stage's public API (which owns caching, integrity, locks and atomic outputs) and
-# turns the typed results it returns into one report row. `check_only`: find the current output, never build.
+# turns the typed results it returns into one report row; `build` then points the stage's ref at them. A stage that
+# is only located follows its ref (`_locate`); download, a cache keyed by the pinned revision, is asked check-only.
 
 
 @dataclass
@@ -152,7 +155,8 @@ def _outcome(stage: str, results: dict[str, StageResult | None], detail: str = "
                         keys={role: r.manifest.key for role, r in found.items()}, detail=detail)
 
 
-def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
+def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool,
+              check_only: bool = False) -> StageOutcome:
     for role, entry in (("model", spec.model), ("draft", spec.draft_model)):
         if entry is None:
             continue
@@ -173,16 +177,12 @@ def _download(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: boo
     return _outcome("download", {"model": out.download, "draft": out.draft_download}, detail)
 
 
-def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
-    kw = dict(force=force, check_only=check_only, verify=opts.verify)
-    out.checkpoint = run_calibrate(spec, role="target", source_dir=out.download.path, **kw)
+def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool) -> StageOutcome:
+    out.checkpoint = run_calibrate(spec, role="target", source=out.download, force=force, verify=opts.verify)
     if spec.draft_model is not None:
-        out.draft_checkpoint = run_calibrate(spec, role="draft", source_dir=out.draft_download.path, **kw)
-    out.layout = BuildLayout(
-        build_id=out.checkpoint.manifest.build_id, target=spec.target, spec_key=spec.fingerprint(),
-        draft_build_id=out.draft_checkpoint.manifest.build_id if out.draft_checkpoint else None,
-        runtime=spec.runtime,
-    )
+        out.draft_checkpoint = run_calibrate(spec, role="draft", source=out.draft_download, force=force,
+                                             verify=opts.verify)
+    _set_layout(spec, out)
     results = {"target": out.checkpoint, "draft": out.draft_checkpoint}
     detail = " ".join(f"{role} ppl Δ {float(r.manifest.quality['ppl_delta_pct']):+.2f}%"
                       for role, r in results.items() if r and r.manifest.quality.get("ppl_delta_pct") is not None)
@@ -192,27 +192,26 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bo
     return _outcome("calibrate", results, detail)
 
 
-def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool,
+def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool,
              toolchain: Any = None) -> StageOutcome:
     lay = out.layout
     out.engine, out.draft_engine = run_compile(
-        spec, checkpoint_dir=lay.checkpoint, output_dir=lay.engine, draft_checkpoint_dir=lay.draft_checkpoint,
-        draft_output_dir=lay.draft_engine, force=force, toolchain=toolchain, check_only=check_only,
-        verify=opts.verify,
+        spec, checkpoint=out.checkpoint, output_dir=lay.engine, draft_checkpoint=out.draft_checkpoint,
+        draft_output_dir=lay.draft_engine, force=force, toolchain=toolchain, verify=opts.verify,
     )
     m = out.engine.manifest
     detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.get('sm')}"
     return _outcome("compile", {"engine": out.engine, "draft_engine": out.draft_engine}, detail)
 
 
-def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool, check_only: bool) -> StageOutcome:
+def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool) -> StageOutcome:
     lay = out.layout
     if spec.runtime == "pytorch":
         draft = out.draft_checkpoint.path if out.draft_checkpoint else None
         out.triton_repo = package_llmapi_repo(
             spec, checkpoint_dir=out.checkpoint.path, draft_dir=draft,
             options=llm_api_options(spec, draft_dir=draft), build_id=lay.build_id, name=lay.repo_name,
-            spec_key=lay.spec_key, force=force, check_only=check_only, verify=opts.verify,
+            spec_key=lay.spec_key, force=force, verify=opts.verify,
         )
         return _outcome("package", {"triton_repo": out.triton_repo}, "llmapi model")
     out.triton_repo = package_repo(
@@ -221,9 +220,60 @@ def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
         draft_checkpoint_dir=out.draft_checkpoint.path if out.draft_checkpoint else None,
         engine_dir=out.engine.path if out.engine else None,
         draft_engine_dir=out.draft_engine.path if out.draft_engine else None,
-        force=force, check_only=check_only, verify=opts.verify,
+        force=force, verify=opts.verify,
     )
     return _outcome("package", {"triton_repo": out.triton_repo})
+
+
+def _set_layout(spec: BuildSpec, out: BuildOutputs) -> None:
+    out.layout = BuildLayout(
+        build_id=out.checkpoint.manifest.build_id, target=spec.target, spec_key=spec.identity("package"),
+        draft_build_id=out.draft_checkpoint.manifest.build_id if out.draft_checkpoint else None,
+        runtime=spec.runtime,
+    )
+
+
+_ABSENT: dict[str, tuple[type[PipelineError], str]] = {
+    "calibrate": (CalibrationError, "no current target checkpoint for {model} {precision} with these inputs "
+                  "(none recorded for this spec); run `invoke build` (or `invoke calibrate`) first"),
+    "compile": (CompileError, "no current target engine for {model} {precision} (none recorded for this spec); run "
+                "`invoke compile` or `invoke build` on a GPU host first"),
+    "package": (PackageError, "no current Triton repository for {model} {precision} (none recorded for this spec); "
+                "run `invoke package` or `invoke build` first"),
+}
+
+
+def _locate(spec: BuildSpec, stage: str, out: BuildOutputs, verify: bool) -> None:
+    """Fill `out` with `stage`'s outputs from its build ref (check-only; nothing recomputed from this host).
+
+    Raises:
+        CalibrationError/CompileError/PackageError: nothing recorded, or stale (the message says why and what to
+            run); IntegrityError (exit 3): an output differs from its manifest.
+    """
+    error, absent = _ABSENT[stage]
+    found = lookup(stage, spec.identity(stage), verify=verify)
+    if found.state == "found":
+        for role, res in found.results.items():
+            setattr(out, role, res)
+        found = _chained(stage, out) or found
+    if found.problems:
+        raise integrity_error(found.path, list(found.problems), fix=f"re-run `invoke build --force {stage}`")
+    if found.state == "absent":
+        raise error(absent.format(model=spec.model.name, precision=spec.quantization.precision))
+    if found.state == "stale":
+        raise error(f"the {stage} output recorded for {spec.model.name} {spec.quantization.precision} is stale "
+                    f"({found.reason}); run `invoke build`", path=found.path)
+    if stage == "calibrate":
+        _set_layout(spec, out)
+
+
+def _chained(stage: str, out: BuildOutputs) -> Lookup | None:
+    """A stale lookup when `stage`'s located output was made from another upstream output than the one located."""
+    if stage == "compile" and out.engine.manifest.checkpoint.get("key") != out.checkpoint.manifest.key:
+        return Lookup("stale", reason=f"{out.engine.path} was compiled from another checkpoint", path=out.engine.path)
+    if stage == "package" and out.triton_repo.manifest.build_id != out.checkpoint.manifest.build_id:
+        return Lookup("stale", reason=f"{out.triton_repo.path} packages another build", path=out.triton_repo.path)
+    return None
 
 
 def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, Any]:
@@ -294,7 +344,7 @@ def build(
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
     outcomes = [oc]
-    lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.fingerprint()[:16]}")
+    lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.identity()[:16]}")
     with lock:
         outcomes += _run_chain(spec, chain, run, forced, out, options, toolchain, n=n, say=say)
     total = time.perf_counter() - t_start
@@ -316,7 +366,8 @@ def _chain(spec: BuildSpec, last: str) -> list[str]:
 
 def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
                options: BuildOptions, toolchain: Any, *, n: int, say: Callable[[str], None]) -> list[StageOutcome]:
-    """Run the stages of `chain` that are in `run`, locate the others (check-only); the outcomes of those run.
+    """Run the stages of `chain` that are in `run` (pointing each one's build ref at what it returned), locate the
+    others (check-only, from their refs); the outcomes of those run.
 
     A compile stage in `run` that the spec does not have is reported skipped in its place, without a `[k/n]`
     counter (n counts the stages that run)."""
@@ -328,19 +379,29 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
             outcomes.append(StageOutcome("compile", "skipped", 0.0, detail=_no_compile(spec)))
             say(f"compile: skipped ({_no_compile(spec)})")
             continue
-        located = stage not in run
-        if not located:
-            i += 1
-            say(f"[{i}/{n}] {stage}: {_doing(stage, spec)} ...")
+        if stage not in run:
+            _locate_or_check(spec, stage, out, options)
+            continue
+        i += 1
+        say(f"[{i}/{n}] {stage}: {_doing(stage, spec)} ...")
         t0 = time.perf_counter()
         extra = {"toolchain": toolchain} if stage == "compile" else {}
-        oc = _ADAPTERS[stage](spec, out, options, stage in forced, located, **extra)
+        oc = _ADAPTERS[stage](spec, out, options, stage in forced, **extra)
         oc.elapsed_s = round(time.perf_counter() - t0, 3)
-        if not located:
-            outcomes.append(oc)
-            detail = f" ({oc.detail})" if oc.detail else ""
-            say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
+        if stage in ROLES:
+            write_ref(stage, spec.identity(stage), {role: getattr(out, role) for role in ROLES[stage]})
+        outcomes.append(oc)
+        detail = f" ({oc.detail})" if oc.detail else ""
+        say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
     return outcomes
+
+
+def _locate_or_check(spec: BuildSpec, stage: str, out: BuildOutputs, options: BuildOptions) -> None:
+    """A stage that is not run: download is asked check-only, the others follow their build ref."""
+    if stage == "download":
+        _download(spec, out, options, False, True)
+    else:
+        _locate(spec, stage, out, options.verify)
 
 
 def _doing(stage: str, spec: BuildSpec) -> str:
@@ -365,8 +426,9 @@ def _fetching(spec: BuildSpec) -> str:
 
 def locate_outputs(spec: BuildSpec, *, until: str = "package", verify: bool = False) -> BuildOutputs:
     """The outputs of a finished build of `spec` up to stage `until`, check-only: nothing is downloaded,
-    calibrated, compiled or packaged; every output must be current and match its manifest (all sha256 with
-    `verify`).
+    calibrated, compiled or packaged, and no key is recomputed from this host; each stage's build ref is followed
+    and what it points at must match its manifest (all sha256 with `verify`). A build made with other library
+    versions or from a calibration file since moved is found; whether it is current here is `build`'s question.
 
     Raises:
         PipelineError: an output is missing or stale (the message says what to run); IntegrityError (exit 3) when

@@ -46,14 +46,14 @@ def run_in_root(root: Path, fn, *args, **kwargs):
 
 
 def calibrated(tiny_models: dict[str, Path], *, role: str = "target", **overrides: Any):
-    """Session-cached `run_calibrate(make_spec(**overrides), role=role, source_dir=<generated model>)`."""
+    """Session-cached `run_calibrate(make_spec(**overrides), role=role, source=<generated model>)`."""
     from pipeline.stages.calibrate.stage import run_calibrate
 
     key = (role, tuple(sorted(overrides.items())))
     if key not in _CACHE:
         spec = make_spec(**overrides)
         name = spec.model.name if role == "target" else spec.draft_model.name
-        _CACHE[key] = run_in_root(session_root(), run_calibrate, spec, role=role, source_dir=tiny_models[name])
+        _CACHE[key] = run_in_root(session_root(), run_calibrate, spec, role=role, source=tiny_models[name])
     return _CACHE[key]
 
 

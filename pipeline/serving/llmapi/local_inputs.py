@@ -52,7 +52,7 @@ class LocalServeInputs:
 
 
 def options_file_name(spec: BuildSpec) -> str:
-    return f"llm_api_options-{spec.fingerprint()[:8]}.yaml"
+    return f"llm_api_options-{spec.identity()[:8]}.yaml"
 
 
 def _options_yaml(spec: BuildSpec, draft_dir: Path | None) -> str:

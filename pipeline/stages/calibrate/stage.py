@@ -33,11 +33,12 @@ from pipeline.core.spec import BuildSpec
 from pipeline.core.stage_log import progress, stage_log
 from pipeline.core.tokenizer import identity
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO
+from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate import data, export_hf, quality, recipes
 from pipeline.stages.calibrate import export as exp
 from pipeline.stages.calibrate.checkpoint import load_checkpoint_as_hf
 from pipeline.stages.calibrate.hf_checkpoint import load_hf_checkpoint
-from pipeline.stages.download.stage import download_model, source_id
+from pipeline.stages.download.stage import DownloadResult, download_model, source_id
 
 STAGE_VERSION = 1
 EVAL_SAMPLES = 16  # held-out sequences for the quality gate
@@ -118,15 +119,16 @@ def toolchain() -> dict[str, str]:
     return out
 
 
-def _resolve_source(entry: ModelEntry, source_dir: str | Path | None) -> tuple[Path, str]:
-    """(local HF dir, source revision id): the download stage's result, or a given directory."""
-    if source_dir is None:
-        res = download_model(entry)
+def _resolve_source(entry: ModelEntry, source: DownloadResult | str | Path | None) -> tuple[Path, str]:
+    """(local HF dir, source revision id): the download stage's result (fetched when None; its recorded id), or a
+    given directory (the id its download manifest records, else its outside identity: `Upstream.of_dir`)."""
+    res = download_model(entry) if source is None else source
+    if isinstance(res, StageResult):
         return Path(res.path), res.manifest.sha
-    src = Path(source_dir)
+    src = Path(res)
     if not (src / "config.json").is_file():
         raise CalibrationError(f"source {src} has no config.json; pass a Hugging Face model directory")
-    return src, source_id(read_manifest(src)) or stage_key(file_table(src))
+    return src, source_id(read_manifest(src)) or Upstream.of_dir(src).key
 
 
 def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
@@ -168,8 +170,7 @@ def run_calibrate(
     *,
     role: Role = "target",
     force: bool = False,
-    source_dir: str | Path | None = None,
-    check_only: bool = False,
+    source: DownloadResult | str | Path | None = None,
     verify: bool = False,
 ) -> CheckpointResult:
     """Quantize (ModelOpt PTQ), gate on held-out quality, export a TP/PP-sharded TensorRT-LLM checkpoint (or, for
@@ -179,8 +180,8 @@ def run_calibrate(
         spec: a validated build spec.
         role: "target" (spec.model at its precision) or "draft" (spec.draft_model at spec.draft_precision).
         force: rebuild even when the existing output's key matches.
-        source_dir: a local HF model directory; default: `download_model(entry)`.
-        check_only: return the current checkpoint, or raise `CalibrationError` instead of building one.
+        source: the download stage's result for the role's model, or a local HF model directory; default:
+            `download_model(entry)`. Finding an existing build is `pipeline.stages.build.locate_outputs` (build refs).
         verify: re-hash every file of a current checkpoint (default: sizes and mtimes, hashing what changed).
 
     Returns:
@@ -193,26 +194,22 @@ def run_calibrate(
         IntegrityError: the current checkpoint differs from its manifest (re-run with `--force calibrate`).
     """
     plan = _plan(spec, role)
-    texts, source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
-    src, source_sha = _resolve_source(plan.entry, source_dir)
+    texts, calib_source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
+    src, source_sha = _resolve_source(plan.entry, source)
     _check_architecture(src, plan.entry)
     fix = f"re-fetch the model (`invoke download --model {plan.entry.name} --verify`)"
     check_safetensors_dir(src, fix=fix)
     encode = data.tokenizer_fn(src, fix=fix)
-    calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed, source=source)
+    calib = data.pack(texts, encode, size=plan.calib_size, seq_len=plan.calib_seq_len, seed=plan.seed,
+                      source=calib_source)
     factors = _factors(plan, source_sha, calib.fingerprint)
     key = stage_key(factors)
     build_id = f"{plan.entry.name}-{plan.precision}-{key[:12]}"
     final = runtime_checkpoint_dir(build_id, plan.runtime)
-    if (hit := _cached(final, key, plan, force=force, verify=verify, strict=check_only)) is not None:
+    if (hit := _cached(final, key, plan, force=force, verify=verify)) is not None:
         return hit
-    if check_only:
-        raise CalibrationError(
-            f"no current {role} checkpoint for {plan.entry.name} {plan.precision} with these inputs "
-            f"(expected {final}); run `invoke build` (or `invoke calibrate`) first", path=final
-        )
     with stage_lock(final):
-        if (hit := _cached(final, key, plan, force=force, verify=verify, strict=False)) is not None:
+        if (hit := _cached(final, key, plan, force=force, verify=verify)) is not None:
             return hit
         title = f"calibrate {plan.entry.name} {plan.precision} ({role}) -> {final}"
         with atomic_dir(final) as tmp, stage_log(log_file(final), title=title):
@@ -258,10 +255,9 @@ def _factors(plan: _Plan, source_sha: str, calibration: str) -> dict[str, Any]:
     }
 
 
-def _cached(final: Path, key: str, plan: _Plan, *, force: bool, verify: bool,
-            strict: bool) -> CheckpointResult | None:
+def _cached(final: Path, key: str, plan: _Plan, *, force: bool, verify: bool) -> CheckpointResult | None:
     """The current, intact checkpoint at `final` (its quality gate re-checked), else None."""
-    m = None if force else CheckpointManifest.current(final, key, verify=verify, strict=strict)
+    m = None if force else CheckpointManifest.current(final, key, verify=verify)
     if m is None:
         return None
     _gate_from_manifest(m, plan)

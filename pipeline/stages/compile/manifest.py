@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import MANIFEST, file_table, read_manifest, sha256_file, stage_key
+from pipeline.core.artifacts import MANIFEST, file_table, sha256_file, stage_key
 from pipeline.core.errors import CompileError, PipelineError
 from pipeline.core.manifests import DraftRecord, EngineManifest, TokenizerIdentity
 from pipeline.core.tokenizer import TOKENIZER_DIR, identity, mismatch
+from pipeline.core.upstream import Upstream
 from pipeline.stages.compile.engine_plan import EnginePlan
 
 STAGE = "compile"
@@ -45,19 +46,8 @@ def check_same_tokenizer(target_ckpt: Path, draft_ckpt: Path) -> TokenizerIdenti
 
 
 def checkpoint_identity(ckpt_dir: Path) -> dict[str, Any]:
-    """The checkpoint manifest's key (calibrate stage) and the manifest's own hash.
-
-    A checkpoint exported outside the pipeline (no manifest.json) is identified by config.json plus the names and
-    sizes of its files — enough to notice a different export without hashing many GB of weights.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
-    if manifest and manifest.get("key"):
-        return {"path": str(ckpt_dir), "key": manifest["key"], "manifest_sha256": sha256_file(ckpt_dir / MANIFEST)}
-    files = {p.name: p.stat().st_size for p in sorted(ckpt_dir.iterdir()) if p.is_file()}
-    config = (ckpt_dir / "config.json").read_text()
-    return {"path": str(ckpt_dir), "key": _sha_json({"config": config, "files": files}), "manifest_sha256": None,
-            "key_source": "config.json + file sizes (no calibrate manifest)"}
+    """How an engine manifest records its checkpoint (`Upstream.of_dir(...).record()`): path, key, manifest hash."""
+    return Upstream.of_dir(ckpt_dir).record()
 
 
 def compile_key(plan: EnginePlan, *, checkpoint_key: str, toolchain: dict[str, Any],

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from pipeline.core.artifacts import atomic_dir, stage_lock
 from pipeline.core.errors import CompileError
-from pipeline.core.manifests import DraftRecord, EngineManifest, StageResult
+from pipeline.core.manifests import CheckpointManifest, DraftRecord, EngineManifest, StageResult
 from pipeline.core.spec import BuildSpec
+from pipeline.core.upstream import Upstream
 from pipeline.stages.compile.engine_check import verify_engine_dir
 from pipeline.stages.compile.engine_plan import CompilePlan, EnginePlan, plan_compile
 from pipeline.stages.compile.manifest import (
     check_same_tokenizer,
-    checkpoint_identity,
     compile_key,
     draft_record,
     engine_manifest,
@@ -21,6 +21,14 @@ from pipeline.stages.compile.preflight import Toolchain, preflight
 from pipeline.stages.compile.runner import run_trtllm_build
 
 EngineResult = StageResult[EngineManifest]
+CheckpointInput = StageResult[CheckpointManifest] | Upstream | Path | str
+
+
+def _upstream(checkpoint: CheckpointInput) -> Upstream:
+    """The checkpoint as compile's input: a calibrate result, or a given directory identified once here."""
+    if isinstance(checkpoint, Upstream):
+        return checkpoint
+    return Upstream.of(checkpoint) if isinstance(checkpoint, StageResult) else Upstream.of_dir(checkpoint)
 
 
 def log_path_for(engine_dir: Path) -> Path:
@@ -39,14 +47,13 @@ def _recorded_toolchain(m: EngineManifest) -> dict:
     return {**m.toolchain, "sm": m.gpu.get("sm"), "gpu_name": m.gpu.get("name")}
 
 
-def _locate_one(plan: EnginePlan, *, draft: DraftRecord | None, verify: bool) -> EngineResult:
+def _locate_one(plan: EnginePlan, checkpoint: Upstream, *, draft: DraftRecord | None, verify: bool) -> EngineResult:
     """Check-only: the engine at the plan's output dir, if it was built from this plan and checkpoint (under the
     toolchain it records) and still matches its manifest."""
     out = Path(plan.output_dir)
     m = _current(out, None, verify=verify)
     if m is not None:
-        checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
-        key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=_recorded_toolchain(m),
+        key = compile_key(plan, checkpoint_key=checkpoint.key, toolchain=_recorded_toolchain(m),
                           draft_key=draft.key if draft else None)
         if m.key == key:
             return EngineResult(out, m, "cached")
@@ -55,11 +62,11 @@ def _locate_one(plan: EnginePlan, *, draft: DraftRecord | None, verify: bool) ->
 
 
 def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: DraftRecord | None,
-                 verify: bool = False) -> EngineResult:
+                 verify: bool = False, checkpoint: Upstream | None = None) -> EngineResult:
     out = Path(plan.output_dir)
+    checkpoint = checkpoint or Upstream.of_dir(plan.checkpoint_dir)
     tc = toolchain.as_dict()
-    checkpoint = checkpoint_identity(Path(plan.checkpoint_dir))
-    key = compile_key(plan, checkpoint_key=checkpoint["key"], toolchain=tc, draft_key=draft.key if draft else None)
+    key = compile_key(plan, checkpoint_key=checkpoint.key, toolchain=tc, draft_key=draft.key if draft else None)
     if not force and (m := _current(out, key, verify=verify)) is not None:
         return EngineResult(out, m, "cached")
     with stage_lock(out):
@@ -70,7 +77,8 @@ def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: 
             seconds = run_trtllm_build(plan.argv_for(tmp), log_path=log)
             config = verify_engine_dir(tmp, plan, trtllm_version=toolchain.tensorrt_llm)
             manifest = engine_manifest(tmp, plan, key=key, engine_config=config, toolchain=tc,
-                                       checkpoint=checkpoint, draft=draft, build_seconds=seconds, log_path=log)
+                                       checkpoint=checkpoint.record(), draft=draft, build_seconds=seconds,
+                                       log_path=log)
             manifest.write(tmp)
     return EngineResult(out, manifest, "built")
 
@@ -78,11 +86,14 @@ def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: 
 def run_compile(
     spec: BuildSpec,
     *,
+    checkpoint: CheckpointInput,
+    output_dir: Path | str,
+    draft_checkpoint: CheckpointInput | None = None,
+    draft_output_dir: Path | str | None = None,
     force: bool = False,
     toolchain: Toolchain | None = None,
     check_only: bool = False,
     verify: bool = False,
-    **dirs: Path | str | None,
 ) -> tuple[EngineResult, EngineResult | None]:
     """Compile the target (and draft) engines of `spec`; return (target, draft) results.
 
@@ -91,8 +102,9 @@ def run_compile(
     the target's manifest records the draft as a pair. `invoke compile --dry-run` plans without this function.
 
     Args:
-        dirs: `checkpoint_dir`, `output_dir` and, with a draft, `draft_checkpoint_dir`, `draft_output_dir`, as
-            `plan_compile` takes them.
+        checkpoint: the calibrate stage's result, or a checkpoint directory from outside the pipeline (identified
+            once, by `Upstream.of_dir`); `draft_checkpoint` likewise, required when the spec has a draft.
+        output_dir, draft_output_dir: the engine directories, as `plan_compile` takes them.
         toolchain: the result of an earlier `preflight()` on this host (skips a second one).
         check_only: return the existing engines (no preflight, works on any host) or raise `CompileError`.
         verify: re-hash every file of current engines (default: sizes and mtimes, hashing what changed).
@@ -102,19 +114,23 @@ def run_compile(
         ToolchainError: this host cannot compile (exit 4).
         IntegrityError: a current engine differs from its manifest (exit 3).
     """
-    plan: CompilePlan = plan_compile(spec, **dirs, allow_derived=False)
+    target_in = _upstream(checkpoint)
+    draft_in = _upstream(draft_checkpoint) if draft_checkpoint is not None else None
+    plan: CompilePlan = plan_compile(spec, checkpoint_dir=target_in.path, output_dir=output_dir,
+                                     draft_checkpoint_dir=draft_in.path if draft_in else None,
+                                     draft_output_dir=draft_output_dir, allow_derived=False)
     tokenizer = None
     if plan.draft is not None:
         tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))
     if check_only:
-        draft = _locate_one(plan.draft, draft=None, verify=verify) if plan.draft is not None else None
+        draft = _locate_one(plan.draft, draft_in, draft=None, verify=verify) if plan.draft is not None else None
         record = draft_record(draft.path, tokenizer) if draft is not None else None
-        return _locate_one(plan.target, draft=record, verify=verify), draft
+        return _locate_one(plan.target, target_in, draft=record, verify=verify), draft
     workers = max(p.workers for p in plan.engines)
     if toolchain is None or toolchain.gpu_count < workers:
         toolchain = preflight(gpu=spec.hardware.gpu, workers=workers)
     draft = record = None
     if plan.draft is not None:
-        draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify)
+        draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify, checkpoint=draft_in)
         record = draft_record(draft.path, tokenizer)
-    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify), draft
+    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in), draft

@@ -28,6 +28,7 @@ from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.layout import repo_name
 from pipeline.core.manifests import RepoManifest
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
+from pipeline.core.upstream import Upstream
 from pipeline.stages.package import llmapi_yaml, pbtxt
 from pipeline.stages.package.llmapi_options import LlmApiOptions
 from pipeline.stages.package.package import PackageResult, current_repo
@@ -73,20 +74,6 @@ def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
             raise PackageError(f"{qfile} is not a ModelOpt hf_quant_config.json ({exc})") from None
     return {"quant_algo": quant.get("quant_algo"), "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
             "architectures": config["architectures"]}
-
-
-def _dir_key(path: Path) -> str:
-    """A cheap content key of a checkpoint dir: its manifest's key, else names, sizes and config files."""
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        try:
-            key = json.loads(manifest.read_text()).get("key")
-            if key:
-                return str(key)
-        except json.JSONDecodeError:
-            pass
-    return stage_key({p.relative_to(path).as_posix(): (p.stat().st_size, p.read_text() if p.suffix == ".json"
-                                                        else None) for p in sorted(path.rglob("*")) if p.is_file()})
 
 
 def model_yaml(spec, options: LlmApiOptions, *, model: str, draft: str | None, tokenizer: str | None) -> dict:
@@ -186,8 +173,8 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
     parameters = _reference_parameters(spec) if target == "reference" else {}
     key = stage_key({"stage": "package", "layout": "llmapi", "target": target,
                      "templates": templates_hash(), "model_yaml": data,
-                     "parameters": parameters, "sources": {"llm": _dir_key(checkpoint_dir),
-                                                            "draft": _dir_key(draft_dir) if draft_dir else None}})
+                     "parameters": parameters, "sources": {"llm": Upstream.of_dir(checkpoint_dir).key,
+                                                            "draft": Upstream.of_dir(draft_dir).key if draft_dir else None}})
     cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
     if cached is not None:
         return cached

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import atomic_dir, check_name, file_table, read_manifest, stage_key, triton_repo_dir
+from pipeline.core.artifacts import atomic_dir, check_name, file_table, stage_key, triton_repo_dir
 from pipeline.core.errors import PackageError
 from pipeline.core.layout import repo_name
 from pipeline.core.manifests import EngineManifest, RepoManifest, StageResult, TokenizerIdentity
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
+from pipeline.core.upstream import Upstream
 from pipeline.stages.package import pbtxt
 from pipeline.stages.package.render import render, templates_root
 from pipeline.stages.package.repo_check import MAX_MEMORY_FRACTION_SUM, validate_repo
@@ -62,20 +63,6 @@ class LLMSource:
 
 
 # ---------------------------------------------------------------------------------------------------- sources
-def _dir_key(path: Path) -> str:
-    """The stage key of a pipeline output (its manifest), else a hash of config.json + file sizes."""
-    manifest = read_manifest(path) if path.is_dir() else None
-    if manifest and manifest.get("key"):
-        return str(manifest["key"])
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(f"{p.relative_to(path)}:{p.stat().st_size}".encode())
-            if p.name == "config.json":
-                h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def read_engine_source(engine_dir: Path) -> LLMSource:
     """Limits of a TensorRT-LLM 1.2 engine, from its own config.json (never re-typed)."""
     engine_dir = Path(engine_dir)
@@ -99,7 +86,7 @@ def read_engine_source(engine_dir: Path) -> LLMSource:
         max_beam_width=int(build.get("max_beam_width", 1)),
         world_size=world,
         kv_reuse_ok=paged and bool(plugin.get("use_paged_context_fmha", False)),
-        key=_dir_key(engine_dir),
+        key=Upstream.of_dir(engine_dir).key,
         max_draft_len=int(build.get("max_draft_len", 0) or 0),
     )
 
@@ -119,7 +106,7 @@ def read_checkpoint_source(ckpt_dir: Path, spec) -> LLMSource:
         max_beam_width=1,
         world_size=1,
         kv_reuse_ok=True,
-        key=_dir_key(ckpt_dir),
+        key=Upstream.of_dir(ckpt_dir).key,
     )
 
 

@@ -89,7 +89,7 @@ def test_stage_round_trip_fails_on_corrupted_scale(tiny_models, tmp_path, monkey
     monkeypatch.setattr(exp, "check", check_then_corrupt)
     spec = make_spec(precision="fp8", kv_cache="bf16", quality_gate=False, calib_seed=7)
     with pytest.raises(CalibrationError, match="round-trip check failed") as err:
-        run_in_root(tmp_path, run_calibrate, spec, source_dir=tiny_models["tiny-llama"])
+        run_in_root(tmp_path, run_calibrate, spec, source=tiny_models["tiny-llama"])
     assert err.value.exit_code == 2
     assert not [p for p in leftovers(tmp_path) if p.endswith("/checkpoint") or ".tmp-" in p]
 

@@ -87,7 +87,7 @@ def test_large_model_hf_export_packs_one_copy_and_matches_the_exact_export(tiny_
     exact = calibrated(tiny_models, precision="fp8", kv_cache="fp8", runtime="pytorch")
     monkeypatch.setattr(stage, "ROUNDTRIP_MAX_PARAMS", 0)
     spec = make_spec(precision="fp8", kv_cache="fp8", runtime="pytorch")
-    large = run_in_root(tmp_path, stage.run_calibrate, spec, role="target", source_dir=tiny_models["tiny-llama"])
+    large = run_in_root(tmp_path, stage.run_calibrate, spec, role="target", source=tiny_models["tiny-llama"])
     assert large.manifest.roundtrip["passed"] is None and large.manifest.quality["passed"]
     a, b = load_file(str(exact.path / "model.safetensors")), load_file(str(large.path / "model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in a)

@@ -85,7 +85,7 @@ def test_missing_calibration_file_fails_before_any_work(tmp_path, monkeypatch):
     spec = make_spec(precision="fp8")
     spec.quantization.calib_data = str(tmp_path / "nope.jsonl")  # e.g. deleted after the check
     with pytest.raises(CalibrationError, match="does not exist"):
-        run_calibrate(spec, source_dir=tmp_path / "no-model")
+        run_calibrate(spec, source=tmp_path / "no-model")
     assert leftovers(tmp_path) == []
 
 
@@ -215,7 +215,7 @@ def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
     from tests.support.calibrate_fixtures import session_root
 
     again = run_in_root(
-        session_root(), run_calibrate, make_spec(precision="fp8", kv_cache="fp8"), source_dir=tiny_models["tiny-llama"]
+        session_root(), run_calibrate, make_spec(precision="fp8", kv_cache="fp8"), source=tiny_models["tiny-llama"]
     )
     assert again.status == "cached" and again.manifest == first.manifest
 
@@ -224,18 +224,18 @@ def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
 def test_impossible_gate_fails_with_both_numbers_and_leaves_nothing(tiny_models, tmp_path):
     spec = make_spec(precision="fp8", kv_cache="fp8", max_ppl_delta_pct=1e-9)
     with pytest.raises(CalibrationError) as err:
-        run_in_root(tmp_path, run_calibrate, spec, source_dir=tiny_models["tiny-llama"])
+        run_in_root(tmp_path, run_calibrate, spec, source=tiny_models["tiny-llama"])
     msg = str(err.value)
     assert err.value.exit_code == 2 and "quality gate failed" in msg and "\n" not in msg
     assert msg.count(" -> ") == 1 and "--no-quality-gate" in msg
     assert not list((tmp_path / "engines").glob("*/checkpoint")) and not list((tmp_path / "engines").rglob(".tmp-*"))
     # Not enforced: the checkpoint is written and the failing numbers are recorded.
     soft = make_spec(precision="fp8", kv_cache="fp8", max_ppl_delta_pct=1e-9, quality_gate=False)
-    res = run_in_root(tmp_path, run_calibrate, soft, source_dir=tiny_models["tiny-llama"])
+    res = run_in_root(tmp_path, run_calibrate, soft, source=tiny_models["tiny-llama"])
     assert res.manifest.quality["passed"] is False and res.manifest.quality["enforced"] is False
     # Enforcing again finds the cached checkpoint but still refuses it (the gate is re-applied to its numbers).
     with pytest.raises(CalibrationError, match="quality gate failed"):
-        run_in_root(tmp_path, run_calibrate, spec, source_dir=tiny_models["tiny-llama"])
+        run_in_root(tmp_path, run_calibrate, spec, source=tiny_models["tiny-llama"])
 
 
 @pytest.mark.slow
@@ -257,7 +257,7 @@ def test_unsupported_architecture(tmp_path, monkeypatch, tiny_models):
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CalibrationError, match="GPT2LMHeadModel.*not supported"):
-        run_calibrate(make_spec(precision="fp8"), source_dir=src)
+        run_calibrate(make_spec(precision="fp8"), source=src)
     assert leftovers(tmp_path / "out") == []
 
 
@@ -284,7 +284,7 @@ def test_corrupt_source_is_one_line_exit_3_and_leaves_nothing(tmp_path, tiny_mod
     shutil.copytree(tiny_models["tiny-llama"], src)
     damage(src / name)
     with pytest.raises(IntegrityError) as err:
-        run_in_root(tmp_path / "out", run_calibrate, make_spec(precision="fp8"), source_dir=src)
+        run_in_root(tmp_path / "out", run_calibrate, make_spec(precision="fp8"), source=src)
     msg = str(err.value)
     assert err.value.exit_code == 3 and needle in msg and str(src / name) in msg and "\n" not in msg
     assert "invoke download --model tiny-llama --verify" in msg

@@ -157,7 +157,7 @@ def test_run_compile_rejects_other_tokenizer_before_preflight(tmp_path):
     d = write_fabricated_checkpoint(tmp_path / "fabricated-draft", precision="fp8", kv_cache="fp8", vocab_size=1024,
                                     tokenizer_variant="other-family")
     with pytest.raises(CompileError, match="different tokenizer"):
-        run_compile(spec, checkpoint_dir=t, output_dir=tmp_path / "e", draft_checkpoint_dir=d)
+        run_compile(spec, checkpoint=t, output_dir=tmp_path / "e", draft_checkpoint=d)
     assert not (tmp_path / "e").exists()
 
 
@@ -183,11 +183,11 @@ def test_current_engine_is_not_rebuilt_unless_its_files_changed(pair):
     _engine_manifest(eng, plan, key).write(eng)
     res = _compile_one(plan, TOOLCHAIN, force=False, draft=None)
     assert res.status == "cached" and res.manifest.key == key and res.path == eng
-    located, draft = run_compile(spec, checkpoint_dir=plan.checkpoint_dir, output_dir=eng, check_only=True)
+    located, draft = run_compile(spec, checkpoint=plan.checkpoint_dir, output_dir=eng, check_only=True)
     assert located.status == "cached" and located.manifest.key == key and draft is None
     (eng / "rank0.engine").write_bytes(b"tampered")
     for call in (lambda: _compile_one(plan, TOOLCHAIN, force=False, draft=None),
-                 lambda: run_compile(spec, checkpoint_dir=plan.checkpoint_dir, output_dir=eng, check_only=True)):
+                 lambda: run_compile(spec, checkpoint=plan.checkpoint_dir, output_dir=eng, check_only=True)):
         with pytest.raises(IntegrityError, match=r"rank0\.engine: \d+ bytes, recorded \d+; re-run `invoke build "
                            r"--force compile`") as err:
             call()

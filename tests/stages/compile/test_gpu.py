@@ -37,7 +37,7 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     target_ckpt = Path(run_calibrate(spec, role="target").path)
     draft_ckpt = Path(run_calibrate(spec, role="draft").path)
     out, draft_out = target_ckpt.parent / "engine", target_ckpt.parent / "draft_engine"
-    res, draft_res = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
+    res, draft_res = run_compile(spec, checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
                                  draft_output_dir=draft_out)
     m = res.manifest
     assert res.status == "built" and m.engine_version == "1.2.1" and m.toolchain["tensorrt_llm"] == "1.2.1"
@@ -47,7 +47,7 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     assert "timing.cache" in m.files
     # Same inputs on the same toolchain + arch: no rebuild, the manifest is returned as is.
     start = time.monotonic()
-    again, _ = run_compile(spec, checkpoint_dir=target_ckpt, output_dir=out, draft_checkpoint_dir=draft_ckpt,
+    again, _ = run_compile(spec, checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
                            draft_output_dir=draft_out)
     assert again.status == "cached" and again.manifest.key == m.key and again.manifest.created == m.created
     assert time.monotonic() - start < 120  # preflight import only, no trtllm-build

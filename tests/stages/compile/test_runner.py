@@ -188,5 +188,5 @@ def test_run_compile_on_cpu_host_stops_at_preflight(tmp_path, monkeypatch):
     t = write_fabricated_checkpoint(tmp_path / "fabricated-t", precision="fp8", kv_cache="fp8", vocab_size=1024)
     d = write_fabricated_checkpoint(tmp_path / "fabricated-d", precision="fp8", kv_cache="fp8", vocab_size=1024)
     with pytest.raises(CompileError, match="compiling needs an H100-class GPU"):
-        run_compile(spec, checkpoint_dir=t, output_dir=tmp_path / "b" / "engine", draft_checkpoint_dir=d)
+        run_compile(spec, checkpoint=t, output_dir=tmp_path / "b" / "engine", draft_checkpoint=d)
     assert not (tmp_path / "b").exists()

@@ -1,0 +1,159 @@
+"""Build refs (pipeline/core/refs.py): readers follow the pointer a finished stage left and check its file table; they
+never recompute a key from this host. User stories: a host library bump or a moved calibration file leaves serve
+and release working and `build` rebuilding only what changed; price and node count never rename an output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline import __version__
+from pipeline.core.artifacts import file_table
+from pipeline.core.errors import CalibrationError, IntegrityError, PackageError, PipelineError
+from pipeline.core.manifests import RepoManifest, StageResult
+from pipeline.core.refs import lookup, read_ref, ref_path, write_ref
+from pipeline.core.spec import resolve_spec
+
+IDENT = "ab" * 32
+
+
+def _repo(root: Path, name: str, key: str) -> StageResult:
+    repo = root / "triton_repo" / name
+    (repo / "ensemble" / "1").mkdir(parents=True)
+    (repo / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
+    m = RepoManifest(key=key, target="reference", build_id="b", spec="ok", models=["ensemble"], sources={},
+                     gpt_model_path={}, world_size=1, kv_cache_reuse=True, files=file_table(repo))
+    m.write(repo)
+    return StageResult(repo, m, "built")
+
+
+def test_a_ref_is_found_stale_or_absent_and_never_written_by_a_lookup(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    assert lookup("package", IDENT).state == "absent"
+    res = _repo(tmp_path, "r1", "k1")
+    ref = write_ref("package", IDENT, {"triton_repo": res})
+    assert ref.outputs["triton_repo"].path == "triton_repo/r1"  # relative: the output tree may move
+    assert json.loads(ref_path("package", IDENT).read_text())["outputs"]["triton_repo"]["key"] == "k1"
+    found = lookup("package", IDENT)
+    assert found.state == "found" and found.results["triton_repo"].path == res.path
+    assert found.results["triton_repo"].status == "cached"
+    (res.path / "ensemble" / "config.pbtxt").write_text('name: "changed"\n')
+    stale = lookup("package", IDENT)
+    assert stale.state == "stale" and "differs from its manifest" in stale.reason
+    assert any("config.pbtxt" in p for p in stale.problems)
+    _repo(tmp_path, "r2", "k2").manifest.write(res.path)  # another build's manifest now lives there
+    assert "rebuilt for other inputs" in lookup("package", IDENT).reason
+    shutil.rmtree(res.path)
+    assert "is gone" in lookup("package", IDENT).reason
+    assert sorted(p.name for p in (tmp_path / "engines" / ".refs" / "package").iterdir()) == [f"{IDENT}.json"]
+
+
+def test_bad_refs_and_identities_are_refused_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    with pytest.raises(PipelineError, match="no build ref for stage 'package' and identity '../x'"):
+        ref_path("package", "../x")
+    with pytest.raises(PipelineError, match="no build ref for stage 'serve'"):
+        ref_path("serve", IDENT)
+    path = ref_path("calibrate", IDENT)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(PipelineError, match="is not a build ref .* delete it and run `invoke build`"):
+        read_ref("calibrate", IDENT)
+    path.write_text(json.dumps({"stage": "package", "identity": IDENT, "outputs": {"triton_repo": {
+        "path": "x", "key": "k"}}}))
+    with pytest.raises(PipelineError, match="the ref of another stage or spec"):
+        read_ref("calibrate", IDENT)
+
+
+# --- the user stories: one real (CPU) build of tiny-llama fp8 for the reference target ---------------------------
+
+
+@pytest.fixture
+def built(pipeline_env):
+    """A finished build whose calibration text is a file of the user's (`--calib-data`)."""
+    from pipeline.stages.build import build
+    from pipeline.stages.calibrate.data import corpus_split
+
+    calib = pipeline_env / "data" / "calib.txt"
+    calib.parent.mkdir()
+    calib.write_text("\n\n".join(corpus_split()[0][:40]))  # the user's file: text of the calibration split
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference", calib_data=str(calib), calib_size=4,
+                        calib_seq_len=32)
+    report = build(spec, progress=None)
+    assert not report.noop
+    return {"root": pipeline_env, "calib": calib, "spec": spec, "report": report}
+
+
+def _statuses(report) -> dict[str, str]:
+    return {o.stage: o.status for o in report.stages}
+
+
+@pytest.mark.slow
+def test_a_host_library_bump_leaves_serve_and_release_working_and_build_rebuilds_from_calibrate(built, monkeypatch):
+    from pipeline.ops.release import release
+    from pipeline.stages.build import build, locate_outputs
+    from pipeline.stages.calibrate import stage as calibrate
+
+    spec, first = built["spec"], built["report"].outputs
+    host = dict(calibrate.toolchain(), transformers="99.0.0")  # this host's transformers is not the recorded one
+    monkeypatch.setattr(calibrate, "toolchain", lambda: host)
+    found = locate_outputs(spec)  # what serve, bench and release ask: the recorded build, as it was
+    assert found.triton_repo.path == first.triton_repo.path and found.build_id == first.build_id
+    rel = release(spec, output=str(built["root"] / "rel"))
+    assert rel.tarball.is_file()
+    again = build(spec, progress=None)  # build's question: is it current here? No: calibrate (and what follows)
+    assert _statuses(again) == {"check": "ok", "download": "cached", "calibrate": "built", "compile": "skipped",
+                                "package": "built"}
+    assert again.outputs.checkpoint.manifest.toolchain["transformers"] == "99.0.0"
+    assert locate_outputs(spec).build_id == again.outputs.build_id != first.build_id  # the ref moved
+    assert build(spec, progress=None).noop
+
+
+@pytest.mark.slow
+def test_a_moved_calibration_file_or_another_price_or_node_count_changes_nothing(built):
+    from pipeline.core.layout import release_file
+    from pipeline.ops.release import release
+    from pipeline.stages.build import build, locate_outputs
+
+    spec, first = built["spec"], built["report"].outputs
+    moved = built["calib"].rename(built["root"] / "calib-moved.txt")
+    for other in (dict(calib_data=str(moved)), dict(calib_data=str(moved), gpu_price_per_hour=9.0, nodes=2)):
+        spec2 = resolve_spec(model="tiny-llama", precision="fp8", target="reference", calib_size=4, calib_seq_len=32,
+                             **other)
+        assert locate_outputs(spec2).paths() == first.paths()  # serve/bench/release find the same outputs
+        assert release_file(spec2, "1") == release_file(spec, "1")
+        again = build(spec2, progress=None)
+        assert again.noop and again.outputs.paths() == first.paths(), _statuses(again)
+    assert release(spec2, output=str(built["root"] / "rel")).tarball.name == release_file(spec, __version__)
+    with pytest.raises(CalibrationError, match="no current target checkpoint for tiny-llama fp8"):
+        locate_outputs(resolve_spec(model="tiny-llama", precision="fp8", target="reference", calib_size=5,
+                                    calib_seq_len=32))
+
+
+@pytest.mark.slow
+def test_readers_refuse_a_recorded_output_that_changed_with_exit_3(built):
+    from pipeline.stages.build import locate_outputs
+
+    ckpt = built["report"].outputs.checkpoint.path
+    shard = next(ckpt.glob("rank0.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    with pytest.raises(IntegrityError, match="re-run `invoke build --force calibrate`") as err:
+        locate_outputs(built["spec"], verify=True)
+    assert err.value.exit_code == 3
+
+
+@pytest.mark.slow
+def test_a_standalone_package_points_the_ref_that_serve_follows(built, capsys):
+    from pipeline.cli.commands import package_command
+    from pipeline.stages.build import locate_outputs
+
+    spec = built["spec"]
+    ref_path("package", spec.identity("package")).unlink()
+    with pytest.raises(PackageError, match="no current Triton repository for tiny-llama fp8 .* run `invoke package`"):
+        locate_outputs(spec)
+    res = package_command(spec)  # `invoke package`: finds the checkpoint through its ref, then records its own
+    assert res.status == "cached" and locate_outputs(spec).triton_repo.path == res.path
+    assert "current (no-op)" in capsys.readouterr().out
