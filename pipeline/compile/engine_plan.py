@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends import backend_for
 from ..errors import CompileError
 from ..gpus import GPUS
 from ..planner import plan_capacity as plan_memory
@@ -352,7 +353,7 @@ def plan_compile(
         CompileError: a checkpoint is missing/mismatched, or a planned flag is not accepted by trtllm-build 1.2.1.
     """
 
-    if spec.target != "trtllm":
+    if not backend_for(spec).gpu:
         raise CompileError(
             f"target={spec.target} runs the checkpoint with PyTorch and has no TensorRT-LLM engines; "
             "use --target trtllm to compile, or `invoke package --target reference` for the CPU path"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from ..backends import backend_for
 from ..compile.engine_plan import effective_max_num_tokens
 from ..errors import HostError, SpecError
 from ..placement import place
@@ -61,10 +62,11 @@ def check_servable(spec: BuildSpec) -> None:
     Raises:
         SpecError: with the way out (exit 2).
     """
-    if spec.target != "trtllm":
+    backend = backend_for(spec)
+    if not backend.gpu:
         raise SpecError(f"trtllm-serve serves TensorRT-LLM builds, but this is --target {spec.target} (the CPU "
                         "reference backend); serve it with Triton (serve --mode triton)")
-    if spec.runtime == "engine" and spec.draft_model is not None:
+    if backend.compiles and spec.draft_model is not None:
         raise SpecError(f"trtllm-serve with draft {spec.draft_model.name}: TensorRT-LLM 1.2.1's tensorrt backend has "
                         "no draft-target speculation (PyTorch backend only); serve these engines with Triton "
                         "(serve --mode triton, deploy without --serve-mode), or build --runtime pytorch, or drop "
@@ -97,7 +99,7 @@ def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, h
     check_servable(spec)
     p = spec.parallelism
     placement = place(p.tp, p.pp, spec.hardware)
-    if spec.runtime == "engine":
+    if backend_for(spec).compiles:
         if tokenizer_dir is None:
             raise SpecError("trtllm_serve_plan: an engine build needs its tokenizer directory")
         serve = engine_serve_argv(spec, engine_dir=model_dir, tokenizer_dir=tokenizer_dir,
