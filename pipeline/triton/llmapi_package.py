@@ -25,6 +25,8 @@ from typing import Any
 from ..artifacts import atomic_dir, file_table, stage_key
 from ..backends import Backend, backend_named
 from ..errors import PackageError, PipelineError
+from ..hf_checkpoint import HF_QUANT_CONFIG
+from ..hf_checkpoint import SUPPORTED_QUANT_ALGOS as REFERENCE_QUANT_ALGOS
 from ..llmapi.options import LlmApiOptions
 from ..manifests import RepoManifest
 from ..tokenizer import find_tokenizer, identity, mismatch
@@ -33,8 +35,6 @@ from .package import PackageResult, current_repo, repo_path, source_key
 from .render import render, templates_hash, templates_root
 from .repo_check import validate_repo
 
-# hf_quant_config.json quant_algo values the CPU reference can dequantize (None: not quantized).
-REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
 _GPU_FILES = ("model_trtllm.py", ("llmapi_io.py",))  # model.py's template, the files beside it
 _CPU_FILES = ("model_reference.py", ("llmapi_io.py", "hf_reference.py"))
 
@@ -53,7 +53,7 @@ def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
     if not list(path.glob("*.safetensors")):
         raise PackageError(f"{what} {path} holds no *.safetensors; the export did not finish")
     quant: dict[str, Any] = {}
-    qfile = path / "hf_quant_config.json"
+    qfile = path / HF_QUANT_CONFIG
     if qfile.is_file():
         try:
             quant = json.loads(qfile.read_text()).get("quantization", {}) or {}
@@ -123,7 +123,7 @@ def _sources(backend: Backend, checkpoint_dir, draft_dir):
     draft = read_hf_checkpoint(draft_dir, what="draft checkpoint") if draft_dir is not None else None
     if not backend.gpu:
         for what, facts in (("checkpoint", ckpt), ("draft checkpoint", draft)):
-            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:
+            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:  # what the CPU reference dequantizes
                 raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
                                    "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
     return ckpt, draft

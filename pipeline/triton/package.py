@@ -359,7 +359,7 @@ def package_repo(
 
     trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
     (+ `draft_checkpoint_dir`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
-    name to `repo_name(build_id, target, spec_key)`); the same inputs again are a no-op (status "cached") after
+    name to `repo_name(build_id, backend, spec_key)`); the same inputs again are a no-op (status "cached") after
     the files were checked against the manifest (sizes and mtimes; every sha256 with `verify`).
 
     Args:
