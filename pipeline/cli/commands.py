@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.backends import PackageInputs, backend_for
 from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, triton_repo_dir
 from pipeline.core.errors import DeployError, PipelineError, ServeError, SpecError
@@ -52,9 +53,6 @@ from pipeline.stages.compile.stage import run_compile
 from pipeline.stages.download.stage import download_model
 from pipeline.stages.host_check import check_host_fits, format_resources, repo_code_bytes
 from pipeline.stages.package.install import install_command
-from pipeline.stages.package.llmapi_options import llm_api_options
-from pipeline.stages.package.llmapi_package import package_llmapi_repo
-from pipeline.stages.package.package import package_repo
 from pipeline.stages.resources import SizeInputs, plan_resources
 
 
@@ -92,7 +90,7 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
     """
     print(spec.summary())
     if not skip_host_check:
-        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
+        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target, runtime=spec.runtime)
         print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
 
 
@@ -400,13 +398,12 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         draft_tokenizer_dir: trtllm: the draft's tokenizer, for a draft engine built outside the pipeline
         force: rewrite the repository even when its manifest key is current
     """
-    if spec.runtime == "pytorch":
-        return _package_llmapi(spec, output=output, checkpoint_dir=checkpoint_dir,
-                               draft_checkpoint_dir=draft_checkpoint_dir, force=force)
-    explicit = checkpoint_dir if spec.target == "reference" else engine_dir
+    backend = backend_for(spec)
+    explicit = engine_dir if backend.package_from == "engine" else checkpoint_dir
     naming: dict[str, Any] = {}
     if explicit is None:
-        out = locate_outputs(spec, until="compile" if spec.target == "trtllm" else "calibrate")
+        served_stage = backend.stages[backend.stages.index("package") - 1]  # the stage whose output it serves
+        out = locate_outputs(spec, until=served_stage)
         lay = out.layout
         naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
         checkpoint_dir = checkpoint_dir or out.checkpoint.path
@@ -416,41 +413,19 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
         if out.engine is not None:
             engine_dir = engine_dir or out.engine.path
             draft_engine_dir = draft_engine_dir or (out.draft_engine.path if out.draft_engine else None)
-    res = package_repo(
-        spec, output=_path(output), engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir),
-        checkpoint_dir=_path(checkpoint_dir), draft_checkpoint_dir=_path(draft_checkpoint_dir),
-        tokenizer_dir=_path(tokenizer_dir), draft_tokenizer_dir=_path(draft_tokenizer_dir), force=bool(force),
-        **naming,
+    inputs = PackageInputs(
+        output=_path(output), engine=_path(engine_dir), draft_engine=_path(draft_engine_dir),
+        checkpoint=_path(checkpoint_dir), draft_checkpoint=_path(draft_checkpoint_dir),
+        tokenizer=_path(tokenizer_dir), draft_tokenizer=_path(draft_tokenizer_dir), **naming,
     )
+    res = backend.package(spec, inputs, force=bool(force))
     if naming and output is None:  # the spec's own build: point its ref here
         write_ref("package", spec.identity("package"), {"triton_repo": res})
     for w in res.manifest.warnings:
         print(f"warning: {w}", file=sys.stderr)
     state = "current (no-op)" if res.status == "cached" else "written"
-    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target})")
-    return res
-
-
-def _package_llmapi(spec: BuildSpec, *, output, checkpoint_dir, draft_checkpoint_dir, force) -> Any:
-    """Runtime pytorch: the `llmapi` repository over the exported HF checkpoints (located unless given)."""
-    naming: dict[str, Any] = {}
-    if checkpoint_dir is None:
-        out = locate_outputs(spec, until="calibrate")
-        lay = out.layout
-        naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
-        checkpoint_dir = out.checkpoint.path
-        if out.draft_checkpoint is not None:
-            draft_checkpoint_dir = draft_checkpoint_dir or out.draft_checkpoint.path
-    draft = _path(draft_checkpoint_dir) if spec.draft_model else None
-    if spec.draft_model and draft is None:
-        raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
-    res = package_llmapi_repo(spec, checkpoint_dir=Path(checkpoint_dir), draft_dir=draft,
-                              options=llm_api_options(spec, draft_dir=draft), out_dir=_path(output),
-                              force=bool(force), **naming)
-    if naming and output is None:  # the spec's own build: point its ref here
-        write_ref("package", spec.identity("package"), {"triton_repo": res})
-    state = "current (no-op)" if res.status == "cached" else "written"
-    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}, llmapi)")
+    note = f", {backend.repo_note()}" if backend.repo_note() else ""
+    print(f"ok: {res.path} {state}: {', '.join(res.manifest.models)} (target {res.manifest.target}{note})")
     return res
 
 
@@ -546,7 +521,7 @@ def _planned_repo(spec: BuildSpec) -> Path:
     calibration will fix."""
     with contextlib.suppress(PipelineError):
         return locate_outputs(spec).triton_repo.path
-    name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + ("-reference" if spec.target == "reference" else "")
+    name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + backend_for(spec).repo_suffix
     return triton_repo_dir() / name
 
 

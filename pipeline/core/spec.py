@@ -301,8 +301,8 @@ class BuildSpec(BaseModel):
             f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
             f"target={self.target}",
         ]
-        if self.runtime != "engine":
-            parts.append(f"runtime={self.runtime}")
+        if "runtime" in self.model_dump(include={"runtime"}, exclude_defaults=True):
+            parts.append(f"runtime={self.runtime}")  # only a runtime other than the default
         if self.draft_model:
             parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
                          f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "

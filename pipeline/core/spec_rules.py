@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.registry import ModelEntry
@@ -40,7 +41,7 @@ def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
                 f"hardware.gpu={gpu.name}: SM {gpu.sm / 10:.1f} has no FP8, but the {role} uses precision={precision} "
                 f"kv_cache={q.kv}; use an H100/H200 (--gpu h100-sxm) or --precision int4_awq/bf16 --kv-cache bf16"
             )
-    if gpu.sm != SUPPORTED_SM and spec.target == "trtllm" and spec.runtime == "engine":
+    if gpu.sm != SUPPORTED_SM and backend_for(spec).compiles:
         warnings.append(
             f"hardware.gpu={gpu.name} is SM {gpu.sm / 10:.1f}; this pipeline is tuned and tested for SM 9.0 "
             "(H100/H200) and engines only run on the architecture they were built on"
@@ -78,7 +79,7 @@ def _check_paged_context(spec: BuildSpec) -> None:
         precisions.append(("draft", spec.draft_precision))
     for role, precision in precisions:
         why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha,
-                                         runtime=spec.runtime)
+                                         pytorch_backend=backend_for(spec).llmapi)
         if why:
             raise SpecError(
                 f"quantization: {role} {why} (TensorRT-LLM 1.2.1, runtime {spec.runtime}), "
@@ -235,7 +236,7 @@ def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
     with speculative_decoding_mode draft_tokens_external: "KV cache block reuse must be enabled for speculative
     decoding target model".
     """
-    if spec.runtime == "engine" and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
+    if not backend_for(spec).llmapi and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
         raise SpecError(
             f"serving.enable_kv_cache_reuse=false with draft {spec.draft_model.name}: the draft-target target aborts "
             "at load in TensorRT-LLM 1.2.1 ('KV cache block reuse must be enabled for speculative decoding target "
@@ -277,7 +278,8 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     first violation. `pipeline.stages.check` adds the rules that need the planner or the input files."""
     warnings: list[str] = []
     _check_kv(spec)
-    if spec.runtime == "pytorch":
+    backend = backend_for(spec)
+    if backend.llmapi:
         _check_pytorch_runtime(spec)
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
@@ -287,9 +289,9 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     _check_parallel(spec, spec.model, "target", spec.quantization.precision, tp=p.tp, pp=p.pp)
     if spec.draft_model:
         # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
-        draft_tp = spec.draft_tp if spec.runtime == "engine" else p.tp
+        draft_tp = p.tp if backend.llmapi else spec.draft_tp
         _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
-    if spec.draft_model and spec.runtime == "engine":
+    if spec.draft_model and not backend.llmapi:
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
     return warnings

@@ -56,7 +56,7 @@ def identity(tokenizer_dir: Path) -> TokenizerIdentity:
 
 def mismatch(target: TokenizerIdentity, draft: TokenizerIdentity) -> str | None:
     """None when draft and target tokenize alike, else the reason (for a one-line error)."""
-    if target == draft:
+    if draft == target:
         return None
     return (f"{draft.file} {draft.sha256[:12]} vs {target.file} {target.sha256[:12]}; draft-target speculation "
             "needs one shared tokenizer: choose a draft of the same family")

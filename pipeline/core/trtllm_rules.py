@@ -47,13 +47,13 @@ PYTORCH_FP8_FMHA_QUANT_ALGOS = frozenset({"FP8", "NVFP4", "FP8_BLOCK_SCALES"})
 
 
 def paged_context_fmha_blocker(precision: str, kv_cache: str, *, context_fmha: bool = True,
-                               runtime: str = "engine") -> str | None:
+                               pytorch_backend: bool = False) -> str | None:
     """Why paged context FMHA (KV reuse, chunked context, draft-target) is impossible, or None when it is allowed.
 
     Engine: the trtllm-build plugin rules (an INT8 KV cache, or an FP8 KV cache without FP8 context FMHA).
     PyTorch backend: an FP8 KV cache needs FP8 attention (FP8/NVFP4 weights; not W4A8_AWQ there).
     """
-    if runtime == "pytorch":
+    if pytorch_backend:
         if kv_cache == "fp8" and QUANT_ALGO[precision] not in PYTORCH_FP8_FMHA_QUANT_ALGOS:
             return (f"precision {precision} with an FP8 KV cache has no FP8 attention on the PyTorch backend, "
                     "so no paged context FMHA")

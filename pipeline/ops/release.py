@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.backends import backend_for
 from pipeline.core.artifacts import MANIFEST, check_name, output_root, remove_stale_temps, sha256_file
 from pipeline.core.errors import IntegrityError, ReleaseError
 from pipeline.core.layout import RELEASE_SUFFIX, release_name
@@ -377,7 +378,7 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
         # what serves it: engines pin TensorRT-LLM, TensorRT and the SM (their manifests); a runtime-pytorch HF
         # checkpoint pins only the TensorRT-LLM release its LLM-API options are written for (no SM)
         "serving": {"runtime": spec.runtime, "tensorrt_llm": TRTLLM_VERSION,
-                    "sm_pinned": spec.runtime == "engine" and spec.target == "trtllm"},
+                    "sm_pinned": backend_for(spec).compiles},
         "spec": spec.model_dump(mode="json"),
         "spec_key": out.layout.spec_key,
         "summary": spec.summary(),
@@ -407,9 +408,8 @@ def _component_manifests(arc: str, source: Path) -> list[str]:
 def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], dict[str, tuple[str, dict]]]:
     """Release components in the output-tree layout (arc dir -> source dir) and what each manifest records."""
     root = output_root()
-    engines = spec.target == "trtllm" and spec.runtime == "engine"
-    roles = ("engine", "draft_engine") if engines else ("checkpoint", "draft_checkpoint")
-    results = {role: getattr(out, role) for role in (*roles, "triton_repo")}
+    backend = backend_for(spec)
+    results = {role: getattr(out, role) for role in (*backend.release_roles, "triton_repo")}
     components: dict[str, Path] = {}
     recorded: dict[str, tuple[str, dict]] = {}
     for role, res in results.items():
@@ -425,11 +425,13 @@ def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], di
         components[arc] = Path(res.path)
         recorded[arc] = (res.manifest.stage, res.manifest.files)
     ckpt = out.checkpoint
-    if spec.runtime == "pytorch":  # the HF checkpoint holds its tokenizer at its root
+    tokenizer = backend.checkpoint.tokenizer_dir(ckpt.path)
+    if tokenizer == ckpt.path:  # a Hugging Face checkpoint holds its tokenizer at its root
         return components, recorded
-    components["tokenizer"] = ckpt.path / "tokenizer"
-    recorded["tokenizer"] = ("calibrate", {rel[len("tokenizer/"):]: rec for rel, rec in ckpt.manifest.files.items()
-                                           if rel.startswith("tokenizer/")})
+    prefix = tokenizer.relative_to(ckpt.path).as_posix() + "/"
+    components["tokenizer"] = tokenizer
+    recorded["tokenizer"] = ("calibrate", {rel[len(prefix):]: rec for rel, rec in ckpt.manifest.files.items()
+                                           if rel.startswith(prefix)})
     return components, recorded
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import BenchError, PipelineError, RequestsFailed
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
@@ -1038,6 +1039,6 @@ def bench_spec(
     common = dict(gpus=gpus, gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
     if url:
         return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
-    with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
+    with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,
                       ready_timeout_s=ready_timeout_s) as server:
         return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)

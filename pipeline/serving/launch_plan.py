@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pipeline.backends import backend_for, backend_named
 from pipeline.core.errors import PipelineError, ServeError
 
 Mode = Literal["single", "leader", "orchestrator", "llmapi", "cpu-reference"]
@@ -130,10 +131,9 @@ class LaunchPlan:
 # ------------------------------------------------------------------------------------------------- shapes
 def shape_from_spec(spec) -> RepoShape:
     """The repository `package` makes from `spec` (no file read): its kind and TensorRT-LLM models."""
-    if spec.target == "reference":
-        return RepoShape("reference")
-    if spec.runtime == "pytorch":
-        return RepoShape("llmapi")
+    kind = backend_for(spec).repo_kind
+    if kind != "engine":
+        return RepoShape(kind)
     if spec.draft_model is None:
         return RepoShape("engine", (EngineModel(TARGET_MODEL, spec.parallelism.world_size),))
     return RepoShape("engine", (
@@ -167,8 +167,9 @@ def shape_from_repo(repo: Path, *, world_size: int | None = None,
     from pipeline.stages.package import pbtxt
 
     manifest = RepoManifest.read(repo, strict=False)
-    if manifest is not None and manifest.runtime == "pytorch":
-        return RepoShape("llmapi" if manifest.target == "trtllm" else "reference")
+    backend = backend_named(manifest.runtime, manifest.target) if manifest is not None else None
+    if backend is not None and backend.llmapi:
+        return RepoShape(backend.repo_kind)
     models = []
     for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):
         cfg = pbtxt.read(cfg_path)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pipeline.backends import PackageInputs, backend_for, backend_named
 from pipeline.core.artifacts import engines_dir, stage_lock
 from pipeline.core.errors import BuildError, CalibrationError, CompileError, PackageError, PipelineError
 from pipeline.core.layout import BuildLayout
@@ -34,12 +35,9 @@ from pipeline.stages.compile import run_compile
 from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.download.stage import download_model
 from pipeline.stages.download.stage import is_cached as download_is_cached
-from pipeline.stages.package import package_repo
-from pipeline.stages.package.llmapi_options import llm_api_options
-from pipeline.stages.package.llmapi_package import package_llmapi_repo
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
-__all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "compiles", "locate_outputs",
+__all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "locate_outputs",
            "stage_range"]
 
 
@@ -107,21 +105,15 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def compiles(spec: BuildSpec) -> bool:
-    """Whether the build has a real compile stage (TensorRT engines: target trtllm on runtime engine)."""
-    return spec.target == "trtllm" and spec.runtime == "engine"
-
-
 def stage_range(*, until: str | None, from_stage: str | None, force: str | None, target: str,
                 runtime: str = "engine") -> list[str]:
     """The stages to execute, validated. Raises BuildError for unknown names or an empty/inverted range."""
     for name, value in (("--until", until), ("--from", from_stage), ("--force", force)):
         if value is not None and value not in STAGES:
             raise BuildError(f"{name} {value!r} is not a stage; stages: {', '.join(STAGES)}")
-    if force == "compile" and runtime == "pytorch":
-        raise BuildError("--force compile: runtime pytorch has nothing to compile; use --force calibrate or package")
-    if force == "compile" and target != "trtllm":
-        raise BuildError("--force compile: target=reference has no compile stage; use --target trtllm")
+    backend = backend_named(runtime, target)
+    if force == "compile" and not backend.compiles:
+        raise BuildError(backend.no_force_compile)
     lo = STAGES.index(from_stage) if from_stage else 0
     hi = STAGES.index(until) if until else len(STAGES) - 1
     if lo > hi:
@@ -206,23 +198,17 @@ def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
 
 def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool) -> StageOutcome:
     lay = out.layout
-    if spec.runtime == "pytorch":
-        draft = out.draft_checkpoint.path if out.draft_checkpoint else None
-        out.triton_repo = package_llmapi_repo(
-            spec, checkpoint_dir=out.checkpoint.path, draft_dir=draft,
-            options=llm_api_options(spec, draft_dir=draft), build_id=lay.build_id, name=lay.repo_name,
-            spec_key=lay.spec_key, force=force, verify=opts.verify,
-        )
-        return _outcome("package", {"triton_repo": out.triton_repo}, "llmapi model")
-    out.triton_repo = package_repo(
-        spec, build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
-        checkpoint_dir=out.checkpoint.path, tokenizer_dir=out.checkpoint.path,
-        draft_checkpoint_dir=out.draft_checkpoint.path if out.draft_checkpoint else None,
-        engine_dir=out.engine.path if out.engine else None,
-        draft_engine_dir=out.draft_engine.path if out.draft_engine else None,
-        force=force, verify=opts.verify,
+    backend = backend_for(spec)
+    inputs = PackageInputs(
+        checkpoint=out.checkpoint.path, tokenizer=out.checkpoint.path,
+        draft_checkpoint=out.draft_checkpoint.path if out.draft_checkpoint else None,
+        engine=out.engine.path if out.engine else None,
+        draft_engine=out.draft_engine.path if out.draft_engine else None,
+        build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
     )
-    return _outcome("package", {"triton_repo": out.triton_repo})
+    out.triton_repo = backend.package(spec, inputs, force=force, verify=opts.verify)
+    note = backend.repo_note()
+    return _outcome("package", {"triton_repo": out.triton_repo}, f"{note} model" if note else "")
 
 
 def _set_layout(spec: BuildSpec, out: BuildOutputs) -> None:
@@ -278,11 +264,9 @@ def _chained(stage: str, out: BuildOutputs) -> Lookup | None:
 
 def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, Any]:
     """The spec is validated by resolve_spec; before a trtllm compile also run the preflight (< 1 s on CPU)."""
-    if spec.runtime == "pytorch":
-        return StageOutcome("check", "ok", 0.0, detail=f"spec ok; runtime pytorch, target {spec.target} "
-                            "(Hugging Face checkpoint, no engines)"), None
-    if spec.target != "trtllm":
-        return StageOutcome("check", "ok", 0.0, detail="spec ok; reference target (PyTorch backend, no engines)"), None
+    note = backend_for(spec).check_note(spec)
+    if note is not None:
+        return StageOutcome("check", "ok", 0.0, detail=note), None
     if not preflight_compile:
         return StageOutcome("check", "ok", 0.0, detail="spec ok; compile not run"), None
 
@@ -353,15 +337,9 @@ def build(
     return report
 
 
-def _no_compile(spec: BuildSpec) -> str:
-    if spec.runtime == "pytorch":
-        return "no-op, nothing to compile: runtime pytorch loads the Hugging Face checkpoint at serve time"
-    return "target reference: no engines"
-
-
 def _chain(spec: BuildSpec, last: str) -> list[str]:
-    """The stages after check up to `last` that apply to the spec (compile only for trtllm engines)."""
-    return [s for s in STAGES[1 : STAGES.index(last) + 1] if not (s == "compile" and not compiles(spec))]
+    """The backend's stages after check up to `last` (compile only for trtllm engines)."""
+    return [s for s in STAGES[1 : STAGES.index(last) + 1] if s in backend_for(spec).stages]
 
 
 def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
@@ -373,11 +351,12 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
     counter (n counts the stages that run)."""
     outcomes: list[StageOutcome] = []
     i = 1
-    skip_compile = "compile" in run and not compiles(spec)
+    skip_compile = "compile" in run and not backend_for(spec).compiles
     for stage in sorted({*chain, "compile"} if skip_compile else chain, key=STAGES.index):
         if stage == "compile" and skip_compile:
-            outcomes.append(StageOutcome("compile", "skipped", 0.0, detail=_no_compile(spec)))
-            say(f"compile: skipped ({_no_compile(spec)})")
+            reason = backend_for(spec).no_compile
+            outcomes.append(StageOutcome("compile", "skipped", 0.0, detail=reason))
+            say(f"compile: skipped ({reason})")
             continue
         if stage not in run:
             _locate_or_check(spec, stage, out, options)
@@ -407,14 +386,13 @@ def _locate_or_check(spec: BuildSpec, stage: str, out: BuildOutputs, options: Bu
 def _doing(stage: str, spec: BuildSpec) -> str:
     if stage == "download":
         return _fetching(spec)
-    q = spec.quantization
+    q, backend = spec.quantization, backend_for(spec)
+    note = backend.repo_note()
     return {
-        "check": "validating spec" + (" and GPU/toolchain preflight" if compiles(spec) else ""),
-        "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, "
-        + ("Hugging Face checkpoint export" if spec.runtime == "pytorch" else "checkpoint export"),
+        "check": "validating spec" + (" and GPU/toolchain preflight" if backend.compiles else ""),
+        "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, {backend.checkpoint.export_label}",
         "compile": f"trtllm-build tp={spec.parallelism.tp} pp={spec.parallelism.pp} for {spec.hardware.gpu}",
-        "package": f"Triton model repository ({spec.target}"
-        + (", llmapi model)" if spec.runtime == "pytorch" else ")"),
+        "package": f"Triton model repository ({spec.target}" + (f", {note} model)" if note else ")"),
     }[stage]
 
 

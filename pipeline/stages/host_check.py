@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.backends import backend_for
 from pipeline.core.artifacts import cache_dir, output_root
 from pipeline.core.errors import HostResourceError, PipelineError
 from pipeline.core.gpus import GIB
@@ -66,14 +67,15 @@ def size_inputs(spec: BuildSpec, *, forced: Iterable[str] = ()) -> SizeInputs:
         have.add(("download", role))
         tokenizers[role] = _tokenizer_bytes(Path(res.path))
     if len(tokenizers) == len(roles):
+        stages = backend_for(spec).stages
         for until in ("package", "compile", "calibrate"):
-            if until == "compile" and spec.target != "trtllm":
+            if until not in stages:
                 continue
             try:
                 locate_outputs(spec, until=until)
             except PipelineError:
                 continue
-            done = [s for s in STAGES[2 : STAGES.index(until) + 1] if s != "compile" or spec.target == "trtllm"]
+            done = [s for s in STAGES[2 : STAGES.index(until) + 1] if s in stages]
             have |= {(stage, role) for stage in done for role, _ in roles if stage != "package" or role == "target"}
             break
     forced_from = min((STAGES.index(s) for s in forced), default=len(STAGES))

@@ -48,6 +48,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.backends import backend_for
 from pipeline.core.gpus import GIB
 from pipeline.core.registry import Architecture, ModelEntry
 from pipeline.core.spec import BuildSpec
@@ -217,7 +218,7 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     roundtrip = params <= ROUNDTRIP_MAX_PARAMS
     tokens = q.calib_batch_size * spec.calib_seq_len
     weights = params * 2
-    copy_kind = spec.runtime if spec.runtime == "engine" or roundtrip else "pytorch-large"
+    copy_kind = backend_for(spec).checkpoint.export_copy_kind(roundtrip=roundtrip)
     export_copy = params * EXPORT_COPY_BYTES_PER_PARAM[copy_kind]
     terms = {
         "weights": weights,
@@ -263,11 +264,12 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     have = inputs.present
     block = spec.quantization.awq_block_size
     disk: list[StageDisk] = []
-    engines = spec.target == "trtllm" and spec.runtime == "engine"
+    backend = backend_for(spec)
+    engines = backend.compiles
     for role, entry, precision, tp, pp in _roles(spec):
         tok = _tokenizer(entry, role, inputs.tokenizer_bytes)
         arch = entry.architecture
-        if spec.runtime == "pytorch":
+        if not backend.checkpoint.sharded:
             tp = pp = 1  # the HF export is unsharded: the PyTorch backend shards it at load
         ckpt = checkpoint_bytes(arch, precision, tp=tp, pp=pp, awq_block=block) + tok
         disk.append(StageDisk(stage="download", role=role, volume="cache", bytes=download_bytes(entry, tok),

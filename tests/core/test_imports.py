@@ -11,6 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 LAYERS = ["core", "planning", "stages", "serving", "ops", "cli"]  # a package imports only those before it
+# `backends` is the seam every layer asks (`backend_for(spec)`): at import time it needs only `core`; its methods
+# reach stage and serving code when called.
+SEAM = "backends"
 
 
 def _modules() -> dict[str, Path]:
@@ -55,6 +58,12 @@ def test_packages_import_only_lower_layers():
     assert not wrong, wrong
 
 
+def test_the_backend_seam_needs_only_core_at_import_time():
+    wrong = [f"{name} imports {imp}" for name, path in _modules().items() if name.split(".")[1:2] == [SEAM]
+             for imp in _imports(path, module_level=True) if imp.split(".")[1] not in ("core", SEAM)]
+    assert not wrong, wrong
+
+
 def test_no_import_circle_between_modules():
     mods = _modules()
     # a submodule naming its own package (`from pipeline.x import y` inside pipeline.x) is no circle: Python runs
@@ -81,4 +90,4 @@ def test_importing_the_spec_loads_no_planner_torch_or_tiny_model():
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('pipeline', 'torch', 'transformers')))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                        check=True).stdout)
-    assert all(m == "pipeline" or m.startswith("pipeline.core") for m in loaded), loaded
+    assert all(m == "pipeline" or m.startswith(("pipeline.core", "pipeline.backends")) for m in loaded), loaded

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from pipeline import __version__
+from pipeline.backends import backend_for
 from pipeline.core.artifacts import output_root
 from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
@@ -105,8 +106,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
-    reference_demo = o.platform == "slurm" and src.spec.target == "reference" and src.spec.runtime == "engine"
-    if src.spec.target != "trtllm" and not reference_demo:
+    if not backend_for(src.spec).deploys_on(o.platform):
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
                           "(runtime engine, tests and demos) deploy it with --platform slurm")
@@ -153,7 +153,7 @@ def _cell_args(spec: BuildSpec) -> list[str]:
 
 def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, output: str) -> dict[str, str]:
     """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
-    gpus = max((c.parallelism.world_size for c in cells if c.target == "trtllm"), default=0)
+    gpus = max((c.parallelism.world_size for c in cells if backend_for(c).gpu), default=0)
     server, pipe = _images(o, TRTLLM_VERSION)
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
                                                         [release_file(c, __version__) for c in cells])}

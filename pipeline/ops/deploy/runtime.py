@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
@@ -224,20 +225,13 @@ def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, plat
     (srun / mpirun over pods). Triton on engines: as its launch plan says."""
     if serve_mode not in (None, *SERVE_MODES):
         raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
-    if spec.target == "reference":
-        if serve_mode == "trtllm-serve":
-            raise DeployError("--serve-mode trtllm-serve needs TensorRT-LLM engines or a checkpoint on GPUs; a "
-                              "--target reference build is served by tritonserver: drop --serve-mode")
-        return reference_runtime()
-    launched = placement.multi_node or platform == "slurm"
-    if spec.runtime == "pytorch":
-        if serve_mode == "triton":
-            raise DeployError("--serve-mode triton: a runtime-pytorch release is deployed with trtllm-serve; drop "
-                              "--serve-mode (or pass --serve-mode trtllm-serve)")
-        return pytorch_runtime(spec, served_name, launched=launched)
-    if serve_mode == "trtllm-serve":
-        return engine_serve_runtime(spec, served_name, launched=launched)
-    return engine_runtime(spec, placement)
+    return backend_for(spec).deploy_runtime(spec, served_name, placement=placement, platform=platform,
+                                            serve_mode=serve_mode)
+
+
+def launched_ranks(placement: Placement, platform: str) -> bool:
+    """Whether a launcher starts the world-size ranks (multi-node pods, or srun under Slurm)."""
+    return placement.multi_node or platform == "slurm"
 
 
 def fetch_verify_script(rt: Runtime) -> str:

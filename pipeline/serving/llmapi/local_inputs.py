@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.backends import backend_for
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
@@ -56,7 +57,7 @@ def options_file_name(spec: BuildSpec) -> str:
 
 
 def _options_yaml(spec: BuildSpec, draft_dir: Path | None) -> str:
-    if spec.runtime == "engine":
+    if backend_for(spec).compiles:
         return engine_serve_options(spec).to_yaml()
     return llm_api_options(spec, draft_dir=draft_dir).to_yaml()
 
@@ -70,7 +71,7 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
         IntegrityError: a build output differs from its manifest (exit 3), even with `allow_pending`.
     """
     check_servable(spec)
-    engine = spec.runtime == "engine"
+    engine = backend_for(spec).compiles
     try:
         out = locate_outputs(spec, until="compile" if engine else "calibrate")
     except IntegrityError:
@@ -90,8 +91,10 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
 def _pending(spec: BuildSpec, *, reason: str) -> LocalServeInputs:
     base = engines_dir() / PENDING
     options_file = base / options_file_name(spec)
-    if spec.runtime == "engine":
-        return LocalServeInputs(base / "engine", base / "checkpoint" / "tokenizer", options_file,
+    backend = backend_for(spec)
+    ckpt = backend.checkpoint
+    if backend.compiles:
+        return LocalServeInputs(base / "engine", ckpt.tokenizer_dir(base / ckpt.dirname), options_file,
                                 _options_yaml(spec, None), False, reason)
-    draft = engines_dir() / f"{PENDING}-draft" / "hf_checkpoint" if spec.draft_model is not None else None
-    return LocalServeInputs(base / "hf_checkpoint", None, options_file, _options_yaml(spec, draft), False, reason)
+    draft = engines_dir() / f"{PENDING}-draft" / ckpt.dirname if spec.draft_model is not None else None
+    return LocalServeInputs(base / ckpt.dirname, None, options_file, _options_yaml(spec, draft), False, reason)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import HostError, SpecError
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.placement import place
@@ -37,7 +38,7 @@ from pipeline.stages.compile.engine_plan import effective_max_num_tokens
 
 TRTLLM_SERVE = "trtllm-serve"
 LLMAPI_LAUNCH = "trtllm-llmapi-launch"
-BACKEND = {"pytorch": "pytorch", "engine": "tensorrt"}  # spec.runtime -> trtllm-serve --backend
+ENGINE_BACKEND, CHECKPOINT_BACKEND = "tensorrt", "pytorch"  # trtllm-serve --backend: engines | an HF checkpoint
 
 
 class TrtllmServePlan(BaseModel):
@@ -61,10 +62,11 @@ def check_servable(spec: BuildSpec) -> None:
     Raises:
         SpecError: with the way out (exit 2).
     """
-    if spec.target != "trtllm":
+    backend = backend_for(spec)
+    if not backend.gpu:
         raise SpecError(f"trtllm-serve serves TensorRT-LLM builds, but this is --target {spec.target} (the CPU "
                         "reference backend); serve it with Triton (serve --mode triton)")
-    if spec.runtime == "engine" and spec.draft_model is not None:
+    if backend.compiles and spec.draft_model is not None:
         raise SpecError(f"trtllm-serve with draft {spec.draft_model.name}: TensorRT-LLM 1.2.1's tensorrt backend has "
                         "no draft-target speculation (PyTorch backend only); serve these engines with Triton "
                         "(serve --mode triton, deploy without --serve-mode), or build --runtime pytorch, or drop "
@@ -75,7 +77,7 @@ def serve_argv(spec: BuildSpec, *, model_dir: Path | str, options_file: Path | s
                port: int) -> list[str]:
     """`trtllm-serve MODEL --backend pytorch ...` for one process (the program every rank runs across nodes)."""
     p = spec.parallelism
-    return [TRTLLM_SERVE, str(model_dir), "--backend", "pytorch", "--tp_size", str(p.tp), "--pp_size", str(p.pp),
+    return [TRTLLM_SERVE, str(model_dir), "--backend", CHECKPOINT_BACKEND, "--tp_size", str(p.tp), "--pp_size", str(p.pp),
             "--host", host, "--port", str(port), "--extra_llm_api_options", str(options_file)]
 
 
@@ -84,7 +86,7 @@ def engine_serve_argv(spec: BuildSpec, *, engine_dir: Path | str, tokenizer_dir:
     """`trtllm-serve ENGINE --backend tensorrt --tokenizer TOK ...` for one process, with the engine's own limits."""
     check_servable(spec)
     p = spec.parallelism
-    return [TRTLLM_SERVE, str(engine_dir), "--backend", BACKEND["engine"], "--tokenizer", str(tokenizer_dir),
+    return [TRTLLM_SERVE, str(engine_dir), "--backend", ENGINE_BACKEND, "--tokenizer", str(tokenizer_dir),
             "--tp_size", str(p.tp), "--pp_size", str(p.pp), "--max_batch_size", str(spec.max_batch_size),
             "--max_num_tokens", str(effective_max_num_tokens(spec)), "--max_seq_len", str(spec.max_seq_len),
             "--host", host, "--port", str(port), "--extra_llm_api_options", str(options_file)]
@@ -97,7 +99,8 @@ def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, h
     check_servable(spec)
     p = spec.parallelism
     placement = place(p.tp, p.pp, spec.hardware)
-    if spec.runtime == "engine":
+    engine = backend_for(spec).compiles
+    if engine:
         if tokenizer_dir is None:
             raise SpecError("trtllm_serve_plan: an engine build needs its tokenizer directory")
         serve = engine_serve_argv(spec, engine_dir=model_dir, tokenizer_dir=tokenizer_dir,
@@ -108,7 +111,8 @@ def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, h
     launch = ["srun", "--mpi=pmix", f"--nodes={placement.nodes}", f"--ntasks={placement.world_size}",
               f"--ntasks-per-node={placement.ranks_per_node}", LLMAPI_LAUNCH] if multi else []
     return TrtllmServePlan(argv=launch + serve, options_file=str(options_file), world_size=placement.world_size,
-                           nodes=placement.nodes, multi_node=multi, backend=BACKEND[spec.runtime])
+                           nodes=placement.nodes, multi_node=multi,
+                           backend=ENGINE_BACKEND if engine else CHECKPOINT_BACKEND)
 
 
 def require_trtllm_serve() -> str:

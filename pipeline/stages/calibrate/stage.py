@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.backends import CheckpointFormat, checkpoint_format
 from pipeline.core.artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from pipeline.core.errors import CalibrationError
 from pipeline.core.layout import runtime_checkpoint_dir
@@ -34,10 +35,7 @@ from pipeline.core.stage_log import progress, stage_log
 from pipeline.core.tokenizer import identity
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO
 from pipeline.core.upstream import Upstream
-from pipeline.stages.calibrate import data, export_hf, quality, recipes
-from pipeline.stages.calibrate import export as exp
-from pipeline.stages.calibrate.checkpoint import load_checkpoint_as_hf
-from pipeline.stages.calibrate.hf_checkpoint import load_hf_checkpoint
+from pipeline.stages.calibrate import data, quality, recipes
 from pipeline.stages.download.stage import DownloadResult, download_model, source_id
 
 STAGE_VERSION = 1
@@ -72,6 +70,11 @@ class _Plan:
     export_dtype: str
     runtime: str = "engine"
 
+    @property
+    def checkpoint(self) -> CheckpointFormat:
+        """The export format of the plan's runtime."""
+        return checkpoint_format(self.runtime)
+
 
 def _plan(spec: BuildSpec, role: Role) -> _Plan:
     q = spec.quantization
@@ -83,7 +86,7 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         entry, precision = spec.draft_model, spec.draft_precision
     else:
         raise CalibrationError(f"role={role!r}: use 'target' or 'draft'")
-    pytorch = spec.runtime == "pytorch"
+    sharded = checkpoint_format(spec.runtime).sharded
     size = q.calib_size or entry.calibration.calib_size
     if precision in recipes.AWQ and q.calib_size is None:
         size = min(size, AWQ_DEFAULT_CALIB_CAP)
@@ -95,8 +98,8 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         awq_block_size=q.awq_block_size,
         # the draft engine has its own TP and no PP (speculation.draft_tp; pipeline/stages/compile/engine_plan.py); a
         # Hugging Face export (runtime pytorch) is never sharded: the PyTorch backend shards it at load
-        tp=1 if pytorch else spec.draft_tp if role == "draft" else spec.parallelism.tp,
-        pp=1 if pytorch or role == "draft" else spec.parallelism.pp,
+        tp=spec.draft_tp if role == "draft" and sharded else spec.parallelism.tp if sharded else 1,
+        pp=spec.parallelism.pp if sharded and role == "target" else 1,
         calib_size=size,
         calib_seq_len=q.calib_seq_len or entry.calibration.calib_seq_len,
         batch_size=q.calib_batch_size,
@@ -221,7 +224,7 @@ def run_calibrate(
                 factors=factors,
                 role=role,
                 model={**factors["model"], "revision": plan.entry.revision, "source_dir": str(src)},
-                tokenizer=identity(tmp if plan.runtime == "pytorch" else tmp / "tokenizer"),
+                tokenizer=identity(plan.checkpoint.tokenizer_dir(tmp)),
                 argv=[str(a) for a in sys.argv],
                 files=file_table(tmp),
             )
@@ -251,7 +254,7 @@ def _factors(plan: _Plan, source_sha: str, calibration: str) -> dict[str, Any]:
         "parallelism": {"tp": plan.tp, "pp": plan.pp},
         "toolchain": toolchain(),
         # a runtime-pytorch export differs in format; the engine runtime's keys (and build ids) stay as they were
-        **({"runtime": plan.runtime} if plan.runtime != "engine" else {}),
+        **plan.checkpoint.key_factors,
     }
 
 
@@ -271,10 +274,10 @@ def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]],
     A Hugging Face export is read by `load_hf_checkpoint` (transformers has no loader for ModelOpt's format).
     """
 
-    hf = plan.runtime == "pytorch"
-    loaded = load_hf_checkpoint(ckpt) if hf else load_checkpoint_as_hf(ckpt)
+    loaded = plan.checkpoint.load(ckpt)
     exported.float()  # the exported copy is not used afterwards; compare both in float32
-    tier = "hf_export" if hf and cfg is not None else "awq" if plan.precision in recipes.AWQ else "exact"
+    tier = plan.checkpoint.export_tier if plan.checkpoint.export_tier and cfg is not None else \
+        "awq" if plan.precision in recipes.AWQ else "exact"
     if cfg is not None and KV_QUANT_ALGO[plan.kv]:
         import modelopt.torch.quantization as mtq
 
@@ -379,10 +382,7 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     with _timed(timings, "roundtrip_s"):
         rt = _checked_roundtrip(plan, cfg, model, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device,
                                 what=what)
-    if plan.runtime == "pytorch":
-        tok_files = export_hf.copy_tokenizer(src, tmp)
-    else:
-        tok_files = exp.copy_tokenizer(src, tmp / "tokenizer")
+    tok_files = plan.checkpoint.copy_tokenizer(src, tmp)
     timings["total_s"] = time.perf_counter() - t0
     return {
         "recipe": _recipe_fields(plan, quant_algo, kv_algo),
@@ -401,17 +401,9 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
 def _export(plan: _Plan, model, tmp: Path, quant_algo: str | None, kv_algo: str | None) -> tuple[Any, dict]:
     """Export for the plan's runtime (TensorRT-LLM checkpoint, or unified HF checkpoint for pytorch) and check it;
     return the fake-quant model the export corresponds to and the manifest's `checkpoint` fields."""
-    import torch
-
-    dtype = getattr(torch, plan.export_dtype)
-    if plan.runtime == "pytorch":
-        exact = sum(p.numel() for p in model.parameters()) <= ROUNDTRIP_MAX_PARAMS
-        exported = export_hf.export(model, tmp, dtype=dtype, exact=exact)
-        hf_q = export_hf.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, dtype=plan.export_dtype)
-        return exported, {"format": "hf", "hf_quant_config": hf_q, "dtype": plan.export_dtype}
-    exported = exp.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=dtype)
-    trt_cfg = exp.check(tmp, quant_algo=quant_algo, kv_algo=kv_algo, tp=plan.tp, pp=plan.pp)
-    return exported, {key: trt_cfg.get(key) for key in ("quantization", "mapping", "dtype")}
+    exact = sum(p.numel() for p in model.parameters()) <= ROUNDTRIP_MAX_PARAMS
+    return plan.checkpoint.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=plan.export_dtype, exact=exact,
+                                  quant_algo=quant_algo, kv_algo=kv_algo)
 
 
 def _heldout(plan: _Plan, texts: list[str], encode, vocab_size: int) -> data.TokenSet:

@@ -16,40 +16,28 @@ LLM (speculative_config), so there is no ensemble, BLS or draft model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import atomic_dir, check_name, file_table, stage_key, triton_repo_dir
+from pipeline.backends import Backend, backend_named
+from pipeline.core.artifacts import atomic_dir, file_table, stage_key
 from pipeline.core.errors import PackageError, PipelineError
-from pipeline.core.layout import repo_name
 from pipeline.core.manifests import RepoManifest
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
 from pipeline.core.upstream import Upstream
+from pipeline.stages.calibrate.hf_checkpoint import HF_QUANT_CONFIG
+from pipeline.stages.calibrate.hf_checkpoint import SUPPORTED_QUANT_ALGOS as REFERENCE_QUANT_ALGOS
 from pipeline.stages.package import llmapi_yaml, pbtxt
 from pipeline.stages.package.llmapi_options import LlmApiOptions
-from pipeline.stages.package.package import PackageResult, current_repo
-from pipeline.stages.package.render import render, templates_root
+from pipeline.stages.package.package import PackageResult, current_repo, repo_path
+from pipeline.stages.package.render import render, templates_hash, templates_root
 from pipeline.stages.package.repo_check import validate_repo
 
-TEMPLATE_VERSION = 1
-# hf_quant_config.json quant_algo values the CPU reference can dequantize (None: not quantized).
-REFERENCE_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
-_MODEL_PY = {"trtllm": "model_trtllm.py", "reference": "model_reference.py"}
-_FILES = {"trtllm": ("llmapi_io.py",), "reference": ("llmapi_io.py", "hf_reference.py")}
-
-
-def templates_hash() -> str:
-    """sha256 over the llmapi template tree (a package key factor)."""
-    root = templates_root("llmapi")
-    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
+_GPU_FILES = ("model_trtllm.py", ("llmapi_io.py",))  # model.py's template, the files beside it
+_CPU_FILES = ("model_reference.py", ("llmapi_io.py", "hf_reference.py"))
 
 
 def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
@@ -66,7 +54,7 @@ def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
     if not list(path.glob("*.safetensors")):
         raise PackageError(f"{what} {path} holds no *.safetensors; the export did not finish")
     quant: dict[str, Any] = {}
-    qfile = path / "hf_quant_config.json"
+    qfile = path / HF_QUANT_CONFIG
     if qfile.is_file():
         try:
             quant = json.loads(qfile.read_text()).get("quantization", {}) or {}
@@ -95,7 +83,7 @@ def _reference_parameters(spec) -> dict[str, str]:
             "tokens_per_block": str(spec.limits.tokens_per_block)}
 
 
-def write_llmapi_repo(dest: Path, *, target: str, data: dict, parameters: dict[str, str]) -> None:
+def write_llmapi_repo(dest: Path, *, backend: Backend, data: dict, parameters: dict[str, str]) -> None:
     """Render the tensorrt_llm model into `dest` (existing, empty)."""
     root = templates_root("llmapi") / llmapi_yaml.MODEL
     out = dest / llmapi_yaml.MODEL
@@ -106,10 +94,19 @@ def write_llmapi_repo(dest: Path, *, target: str, data: dict, parameters: dict[s
     if parameters:
         text = pbtxt.with_parameters(text, parameters, name="llmapi/tensorrt_llm/config.pbtxt")
     (out / "config.pbtxt").write_text(text)
-    shutil.copy2(root / "1" / _MODEL_PY[target], out / "1" / "model.py")
-    for name in _FILES[target]:
+    model_py, files = _GPU_FILES if backend.gpu else _CPU_FILES
+    shutil.copy2(root / "1" / model_py, out / "1" / "model.py")
+    for name in files:
         shutil.copy2(root / "1" / name, out / "1" / name)
     llmapi_yaml.write(dest / llmapi_yaml.MODEL_YAML, data)
+
+
+def _llmapi_backend(target: str) -> Backend:
+    """The backend whose repository has the `llmapi` layout for `target` (the PyTorch runtime's)."""
+    try:
+        return backend_named("pytorch", target)
+    except PipelineError:
+        raise PackageError(f"target {target!r} is not one of trtllm, reference") from None
 
 
 def check_model_yaml(path: Path) -> LlmApiOptions:
@@ -122,12 +119,12 @@ def check_model_yaml(path: Path) -> LlmApiOptions:
         raise PackageError(str(exc)) from None
 
 
-def _sources(target, checkpoint_dir, draft_dir):
+def _sources(backend: Backend, checkpoint_dir, draft_dir):
     ckpt = read_hf_checkpoint(checkpoint_dir, what="checkpoint")
     draft = read_hf_checkpoint(draft_dir, what="draft checkpoint") if draft_dir is not None else None
-    if target == "reference":
+    if not backend.gpu:
         for what, facts in (("checkpoint", ckpt), ("draft checkpoint", draft)):
-            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:
+            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:  # what the CPU reference dequantizes
                 raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
                                    "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
     return ckpt, draft
@@ -147,12 +144,10 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
             tokenizer, options that disagree with the draft, or a repository that fails validation.
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
-    target = target or spec.target
-    if target not in _MODEL_PY:
-        raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    backend = _llmapi_backend(target or spec.target)
     checkpoint_dir = Path(checkpoint_dir).resolve()
     draft_dir = Path(draft_dir).resolve() if draft_dir is not None else None
-    ckpt, draft = _sources(target, checkpoint_dir, draft_dir)
+    ckpt, draft = _sources(backend, checkpoint_dir, draft_dir)
     tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
     if draft_dir is not None:
         why = mismatch(identity(tok), identity(find_tokenizer(draft_dir, error=PackageError)))
@@ -160,9 +155,7 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
             raise PackageError(f"the draft {draft_dir} has a different tokenizer than the target's {tok} ({why})")
     build_id = build_id or (checkpoint_dir.parent.name if checkpoint_dir.name.endswith("checkpoint")
                             else checkpoint_dir.name)
-    name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
-        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
-    final = (Path(out_dir) if out_dir else triton_repo_dir()) / name
+    final = repo_path(out_dir, name, build_id, backend, spec_key)
     base = (final / llmapi_yaml.MODEL_YAML).parent
 
     def rel(p: Path) -> str:
@@ -170,20 +163,21 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
 
     data = model_yaml(spec, options, model=rel(checkpoint_dir), draft=rel(draft_dir) if draft_dir else None,
                       tokenizer=rel(tok) if tok != checkpoint_dir else None)
-    parameters = _reference_parameters(spec) if target == "reference" else {}
-    key = stage_key({"stage": "package", "layout": "llmapi", "target": target,
-                     "templates": templates_hash(), "model_yaml": data,
+    parameters = {} if backend.gpu else _reference_parameters(spec)
+    key = stage_key({"stage": "package", "layout": "llmapi", "target": backend.target,
+                     "templates": templates_hash("llmapi"), "model_yaml": data,
                      "parameters": parameters, "sources": {"llm": Upstream.of_dir(checkpoint_dir).key,
                                                             "draft": Upstream.of_dir(draft_dir).key if draft_dir else None}})
     cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
     if cached is not None:
         return cached
     with atomic_dir(final) as tmp:
-        write_llmapi_repo(tmp, target=target, data=data, parameters=parameters)
+        write_llmapi_repo(tmp, backend=backend, data=data, parameters=parameters)
         check_model_yaml(tmp / llmapi_yaml.MODEL_YAML)
         summary = validate_repo(tmp)
         manifest = RepoManifest(
-            key=key, target=target, runtime="pytorch", build_id=build_id, spec=spec.summary(), spec_key=spec_key,
+            key=key, target=backend.target, runtime=backend.runtime, build_id=build_id, spec=spec.summary(),
+            spec_key=spec_key,
             models=sorted(summary.models),
             speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft_dir else None,
             sources={"llm": str(checkpoint_dir), "draft": str(draft_dir) if draft_dir else None,

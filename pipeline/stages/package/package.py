@@ -30,17 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends import Backend, backend_named
 from pipeline.core.artifacts import atomic_dir, check_name, file_table, stage_key, triton_repo_dir
-from pipeline.core.errors import PackageError
+from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.layout import repo_name
 from pipeline.core.manifests import EngineManifest, RepoManifest, StageResult, TokenizerIdentity
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
 from pipeline.core.upstream import Upstream
 from pipeline.stages.package import pbtxt
-from pipeline.stages.package.render import render, templates_root
+from pipeline.stages.package.render import render, templates_hash, templates_root
 from pipeline.stages.package.repo_check import MAX_MEMORY_FRACTION_SUM, validate_repo
 
-TEMPLATE_VERSION = 1
 _TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                        "chat_template*", "*.tiktoken")
 _QUEUE = {"max_queue_delay_microseconds": 0, "max_queue_size": 0}
@@ -142,12 +142,12 @@ _BACKEND_DEFAULTS = (
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
 
-def _llm_values(name: str, target: str, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
+def _llm_values(name: str, backend: Backend, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
                 spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
     """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
     return {
         "model_name": name,
-        "triton_backend": "python" if target == "reference" else "tensorrtllm",
+        "triton_backend": "tensorrtllm" if backend.compiles else "python",
         "triton_max_batch_size": src.max_batch_size,
         "decoupled_mode": decoupled,
         **_QUEUE,
@@ -177,7 +177,8 @@ def reference_parameters(spec, *, draft: bool) -> dict[str, str]:
     }
 
 
-def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSource | None) -> tuple[dict, list]:
+def plan_values(spec, *, backend: Backend, repo: Path, llm: LLMSource,
+                draft: LLMSource | None) -> tuple[dict, list]:
     """model name -> template values for every model of the repository, plus warnings."""
     warnings: list[str] = []
     speculative = draft is not None
@@ -190,7 +191,7 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
     chunked = spec.serving.enable_chunked_context and llm.kv_reuse_ok
     if spec.serving.enable_kv_cache_reuse and not llm.kv_reuse_ok:
         warnings.append("engine built without paged context FMHA: KV-cache reuse and chunked context stay off")
-    if target == "trtllm" and speculative and llm.max_draft_len < spec.draft_len:
+    if backend.compiles and speculative and llm.max_draft_len < spec.draft_len:
         raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
                            "rebuild the target with --speculative_decoding_mode draft_tokens_external")
     batch = llm.max_batch_size
@@ -205,18 +206,18 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
                           "max_input_len": spec.max_input_len},
         "postprocessing": {"triton_max_batch_size": batch, "postprocessing_instance_count": 1,
                            "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
-        "tensorrt_llm": _llm_values("tensorrt_llm", target, llm, rel(llm.path, "tensorrt_llm"),
+        "tensorrt_llm": _llm_values("tensorrt_llm", backend, llm, rel(llm.path, "tensorrt_llm"),
                                     decoupled=spec.serving.target_decoupled(speculative), fraction=fraction,
                                     spec=spec, kv_reuse=kv_reuse, chunked=chunked),
         "ensemble": {"triton_max_batch_size": batch},
     }
     if draft is not None:
         values["tensorrt_llm_draft"] = _llm_values(
-            "tensorrt_llm_draft", target, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
+            "tensorrt_llm_draft", backend, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
             fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
             chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
         values["tensorrt_llm_draft"]["max_tokens_in_paged_kv_cache"] = spec.draft_max_tokens_in_paged_kv_cache
-        if target == "trtllm":
+        if backend.compiles:
             # Orchestrator mode (two tensorrtllm models in one server): each model's GPUs, comma-separated within
             # one instance (model_state.cc LoadParameters). Participant ids stay empty: the orchestrator spawns.
             values["tensorrt_llm"]["gpu_device_ids"] = ",".join(map(str, spec.target_gpu_device_ids))
@@ -232,16 +233,7 @@ def plan_values(spec, *, target: str, repo: Path, llm: LLMSource, draft: LLMSour
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def templates_hash() -> str:
-    root = templates_root()
-    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
-
-
-def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, tokenizer: Path,
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: Backend, tokenizer: Path,
                extra_parameters: dict[str, dict[str, str]] | None = None) -> None:
     """Render every model of `values` into `dest` (which must exist and be empty); `extra_parameters` (model ->
     key -> value) are added to the rendered configs."""
@@ -257,7 +249,7 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, to
         if model in extra_parameters:
             text = pbtxt.with_parameters(text, extra_parameters[model], name=name)
         (out / "config.pbtxt").write_text(text)
-        python = model != "ensemble" and not (template == "tensorrt_llm" and target == "trtllm")
+        python = model != "ensemble" and not (template == "tensorrt_llm" and backend.compiles)
         if python:
             shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
         if model in ("preprocessing", "postprocessing"):
@@ -266,11 +258,11 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, target: str, to
                 shutil.copy2(f, out / "tokenizer" / f.name)
 
 
-def _draft_tokenizer(target: str, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+def _draft_tokenizer(backend: Backend, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
     """The draft's tokenizer identity: its own tokenizer dir, or what its engine's manifest records."""
     if draft_tokenizer_dir is not None:
         return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
-    if target == "reference":
+    if not backend.compiles:
         return identity(find_tokenizer(draft.path, error=PackageError))
     recorded = EngineManifest.read(draft.path)
     if recorded is None or recorded.tokenizer is None:
@@ -306,9 +298,9 @@ def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_di
     return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
 
 
-def _extra_parameters(spec, target: str, with_draft: bool) -> dict[str, Any]:
+def _extra_parameters(spec, backend: Backend, with_draft: bool) -> dict[str, Any]:
     """Reference-backend parameters appended to the `tensorrt_llm` model(s); none for the GPU backend."""
-    if target != "reference":
+    if backend.gpu:
         return {}
     extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
     if with_draft:
@@ -354,7 +346,7 @@ def package_repo(
 
     trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
     (+ `draft_checkpoint_dir`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
-    name to `repo_name(build_id, target, spec_key)`); the same inputs again are a no-op (status "cached") after
+    name to `repo_name(build_id, backend, spec_key)`); the same inputs again are a no-op (status "cached") after
     the files were checked against the manifest (sizes and mtimes; every sha256 with `verify`).
 
     Args:
@@ -367,20 +359,20 @@ def package_repo(
             the rendered repository fails validation (nothing is published).
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
-    target = target or spec.target
-    llm, draft, tok, derived_id = _sources(spec, target, engine_dir, draft_engine_dir, checkpoint_dir,
+    backend = _ensemble_backend(target or spec.target)
+    llm, draft, tok, derived_id = _sources(spec, backend, engine_dir, draft_engine_dir, checkpoint_dir,
                                            draft_checkpoint_dir, tokenizer_dir)
     build_id = build_id or derived_id
-    final = _repo_path(output, name, build_id, target, spec_key)
-    values, warnings = plan_values(spec, target=target, repo=final, llm=llm, draft=draft)
+    final = repo_path(output, name, build_id, backend, spec_key)
+    values, warnings = plan_values(spec, backend=backend, repo=final, llm=llm, draft=draft)
     if draft is not None:
-        why = mismatch(identity(tok), _draft_tokenizer(target, draft, draft_tokenizer_dir))
+        why = mismatch(identity(tok), _draft_tokenizer(backend, draft, draft_tokenizer_dir))
         if why:
             raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
-    extra = _extra_parameters(spec, target, draft is not None)
+    extra = _extra_parameters(spec, backend, draft is not None)
     key = stage_key({
         "stage": "package",
-        "target": target,
+        "target": backend.target,
         "templates": templates_hash(),
         "values": values,
         "sources": {"llm": llm.key, "draft": draft.key if draft else None},
@@ -392,29 +384,35 @@ def package_repo(
     if cached is not None:
         return cached
     with atomic_dir(final) as tmp:
-        write_repo(tmp, values, target=target, tokenizer=tok, extra_parameters=extra)
+        write_repo(tmp, values, backend=backend, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
-        manifest = _repo_manifest(spec, key, target, build_id, spec_key, sorted(summary.models), values, warnings,
-                                  llm, draft, tok, files=file_table(tmp))
+        manifest = _repo_manifest(spec, key, backend.target, build_id, spec_key, sorted(summary.models), values,
+                                  warnings, llm, draft, tok, files=file_table(tmp))
         manifest.write(tmp)
     return PackageResult(final, manifest, "built")
 
 
-def _sources(spec, target: str, engine_dir: Path | None, draft_engine_dir: Path | None,
+def _ensemble_backend(target: str) -> Backend:
+    """The backend whose repository has the ensemble layout for `target` (the engine runtime's)."""
+    try:
+        return backend_named("engine", target)
+    except PipelineError:
+        raise PackageError(f"target {target!r} is not one of trtllm, reference") from None
+
+
+def _sources(spec, backend: Backend, engine_dir: Path | None, draft_engine_dir: Path | None,
              checkpoint_dir: Path | None, draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None):
-    """(llm, draft, tokenizer dir, derived build id) for `target`: engines for trtllm, checkpoints for reference."""
-    if target == "trtllm":
+    """(llm, draft, tokenizer dir, derived build id): engines for the C++ backend, checkpoints for the reference."""
+    if backend.compiles:
         return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
-    if target == "reference":
-        return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
-    raise PackageError(f"target {target!r} is not one of trtllm, reference")
+    return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
 
 
-def _repo_path(output: Path | None, name: str | None, build_id: str, target: str, spec_key: str | None) -> Path:
-    """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, target, spec_key)`."""
+def repo_path(output: Path | None, name: str | None, build_id: str, backend: Backend, spec_key: str | None) -> Path:
+    """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, backend, spec_key)`."""
     out_root = Path(output) if output else triton_repo_dir()
     name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
-        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), target, spec_key)
+        repo_name(check_name(build_id, what="build id", fix="pass a plain name"), backend, spec_key)
     return out_root / name
 
 

@@ -3,6 +3,7 @@ must be used, nothing `${...}`-like may survive. (Never `string.Template.safe_su
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -11,6 +12,7 @@ from typing import Any
 
 from pipeline.core.errors import PackageError
 
+TEMPLATE_VERSION = 1  # bump when rendering changes without a template file changing
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LEFTOVER = re.compile(r"\$\{|\$[A-Za-z_]")
 
@@ -19,6 +21,16 @@ def templates_root(layout: str = "triton") -> Path:
     """A packaged template tree: pipeline/templates/triton/<model>/{config.pbtxt,1/model.py} (engine runtime), or
     pipeline/templates/llmapi/tensorrt_llm/ (`layout="llmapi"`, PyTorch runtime)."""
     return Path(str(resources.files("pipeline").joinpath("templates", layout)))
+
+
+def templates_hash(layout: str = "triton") -> str:
+    """sha256 over a template tree and TEMPLATE_VERSION (a package key factor)."""
+    root = templates_root(layout)
+    h = hashlib.sha256(str(TEMPLATE_VERSION).encode())
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
 
 
 def placeholders(text: str) -> set[str]:
