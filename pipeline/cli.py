@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .errors import PipelineError, SpecError, io_error, os_error_in
+from .limits_choice import choose_limits
 from .spec import SECTIONS, resolve_spec
 
 
@@ -26,6 +30,26 @@ def _spec_help(field: str) -> str:
         if field in cls.model_fields:
             return cls.model_fields[field].description or field
     return field
+
+
+def metavar(annotation: Any) -> str | None:
+    """How help shows a flag's value: INT, FLOAT, a|b|c for choices, STRING; None for a switch or unknown type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return "|".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [metavar(a) for a in args if a is not type(None)]
+        return kinds[0] if len(kinds) == 1 else None
+    if origin in (list, tuple):
+        return metavar(args[0]) if args else None
+    return {int: "INT", float: "FLOAT", str: "STRING"}.get(annotation)
+
+
+def _spec_metavar(field: str | None) -> str | None:
+    for cls in SECTIONS.values():
+        if field in cls.model_fields:
+            return metavar(cls.model_fields[field].annotation)
+    return None
 
 
 def _flag(name: str, field: str | None = None, help: str | None = None, default: Any = None) -> Flag:
@@ -75,7 +99,8 @@ SPEC_FLAGS: tuple[Flag, ...] = (
 
 
 def spec_from_flags(values: dict[str, Any]):
-    """Resolve a validated `BuildSpec` from the spec flags' values."""
+    """Resolve a validated `BuildSpec` from the spec flags' values, unset engine limits chosen by the memory model
+    (`pipeline.limits_choice`)."""
 
     overrides = {f.field: values.get(f.name) for f in SPEC_FLAGS if f.field}
     if values.get("no_kv_reuse"):
@@ -88,7 +113,8 @@ def spec_from_flags(values: dict[str, Any]):
         overrides["multiple_profiles"] = False
     if values.get("tp_across_nodes"):
         overrides["tp_across_nodes"] = True
-    return resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
+    spec = resolve_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
+    return choose_limits(spec)
 
 
 def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None, kind: type = int) -> Any:
@@ -126,6 +152,15 @@ def exit_on_error(fn: Callable) -> Callable:
             raise SystemExit(err.exit_code) from None
 
     return wrapper
+
+
+def sentence_first(doc: str) -> str:
+    """`doc` with its whole first sentence on its first line (`--list` shows that line)."""
+    head, sep, rest = doc.partition("\n\n")
+    joined = " ".join(line.strip() for line in head.splitlines())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", joined)
+    sentence, tail = (joined[:end.start() + 1], joined[end.end():]) if end else (joined, "")
+    return "\n".join(x for x in (sentence, tail) if x) + sep + rest
 
 
 def split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -175,7 +210,7 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
         return fn(spec, **kwargs)
 
     body.__name__ = name
-    body.__doc__ = doc
+    body.__doc__ = sentence_first(doc)
     body.__module__ = fn.__module__
     ctx = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     extra = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
@@ -183,4 +218,9 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
     body.__signature__ = inspect.Signature([ctx, *own, *extra])
     helps = {**({f.name: f.help for f in spec_flags}), **own_help}
     task_kwargs.setdefault("name", name.replace("_", "-"))
-    return task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)
+    made = task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)
+    hints = typing.get_type_hints(fn)
+    kinds = {p.name: metavar(hints[p.name]) for p in own if p.name in hints}
+    kinds |= {f.name: _spec_metavar(f.field) for f in spec_flags}
+    made.metavars = {k: v for k, v in kinds.items() if v}  # typed help (pipeline.console)
+    return made

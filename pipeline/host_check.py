@@ -20,6 +20,7 @@ from .gpus import GIB
 from .host import HostResources, probe_host
 from .resources import CUDA_CONTEXT_BYTES, STAGE_VOLUME, CalibrationMemory, ResourcePlan, SizeInputs, plan_resources
 from .spec import BuildSpec
+from .table import format_table
 
 TEMPLATES = Path(__file__).with_name("templates") / "triton"
 SKIP_HINT = "--skip-host-check to build anyway"
@@ -196,8 +197,7 @@ def format_resources(plan: ResourcePlan) -> str:
         if items:
             rows.append((stage + (" (invoke release)" if stage == "release" else ""), items[0].volume,
                          _gib(sum(d.bytes for d in items))))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, width)).rstrip() for r in rows]
+    lines = [format_table(rows)]
     for c in plan.calibration:
         terms = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in c.gpu_terms.items() if v)
         lines.append(f"calibrate {c.role}: GPU {_gib(c.gpu_bytes)} ({terms}); host RAM {_gib(c.host_bytes_with_gpu)} "

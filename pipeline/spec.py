@@ -147,7 +147,9 @@ class HardwareSpec(BaseModel):
     nodes: int = Field(1, ge=1, le=256, description="nodes the ranks may span: TP within a node, PP across nodes")
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="GPUs per node (default: gpu_count)")
     tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
-    gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
+    gpu_price_per_hour: float | None = Field(
+        None, gt=0, le=10_000,
+        description="USD per GPU-hour for cost figures (default: $PIPELINE_GPU_PRICE, else the GPU's in pipeline/gpus.py)")
 
 
 def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
@@ -179,6 +181,8 @@ class BuildSpec(BaseModel):
     hardware: HardwareSpec = HardwareSpec()
     models_file: str | None = None
     warnings: list[str] = Field(default_factory=list, exclude=True)
+    # engine limits the user left unset -> why they have their value (pipeline.limits_choice fills it)
+    limit_reasons: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
     max_batch_size = _or_registry("limits", "max_batch_size")

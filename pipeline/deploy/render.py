@@ -21,6 +21,7 @@ from .. import __version__
 from ..artifacts import output_root
 from ..errors import DeployError, SpecError, io_error
 from ..layout import release_file
+from ..limits_choice import choose_limits
 from ..placement import Placement
 from ..spec import BuildSpec, resolve_spec
 from . import k8s, names, slurm
@@ -138,7 +139,7 @@ def matrix_cells(matrix: str, base: dict[str, Any]) -> list[BuildSpec]:
         if len(parts) == 3:
             over["tp"] = parts[2]
         try:
-            cells.append(resolve_spec(**over))
+            cells.append(choose_limits(resolve_spec(**over)))
         except SpecError as exc:
             raise DeployError(f"--matrix item {item!r}: {exc}") from None
     return cells
