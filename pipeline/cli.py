@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from .errors import PipelineError, SpecError, io_error, os_error_in
 from .limits_choice import choose_limits
-from .spec import SECTIONS, resolve_spec
+from .spec import SECTIONS, BuildSpec, resolve_spec
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,11 @@ def metavar(annotation: Any) -> str | None:
         return kinds[0] if len(kinds) == 1 else None
     if origin in (list, tuple):
         return metavar(args[0]) if args else None
-    return {int: "INT", float: "FLOAT", str: "STRING"}.get(annotation)
+    return {int: "INT", float: "FLOAT", str: "STRING", bool: "BOOL"}.get(annotation)
 
 
 def _spec_metavar(field: str | None) -> str | None:
-    for cls in SECTIONS.values():
+    for cls in (BuildSpec, *SECTIONS.values()):
         if field in cls.model_fields:
             return metavar(cls.model_fields[field].annotation)
     return None

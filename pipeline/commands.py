@@ -660,7 +660,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
         release: release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags
-        output: directory to write (default <output tree>/deploy/<name>); replaced only with --force
+        output: directory to write (default <output tree>/deploy/<platform>/<name>); replaced only with --force
         name: deployment name, DNS-1123 (default <model>-<precision>)
         namespace: Kubernetes namespace (default default)
         release_url: http(s) URL the nodes fetch the release tarball from
@@ -712,7 +712,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
                         serve_mode=serve_mode)
-    dest = deploy_render.deploy_dir(output, o.name)
+    dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))
     summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
@@ -733,7 +733,7 @@ def _deploy_matrix(spec, platform, matrix, *, matrix_target, matrix_output, outp
         base["gpu"] = spec.hardware.gpu
     cells = deploy_render.matrix_cells(matrix, base)
     o = _deploy_options(platform, name or "build-matrix", **opts)
-    dest = deploy_render.deploy_dir(output, o.name)
+    dest = deploy_render.deploy_dir(output, o.name, platform)
     if platform == "slurm" and not (matrix_output and Path(matrix_output).is_absolute()):
         raise DeployError("--matrix on slurm: give --matrix-output /shared/dir (absolute) for the cells' outputs")
     if platform == "k8s" and matrix_output:

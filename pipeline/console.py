@@ -23,6 +23,7 @@ from .cli import command_task
 from .errors import SpecError
 
 BINARY = "trtllm-pipeline"
+CHOICES_INLINE = 16  # longer value lists are shown in the flag's help instead of its spec
 
 check = command_task(commands.check_command)
 plan = command_task(commands.plan_command)
@@ -54,8 +55,9 @@ def usage_error(exc: ParseError | ValueError, binary: str) -> str:
         where = f" of `{context}`" if context and kind == "flag" else ""
         return (f"error: unknown {kind} {what!r}{where}; `{binary} --list` shows the tasks and `{task_help}` "
                 "a task's flags")
-    if m := re.match(r"Flag '(.*)' needed value and was not given one!", text):
-        return f"error: {m.group(1)} needs a value ({m.group(1)}=VALUE); `{task_help}` shows what it takes"
+    if m := re.match(r"Flag .*?([\w-]+)\W* needed value and was not given one!", text):
+        flag = "--" + m.group(1).replace("_", "-")
+        return f"error: {flag} needs a value ({flag}=VALUE); `{task_help}` shows what it takes"
     return f"error: {text}; `{task_help}` shows the flags"
 
 
@@ -69,27 +71,29 @@ def _usage_errors(binary: str) -> Iterator[None]:
         raise Exit(usage_error(exc, binary), code=SpecError.exit_code) from None
 
 
-def typed_help_tuples(program: Program, name: str) -> list[tuple[str, str | None]]:
-    """The task's (flag spec, help) pairs with each flag's value type (INT, FLOAT, a|b|c) instead of STRING."""
-    task = program.collection[name]
-    metavars = getattr(task, "metavars", {})
+def typed_help_tuples(tuples: list[tuple[str, str | None]], metavars: dict[str, str]) -> list[tuple[str, str | None]]:
+    """A task's (flag spec, help) pairs with each flag's value type (INT, FLOAT, a|b|c) instead of STRING."""
     out = []
-    for spec, text in program.parser.contexts[name].help_tuples():
+    for spec, text in tuples:
         flag = spec.split("=")[0].split(",")[-1].strip().lstrip("-").replace("-", "_")
-        if flag in metavars and "=STRING" in spec:
-            spec = spec.replace("=STRING", f"={metavars[flag]}")
+        kind = metavars.get(flag)
+        if kind and "=STRING" in spec:
+            if len(kind) > CHOICES_INLINE:  # a long list of choices goes into the help, the column stays narrow
+                spec, text = spec.replace("=STRING", "=CHOICE"), f"{text or ''} (one of: {kind.replace('|', ', ')})"
+            else:
+                spec = spec.replace("=STRING", f"={kind}")
         out.append((spec, text))
     return out
 
 
 def _print_task_help(program: Program, name: str) -> None:
-    contexts = program.parser.contexts
-    original = contexts[name].help_tuples
-    contexts[name].help_tuples = lambda: typed_help_tuples(program, name)
+    context = program.parser.contexts[name]
+    tuples = typed_help_tuples(context.help_tuples(), getattr(program.collection[name], "metavars", {}))
+    context.help_tuples = lambda: tuples
     try:
         Program.print_task_help(program, name)
     finally:
-        contexts[name].help_tuples = original
+        del context.help_tuples  # the class's method again
 
 
 class PipelineProgram(Program):

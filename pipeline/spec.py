@@ -70,7 +70,9 @@ class ParallelSpec(BaseModel):
 class EngineLimits(BaseModel):
     model_config = _Strict
 
-    max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
+    max_batch_size: int | None = Field(
+        None, gt=0, description="engine max batch size (default: what the memory model fits, at most 2048; "
+        "`check` says why)")
     max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
     max_seq_len: int | None = Field(
         None, gt=0, description="max prompt+output tokens, >= max_input_len (default: per model)"
