@@ -84,15 +84,17 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
     """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
     check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
 
+    Then each engine limit left unset, on stderr with its value and why (`limits: ...`).
+
     Args:
         skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
     """
     print(spec.summary())
-    for line in limit_lines(spec):
-        print(line)
     if not skip_host_check:
         stages = stage_range(until=None, from_stage=None, force=None, target=spec.target)
         print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+    for line in limit_lines(spec):
+        print(line, file=sys.stderr)
 
 
 def resources_section(spec: BuildSpec):
