@@ -968,6 +968,16 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
     return levels
 
 
+def cost_basis(spec) -> tuple[float, str]:
+    """$/GPU-hour for the spec's cost figures and where it comes from; a reference build says that its cost is a
+    CPU server's throughput priced at a GPU's rate."""
+    price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
+    if spec.target != "reference":
+        return price.usd_per_hour, price.source
+    return price.usd_per_hour, (price.source + "; CPU reference server: $/1M tok prices its CPU tok/s at that GPU "
+                                "rate, an estimate of nothing deployed (compare runs with it, do not budget)")
+
+
 def bench_spec(
     spec,
     *,
@@ -986,11 +996,7 @@ def bench_spec(
     the server is started on free 127.0.0.1 ports and stopped after.
     """
     gpus = spec.parallelism.world_size
-    price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
-    source = price.source
-    if spec.target == "reference":
-        source += ("; CPU reference server: $/1M tok prices its CPU tok/s at that GPU rate, an estimate of nothing "
-                   "deployed (use it to compare runs, not to budget)")
+    price, source = cost_basis(spec)
     if url:
         check_local(url)
     missing = None
@@ -1008,7 +1014,7 @@ def bench_spec(
                          f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
     limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
     plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
-    common = dict(gpus=gpus, gpu_price_per_hour=price.usd_per_hour, gpu_price_source=source, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
+    common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
     if url:
         return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
     with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,
