@@ -44,7 +44,7 @@ namespace = Collection(check, plan, download, calibrate, compile_engines, packag
                        install_repo, serve, smoke, bench, deploy)
 
 
-def usage_error(exc: ParseError | ValueError, binary: str) -> str:
+def usage_error(exc: ParseError, binary: str) -> str:
     """One line for a command line invoke could not parse: the problem and the fix."""
     text = str(exc).strip()
     context = getattr(getattr(exc, "context", None), "name", None)
@@ -55,7 +55,7 @@ def usage_error(exc: ParseError | ValueError, binary: str) -> str:
         where = f" of `{context}`" if context and kind == "flag" else ""
         return (f"error: unknown {kind} {what!r}{where}; `{binary} --list` shows the tasks and `{task_help}` "
                 "a task's flags")
-    if m := re.match(r"Flag .*?([\w-]+)\W* needed value and was not given one!", text):
+    if m := re.match(r"Flag <Argument: ([\w-]+).*> needed value and was not given one!", text):
         flag = "--" + m.group(1).replace("_", "-")
         return f"error: {flag} needs a value ({flag}=VALUE); `{task_help}` shows what it takes"
     return f"error: {text}; `{task_help}` shows the flags"
@@ -117,7 +117,8 @@ class PipelineProgram(Program):
 
 def adopt(program: Program, binary: str = "invoke") -> None:
     """Give a running plain `invoke` Program (a checkout's `tasks.py` loading this collection) the same parse-error
-    exit code and typed help. Errors found before the collection loads (an unknown core flag) keep invoke's exit 1."""
+    exit code and typed help. Errors found before the collection loads (a core flag such as -c without its value)
+    keep invoke's exit 1."""
 
     def guarded(step: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:

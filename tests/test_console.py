@@ -51,6 +51,10 @@ def test_version_and_list_from_an_empty_directory(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == f"trtllm-pipeline {__version__}"
     r = console("--list", cwd=tmp_path)
     assert r.returncode == 0 and "build" in r.stdout and "smoke" in r.stdout
+    r = console("--print-completion-script", "bash", cwd=tmp_path)
+    assert r.returncode == 0 and "complete -F _complete_trtllm-pipeline" in r.stdout and "trtllm-pipeline" in r.stdout
+    r = console("--complete", "--", "trtllm-pipeline", "pla", cwd=tmp_path)
+    assert "plan" in r.stdout.split()
     assert list(tmp_path.iterdir()) == []
 
 
