@@ -120,3 +120,14 @@ def test_installed_command_builds_and_smokes_from_an_empty_directory(tmp_path, p
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     counts = [line.split(" | ")[1] for line in r.stdout.splitlines() if " tokens (counted from " in line]
     assert len(counts) == 2 and counts[0] == counts[1], r.stdout  # HTTP and gRPC: the same count, the same source
+
+
+def test_typed_choices_match_the_library():
+    import typing
+
+    from pipeline.build import STAGES
+    from pipeline.commands import SERVE_MODES, Stage
+
+    assert typing.get_args(Stage) == STAGES
+    hints = typing.get_type_hints(commands.serve_command)
+    assert typing.get_args(typing.get_args(hints["mode"])[0]) == SERVE_MODES
