@@ -30,11 +30,11 @@ from typing import Any
 from .build import locate_outputs
 from .errors import BenchError, PipelineError, RequestsFailed
 from .gpus import gpu_price
-from .token_count import SOURCES as TOKEN_SOURCES
-from .token_count import count_output_tokens, load_tokenizer
 from .llmapi import client as llmapi
 from .serve import TritonServer
 from .table import format_table
+from .token_count import SOURCES as TOKEN_SOURCES
+from .token_count import count_output_tokens, load_tokenizer
 from .triton import llmapi_yaml, pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -1014,7 +1014,8 @@ def bench_spec(
                          f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
     limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
     plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
-    common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
+    common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir,
+                  **limits, **kwargs)
     if url:
         return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
     with TritonServer(Path(repo), world_size=gpus if spec.target == "trtllm" else 1,

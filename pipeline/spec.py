@@ -151,7 +151,8 @@ class HardwareSpec(BaseModel):
     tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
     gpu_price_per_hour: float | None = Field(
         None, gt=0, le=10_000,
-        description="USD per GPU-hour for cost figures (default: $PIPELINE_GPU_PRICE, else the GPU's in pipeline/gpus.py)")
+        description="USD per GPU-hour for cost figures (default: $PIPELINE_GPU_PRICE, else the GPU's own in "
+        "pipeline/gpus.py)")
 
 
 def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
