@@ -1,6 +1,6 @@
-"""What each `invoke` task does and prints. `tasks.py` only wires these to invoke (`pipeline.cli.command_task`).
+"""What each task does and prints. `pipeline.console` only wires these to invoke (`pipeline.cli.command_task`).
 
-Each function's docstring is its task's help: the first line for `invoke --list`, the `Args:` section for the flags.
+Each function's docstring is its task's help: its first sentence for `--list`, the `Args:` section for the flags.
 A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
 Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
 """
