@@ -76,11 +76,14 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
             if batch is None:
                 reasons["max_batch_size"] = f"the registry's value: {why}"
             else:
+                if spec.draft_model is not None:
+                    why += (f"; speculation runs up to batch {spec.speculation.max_batch_for_speculation}, "
+                            "heavier traffic through the plain ensemble")
                 chosen = _with_batch(spec, batch)
                 reasons["max_batch_size"] = why
-    if chosen is not spec and validate:
-        chosen.warnings = validate_spec(chosen)  # the rules again, at the chosen batch
     chosen.limit_reasons = reasons
+    if chosen is not spec and validate:
+        chosen.warnings = validate_spec(chosen)  # the rules again, at the chosen batch (not warning about it)
     return chosen
 
 

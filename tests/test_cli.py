@@ -243,7 +243,7 @@ def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_
 
 def test_compile_dry_run_prints_a_spec_warning_once():
     r = invoke("compile", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft", "llama-1b",
-               "--dry-run")
+               "--max-batch", "64", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert (r.stdout + r.stderr).count("warning: speculation with max_batch_size=") == 1
     assert "warning: speculation" in r.stderr

@@ -80,3 +80,12 @@ def test_plan_json_and_check_show_the_chosen_values_and_why():
     assert r.returncode == 0, r.stderr
     assert f"batch={batch['value']}" in r.stdout
     assert f"limits: max_batch_size={batch['value']:,} (the KV pool" in r.stderr
+
+
+def test_with_a_draft_a_chosen_batch_explains_speculation_instead_of_warning():
+    chosen = choose_limits(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b"))
+    assert chosen.max_batch_size > 8
+    assert "speculation runs up to batch 8" in chosen.limit_reasons["max_batch_size"]
+    assert not any("speculation with max_batch_size" in w for w in chosen.warnings)
+    given = choose_limits(resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", max_batch_size=64))
+    assert any("speculation with max_batch_size=64" in w for w in given.warnings)
