@@ -66,7 +66,7 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
     if "max_num_tokens" not in given:
         reasons["max_num_tokens"] = (f"upstream's default {UPSTREAM_MAX_NUM_TOKENS} tokens per step, at least one "
                                      "whole prompt (max_input_len)")
-    chosen = spec
+    chosen = spec.model_copy()  # the caller's spec stays as it was
     if "max_batch_size" not in given:
         if spec.target == "reference":
             reasons["max_batch_size"] = ("the registry's value: the reference target serves on CPU, where the GPU "
@@ -79,23 +79,26 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
                 if spec.draft_model is not None:
                     why += (f"; speculation runs up to batch {spec.speculation.max_batch_for_speculation}, "
                             "heavier traffic through the plain ensemble")
-                chosen = _with_batch(spec, batch)
+                chosen = _with_batch(chosen, batch)
                 reasons["max_batch_size"] = why
     chosen.limit_reasons = reasons
-    if chosen is not spec and validate:
+    if chosen.max_batch_size != spec.max_batch_size and validate:
         chosen.warnings = validate_spec(chosen)  # the rules again, at the chosen batch (not warning about it)
     return chosen
 
 
+def _values(spec: BuildSpec) -> dict[str, int]:
+    return {"max_batch_size": spec.max_batch_size, "max_input_len": spec.max_input_len,
+            "max_seq_len": spec.max_seq_len, "max_num_tokens": spec.base_max_num_tokens}
+
+
 def limit_lines(spec: BuildSpec) -> list[str]:
     """`limits: NAME=VALUE (reason)` for each limit the memory model or a default chose."""
-    values = {"max_batch_size": spec.max_batch_size, "max_input_len": spec.max_input_len,
-              "max_seq_len": spec.max_seq_len, "max_num_tokens": spec.base_max_num_tokens}
+    values = _values(spec)
     return [f"limits: {name}={values[name]:,} ({why})" for name, why in spec.limit_reasons.items()]
 
 
 def limits_record(spec: BuildSpec) -> dict[str, dict]:
     """Every engine limit with its value and where it comes from (plan's JSON)."""
-    values = {"max_batch_size": spec.max_batch_size, "max_input_len": spec.max_input_len,
-              "max_seq_len": spec.max_seq_len, "max_num_tokens": spec.base_max_num_tokens}
-    return {name: {"value": value, "reason": spec.limit_reasons.get(name, "given")} for name, value in values.items()}
+    return {name: {"value": value, "reason": spec.limit_reasons.get(name, "given")}
+            for name, value in _values(spec).items()}
