@@ -220,7 +220,7 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
     task_kwargs.setdefault("name", name.replace("_", "-"))
     made = task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)
     hints = typing.get_type_hints(fn)
-    kinds = {p.name: metavar(hints[p.name]) for p in own if p.name in hints}
+    kinds = {p.name.rstrip("_"): metavar(hints[p.name]) for p in own if p.name in hints}  # from_ is --from
     kinds |= {f.name: _spec_metavar(f.field) for f in spec_flags}
     made.metavars = {k: v for k, v in kinds.items() if v}  # typed help (pipeline.console)
     return made

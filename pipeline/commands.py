@@ -230,7 +230,7 @@ def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage |
     `--force STAGE`.
 
     Args:
-        until: last stage to run: check, download, calibrate, compile, package
+        until: last stage to run
         from_: first stage to run; earlier stages must already be current (they are located, not run)
         force: rebuild this stage and every stage after it even when current
         json_: print the build report as JSON on stdout (progress stays on stderr)

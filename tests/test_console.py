@@ -66,6 +66,8 @@ def test_help_shows_each_flags_type(tmp_path):
         assert spec in r.stdout, spec
     assert "(one of: bf16, fp16, fp8, int4_awq, w4a8_awq, int8_sq)" in " ".join(r.stdout.split())
     assert "--tp=STRING" not in r.stdout
+    r = console("build", "--help", cwd=tmp_path)
+    assert "--from=CHOICE" in r.stdout and "--until=CHOICE" in r.stdout  # from_ is --from
 
 
 def test_list_shows_whole_first_sentences():
