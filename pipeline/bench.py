@@ -34,7 +34,7 @@ from .llmapi import client as llmapi
 from .serve import TritonServer
 from .table import format_table
 from .token_count import SOURCES as TOKEN_SOURCES
-from .token_count import count_output_tokens, load_tokenizer
+from .token_count import count_output_tokens, load_tokenizer, server_count
 from .triton import llmapi_yaml, pbtxt
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -502,15 +502,6 @@ def _text(result) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _server_count(result) -> int | None:
-    """Output tokens the server reports in one response: `num_output_tokens`, else `sequence_length`."""
-    for name in ("num_output_tokens", "sequence_length"):
-        v = _scalar(result, name)
-        if v is not None:
-            return int(v)
-    return None
-
-
 class _Worker:
     """One gRPC client with its own stream; sends requests one after another."""
 
@@ -601,7 +592,7 @@ def _take_response(result, elapsed_s: float, sample: RequestSample, seen: _Seen)
             sample.ttft_s = elapsed_s
         seen.texts.append(text)
         seen.chunks += 1
-    n = _server_count(result)
+    n = server_count(result)
     if n is not None:
         seen.counts.append(n)
     for attr, name in _SAMPLE_OUTPUTS:

@@ -26,7 +26,7 @@ from .bench import tokenizer_dir_of
 from .errors import ServeError
 from .llmapi import client as llmapi
 from .serve import TritonServer
-from .token_count import SOURCES, TokenCount, count_output_tokens, load_tokenizer
+from .token_count import SOURCES, TokenCount, count_output_tokens, load_tokenizer, server_count
 
 if TYPE_CHECKING:
     import tritonclient.http as httpclient
@@ -103,8 +103,10 @@ def count_tokens(repo: Path | None, text: str, server_counts: list[int] | None =
 
 
 def _server_counts(resp: dict[str, Any]) -> list[int]:
-    """The server's output token count in a generate response (`num_output_tokens`), as a list (empty: none)."""
-    return [int(_text(resp["num_output_tokens"]))] if "num_output_tokens" in resp else []
+    """The server's token count in a generate response (`num_output_tokens`, else `sequence_length`), as a list
+    (empty: none), as `pipeline.token_count.server_count` reads a gRPC response."""
+    name = next((n for n in ("num_output_tokens", "sequence_length") if n in resp), None)
+    return [int(_text(resp[name]))] if name else []
 
 
 def _counted_inputs(http_url: str, model: str) -> dict[str, Any]:
@@ -136,9 +138,9 @@ def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, An
 
 
 def _grpc_count(result) -> list[int]:
-    """The server's `num_output_tokens` in one gRPC response, as a list (empty: the response has none)."""
-    out = result.as_numpy("num_output_tokens")
-    return [int(out.reshape(-1)[0])] if out is not None and out.size else []
+    """The server's token count in one gRPC response, as a list (empty: the response has none)."""
+    n = server_count(result)
+    return [] if n is None else [n]
 
 
 def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int,

@@ -33,6 +33,18 @@ def stream_token_count(counts: Sequence[int]) -> int:
     return sum(counts)
 
 
+def server_count(result: Any) -> int | None:
+    """Output tokens one gRPC response reports: `num_output_tokens`, else `sequence_length` (None: neither)."""
+    for name in ("num_output_tokens", "sequence_length"):
+        try:
+            arr = result.as_numpy(name)
+        except Exception:  # tritonclient raises when the response has no such output
+            arr = None
+        if arr is not None and arr.size:
+            return int(arr.reshape(-1)[0])
+    return None
+
+
 def load_tokenizer(tokenizer_dir: str | Path | None) -> Any:
     """A `tokenizers.Tokenizer` from `tokenizer_dir/tokenizer.json` (None when there is none)."""
     if not tokenizer_dir:

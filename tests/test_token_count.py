@@ -50,3 +50,22 @@ def test_smoke_routes_use_the_same_count():
     http = count_tokens(None, "x y", [24])
     grpc = count_tokens(None, "x y", [1] * 24, streamed=True, stream_chunks=2)
     assert http == grpc and http.source == "server"
+
+
+def test_server_count_reads_num_output_tokens_else_sequence_length():
+    import numpy as np
+
+    from pipeline.token_count import server_count
+
+    class Result:
+        def __init__(self, **outputs):
+            self.outputs = outputs
+
+        def as_numpy(self, name):
+            if name not in self.outputs:
+                raise KeyError(name)  # as tritonclient does for an output the response lacks
+            return np.array([[self.outputs[name]]], dtype=np.int32)
+
+    assert server_count(Result(num_output_tokens=24, sequence_length=30)) == 24
+    assert server_count(Result(sequence_length=30)) == 30
+    assert server_count(Result()) is None
