@@ -51,7 +51,8 @@ RUN python3 -m pipeline.ops.deploy.images > /tmp/engine-stack.txt \
  && cat /tmp/engine-stack.txt \
  && python3 -m pip install --no-cache-dir -c /tmp/engine-stack.txt . \
  && rm /tmp/engine-stack.txt \
- && invoke --list >/dev/null
+ && invoke --list >/dev/null \
+ && trtllm-pipeline --list >/dev/null
 
 # Outputs (engines/, triton_repo/, releases/) and the download cache live on mounted volumes.
 ENV PIPELINE_ROOT=/workspace/out \

@@ -1,6 +1,7 @@
-"""What each `invoke` task does and prints. `tasks.py` only wires these to invoke (`pipeline.cli.flags.command_task`).
+"""What each task does and prints. `pipeline.cli.console` only wires these to invoke
+(`pipeline.cli.flags.command_task`).
 
-Each function's docstring is its task's help: the first line for `invoke --list`, the `Args:` section for the flags.
+Each function's docstring is its task's help: its first sentence for `--list`, the `Args:` section for the flags.
 A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
 Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
 """
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline import __version__
 from pipeline.backends import PackageInputs, backend_for
@@ -26,11 +27,13 @@ from pipeline.core.host import visible_gpu_count
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
 from pipeline.core.refs import write_ref
 from pipeline.core.spec import BuildSpec
+from pipeline.core.table import format_table
 from pipeline.ops.deploy import source as deploy_source
 from pipeline.ops.deploy.topology import choose as choose_topology
 from pipeline.ops.release import release as make_release
 from pipeline.ops.release_verify import verify as verify_release
 from pipeline.planning import planner
+from pipeline.planning.limits_choice import choose_limits, limit_lines, limits_record
 from pipeline.planning.placement import node_gpus
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
 from pipeline.serving.llmapi.local_inputs import locate_serve_inputs
@@ -77,6 +80,9 @@ deploy_render = _lazy("pipeline.ops.deploy.render")
 
 
 
+Stage = Literal["check", "download", "calibrate", "compile", "package"]  # pipeline.stages.build.STAGES
+
+
 def _path(p: str | Path | None) -> Path | None:
     return Path(p) if p else None
 
@@ -85,6 +91,8 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
     """Validate a build spec (model, precision, KV, parallelism, speculation, GPU) and print it in one line; then
     check that this host has the GPU memory, RAM and disk to build it (exit 4 naming the numbers and ways out).
 
+    Then each engine limit left unset, on stderr with its value and why (`limits: ...`).
+
     Args:
         skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
     """
@@ -92,6 +100,8 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
     if not skip_host_check:
         stages = stage_range(until=None, from_stage=None, force=None, target=spec.target, runtime=spec.runtime)
         print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+    for line in limit_lines(spec):
+        print(line, file=sys.stderr)
 
 
 def resources_section(spec: BuildSpec):
@@ -99,8 +109,9 @@ def resources_section(spec: BuildSpec):
     return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
 
 
-def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=False, compare=False, acceptance=None,
-                 prefix_hit=None, estimator=None) -> None:
+def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None, json_=False,
+                 compare=False, acceptance: float | None = None, prefix_hit: float | None = None,
+                 estimator: Literal["aiconfigurator"] | None = None) -> None:
     """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
     bound) and $ per 1M output tokens.
 
@@ -133,9 +144,10 @@ def plan_command(spec: BuildSpec, *, input_len=None, output_len=None, json_=Fals
     resources = resources_section(spec)
     if json_:
         data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
-        print(json.dumps(data | {"resources": resources.as_dict()}, indent=2))
+        print(json.dumps(data | {"limits": limits_record(spec), "resources": resources.as_dict()}, indent=2))
         return
     print(planner.format_capacity_plan(result))
+    print("\n".join(["", "engine limits", *(line.removeprefix("limits: ") for line in limit_lines(spec))]))
     if other is not None:
         print()
         print(aiconfigurator.format_side_by_side(result, other))
@@ -219,15 +231,16 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
 
 
 # --- build / release / verify / bench --------------------------------------------------------------------------------
-def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=False, offline=False, update=False,
-                  verify_download=False, verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
+def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage | None = None,
+                  force: Stage | None = None, json_=False, offline=False, update=False, verify_download=False,
+                  verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
 
     A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
     `--force STAGE`.
 
     Args:
-        until: last stage to run: check, download, calibrate, compile, package
+        until: last stage to run
         from_: first stage to run; earlier stages must already be current (they are located, not run)
         force: rebuild this stage and every stage after it even when current
         json_: print the build report as JSON on stdout (progress stays on stderr)
@@ -243,10 +256,12 @@ def build_command(spec: BuildSpec, *, until=None, from_=None, force=None, json_=
         lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
                         revision=revision, endpoint=endpoint)
+    for line in limit_lines(spec):
+        print(line, file=sys.stderr)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
         report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
     if json_:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps(report.as_dict() | {"limits": limits_record(spec)}, indent=2))
 
 
 def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) -> None:
@@ -291,9 +306,11 @@ def verify_command(path, *, skip_host=False, sha256=None, json_=False) -> None:
         print(f"note: {note}")
 
 
-def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None, concurrency=None,
-                  requests=None, max_tokens=None, no_stream=False, budget=None, json_=None, plot=None,
-                  shared_prefix_tokens=None, shared_prefix_share=None, speculation=None) -> None:
+def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None,
+                  concurrency: list[int] | None = None, requests: int | None = None, max_tokens: int | None = None,
+                  no_stream=False, budget: float | None = None, json_=None, plot=None,
+                  shared_prefix_tokens: int | None = None, shared_prefix_share: float | None = None,
+                  speculation: Literal["server", "off", "both"] | None = None) -> None:
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
 
     Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
@@ -440,17 +457,16 @@ def _repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
 def _print_addresses(server: TritonServer, path: Path) -> None:
     configured = {"http": server.http_url, "grpc": server.grpc_url,
                   "metrics": server.metrics_url.removeprefix("http://")}
-    lines = [f"ok: serving {path} (installed copy {server.launch_dir})"]
-    for what, addr in configured.items():
-        bound = server.bound.get(what)
-        lines.append(f"  {what:<8}{bound} (bound)" if bound else f"  {what:<8}{addr} (configured)")
-    lines += [f"  log     {server.log_file}", "(Ctrl-C to stop)"]
-    print("\n".join(lines), flush=True)
+    rows = [("", what, f"{bound} (bound)" if (bound := server.bound.get(what)) else f"{addr} (configured)")
+            for what, addr in configured.items()]
+    table = format_table([*rows, ("", "log", str(server.log_file))])
+    print(f"ok: serving {path} (installed copy {server.launch_dir})\n{table}\n(Ctrl-C to stop)", flush=True)
 
 
-def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_port=None, metrics_port=None,
-                  port_offset=None, ready_timeout=None, engine_dir=None, draft_engine_dir=None, mode=None, host=None,
-                  print_only=False) -> Any:
+def serve_command(spec: BuildSpec | None, *, repo=None, http_port: int | None = None, grpc_port: int | None = None,
+                  metrics_port: int | None = None, port_offset: int | None = None, ready_timeout: float | None = None,
+                  engine_dir=None, draft_engine_dir=None, mode: Literal["triton", "trtllm-serve"] | None = None,
+                  host=None, print_only=False) -> Any:
     """Run tritonserver on an installed copy of the repository until Ctrl-C; it dies with this task. It is launched
     as the repository's launch plan says (one process; leader-mode ranks under mpirun; or one orchestrator process
     for draft-target), the same plan `deploy` renders.
@@ -572,8 +588,9 @@ def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: b
     return plan
 
 
-def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None, max_tokens=None,
-                  num_draft_tokens=None, ready_timeout=None) -> None:
+def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=None, prompt=None,
+                  max_tokens: int | None = None, num_draft_tokens: int | None = None,
+                  ready_timeout: float | None = None) -> None:
     """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS draft-target; non-zero exit on failure.
 
     Args:
@@ -627,17 +644,18 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     return deploy_render.DeployOptions(**opts)
 
 
-def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, output=None, name=None, namespace=None,
-                   release_url=None, release_volume=None, image=None, pipeline_image=None, pipeline_cmd=None,
-                   partition=None, account=None, qos=None, constraint=None, time_=None, no_container=False,
-                   max_nodes=None, matrix=None, matrix_target=None, matrix_output=None, force=False,
-                   json_=False, serve_mode=None) -> dict[str, Any]:
+def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] | None = None, release=None,
+                   output=None, name=None, namespace=None, release_url=None, release_volume=None, image=None,
+                   pipeline_image=None, pipeline_cmd=None, partition=None, account=None, qos=None, constraint=None,
+                   time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
+                   matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
+                   json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
         release: release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags
-        output: directory to write (default <output tree>/deploy/<name>); replaced only with --force
+        output: directory to write (default <output tree>/deploy/<platform>/<name>); replaced only with --force
         name: deployment name, DNS-1123 (default <model>-<precision>)
         namespace: Kubernetes namespace (default default)
         release_url: http(s) URL the nodes fetch the release tarball from
@@ -678,6 +696,8 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
     explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
     chosen, placement = choose_topology(src.spec, explicit=explicit,
                                         max_nodes=int_option("max_nodes", max_nodes))
+    if chosen.limit_reasons:  # limits the memory model chose follow the topology deploy chose
+        chosen = choose_limits(chosen)
     if src.origin == "spec":
         src = deploy_source.from_spec(chosen)
     else:
@@ -687,7 +707,7 @@ def deploy_command(spec: BuildSpec | None, *, platform=None, release=None, outpu
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
                         serve_mode=serve_mode)
-    dest = deploy_render.deploy_dir(output, o.name)
+    dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))
     summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
@@ -708,7 +728,7 @@ def _deploy_matrix(spec, platform, matrix, *, matrix_target, matrix_output, outp
         base["gpu"] = spec.hardware.gpu
     cells = deploy_render.matrix_cells(matrix, base)
     o = _deploy_options(platform, name or "build-matrix", **opts)
-    dest = deploy_render.deploy_dir(output, o.name)
+    dest = deploy_render.deploy_dir(output, o.name, platform)
     if platform == "slurm" and not (matrix_output and Path(matrix_output).is_absolute()):
         raise DeployError("--matrix on slurm: give --matrix-output /shared/dir (absolute) for the cells' outputs")
     if platform == "k8s" and matrix_output:

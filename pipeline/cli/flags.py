@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.core.errors import PipelineError, SpecError, io_error, os_error_in
-from pipeline.core.spec import SECTIONS
+from pipeline.core.spec import SECTIONS, BuildSpec
 from pipeline.stages.check import resolve_checked_spec
 
 
@@ -27,6 +30,26 @@ def _spec_help(field: str) -> str:
         if field in cls.model_fields:
             return cls.model_fields[field].description or field
     return field
+
+
+def metavar(annotation: Any) -> str | None:
+    """How help shows a flag's value: INT, FLOAT, a|b|c for choices, STRING; None for a switch or unknown type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return "|".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [metavar(a) for a in args if a is not type(None)]
+        return kinds[0] if len(kinds) == 1 else None
+    if origin in (list, tuple):
+        return metavar(args[0]) if args else None
+    return {int: "INT", float: "FLOAT", str: "STRING", bool: "BOOL"}.get(annotation)
+
+
+def _spec_metavar(field: str | None) -> str | None:
+    for cls in (BuildSpec, *SECTIONS.values()):
+        if field in cls.model_fields:
+            return metavar(cls.model_fields[field].annotation)
+    return None
 
 
 def _flag(name: str, field: str | None = None, help: str | None = None, default: Any = None) -> Flag:
@@ -76,7 +99,8 @@ SPEC_FLAGS: tuple[Flag, ...] = (
 
 
 def spec_from_flags(values: dict[str, Any]):
-    """Resolve a validated `BuildSpec` from the spec flags' values."""
+    """Resolve a validated `BuildSpec` from the spec flags' values, unset engine limits chosen by the memory model
+    (`pipeline.planning.limits_choice`)."""
 
     overrides = {f.field: values.get(f.name) for f in SPEC_FLAGS if f.field}
     if values.get("no_kv_reuse"):
@@ -129,6 +153,15 @@ def exit_on_error(fn: Callable) -> Callable:
     return wrapper
 
 
+def sentence_first(doc: str) -> str:
+    """`doc` with its whole first sentence on its first line (`--list` shows that line)."""
+    head, sep, rest = doc.partition("\n\n")
+    joined = " ".join(line.strip() for line in head.splitlines())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", joined)
+    sentence, tail = (joined[:end.start() + 1], joined[end.end():]) if end else (joined, "")
+    return "\n".join(x for x in (sentence, tail) if x) + sep + rest
+
+
 def split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """A docstring without its `Args:` section, and that section as {parameter: help} (continuation lines joined)."""
     text, _, args = inspect.cleandoc(doc or "").partition("\nArgs:\n")
@@ -176,7 +209,7 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
         return fn(spec, **kwargs)
 
     body.__name__ = name
-    body.__doc__ = doc
+    body.__doc__ = sentence_first(doc)
     body.__module__ = fn.__module__
     ctx = inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     extra = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
@@ -184,4 +217,9 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
     body.__signature__ = inspect.Signature([ctx, *own, *extra])
     helps = {**({f.name: f.help for f in spec_flags}), **own_help}
     task_kwargs.setdefault("name", name.replace("_", "-"))
-    return task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)
+    made = task(exit_on_error(body), auto_shortflags=False, help=helps, **task_kwargs)
+    hints = typing.get_type_hints(fn)
+    kinds = {p.name.rstrip("_"): metavar(hints[p.name]) for p in own if p.name in hints}  # from_ is --from
+    kinds |= {f.name: _spec_metavar(f.field) for f in spec_flags}
+    made.metavars = {k: v for k, v in kinds.items() if v}  # typed help (pipeline.cli.console)
+    return made

@@ -93,7 +93,9 @@ class ParallelSpec(_Section):
 class EngineLimits(_Section):
     model_config = _Strict
 
-    max_batch_size: int | None = Field(None, gt=0, description="engine max batch size (default: per model)")
+    max_batch_size: int | None = Field(
+        None, gt=0, description="engine max batch size (default: what the memory model fits, at most 2048; "
+        "`check` says why)")
     max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
     max_seq_len: int | None = Field(
         None, gt=0, description="max prompt+output tokens, >= max_input_len (default: per model)"
@@ -182,7 +184,10 @@ class HardwareSpec(_Section):
     nodes: int = Field(1, ge=1, le=256, description="nodes the ranks may span: TP within a node, PP across nodes")
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="GPUs per node (default: gpu_count)")
     tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
-    gpu_price_per_hour: float = Field(3.5, gt=0, le=10_000, description="USD per GPU-hour for cost figures")
+    gpu_price_per_hour: float | None = Field(
+        None, gt=0, le=10_000,
+        description="USD per GPU-hour for cost figures (default: $PIPELINE_GPU_PRICE, else the GPU's own in "
+        "pipeline/core/gpus.py)")
 
 
 def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
@@ -214,6 +219,8 @@ class BuildSpec(BaseModel):
     hardware: HardwareSpec = HardwareSpec()
     models_file: str | None = None
     warnings: list[str] = Field(default_factory=list, exclude=True)
+    # engine limits the user left unset -> why they have their value (pipeline.planning.limits_choice fills it)
+    limit_reasons: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
     max_batch_size = _or_registry("limits", "max_batch_size")

@@ -187,7 +187,7 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
         raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: draft-target speculation needs 1")
     if draft.architecture.total_params >= target.architecture.total_params:
         warnings.append(f"speculation.draft={draft.name} is not smaller than {target.name}; it cannot pay off")
-    if spec.max_batch_size > sp.max_batch_for_speculation:
+    if spec.max_batch_size > sp.max_batch_for_speculation and "max_batch_size" not in spec.limit_reasons:
         warnings.append(
             f"speculation with max_batch_size={spec.max_batch_size}: draft-target pays at batch 1-8 and costs "
             "throughput at high load (seeds: slower at 64); route heavy traffic through the plain ensemble"

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from pipeline.core.artifacts import cache_dir
 from pipeline.core.errors import HostError, RunError
+from pipeline.core.table import format_table
 from pipeline.planning.planner import CapacityPlan
 
 AIC_REQUIREMENT = "aiconfigurator==0.12.*"
@@ -211,7 +212,6 @@ def format_side_by_side(plan: CapacityPlan, other: SecondOpinion) -> str:
             ("TTFT ms", f"{plan.ttft_ms_estimate:,.1f}", _num(r.ttft_ms, ",.1f")),
             ("TPOT ms", f"{plan.tpot_ms_estimate:.2f}", _num(r.tpot_ms, ".2f")),
             ("output tok/s", f"{plan.output_tokens_per_s_estimate:,.0f}", _num(r.tokens_per_s, ",.0f"))]
-    w0, w1 = (max(len(row[i]) for row in rows) for i in (0, 1))
-    lines = [f"{a.ljust(w0)}  {b.ljust(w1)}  {c}".rstrip() for a, b, c in rows]
+    lines = [format_table(rows)]
     lines += [f"command: {other.command}"] + ([f"note: {other.note}"] if other.note else [])
     return "\n".join(lines)

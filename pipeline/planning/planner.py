@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import SpecError
-from pipeline.core.gpus import GIB, GPU, GPUS
+from pipeline.core.gpus import GIB, GPU, GPUS, gpu_price
 from pipeline.core.registry import Architecture
+from pipeline.core.table import format_table
 from pipeline.core.trtllm_rules import engine_max_num_tokens
 from pipeline.planning.perf_model import (
     LINEAR_BYTES,
@@ -212,6 +213,7 @@ class CapacityPlan:
     speculation_active: bool  # a draft is planned and decode_batch is within max_batch_for_speculation
     prefix_hit_ratio: float
     gpu_price_per_hour: float
+    gpu_price_source: str  # the flag/spec, $PIPELINE_GPU_PRICE, or pipeline.core.gpus.GPU_PRICES with its source and date
     cost_per_1m_output_tokens_usd: float | None  # from the estimate
     cost_per_1m_output_tokens_usd_at_bound: float | None  # from the roofline: a lower bound on cost
     draft_tp: int | None = None
@@ -345,7 +347,9 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     # with speculation the bound counts every expected token of a target step and the draft's steps as free
     bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
     bound *= est.tokens_per_target_step
-    arch, q, price = spec.model.architecture, spec.quantization, spec.hardware.gpu_price_per_hour
+    arch, q = spec.model.architecture, spec.quantization
+    chosen = gpu_price(gpu.name, spec.hardware.gpu_price_per_hour)
+    price = chosen.usd_per_hour
     return CapacityPlan(
         model=spec.model.name, precision=q.precision, kv_cache=q.kv, gpu=gpu.name, tp=tp, pp=pp, gpus=tp * pp,
         input_len=input_len, output_len=output_len, max_batch_size=spec.max_batch_size,
@@ -360,7 +364,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         decode_tokens_per_s_bound=round(bound, 1), ttft_ms_estimate=round(est.ttft_ms, 1),
         tpot_ms_estimate=round(est.tpot_ms, 2), output_tokens_per_s_estimate=round(est.output_tokens_per_s, 1),
         acceptance_rate=acceptance if draft is not None else None, speculation_active=active,
-        prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price,
+        prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price, gpu_price_source=chosen.source,
         cost_per_1m_output_tokens_usd=cost_per_1m(tp * pp, price, est.output_tokens_per_s),
         cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
         nodes=r["placement"].nodes if "placement" in r else 1,
@@ -394,8 +398,7 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         ("minimum TP that fits", str(p.min_tp) if p.min_tp else "none within the host's GPUs"),
         *estimate_rows(p),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return format_table(rows)
 
 
 def _usd(value: float | None) -> str:
@@ -415,6 +418,7 @@ def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
         ("decode roofline (upper bound)", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
         (f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
          f"{_usd(p.cost_per_1m_output_tokens_usd)} (at the bound: {_usd(p.cost_per_1m_output_tokens_usd_at_bound)})"),
+        ("GPU price source", p.gpu_price_source),
     ]
 
 
@@ -462,6 +466,7 @@ class Comparison:
     model: str
     gpu: str
     gpu_price_per_hour: float
+    gpu_price_source: str
     input_len: int
     output_len: int
     acceptance_rate: float
@@ -478,16 +483,19 @@ class Comparison:
 def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None):
     """`spec` with another precision (its default KV dtype), TP and draft; limits, serving and hardware kept."""
     from pipeline.core.spec import resolve_spec
+    from pipeline.planning.limits_choice import choose_limits
 
     overrides: dict = {}
     for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
         overrides.update(section.model_dump())
     overrides.update(precision=precision, kv_cache=None, tp=tp, draft=draft, draft_precision=None,
                      draft_gpu_device_ids=None, calib_data=None)
+    overrides.update(dict.fromkeys(spec.limit_reasons))  # limits the memory model chose are chosen again
     if draft is None:
         overrides.update(draft_len=None, draft_max_batch_size=None)
-    return resolve_spec(model=spec.model.name, target=spec.target, models_file=spec.models_file, validate=False,
-                        **overrides)
+    variant = resolve_spec(model=spec.model.name, target=spec.target, models_file=spec.models_file, validate=False,
+                           **overrides)
+    return choose_limits(variant, validate=False) if spec.limit_reasons else variant
 
 
 def compare_plans(
@@ -529,7 +537,8 @@ def compare_plans(
                   f"0.12 (H100 SXM, TensorRT-LLM); speculation at acceptance {acceptance:.0%}; prefix hit ratio "
                   f"{prefix_hit_ratio:.0%}; bound: pure-decode HBM roofline at {gpu.hbm_tb_s} TB/s")
     lengths = (first.input_len, first.output_len) if first else (input_len or 0, output_len or 0)
-    return Comparison(spec.model.name, gpu.name, spec.hardware.gpu_price_per_hour, *lengths, acceptance, k_used,
+    price = gpu_price(gpu.name, spec.hardware.gpu_price_per_hour)
+    return Comparison(spec.model.name, gpu.name, price.usd_per_hour, price.source, *lengths, acceptance, k_used,
                       prefix_hit_ratio, assumption, rows, skipped)
 
 
@@ -582,11 +591,10 @@ def format_comparison(c: Comparison) -> str:
                     f"{r.tpot_ms_estimate:.1f}", f"{r.prefill_ms_cold:.1f}->{r.prefill_ms_with_reuse:.1f}",
                     "n/a" if r.cost_per_1m_output_tokens_usd is None else f"{r.cost_per_1m_output_tokens_usd:.4f}",
                     r.note))
-    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in out]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [format_table(out, header=True)]
     lines += ["", f"{c.model} on {c.gpu} at ${c.gpu_price_per_hour:.2f}/GPU-h, {c.input_len}+{c.output_len} tokens "
                   f"per request; draft K={c.draft_len}", f"assumption: {c.assumption}",
-              "$ per 1M output tokens = gpus x $/GPU-h / 3600 / estimated tok/s x 1e6"]
+              "$ per 1M output tokens = gpus x $/GPU-h / 3600 / estimated tok/s x 1e6",
+              f"GPU price: {c.gpu_price_source}"]
     lines += [f"skipped: {s}" for s in c.skipped]
     return "\n".join(lines)

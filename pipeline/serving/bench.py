@@ -29,8 +29,12 @@ from typing import Any
 
 from pipeline.backends import backend_for
 from pipeline.core.errors import BenchError, PipelineError, RequestsFailed
+from pipeline.core.gpus import gpu_price
+from pipeline.core.table import format_table
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
+from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
+from pipeline.serving.token_count import count_output_tokens, load_tokenizer, server_count
 from pipeline.stages.build import locate_outputs
 from pipeline.stages.package import llmapi_yaml, pbtxt
 
@@ -68,7 +72,7 @@ class RequestSample:
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
     error: str | None = None
-    token_source: str | None = None  # "server" | "stream" | "tokenizer" | "responses"
+    token_source: str | None = None  # a key of pipeline.serving.token_count.SOURCES
     speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
     ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
 
@@ -265,6 +269,7 @@ class BenchReport:
     gpus: int
     gpu_price_per_hour: float
     levels: list[LevelStats] = field(default_factory=list)
+    gpu_price_source: str = "given"  # pipeline.core.gpus.gpu_price: flag/spec, $PIPELINE_GPU_PRICE or the GPU's default
     prefix_cache_hit_ratio: float | None = None
     prefix_cache_source: str = "n/a"
     acceptance_rate: float | None = None
@@ -318,9 +323,7 @@ def format_report(r: BenchReport) -> str:
                 _fmt(lv.cost_per_1m_output_tokens_usd, ".4f"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [format_table(rows, header=True, right=True)]
     acc = _fmt(r.acceptance_rate * 100 if r.acceptance_rate is not None else None) + (
         "%" if r.acceptance_rate is not None else ""
     )
@@ -330,7 +333,7 @@ def format_report(r: BenchReport) -> str:
     lines += [
         "",
         f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
-        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h",
+        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
         f"speculation acceptance rate: {acc}",
         f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
         f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
@@ -500,23 +503,6 @@ def _text(result) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _server_count(result) -> int | None:
-    """Output tokens the server reports in one response: `num_output_tokens`, else `sequence_length`."""
-    for name in ("num_output_tokens", "sequence_length"):
-        v = _scalar(result, name)
-        if v is not None:
-            return int(v)
-    return None
-
-
-def stream_token_count(counts: list[int]) -> int:
-    """Tokens of a stream from per-response server counts: cumulative counts (strictly increasing, ending at
-    least at the number of responses) give the last one; per-response counts are summed."""
-    if len(counts) > 1 and all(b > a for a, b in zip(counts, counts[1:])) and counts[-1] >= len(counts):
-        return counts[-1]
-    return sum(counts)
-
-
 class _Worker:
     """One gRPC client with its own stream; sends requests one after another."""
 
@@ -568,23 +554,12 @@ class _Worker:
         return sample
 
     def _count_tokens(self, sample: RequestSample, seen: _Seen) -> None:
-        """Output tokens: the server's counts, else streamed responses, else the tokenizer, else responses (the
-        llmapi model streams the text so far, several tokens per response with speculation: its last text is
-        re-tokenized)."""
-        if self.info.llmapi and self.tokenizer is not None and seen.texts:
-            sample.output_tokens = len(self.tokenizer.encode(seen.texts[-1], add_special_tokens=False).ids)
-            sample.token_source = "tokenizer"
-            return
-        counted = (stream_token_count(seen.counts) if self.stream else seen.counts[-1]) if seen.counts else 0
-        if counted > 0:
-            sample.output_tokens, sample.token_source = counted, "server"
-        elif self.stream and seen.chunks:
-            sample.output_tokens, sample.token_source = seen.chunks, "stream"
-        elif self.tokenizer is not None:
-            sample.output_tokens = len(self.tokenizer.encode("".join(seen.texts), add_special_tokens=False).ids)
-            sample.token_source = "tokenizer"
-        else:
-            sample.output_tokens, sample.token_source = seen.chunks, "responses"
+        """Output tokens as `pipeline.serving.token_count` counts them on every route (the llmapi model streams the text
+        so far, several tokens per response with speculation: its last text is re-tokenized)."""
+        text = (seen.texts[-1] if seen.texts else "") if self.info.llmapi else "".join(seen.texts)
+        c = count_output_tokens(server_counts=seen.counts, streamed=self.stream, stream_chunks=seen.chunks,
+                                text=text, tokenizer=self.tokenizer, retokenize=self.info.llmapi)
+        sample.output_tokens, sample.token_source = c.tokens, c.source
 
 
 @dataclass
@@ -618,7 +593,7 @@ def _take_response(result, elapsed_s: float, sample: RequestSample, seen: _Seen)
             sample.ttft_s = elapsed_s
         seen.texts.append(text)
         seen.chunks += 1
-    n = _server_count(result)
+    n = server_count(result)
     if n is not None:
         seen.counts.append(n)
     for attr, name in _SAMPLE_OUTPUTS:
@@ -697,18 +672,6 @@ def clients_for(concurrency: int, n_requests: int) -> int:
     return max(1, min(concurrency, n_requests, MAX_CONCURRENCY))
 
 
-def load_tokenizer(tokenizer_dir: str | Path | None):
-    """A `tokenizers.Tokenizer` for counting tokens of non-streamed outputs (None when unavailable)."""
-    if not tokenizer_dir:
-        return None
-    path = Path(tokenizer_dir) / "tokenizer.json"
-    if not path.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path))
-
-
 def tokenizer_dir_of(repo: str | Path) -> str | None:
     """The `tokenizer_dir` of a repo's preprocessing (else postprocessing) model, or the `tokenizer` (else
     `model`) of an LLM-API repo's model.yaml, absolute; None when absent."""
@@ -737,7 +700,8 @@ def run_bench(
     level_budget_s: float = 60.0,
     request_timeout_s: float = 120.0,
     gpus: int = 1,
-    gpu_price_per_hour: float = 3.5,
+    gpu_price_per_hour: float = 3.0,
+    gpu_price_source: str = "given",
     tokenizer_dir: str | Path | None = None,
     warmup: bool = True,
     shared_prefix_tokens: int = 0,
@@ -772,7 +736,7 @@ def run_bench(
     info = _served_model(grpc_url, model)
     stream = _stream_mode(info, stream, speculation)
     report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
-                         shared_prefix_tokens=shared_prefix_tokens,
+                         gpu_price_source=gpu_price_source, shared_prefix_tokens=shared_prefix_tokens,
                          shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
     if warmup:
         _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
@@ -957,15 +921,11 @@ def _add_notes(report: BenchReport, ok: list[RequestSample], workload: list[Leve
             report.notes.append("non-streaming requests: TTFT/TPOT are not observable (n/a)")
     sources = sorted({s.token_source for s in ok if s.token_source})
     if sources:
-        report.notes.append(f"output tokens counted from: {', '.join(_TOKEN_SOURCES[s] for s in sources)}")
+        report.notes.append(f"output tokens counted from: {', '.join(TOKEN_SOURCES[s] for s in sources)}")
     if report.acceptance_rate is None and bls:
         report.notes.append("the BLS exports no draft acceptance outputs: acceptance rate n/a")
     if report.failed:
         report.notes.append(failure_line(report))
-
-
-_TOKEN_SOURCES = {"server": "the server's num_output_tokens/sequence_length", "stream": "streamed responses",
-                  "tokenizer": "re-tokenizing the text", "responses": "responses (no tokenizer)"}
 
 
 def failure_line(report: BenchReport) -> str:
@@ -1000,6 +960,16 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
     return levels
 
 
+def cost_basis(spec) -> tuple[float, str]:
+    """$/GPU-hour for the spec's cost figures and where it comes from; a reference build says that its cost is a
+    CPU server's throughput priced at a GPU's rate."""
+    price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
+    if spec.target != "reference":
+        return price.usd_per_hour, price.source
+    return price.usd_per_hour, (price.source + "; CPU reference server: $/1M tok prices its CPU tok/s at that GPU "
+                                "rate, an estimate of nothing deployed (compare runs with it, do not budget)")
+
+
 def bench_spec(
     spec,
     *,
@@ -1018,7 +988,7 @@ def bench_spec(
     the server is started on free 127.0.0.1 ports and stopped after.
     """
     gpus = spec.parallelism.world_size
-    price = spec.hardware.gpu_price_per_hour
+    price, source = cost_basis(spec)
     if url:
         check_local(url)
     missing = None
@@ -1036,7 +1006,8 @@ def bench_spec(
                          f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
     limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
     plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
-    common = dict(gpus=gpus, gpu_price_per_hour=price, tokenizer_dir=tokenizer_dir, **limits, **kwargs)
+    common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir,
+                  **limits, **kwargs)
     if url:
         return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
     with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,

@@ -26,6 +26,7 @@ from pipeline.core.errors import ServeError
 from pipeline.serving.bench import tokenizer_dir_of
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
+from pipeline.serving.token_count import SOURCES, TokenCount, count_output_tokens, load_tokenizer, server_count
 
 if TYPE_CHECKING:
     import tritonclient.http as httpclient
@@ -40,17 +41,22 @@ class SmokeResult:
     route: str
     text: str
     latency_s: float
-    tokens: int
+    counted: TokenCount
     ttft_s: float | None = None
     acceptance_rate: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.counted.tokens
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.latency_s if self.latency_s > 0 else 0.0
 
     def line(self) -> str:
-        parts = [f"{self.route}: {self.latency_s * 1000:.0f} ms", f"{self.tokens} tokens",
+        parts = [f"{self.route}: {self.latency_s * 1000:.0f} ms",
+                 f"{self.tokens} tokens (counted from {SOURCES[self.counted.source]})",
                  f"{self.tokens_per_s:.1f} tok/s"]
         if self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s * 1000:.0f} ms")
@@ -87,23 +93,25 @@ def _text(value: Any) -> str:
     return value[0] if isinstance(value, list) else str(value)
 
 
-def count_tokens(repo: Path | None, text: str) -> int:
-    """Tokens of `text` with the repository's own tokenizer (falls back to whitespace words)."""
-
-    tok_dir = tokenizer_dir_of(repo) if repo is not None else None
-    if tok_dir and Path(tok_dir).is_dir():
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tok_dir)
-        return len(tok.encode(text, add_special_tokens=False))
-    return len(text.split())
+def count_tokens(repo: Path | None, text: str, server_counts: list[int] | None = None, *, streamed: bool = False,
+                 stream_chunks: int = 0, retokenize: bool = False) -> TokenCount:
+    """Output tokens of one route's answer as `pipeline.serving.token_count` counts them (the server's count when it
+    reports one, else with the repository's tokenizer)."""
+    tokenizer = load_tokenizer(tokenizer_dir_of(repo)) if repo is not None else None
+    return count_output_tokens(server_counts=server_counts or (), streamed=streamed, stream_chunks=stream_chunks,
+                               text=text, tokenizer=tokenizer, retokenize=retokenize)
 
 
-def _tokens(resp: dict[str, Any], repo: Path | None, text: str) -> int:
-    """Output tokens the server reports (`num_output_tokens`), else the text re-tokenized."""
-    if "num_output_tokens" in resp:
-        return int(_text(resp["num_output_tokens"]))
-    return count_tokens(repo, text)
+def _server_counts(resp: dict[str, Any]) -> list[int]:
+    """The server's token count in a generate response (`num_output_tokens`, else `sequence_length`), as a list
+    (empty: none), as `pipeline.serving.token_count.server_count` reads a gRPC response."""
+    name = next((n for n in ("num_output_tokens", "sequence_length") if n in resp), None)
+    return [int(_text(resp[name]))] if name else []
+
+
+def _counted_inputs(http_url: str, model: str) -> dict[str, Any]:
+    """`return_num_output_tokens` when `model` takes it (the server then reports its own count)."""
+    return {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, model) else {}
 
 
 def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, Any]) -> list:
@@ -129,8 +137,15 @@ def _grpc_inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, An
     return inputs
 
 
-def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra: Any) -> tuple[str, float]:
-    """One unary gRPC request (a non-decoupled route); returns (text, seconds)."""
+def _grpc_count(result) -> list[int]:
+    """The server's token count in one gRPC response, as a list (empty: the response has none)."""
+    n = server_count(result)
+    return [] if n is None else [n]
+
+
+def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int,
+               **extra: Any) -> tuple[str, float, list[int]]:
+    """One unary gRPC request (a non-decoupled route); returns (text, seconds, the server's token count if any)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -145,12 +160,13 @@ def grpc_infer(grpc_url: str, model: str, prompt: str, max_tokens: int, **extra:
         client.close()
     out = result.as_numpy("text_output")
     text = out.reshape(-1)[0].decode() if out is not None and out.size else ""
-    return text, total
+    return text, total, _grpc_count(result)
 
 
 def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream: bool = True,
-                **extra: Any) -> tuple[list[str], float, float]:
-    """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds)."""
+                **extra: Any) -> tuple[list[str], float, float, list[int]]:
+    """Send one request over a gRPC stream; returns (text chunks, time to first chunk, total seconds, the server's
+    token count of each response that has one)."""
     import tritonclient.grpc as grpcclient
 
     responses: queue.Queue = queue.Queue()
@@ -160,6 +176,7 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
 
     inputs = _grpc_inputs(prompt, max_tokens, stream, extra)
     chunks: list[str] = []
+    counts: list[int] = []
     ttft = None
     client = grpcclient.InferenceServerClient(url=grpc_url)
     try:
@@ -178,6 +195,7 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
                 if ttft is None:
                     ttft = time.perf_counter() - t0
                 chunks.append(out.reshape(-1)[0].decode())
+            counts += _grpc_count(result)
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break
@@ -185,7 +203,7 @@ def grpc_stream(grpc_url: str, model: str, prompt: str, max_tokens: int, stream:
     finally:
         client.stop_stream()
         client.close()
-    return chunks, ttft if ttft is not None else total, total
+    return chunks, ttft if ttft is not None else total, total, counts
 
 
 @contextmanager
@@ -254,7 +272,7 @@ def smoke_server(http_url: str, grpc_url: str, *, repo: Path | None = None, prom
 
 def _http_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: int) -> SmokeResult:
     """Greedy HTTP generate through the ensemble (after a one-token warm-up)."""
-    counted = {"return_num_output_tokens": True} if "return_num_output_tokens" in _inputs(http_url, "ensemble") else {}
+    counted = _counted_inputs(http_url, "ensemble")
     http_generate(http_url, "ensemble", {"text_input": prompt, "max_tokens": 1, "stream": False})  # warm-up
     greedy = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1, "temperature": 1.0,
               "exclude_input_in_output": True, **counted}
@@ -264,30 +282,33 @@ def _http_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: int)
     text = _text(resp.get("text_output", ""))
     if not text.strip():
         raise ServeError(f"HTTP generate through the ensemble returned no text: {resp}")
-    return SmokeResult("http ensemble (greedy)", text, latency, _tokens(resp, repo, text))
+    return SmokeResult("http ensemble (greedy)", text, latency, count_tokens(repo, text, _server_counts(resp)))
 
 
 def _grpc_ensemble(http_url: str, grpc_url: str, repo: Path | None, prompt: str, max_tokens: int,
                    out: Callable[[str], None]) -> SmokeResult:
     """gRPC through the ensemble: streaming when `tensorrt_llm` is decoupled, unary otherwise."""
+    counted = _counted_inputs(http_url, "ensemble")
     if _decoupled(http_url, "tensorrt_llm"):
-        chunks, ttft, total = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=True)
+        chunks, ttft, total, counts = grpc_stream(grpc_url, "ensemble", prompt, max_tokens, stream=True, **counted)
         if not chunks:
             raise ServeError("gRPC streaming through the ensemble produced no tokens")
-        return SmokeResult("grpc ensemble (stream)", "".join(chunks), total, len(chunks), ttft_s=ttft,
+        text = "".join(chunks)
+        return SmokeResult("grpc ensemble (stream)", text, total,
+                           count_tokens(repo, text, counts, streamed=True, stream_chunks=len(chunks)), ttft_s=ttft,
                            extra={"responses": len(chunks)})
-    got, total = grpc_infer(grpc_url, "ensemble", prompt, max_tokens)
+    got, total, counts = grpc_infer(grpc_url, "ensemble", prompt, max_tokens, **counted)
     if not got:
         raise ServeError("gRPC infer through the ensemble returned no text")
     out("    tensorrt_llm is not decoupled (draft-target layout): the ensemble answers unary calls, no streaming")
-    return SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got))
+    return SmokeResult("grpc ensemble (unary)", got, total, count_tokens(repo, got, counts))
 
 
 def _http_draft_target(http_url: str, repo: Path | None, prompt: str, max_tokens: int,
                        num_draft_tokens: int | None) -> SmokeResult:
     """Greedy HTTP generate through the BLS draft-target route (after a two-token warm-up)."""
     payload = {"text_input": prompt, "max_tokens": max_tokens, "stream": False, "top_k": 1,
-               "exclude_input_in_output": True}
+               "exclude_input_in_output": True, **_counted_inputs(http_url, "tensorrt_llm_bls")}
     if num_draft_tokens:
         payload["num_draft_tokens"] = num_draft_tokens
     http_generate(http_url, "tensorrt_llm_bls", {**payload, "max_tokens": 2})  # warm-up (draft + target)
@@ -296,7 +317,8 @@ def _http_draft_target(http_url: str, repo: Path | None, prompt: str, max_tokens
     latency = time.perf_counter() - t0
     spec_text = _text(resp.get("text_output", ""))
     rate = float(_text(resp.get("acceptance_rate", 0.0)))
-    return SmokeResult("http bls (draft-target)", spec_text, latency, count_tokens(repo, spec_text),
+    return SmokeResult("http bls (draft-target)", spec_text, latency,
+                       count_tokens(repo, spec_text, _server_counts(resp)),
                        acceptance_rate=rate,
                        extra={"accepted": resp.get("total_accepted_draft_tokens"),
                               "proposed": resp.get("total_draft_tokens")})
@@ -310,7 +332,7 @@ def smoke_llmapi(http_url: str, grpc_url: str, *, repo: Path | None, prompt: str
     if _decoupled(http_url, llmapi.MODEL):
         answer = llmapi.send(grpc_url, prompt, max_tokens, top_k=1, request_id="smoke-stream")
         results.append(SmokeResult("grpc tensorrt_llm (llmapi, stream)", answer.text, answer.total_s,
-                                   count_tokens(repo, answer.text), ttft_s=answer.ttft_s,
+                                   count_tokens(repo, answer.text, retokenize=True), ttft_s=answer.ttft_s,
                                    extra={"responses": len(answer.texts)}))
         out(results[-1].line())
         if answer.text != results[0].text:
@@ -318,7 +340,7 @@ def smoke_llmapi(http_url: str, grpc_url: str, *, repo: Path | None, prompt: str
                              f"{results[0].text!r}")
     else:
         out("    tensorrt_llm is not decoupled: no streaming route")
-    results.append(_llmapi_prefix_reuse(grpc_url, prompt))
+    results.append(_llmapi_prefix_reuse(grpc_url, repo, prompt))
     out(results[-1].line() + f"\n    prefix cache: {results[-1].extra}")
     if not results[-1].extra.get("kv_cache_reused_block"):
         out("    note: the repeated prompt reused no KV block (block reuse off, or the prompt is under one block)")
@@ -343,13 +365,14 @@ def _llmapi_greedy(http_url: str, repo: Path | None, prompt: str, max_tokens: in
                               "accepted": resp.get("total_accepted_draft_tokens")})
 
 
-def _llmapi_prefix_reuse(grpc_url: str, prompt: str) -> SmokeResult:
+def _llmapi_prefix_reuse(grpc_url: str, repo: Path | None, prompt: str) -> SmokeResult:
     """The same long prompt twice (one token each): the second's KV-cache metrics."""
     long_prompt = " ".join([prompt] * 24)
     llmapi.send(grpc_url, long_prompt, 1, streaming=False, top_k=1)
     answer = llmapi.send(grpc_url, long_prompt, 1, streaming=False, top_k=1, return_perf_metrics=True)
     keys = ("kv_cache_reused_block", "kv_cache_missed_block", "kv_cache_hit_rate")
-    return SmokeResult("grpc tensorrt_llm (llmapi, repeated prompt)", answer.text, answer.total_s, 1,
+    return SmokeResult("grpc tensorrt_llm (llmapi, repeated prompt)", answer.text, answer.total_s,
+                       count_tokens(repo, answer.text, retokenize=True),
                        extra={k: answer.metrics.get(k) for k in keys})
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GIB, GPUS
 from pipeline.core.spec import BuildSpec, resolve_spec
+from pipeline.planning.limits_choice import choose_limits
 from pipeline.planning.placement import place
 from pipeline.planning.planner import engine_shapes, fit_shortfall
 from pipeline.stages.calibrate.data import load_texts
@@ -99,9 +100,12 @@ def check_spec_fits(spec: BuildSpec) -> BuildSpec:
 
 
 def resolve_checked_spec(**kwargs) -> BuildSpec:
-    """`resolve_spec(**kwargs)` with every rule applied (intrinsic and fit)."""
+    """`resolve_spec(**kwargs)`, the engine limits it leaves unset chosen by the memory model (`choose_limits`),
+    then every rule applied (intrinsic and fit): the spec every command acts on."""
     spec = resolve_spec(**kwargs)
-    return check_spec_fits(spec) if kwargs.get("validate", True) else spec
+    if not kwargs.get("validate", True):
+        return spec
+    return check_spec_fits(choose_limits(spec))
 
 
 def _check_input_files(spec: BuildSpec) -> None:

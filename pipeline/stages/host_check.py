@@ -18,6 +18,7 @@ from pipeline.core.errors import HostResourceError, PipelineError
 from pipeline.core.gpus import GIB
 from pipeline.core.host import HostResources, probe_host
 from pipeline.core.spec import BuildSpec
+from pipeline.core.table import format_table
 from pipeline.stages.build import STAGES, locate_outputs
 from pipeline.stages.download.stage import download_model
 from pipeline.stages.resources import (
@@ -205,8 +206,7 @@ def format_resources(plan: ResourcePlan) -> str:
         if items:
             rows.append((stage + (" (invoke release)" if stage == "release" else ""), items[0].volume,
                          _gib(sum(d.bytes for d in items))))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, width)).rstrip() for r in rows]
+    lines = [format_table(rows)]
     for c in plan.calibration:
         terms = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in c.gpu_terms.items() if v)
         lines.append(f"calibrate {c.role}: GPU {_gib(c.gpu_bytes)} ({terms}); host RAM {_gib(c.host_bytes_with_gpu)} "

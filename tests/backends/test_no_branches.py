@@ -64,4 +64,4 @@ def test_the_rule_catches_a_comparison(tmp_path):
     (tmp_path / "pipeline" / "backends" / "__init__.py").write_text('ok = target == "trtllm"\n')
     hits = _scan(tmp_path)
     assert len(hits) == 2
-    assert _outside_selector(hits) == ['pipeline/serve.py:1:if spec.runtime == "pytorch":']
+    assert _outside_selector(hits) == ['pipeline/serving/serve.py:1:if spec.runtime == "pytorch":']

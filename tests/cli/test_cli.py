@@ -239,3 +239,11 @@ def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "(tp=8, pp=1, 8 ranks)" in r.stdout and "at tp=1 does not fit" not in r.stderr
+
+
+def test_compile_dry_run_prints_a_spec_warning_once():
+    r = invoke("compile", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft", "llama-1b",
+               "--max-batch", "64", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert (r.stdout + r.stderr).count("warning: speculation with max_batch_size=") == 1
+    assert "warning: speculation" in r.stderr

@@ -136,7 +136,7 @@ def test_speculation_beam_search_rejected(tmp_path):
 
 def test_speculation_memory_fractions(tmp_path):
     msg = reject(r"sum to 1.10 > 0.95", model="llama-70b", draft="llama-1b", kv_cache_free_gpu_mem_fraction=0.9)
-    assert "--mem-fraction" in msg  # the flag that exists (pipeline/cli/flags.py SPEC_FLAGS)
+    assert "--mem-fraction" in msg  # the flag that exists (pipeline/cli/flags/flags.py SPEC_FLAGS)
 
 
 def test_tp_must_divide_heads():

@@ -127,7 +127,7 @@ def test_report_table_json_and_optional_plot(tmp_path):
 
 
 def test_stream_token_count_from_server_counts():
-    from pipeline.serving.bench import stream_token_count
+    from pipeline.serving.token_count import stream_token_count
 
     assert stream_token_count([1, 1, 1, 1]) == 4  # per-response counts
     assert stream_token_count([1, 2, 3, 4]) == 4  # cumulative counts

@@ -165,10 +165,11 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
     return {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
 
 
-def deploy_dir(output: str | None, name: str) -> Path:
-    """--output as given (relative to the output tree), default `<output tree>/deploy/<name>`."""
+def deploy_dir(output: str | None, name: str, platform: str) -> Path:
+    """--output as given (relative to the output tree), default `<output tree>/deploy/<platform>/<name>` (k8s and
+    slurm files of one name side by side)."""
     if not output:
-        return output_root() / "deploy" / name
+        return output_root() / "deploy" / platform / name
     path = Path(output)
     return (path if path.is_absolute() else output_root() / path).resolve()
 

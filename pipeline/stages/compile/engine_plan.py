@@ -168,8 +168,7 @@ class CompilePlan:
                 f"{m['draft_weights_gib_per_gpu']} GiB + KV pool {m['draft_kv_pool_gib_per_gpu']} GiB "
                 f"({m['draft_kv_cache_tokens']:,} tokens)"
             )
-        lines += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
+        return "\n".join(lines)  # the spec's warnings: on stderr, printed once by the CLI (and in the JSON)
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2)

@@ -14,6 +14,7 @@ from pipeline.core.errors import DeployError, ReleaseError
 from pipeline.core.layout import release_file, release_name
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.source import from_release, from_spec
+from pipeline.planning.limits_choice import choose_limits
 
 
 def _release_dir(tmp_path, name: str):
@@ -78,8 +79,9 @@ def test_matrix_cells_check_the_release_they_write(tmp_path):
     summary = deploy_command(None, platform="slurm", matrix="llama-8b:fp8,llama-8b:int4_awq:2",
                              matrix_output="/shared/builds", output=str(tmp_path / "m"))
     cell = (tmp_path / "m" / "build-cell.sh").read_text()
-    want = [release_file(resolve_spec(model="llama-8b", precision="fp8"), __version__),
-            release_file(resolve_spec(model="llama-8b", precision="int4_awq", tp=2), __version__)]
+    # a cell's `build` resolves its spec from flags, unset limits chosen by the memory model (as the CLI does)
+    want = [release_file(choose_limits(resolve_spec(model="llama-8b", precision="fp8")), __version__),
+            release_file(choose_limits(resolve_spec(model="llama-8b", precision="int4_awq", tp=2)), __version__)]
     assert summary["releases"] == want
     for i, name in enumerate(want):
         assert f"  {i}) set -- " in cell and f"; release={name} ;;" in cell

@@ -167,11 +167,12 @@ def test_every_emitted_flag_and_value_is_in_the_1_2_1_table(case):
 
 
 def test_cli_dry_run_json_matches_the_golden(tmp_path):
-    """The real CLI prints the same plan (one subprocess: `invoke compile ... --dry-run --json`)."""
+    """The real CLI prints the same plan (one subprocess: `invoke compile ... --dry-run --json`; the golden's batch
+    64 given, as the memory model would choose more)."""
     env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "root"), PIPELINE_CACHE=str(tmp_path / "cache"))
     r = subprocess.run(
         [sys.executable, "-m", "invoke", "compile", "--model", "llama-70b", "--precision", "fp8", "--tp", "4",
-         "--draft", "llama-1b", "--draft-len", "5", "--dry-run", "--json"],
+         "--draft", "llama-1b", "--draft-len", "5", "--max-batch", "64", "--dry-run", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
     )
     assert r.returncode == 0, r.stderr
