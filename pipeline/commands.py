@@ -30,7 +30,7 @@ from .compile.stage import run_compile
 from .deploy import source as deploy_source
 from .deploy.topology import choose as choose_topology
 from .download import download_model
-from .errors import DeployError, PipelineError, ServeError, SpecError
+from .errors import DeployError, PipelineError, ServeError, ServerFailed, SpecError
 from .host_check import check_host_fits, format_resources, repo_code_bytes
 from .llmapi.local_inputs import locate_serve_inputs
 from .layout import release_file
@@ -510,11 +510,11 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port=None, grpc_por
         _print_addresses(server, path)
         while not stop["flag"]:
             if server._proc is None or server._proc.poll() is not None:
-                raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+                raise ServerFailed(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
             dead = server.dead_stubs()
             if dead:
-                raise ServeError(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
-                                 f"keep answering errors); stopped the server, restart it; see {server.log_file}")
+                raise ServerFailed(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
+                                   f"keep answering errors); stopped the server, restart it; see {server.log_file}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

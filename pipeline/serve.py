@@ -532,8 +532,8 @@ class TritonServer:
             self.command = cmd
             self._proc = spawn(cmd, self._log)
             self.wait_ready()
+            self._stubs = set(self.stub_instances().values())  # at once: a stub dying from now on is reported
             self.bound = self.wait_bound()
-            self._stubs = set(self.stub_instances().values())
         except BaseException:
             self.stop()
             raise
