@@ -22,7 +22,7 @@ from pipeline import __version__
 from pipeline.backends import PackageInputs, backend_for
 from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, triton_repo_dir
-from pipeline.core.errors import DeployError, PipelineError, ServeError, SpecError
+from pipeline.core.errors import DeployError, PipelineError, ServeError, ServerFailed, SpecError
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
 from pipeline.core.refs import write_ref
@@ -518,11 +518,11 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port: int | None = 
         _print_addresses(server, path)
         while not stop["flag"]:
             if server._proc is None or server._proc.poll() is not None:
-                raise ServeError(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
+                raise ServerFailed(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
             dead = server.dead_stubs()
             if dead:
-                raise ServeError(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
-                                 f"keep answering errors); stopped the server, restart it; see {server.log_file}")
+                raise ServerFailed(f"model instance(s) {', '.join(dead)} lost their Python stub (tritonserver would "
+                                   f"keep answering errors); stopped the server, restart it; see {server.log_file}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

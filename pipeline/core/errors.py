@@ -8,7 +8,7 @@ printed by the CLI as `error: <line>`, which then exits with the class's `exit_c
 | 2 | bad input, or a prerequisite output is missing: fix the command, the spec or run the earlier stage | most |
 | 3 | integrity: an artifact differs from its manifest or release record (corrupt, modified, extra) | `IntegrityError` |
 | 4 | this host cannot do it: no GPU / TensorRT-LLM, too little GPU memory, RAM or disk for the build, or an engine built for another toolchain or GPU | `HostError` |
-| 5 | the work ran and failed: an I/O error (disk full, file too large, permission), or requests failed | `RunError` |
+| 5 | the work ran and failed: an I/O error (disk full, file too large, permission), requests failed, or a served server failed | `RunError` |
 """
 
 from __future__ import annotations
@@ -128,6 +128,10 @@ class RunError(PipelineError):
 
 class RequestsFailed(RunError, BenchError):
     """The benchmark ran but some requests failed (the report is still printed)."""
+
+
+class ServerFailed(RunError, ServeError):
+    """A server that was serving failed: it exited, or a model instance lost its Python stub (it was stopped)."""
 
 
 def os_error_in(exc: BaseException) -> OSError | None:

@@ -898,7 +898,7 @@ def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: di
             report.notes.append("the metrics endpoint exports no KV-cache reuse counters: prefix-cache hit ratio n/a")
     if report.prefix_cache_hit_ratio is not None and report.prefix_cache_hit_ratio < HIT_RATIO_WARNING:
         report.warnings.append(
-            f"prefix-cache hit ratio {report.prefix_cache_hit_ratio:.0%} is below {HIT_RATIO_WARNING:.0%}: requests "
+            f"prefix-cache hit ratio {report.prefix_cache_hit_ratio:.1%} is below {HIT_RATIO_WARNING:.0%}: requests "
             "share little of their prompts' start (a prompt template that varies before the shared part?)")
 
 

@@ -26,6 +26,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -304,12 +305,35 @@ def prune_shm_regions() -> list[Path]:
     parent killed with SIGKILL during model load never ran `stop`. Returns what was removed."""
     removed = []
     for p in SHM_DIR.glob(f"{SHM_PREFIX}*") if SHM_DIR.is_dir() else []:
-        pid = p.name[len(SHM_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) and p.is_file():
+        if _dead_owner(p.name.encode()) and p.is_file():
             with contextlib.suppress(OSError):
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+def _dead_owner(name: bytes) -> bool:
+    """True when `name` (a shared-memory region) is one of ours, `tripipe-<pid>-...`, and that pid no longer exists."""
+    pid = name[len(SHM_PREFIX):].split(b"-", 1)[0] if name.startswith(SHM_PREFIX.encode()) else b""
+    return pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
+
+
+def prune_orphan_stubs() -> list[int]:
+    """SIGKILL the Python-backend stubs of servers whose owner (the `tripipe-<pid>-` of the stub's shared-memory
+    region) no longer exists: when the owner is killed during model load, tritonserver dies and its stubs live on,
+    orphaned, holding their regions. Returns the pids killed."""
+    killed = []
+    for d in Path("/proc").iterdir() if Path("/proc/self").is_dir() else []:
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0") if d.name.isdigit() else []
+        except OSError:
+            continue
+        # triton_python_backend_stub <model.py> <shm region> ...
+        if len(args) > 2 and args[0].endswith(b"triton_python_backend_stub") and _dead_owner(args[2]):
+            with contextlib.suppress(OSError):
+                os.kill(int(d.name), signal.SIGKILL)
+                killed.append(int(d.name))
+    return killed
 
 
 def launch_repo(repo: Path, *, engine_dir: Path | None = None, draft_engine_dir: Path | None = None,
@@ -498,6 +522,7 @@ class TritonServer:
         if not repo.is_dir():
             raise ServeError(f"model repository {repo} does not exist; run `invoke package` first")
         self._choose_ports()
+        prune_orphan_stubs()
         prune_shm_regions()
         self._launch = launch_repo(repo, engine_dir=self.engine_dir, draft_engine_dir=self.draft_engine_dir,
                                    validate=self.validate)
@@ -521,8 +546,8 @@ class TritonServer:
             self.command = cmd
             self._proc = spawn(cmd, self._log)
             self.wait_ready()
+            self._stubs = set(self.stub_instances().values())  # at once: a stub dying from now on is reported
             self.bound = self.wait_bound()
-            self._stubs = set(self.stub_instances().values())
         except BaseException:
             self.stop()
             raise

@@ -264,6 +264,16 @@ def test_level_reports_speculated_share_cold_warm_ttft_and_the_low_hit_warning()
     assert "TTFT p50 cold/warm: 300.0/110.0 ms" in text
 
 
+def test_low_hit_warning_shows_the_ratio_as_the_report_does():
+    """59.6 % was printed as "hit ratio 60% is below 60%"."""
+    from pipeline.serving.bench import _prefix_cache_ratio
+
+    samples = [RequestSample(ok=True, latency_s=1.0, ttft_s=0.1, output_tokens=4, reused_blocks=596, total_blocks=404)]
+    r = BenchReport("127.0.0.1:1", "ensemble", False, 4, 3, 1, 3.5)
+    _prefix_cache_ratio(r, samples, None, None)
+    assert r.warnings and r.warnings[0].startswith("prefix-cache hit ratio 59.6% is below 60%")
+
+
 # ------------------------------------------------------------------------------------ clients, caps and limits
 class _CountingWorker:
     """Stands in for a gRPC client: counts how many are opened and answers every request at once."""

@@ -481,3 +481,30 @@ def test_next_server_start_removes_shm_regions_of_dead_owners(tmp_path, monkeypa
     with pytest.raises(ServeError, match="stopped after"):
         serve.TritonServer(repo=repo).start()
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_next_server_start_kills_orphaned_stubs_of_dead_owners(tmp_path):
+    """tritonserver killed during model load (its owner got SIGKILL) leaves its Python stubs running, orphaned, on
+    their `tripipe-<dead pid>-...` regions: the next start kills those, and no stub of a live owner."""
+    from pipeline.serving import serve
+    from tests.support.dead_pid import dead_pid
+
+    (tmp_path / "model.py").write_text("sleep 120\n")  # run by /bin/sh under a stub's argv
+
+    def stub(region: str) -> subprocess.Popen:
+        return subprocess.Popen([str(tmp_path / "triton_python_backend_stub"), "model.py", region, "1048576"],
+                                executable="/bin/sh", cwd=tmp_path)
+
+    orphan = stub(f"tripipe-{dead_pid()}-0123abcd-0_e6d4")
+    live = stub(f"tripipe-{os.getpid()}-0123abcd-0_e6d4")
+    other = stub(f"{dead_pid()}-not-ours")
+    try:
+        wait_until(lambda: all(Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(str(tmp_path).encode())
+                               for p in (orphan, live, other)), 10, "stand-in stubs")
+        assert serve.prune_orphan_stubs() == [orphan.pid]
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert live.poll() is None and other.poll() is None
+    finally:
+        for p in (orphan, live, other):
+            p.kill()
+            p.wait()
