@@ -84,3 +84,13 @@ def test_invoke_plan_mixtral_tp2(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["moe"]["active_params"] < data["moe"]["total_params"] and data["weights_gib_total"] > 40
+
+
+def test_pytorch_llm_api_options_carry_expert_parallelism():
+    from pipeline.stages.package.llmapi_options import llm_api_options
+
+    spec = resolve_spec(model="mixtral-8x7b", precision="fp8", tp=4, moe_ep=2, runtime="pytorch")
+    opts = llm_api_options(spec, draft_dir=None).as_dict()
+    assert (opts["moe_expert_parallel_size"], opts["moe_tensor_parallel_size"]) == (2, 2)
+    dense = llm_api_options(resolve_spec(model="llama-8b", runtime="pytorch"), draft_dir=None).as_dict()
+    assert "moe_expert_parallel_size" not in dense
