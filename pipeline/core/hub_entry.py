@@ -84,9 +84,12 @@ def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, to
     except RepositoryNotFoundError:
         raise RegistryError(f"repo {repo_id} was not found on {endpoint} (or it is private); check the name"
                             + ("" if token else " or set HF_TOKEN")) from None
+    except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: offline without a cached copy
+        raise RegistryError(f"cannot fetch config.json of {where} from {endpoint} ({type(exc).__name__}); check "
+                            "the network, or unset HF_HUB_OFFLINE") from None
     except EntryNotFoundError:
         raise RegistryError(f"{where} has no config.json; it is not a transformers model repo") from None
-    except (LocalEntryNotFoundError, OSError) as exc:
+    except OSError as exc:
         raise RegistryError(f"cannot fetch config.json of {where} from {endpoint} ({type(exc).__name__}); check "
                             "the network, or unset HF_HUB_OFFLINE") from None
     if path.stat().st_size > MAX_CONFIG_BYTES:
