@@ -228,3 +228,22 @@ def test_draft_tokenizer_still_enforced():
                  draft="qwen3-0.6b")
     assert "must share one tokenizer" in msg
     reject(r"its tokenizer", model="mistral-7b", precision="fp8", draft="llama-1b")
+
+
+def test_readme_table_matches_the_adapters():
+    """README's supported-architecture table is the adapters' data, cell by cell."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    cols = ["bf16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
+    rows = {}
+    for line in text.splitlines():
+        for fam in FAMILIES.values():
+            if line.startswith("| ") and f"(`{fam.hf_architecture}`" in line:
+                rows[fam.name] = [c.strip() for c in line.strip("|").split("|")][1:]
+    assert set(rows) == set(FAMILIES)
+    for name, cells in rows.items():
+        fam = FAMILIES[name]
+        engine, pytorch = cells[:5], cells[5:9]
+        assert engine == ["Y" if p in fam.engine.precisions else "-" for p in cols], name
+        assert pytorch == ["Y" if p in fam.pytorch.precisions else "-" for p in cols[:4]], name
