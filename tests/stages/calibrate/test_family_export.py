@@ -14,8 +14,6 @@ import pytest
 from pipeline.core.architectures import FAMILIES, architecture_fields, checkpoint_fields
 from pipeline.core.registry import Architecture
 
-pytestmark = pytest.mark.slow
-
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
 
@@ -34,6 +32,7 @@ def _quantized(config):
     return model
 
 
+@pytest.mark.slow
 def test_mixtral_trtllm_checkpoint_matches_the_adapter(tmp_path):
     import torch
     from modelopt.torch.export import export_hf_checkpoint, export_tensorrt_llm_checkpoint
@@ -56,6 +55,7 @@ def test_mixtral_trtllm_checkpoint_matches_the_adapter(tmp_path):
     assert sum(m.endswith("block_sparse_moe.gate") for m in quant["exclude_modules"]) == TINY["num_hidden_layers"]
 
 
+@pytest.mark.slow
 def test_qwen2_trtllm_export_needs_tensorrt_llm_and_hf_export_works(tmp_path):
     import torch
     from modelopt.torch.export import export_hf_checkpoint, export_tensorrt_llm_checkpoint
@@ -81,3 +81,20 @@ def test_qwen2_trtllm_export_needs_tensorrt_llm_and_hf_export_works(tmp_path):
 
     with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
         assert "model.layers.0.self_attn.q_proj.bias" in f.keys()  # Qwen2's q/k/v biases (attn_bias) survive
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen3-8b", "mixtral-8x7b"])
+def test_build_refuses_families_calibrate_cannot_round_trip_before_download(model, tmp_path, monkeypatch):
+    """No byte is downloaded for a family the calibrate stage cannot load back: build fails at its check stage."""
+    from pipeline.core.errors import CalibrationError
+    from pipeline.core.spec import resolve_spec
+    from pipeline.stages.build import build
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    spec = resolve_spec(model=model, precision="fp8", runtime="pytorch", target="reference", tp=2)
+    with pytest.raises(CalibrationError, match="is planned and checked .* load LlamaForCausalLM and "
+                                               "MistralForCausalLM only") as info:
+        build(spec, progress=None)
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
