@@ -186,6 +186,19 @@ def _check_family(spec: BuildSpec) -> None:
             )
 
 
+def _check_sliding_window(spec: BuildSpec, warnings: list[str]) -> None:
+    """Mistral's sliding window (where the config has one, e.g. v0.1's 4096): TensorRT-LLM 1.2.1's LLaMAConfig
+    (models/llama/config.py) has no sliding-window field, so past the window the engine attends further back than
+    the model was trained to, unless the runtime caps the attention window."""
+    window = spec.model.architecture.sliding_window
+    if window and spec.max_seq_len > window:
+        warnings.append(
+            f"limits.max_seq_len={spec.max_seq_len} exceeds {spec.model.name}'s sliding window {window}: the 1.2.1 "
+            f"checkpoint config carries no window, so cap it at serving (kv_cache_config.max_attention_window "
+            f"[{window}] / max_attention_window_size {window}) or keep --max-seq-len <= {window}"
+        )
+
+
 def _check_moe(spec: BuildSpec) -> None:
     """Expert parallelism as TensorRT-LLM 1.2.1 maps it (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size ==
     tp_size; layers/moe.py MixtureOfExperts: experts divisible by moe_ep_size, the expert FFN by moe_tp_size).
@@ -335,6 +348,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
         _check_pytorch_runtime(spec)
     _check_family(spec)
     _check_moe(spec)
+    _check_sliding_window(spec, warnings)
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
     _check_paged_context(spec)

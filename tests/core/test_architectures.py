@@ -247,3 +247,18 @@ def test_readme_table_matches_the_adapters():
         engine, pytorch = cells[:5], cells[5:9]
         assert engine == ["Y" if p in fam.engine.precisions else "-" for p in cols], name
         assert pytorch == ["Y" if p in fam.pytorch.precisions else "-" for p in cols[:4]], name
+
+
+def test_sliding_window_warns_past_the_window(tmp_path):
+    models = tmp_path / "models.yaml"
+    arch = {**get_model("mistral-7b").architecture.model_dump(), "sliding_window": 4096}
+    import yaml
+
+    models.write_text(yaml.safe_dump({"models": {"mistral-v01": {
+        "repo_id": "mistralai/Mistral-7B-Instruct-v0.1", "tokenizer_family": "mistral-v1", "architecture": arch}}}))
+    spec = resolve_spec(model="mistral-v01", models_file=str(models), precision="fp8", max_seq_len=8192,
+                        max_input_len=2048)
+    assert any("sliding window 4096" in w and "max_attention_window" in w for w in spec.warnings)
+    spec = resolve_spec(model="mistral-v01", models_file=str(models), precision="fp8", max_seq_len=4096,
+                        max_input_len=2048)
+    assert not any("sliding window" in w for w in spec.warnings)
