@@ -281,7 +281,9 @@ class BuildSpec(BaseModel):
         parts = [
             f"{self.model.name} ({self.model.repo_id}@{self.model.revision})",
             f"precision={q.precision} kv={q.kv}",
-            f"tp={self.parallelism.tp} pp={self.parallelism.pp}",
+            f"tp={self.parallelism.tp} pp={self.parallelism.pp}"
+            + (f" moe_tp={self.parallelism.moe_tp_size} moe_ep={self.parallelism.moe_ep_size}"
+               if self.model.architecture.is_moe else ""),
             f"gpu={self.hardware.gpu}",
             f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
             f"target={self.target}",

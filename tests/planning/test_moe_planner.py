@@ -94,3 +94,9 @@ def test_pytorch_llm_api_options_carry_expert_parallelism():
     assert (opts["moe_expert_parallel_size"], opts["moe_tensor_parallel_size"]) == (2, 2)
     dense = llm_api_options(resolve_spec(model="llama-8b", runtime="pytorch"), draft_dir=None).as_dict()
     assert "moe_expert_parallel_size" not in dense
+
+
+def test_check_line_names_the_moe_mapping():
+    spec = resolve_spec(model="mixtral-8x7b", precision="fp8", tp=4, moe_ep=2, runtime="pytorch")
+    assert "tp=4 pp=1 moe_tp=2 moe_ep=2" in spec.summary()
+    assert "moe_" not in resolve_spec(model="llama-8b").summary()
