@@ -59,11 +59,13 @@ def _flag(name: str, field: str | None = None, help: str | None = None, default:
 
 # Every task that takes a build spec takes exactly these flags (values arrive as strings; pydantic coerces).
 SPEC_FLAGS: tuple[Flag, ...] = (
-    Flag("model", "model", "registry model name (llama-70b, llama-8b, llama-3b, llama-1b, tiny-llama, ...)"),
+    Flag("model", "model", "registry model name (llama-70b, qwen2.5-7b, qwen3-8b, mistral-7b, mixtral-8x7b, tiny-llama, ...) or "
+         "hf:ORG/NAME[@REVISION] (numbers from that Hub repo's config.json)"),
     _flag("precision"),
     _flag("kv_cache"),
     _flag("tp"),
     _flag("pp"),
+    _flag("moe_ep"),
     _flag("gpu"),
     _flag("gpu_count"),
     _flag("nodes"),

@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from pipeline.core.architectures import FAMILIES, hf_config_fields
 from pipeline.core.artifacts import SAFE_NAME
 from pipeline.core.errors import PipelineError, RegistryError
 
@@ -35,46 +44,89 @@ def check_repo_id(value: str) -> str:
 PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 
 
+# Fields added for families beyond Llama: left out of a dump at their defaults, so every Llama entry (and every
+# cache key hashed from one) is what it was before they existed.
+_FAMILY_DEFAULTS = {"family": "llama", "num_experts": 0, "experts_per_token": 0, "sliding_window": None}
+
+
 class Architecture(BaseModel):
-    """Architecture numbers of a Llama-class decoder, cross-checked against the downloaded config.json."""
+    """Architecture numbers of a decoder of one family (`pipeline.core.architectures`), cross-checked against the
+    downloaded config.json."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    family: Literal["llama", "mistral", "mixtral", "qwen2", "qwen3"] = "llama"
     num_layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     num_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)  # per expert for MoE families
     vocab_size: int = Field(gt=0)
     max_position_embeddings: int = Field(gt=0)
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
+    num_experts: int = Field(0, ge=0)  # MoE: experts per layer (HF num_local_experts)
+    experts_per_token: int = Field(0, ge=0)  # MoE: top-k (HF num_experts_per_tok)
+    sliding_window: int | None = Field(None, gt=0)  # attention window, when the model uses one
 
     @model_validator(mode="after")
     def _heads(self) -> Architecture:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        moe = FAMILIES[self.family].moe
+        if moe != (self.num_experts > 1) or (self.num_experts == 0) != (self.experts_per_token == 0):
+            raise ValueError(f"family {self.family} {'needs' if moe else 'takes no'} num_experts > 1 with "
+                             "experts_per_token (both or neither, tensorrt_llm/layers/moe.py MoeConfig.validate)")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds num_experts {self.num_experts}")
         return self
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        return {k: v for k, v in data.items() if k not in _FAMILY_DEFAULTS or v != _FAMILY_DEFAULTS[k]}
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
     def hf_config(self) -> dict:
-        """The matching transformers `config.json` fields (LlamaForCausalLM)."""
-        return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": self.num_layers,
-            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings, "rope_theta": self.rope_theta,
-        }
+        """The matching transformers `config.json` fields (the family's class)."""
+        return hf_config_fields(self)
+
+    @property
+    def attention_params(self) -> int:
+        """q/k/v/o projection weights, all layers."""
+        h, d = self.hidden_size, self.head_dim
+        return self.num_layers * (h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2)
+
+    def _mlp_params(self, experts: int) -> int:
+        return self.num_layers * experts * 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        """MoE router (gate) weights: left unquantized by ModelOpt and kept in float by TensorRT-LLM."""
+        return self.num_layers * self.hidden_size * self.num_experts if self.is_moe else 0
 
     @property
     def linear_params(self) -> int:
-        """Parameters of the quantizable linear layers (attention + MLP), all layers."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
-        mlp = 3 * h * self.intermediate_size
-        return self.num_layers * (attn + mlp)
+        """Parameters of the quantizable linear layers (attention + MLP / every expert), all layers."""
+        return self.attention_params + self._mlp_params(max(1, self.num_experts))
+
+    @property
+    def active_linear_params(self) -> int:
+        """Quantizable linear parameters one token passes through (MoE: top-k experts of each layer)."""
+        return self.attention_params + self._mlp_params(self.experts_per_token or 1)
+
+    def expert_linear_params_touched(self, tokens: float) -> float:
+        """Linear parameters a step of `tokens` tokens reads: attention plus the experts that uniform top-k routing
+        is expected to select, E x (1 - (1 - k/E)^tokens) of E per layer (all of them for a dense model)."""
+        if not self.is_moe:
+            return float(self.linear_params)
+        e, k = self.num_experts, self.experts_per_token
+        experts = e * (1 - (1 - k / e) ** max(tokens, 1.0))
+        return self.attention_params + experts * self._mlp_params(1)
 
     @property
     def embedding_params(self) -> int:
@@ -84,11 +136,20 @@ class Architecture(BaseModel):
 
     @property
     def norm_params(self) -> int:
-        return (2 * self.num_layers + 1) * self.hidden_size
+        """Norms, Qwen2's q/k/v biases, Qwen3's per-head q/k norms and the MoE router: small, kept 16-bit+."""
+        fam = FAMILIES[self.family]
+        extra = self.num_layers * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if fam.attn_bias else 0
+        extra += self.num_layers * 2 * self.head_dim if fam.qk_norm else 0
+        return (2 * self.num_layers + 1) * self.hidden_size + extra + self.router_params
 
     @property
     def total_params(self) -> int:
         return self.linear_params + self.embedding_params + self.norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (MoE: top-k experts); equal to total_params for a dense model."""
+        return self.total_params - self.linear_params + self.active_linear_params
 
 
 class ModelLimits(BaseModel):
@@ -122,11 +183,21 @@ class ModelEntry(BaseModel):
     source: Literal["hub", "generated"] = "hub"
     gated: bool = False
     tokenizer_family: str
+    # the tokenizer's own length where the embedding is padded past it (Qwen2.5 7B+ pad to 152064, the small ones
+    # to 151936): draft and target must agree on it instead of on vocab_size
+    tokenizer_size: int | None = Field(None, gt=0)
     architecture: Architecture
     default_draft: str | None = None
     default_draft_len: int = 5
     limits: ModelLimits = ModelLimits()
     calibration: CalibrationDefaults = CalibrationDefaults()
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        if data.get("tokenizer_size") is None:
+            data.pop("tokenizer_size", None)  # unset: every entry that predates it dumps (and hashes) as before
+        return data
 
     @field_validator("name", "default_draft")
     @classmethod
@@ -238,11 +309,35 @@ def load_registry(models_file: str | Path | None = None) -> dict[str, ModelEntry
 def get_model(name: str, *, models_file: str | Path | None = None) -> ModelEntry:
     """Look one model up by registry name.
 
+    `hf:ORG/NAME[@REVISION]` builds an entry from that Hub repo's config.json (`pipeline.core.hub_entry`).
+
     Raises:
-        RegistryError: unknown name (the message lists the known ones).
+        RegistryError: unknown name (the message lists the known ones), or an unusable Hub repo.
     """
+    if name.startswith("hf:"):
+        entry = _hub_entry(name)
+        _HUB_ENTRIES[entry.name] = entry  # later lookups by the entry's own name (plan --compare variants)
+        return entry
+    if name in _HUB_ENTRIES:
+        return _HUB_ENTRIES[name]
     registry = load_registry(models_file)
     if name not in registry:
         known = ", ".join(sorted(registry))
         raise RegistryError(f"unknown model '{name}'; known models: {known} (add one with --models-file FILE.yaml)")
     return registry[name]
+
+
+_HUB_ENTRIES: dict[str, ModelEntry] = {}
+
+
+@lru_cache(maxsize=16)
+def _hub_entry(ref: str) -> ModelEntry:
+    from pipeline.core.hub_entry import hub_entry_fields
+
+    body = hub_entry_fields(ref)
+    try:
+        return ModelEntry.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise RegistryError(f"--model {ref}: config.json field '{loc}': {err['msg']}") from None

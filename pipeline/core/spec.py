@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from pipeline.core.errors import SpecError
 from pipeline.core.registry import ModelEntry, get_model, load_yaml_mapping
@@ -84,6 +84,26 @@ class ParallelSpec(_Section):
 
     tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
     pp: int = Field(1, ge=1, le=64, description="pipeline-parallel size")
+    moe_ep: int | None = Field(
+        None, ge=1, le=64, description="MoE models: expert-parallel size within the TP group (moe_tp = tp / moe_ep; "
+        "default 1, TensorRT-LLM's Mapping default: experts TP-sharded); the PyTorch backend's "
+        "moe_expert_parallel_size")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        if data.get("moe_ep") is None:
+            data.pop("moe_ep", None)  # unset: specs that predate it dump (and hash) as before
+        return data
+
+    @property
+    def moe_ep_size(self) -> int:
+        return self.moe_ep or 1
+
+    @property
+    def moe_tp_size(self) -> int:
+        """tensorrt_llm/mapping.py Mapping: moe_tp_size = tp_size // moe_ep_size when only EP is given."""
+        return self.tp // self.moe_ep_size
 
     @property
     def world_size(self) -> int:
@@ -303,7 +323,9 @@ class BuildSpec(BaseModel):
         parts = [
             f"{self.model.name} ({self.model.repo_id}@{self.model.revision})",
             f"precision={q.precision} kv={q.kv}",
-            f"tp={self.parallelism.tp} pp={self.parallelism.pp}",
+            f"tp={self.parallelism.tp} pp={self.parallelism.pp}"
+            + (f" moe_tp={self.parallelism.moe_tp_size} moe_ep={self.parallelism.moe_ep_size}"
+               if self.model.architecture.is_moe else ""),
             f"gpu={self.hardware.gpu}",
             f"batch={self.max_batch_size} input={self.max_input_len} seq={self.max_seq_len}",
             f"target={self.target}",

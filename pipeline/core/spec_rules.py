@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.backends import backend_for
+from pipeline.core.architectures import FAMILIES, SOURCES, support_blocker
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.registry import ModelEntry
@@ -159,6 +160,73 @@ def _check_limits(spec: BuildSpec, warnings: list[str]) -> None:
         )
 
 
+def _tokens(entry: ModelEntry) -> int:
+    """The tokenizer's size: `tokenizer_size` where the embedding is padded past it, else vocab_size."""
+    return entry.tokenizer_size or entry.architecture.vocab_size
+
+
+def _check_family(spec: BuildSpec) -> None:
+    """Each model's family runs its precision on this runtime in TensorRT-LLM 1.2.1 (`pipeline/core/architectures.py`
+    cites the support matrix read for each cell); an engine checkpoint of a family ModelOpt 0.37 exports only
+    through TensorRT-LLM's own config classes needs TensorRT-LLM on the calibrating host."""
+    roles = [("target", spec.model, spec.quantization.precision)]
+    if spec.draft_model:
+        roles.append(("draft", spec.draft_model, spec.draft_precision))
+    backend = backend_for(spec)
+    for role, model, precision in roles:
+        why = support_blocker(model.architecture.family, pytorch_backend=backend.llmapi, precision=precision)
+        if why:
+            other = "engine" if backend.llmapi else "pytorch"
+            raise SpecError(f"quantization: {role} {model.name}: {why}; choose one of those, or --runtime {other}")
+        fam = FAMILIES[model.architecture.family]
+        if not backend.llmapi and not backend.gpu and not fam.cpu_trtllm_export:
+            raise SpecError(
+                f"target=reference: {role} {model.name} ({fam.hf_architecture}) exports a TensorRT-LLM checkpoint "
+                f"only through TensorRT-LLM's own config class, which a CPU host lacks (ModelOpt 0.37 has no manual "
+                f"'{fam.modelopt_decoder_type}' exporter; source: {SOURCES['modelopt_trtllm']}); "
+                "use --runtime pytorch, or --target trtllm on a GPU host"
+            )
+
+
+def _check_sliding_window(spec: BuildSpec, warnings: list[str]) -> None:
+    """Mistral's sliding window (where the config has one, e.g. v0.1's 4096): TensorRT-LLM 1.2.1's LLaMAConfig
+    (models/llama/config.py) has no sliding-window field, so past the window the engine attends further back than
+    the model was trained to, unless the runtime caps the attention window."""
+    window = spec.model.architecture.sliding_window
+    if window and spec.max_seq_len > window:
+        warnings.append(
+            f"limits.max_seq_len={spec.max_seq_len} exceeds {spec.model.name}'s sliding window {window}: the 1.2.1 "
+            f"checkpoint config carries no window, so cap it at serving (kv_cache_config.max_attention_window "
+            f"[{window}] / max_attention_window_size {window}) or keep --max-seq-len <= {window}"
+        )
+
+
+def _check_moe(spec: BuildSpec) -> None:
+    """Expert parallelism as TensorRT-LLM 1.2.1 maps it (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size ==
+    tp_size; layers/moe.py MixtureOfExperts: experts divisible by moe_ep_size, the expert FFN by moe_tp_size).
+    Engines take EP 1: ModelOpt 0.37 exports experts TP-sharded (tensorrt_llm_utils.py writes moe_ep_size 1)."""
+    p, a = spec.parallelism, spec.model.architecture
+    if not a.is_moe:
+        if p.moe_ep is not None:
+            raise SpecError(f"parallelism.moe_ep={p.moe_ep}: {spec.model.name} is not a mixture-of-experts model; "
+                            "drop --moe-ep")
+        return
+    ep = p.moe_ep_size
+    if p.tp % ep:
+        raise SpecError(f"parallelism.moe_ep={ep}: moe_tp x moe_ep must equal tp={p.tp} "
+                        f"(tensorrt_llm/mapping.py); use a --moe-ep that divides {p.tp}")
+    if a.num_experts % ep:
+        raise SpecError(f"parallelism.moe_ep={ep}: {spec.model.name}'s {a.num_experts} experts are not a multiple "
+                        "of the EP size (tensorrt_llm/layers/moe.py); use a --moe-ep that divides them")
+    if a.intermediate_size % p.moe_tp_size:
+        raise SpecError(f"parallelism: moe_tp={p.moe_tp_size} does not divide {spec.model.name}'s expert FFN size "
+                        f"{a.intermediate_size} (tensorrt_llm/layers/moe.py); change --tp or --moe-ep")
+    if not backend_for(spec).llmapi and ep != 1:
+        raise SpecError(f"parallelism.moe_ep={ep}: engine checkpoints are exported with experts TP-sharded "
+                        f"(moe_ep_size 1; source: {SOURCES['modelopt_trtllm']}); drop --moe-ep or use "
+                        "--runtime pytorch (moe_expert_parallel_size)")
+
+
 def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     draft, target = spec.draft_model, spec.model
     sp = spec.speculation
@@ -177,11 +245,11 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
         )
     if draft.name == target.name:
         raise SpecError(f"speculation.draft={draft.name} is the target itself; choose a smaller model of its family")
-    if draft.tokenizer_family != target.tokenizer_family or draft.architecture.vocab_size != target.architecture.vocab_size:
+    if draft.tokenizer_family != target.tokenizer_family or _tokens(draft) != _tokens(target):
         raise SpecError(
             f"speculation.draft={draft.name}: its tokenizer ({draft.tokenizer_family}, vocab "
-            f"{draft.architecture.vocab_size}) differs from {target.name}'s ({target.tokenizer_family}, vocab "
-            f"{target.architecture.vocab_size}); draft and target must share one tokenizer"
+            f"{_tokens(draft)}) differs from {target.name}'s ({target.tokenizer_family}, vocab "
+            f"{_tokens(target)}); draft and target must share one tokenizer"
         )
     if spec.limits.max_beam_width != 1:
         raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: draft-target speculation needs 1")
@@ -281,6 +349,9 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     backend = backend_for(spec)
     if backend.llmapi:
         _check_pytorch_runtime(spec)
+    _check_family(spec)
+    _check_moe(spec)
+    _check_sliding_window(spec, warnings)
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
     _check_paged_context(spec)

@@ -67,10 +67,12 @@ class EngineCost:
     tp: int
     gpu: GPU
 
-    def weight_bytes(self) -> float:
-        """Weights read per step on one GPU: quantized linears plus the 16-bit lm_head (vocab-parallel)."""
+    def weight_bytes(self, tokens: float | None = None) -> float:
+        """Weights read per step of `tokens` tokens on one GPU: quantized linears plus the 16-bit lm_head
+        (vocab-parallel). MoE: only the experts that step's tokens route to (all of them when `tokens` is None)."""
         a = self.arch
-        return (a.linear_params * LINEAR_BYTES[self.precision] + a.vocab_size * a.hidden_size * 2) / self.tp
+        linear = a.linear_params if tokens is None else a.expert_linear_params_touched(tokens)
+        return (linear * LINEAR_BYTES[self.precision] + a.vocab_size * a.hidden_size * 2) / self.tp
 
     def kv_bytes_per_token(self) -> float:
         return kv_bytes_per_token(self.arch, self.kv, tp=self.tp)
@@ -86,8 +88,8 @@ class EngineCost:
         eff = cal.gemm_efficiency_fp8 if math_fp8 else cal.gemm_efficiency_bf16
         tokens = context_tokens + decode_seqs * tokens_per_seq
         logits = (1 if context_tokens else 0) + decode_seqs * tokens_per_seq
-        flops = 2 * (a.linear_params * tokens + a.vocab_size * a.hidden_size * logits) / self.tp
-        gemm_s = max(self.weight_bytes() / bw, flops / (peak * eff))
+        flops = 2 * (a.active_linear_params * tokens + a.vocab_size * a.hidden_size * logits) / self.tp
+        gemm_s = max(self.weight_bytes(tokens) / bw, flops / (peak * eff))
         kv_s = decode_seqs * (decode_len + tokens_per_seq) * self.kv_bytes_per_token() / bw
         attn_peak = (g.fp8_tflops if self.kv == "fp8" and g.has_fp8 else g.bf16_tflops) * 1e12
         attn_flops = 2 * context_tokens * context_len * a.num_heads * a.head_dim * a.num_layers / self.tp

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GIB, GPU, GPUS, gpu_price
 from pipeline.core.registry import Architecture
@@ -48,7 +49,7 @@ def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) ->
 
 def activation_bytes(arch: Architecture, *, max_num_tokens: int, max_batch: int, tp: int) -> float:
     """Rough activation workspace per GPU, sized by max_num_tokens (16-bit) plus fp32 logits of a batch."""
-    per_token = (4 * arch.hidden_size + 2 * arch.intermediate_size // tp) * 2
+    per_token = (4 * arch.hidden_size + 2 * arch.intermediate_size * max(1, arch.experts_per_token) // tp) * 2
     return max_num_tokens * per_token + max_batch * arch.vocab_size * 4
 
 
@@ -225,9 +226,13 @@ class CapacityPlan:
     draft_max_concurrent_requests: int | None = None
     nodes: int = 1
     per_node: list[dict] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
+    moe: dict | None = None  # MoE models only: `moe_placement` (parameters total/active, expert TP/EP per GPU)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if data["moe"] is None:
+            data.pop("moe")  # dense models: the plan is what it was before MoE
+        return data
 
 
 def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp: int) -> dict:
@@ -254,6 +259,24 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
         out["placement"] = with_memory(placed, {b.index: b.used for b in budgets},
                                        {b.index: b.target_pool + b.draft_pool for b in budgets}, gpu)
     return out
+
+
+def moe_placement(spec: BuildSpec) -> dict | None:
+    """Total vs active parameters and where the experts go, as TensorRT-LLM 1.2.1 maps them
+    (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size = tp_size; layers/moe.py: each EP rank holds
+    num_experts / moe_ep_size experts, each expert's FFN split moe_tp_size ways). None for a dense model."""
+    a, p, q = spec.model.architecture, spec.parallelism, spec.quantization
+    if not a.is_moe:
+        return None
+    expert_bytes = (a.linear_params - a.attention_params) * LINEAR_BYTES[q.precision]
+    options = ({"moe_expert_parallel_size": p.moe_ep_size, "moe_tensor_parallel_size": p.moe_tp_size}
+               if backend_for(spec).llmapi else {"mapping.moe_tp_size": p.moe_tp_size, "mapping.moe_ep_size": 1})
+    return dict(
+        total_params=a.total_params, active_params=a.active_params, num_experts=a.num_experts,
+        experts_per_token=a.experts_per_token, moe_tp_size=p.moe_tp_size, moe_ep_size=p.moe_ep_size,
+        experts_per_gpu=a.num_experts // p.moe_ep_size, expert_ffn_per_gpu=a.intermediate_size // p.moe_tp_size,
+        expert_weights_gib_per_gpu=round(expert_bytes / (p.tp * p.pp) / GIB, 2), runtime_options=options,
+    )
 
 
 def request_lengths(spec: BuildSpec, input_len: int | None, output_len: int | None) -> tuple[int, int]:
@@ -286,7 +309,11 @@ def decode_bound(target: EngineShape, gpu: GPU, *, batch: int, input_len: int, o
     """Pure-decode HBM roofline (tok/s): each step reads every weight once plus the batch's KV at mean context."""
     if batch <= 0:
         return 0.0
-    step_bytes = target.weights_per_gpu() + batch * (input_len + output_len / 2) * target.kv_per_token_per_gpu()
+    weights = target.weights_per_gpu()
+    if target.arch.is_moe:  # a decode step reads only the experts its batch routes to
+        a = target.arch
+        weights -= (a.linear_params - a.expert_linear_params_touched(batch)) * LINEAR_BYTES[target.precision] / target.world
+    step_bytes = weights + batch * (input_len + output_len / 2) * target.kv_per_token_per_gpu()
     return batch * gpu.hbm_tb_s * 1e12 / step_bytes
 
 
@@ -369,7 +396,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
         nodes=r["placement"].nodes if "placement" in r else 1,
         per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
-        **_draft_fields(spec, r),
+        moe=moe_placement(spec), **_draft_fields(spec, r),
     )
 
 
@@ -379,6 +406,7 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         ("model / precision / KV", f"{p.model} / {p.precision} / {p.kv_cache}"),
         ("GPUs", f"{p.gpus} x {p.gpu} (tp={p.tp}, pp={p.pp}, {p.nodes} node{'s' if p.nodes > 1 else ''})"),
         ("weights total / per GPU", f"{p.weights_gib_total:.2f} GiB / {p.weights_gib_per_gpu:.2f} GiB"),
+        *_moe_rows(p.moe),
     ]
     if p.draft_tp is not None:
         gpus = ",".join(map(str, p.draft_gpu_device_ids or []))
@@ -399,6 +427,21 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         *estimate_rows(p),
     ]
     return format_table(rows)
+
+
+def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:
+    if moe is None:
+        return []
+    opts = ", ".join(f"{k}={v}" for k, v in moe["runtime_options"].items())
+    return [
+        ("parameters total / active", f"{moe['total_params'] / 1e9:.2f} B / {moe['active_params'] / 1e9:.2f} B "
+                                      f"(top-{moe['experts_per_token']} of {moe['num_experts']} experts; memory holds "
+                                      "all, each token reads the active ones)"),
+        ("experts per GPU (EP) / FFN slice (TP)",
+         f"{moe['experts_per_gpu']} of {moe['num_experts']} (moe_ep={moe['moe_ep_size']}) / "
+         f"{moe['expert_ffn_per_gpu']} (moe_tp={moe['moe_tp_size']}); {moe['expert_weights_gib_per_gpu']:.2f} GiB "
+         f"expert weights per GPU; {opts}"),
+    ]
 
 
 def _usd(value: float | None) -> str:

@@ -964,7 +964,7 @@ def cost_basis(spec) -> tuple[float, str]:
     """$/GPU-hour for the spec's cost figures and where it comes from; a reference build says that its cost is a
     CPU server's throughput priced at a GPU's rate."""
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
-    if spec.target != "reference":
+    if backend_for(spec).gpu:
         return price.usd_per_hour, price.source
     return price.usd_per_hour, (price.source + "; CPU reference server: $/1M tok prices its CPU tok/s at that GPU "
                                 "rate, an estimate of nothing deployed (compare runs with it, do not budget)")

@@ -29,8 +29,8 @@ from pipeline.core.layout import BuildLayout
 from pipeline.core.manifests import StageResult, integrity_error
 from pipeline.core.refs import ROLES, Lookup, lookup, write_ref
 from pipeline.core.spec import BuildSpec
+from pipeline.stages.calibrate.stage import check_family, run_calibrate
 from pipeline.stages.calibrate.stage import log_file as calibrate_log
-from pipeline.stages.calibrate.stage import run_calibrate
 from pipeline.stages.compile import run_compile
 from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.download.stage import download_model
@@ -323,6 +323,8 @@ def build(
     say(f"[1/{n}] check: {_doing('check', spec)} ...")
     t0 = time.perf_counter()
     oc, toolchain = _check(spec, preflight_compile="compile" in run)
+    if "calibrate" in run:
+        check_family(spec)  # a family calibrate cannot round-trip fails here, before the download
     if host_check is not None and run:
         oc.detail += "; " + host_check(run)
     oc.elapsed_s = round(time.perf_counter() - t0, 3)

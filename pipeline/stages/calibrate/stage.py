@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.backends import CheckpointFormat, checkpoint_format
+from pipeline.core.architectures import FAMILIES
 from pipeline.core.artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from pipeline.core.errors import CalibrationError
 from pipeline.core.layout import runtime_checkpoint_dir
@@ -134,6 +135,25 @@ def _resolve_source(entry: ModelEntry, source: DownloadResult | str | Path | Non
     return src, source_id(read_manifest(src)) or Upstream.of_dir(src).key
 
 
+def check_family(spec: BuildSpec) -> None:
+    """Refuse, before any download, a model whose family this stage cannot round-trip: its checkpoint loaders
+    (`checkpoint.py`, `hf_checkpoint.py`) and the reference backend rebuild Llama-class decoders only.
+
+    Raises:
+        CalibrationError: naming the family and what does work for it (plan, check, compile --dry-run).
+    """
+    for entry in (spec.model, spec.draft_model):
+        if entry is None:
+            continue
+        fam = FAMILIES[entry.architecture.family]
+        if fam.hf_architecture not in SUPPORTED_ARCHITECTURES:
+            raise CalibrationError(
+                f"{entry.name}: {fam.hf_architecture} is planned and checked (`invoke plan`, `check`, `compile "
+                f"--dry-run`), but this pipeline's calibrate round trip and reference backend load "
+                f"{' and '.join(SUPPORTED_ARCHITECTURES)} only; calibrate it with ModelOpt outside the pipeline"
+            )
+
+
 def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
     cfg = json.loads((src / "config.json").read_text())
     archs = cfg.get("architectures") or []
@@ -197,6 +217,7 @@ def run_calibrate(
         IntegrityError: the current checkpoint differs from its manifest (re-run with `--force calibrate`).
     """
     plan = _plan(spec, role)
+    check_family(spec)  # before any download
     texts, calib_source = data.load_texts(spec.quantization.calib_data)  # bad data fails before any download
     src, source_sha = _resolve_source(plan.entry, source)
     _check_architecture(src, plan.entry)

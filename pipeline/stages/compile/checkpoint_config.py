@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.architectures import checkpoint_fields
 from pipeline.core.errors import CompileError
 from pipeline.core.registry import ModelEntry
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO, TRTLLM_DTYPE
@@ -52,6 +53,11 @@ class CheckpointConfig:
     def vocab_size(self) -> int | None:
         return self.config.get("vocab_size")
 
+    @property
+    def num_experts(self) -> int:
+        """MoE experts per layer (`moe.num_experts`, tensorrt_llm/layers/moe.py MoeConfig); 0 for a dense model."""
+        return int((self.config.get("moe") or {}).get("num_experts", 0) or 0)
+
 
 def read_checkpoint_config(ckpt_dir: Path) -> CheckpointConfig:
     """Load `<ckpt_dir>/config.json`.
@@ -86,8 +92,11 @@ def derived_checkpoint_config(
     quant: dict[str, Any] = {"quant_algo": QUANT_ALGO[precision], "kv_cache_quant_algo": KV_QUANT_ALGO[kv_cache]}
     if precision in ("int4_awq", "w4a8_awq"):
         quant["group_size"] = awq_block_size
+    mapping: dict[str, Any] = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
+    if a.is_moe:  # ModelOpt 0.37 exports experts TP-sharded (tensorrt_llm_utils.py)
+        mapping.update(moe_tp_size=tp, moe_ep_size=1)
     config = {
-        "architecture": "LlamaForCausalLM",
+        **checkpoint_fields(a),
         "dtype": TRTLLM_DTYPE[compute_dtype],
         "num_hidden_layers": a.num_layers,
         "num_attention_heads": a.num_heads,
@@ -97,7 +106,7 @@ def derived_checkpoint_config(
         "vocab_size": a.vocab_size,
         "max_position_embeddings": a.max_position_embeddings,
         "quantization": quant,
-        "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
+        "mapping": mapping,
     }
     return CheckpointConfig(Path(ckpt_dir), config, derived=True)
 

@@ -302,7 +302,9 @@ def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, 
         gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
     fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
                                    total_params=model.architecture.total_params)
+    moe = {"--moe_plugin": dtype} if ckpt.num_experts > 1 else {}  # experts run in the MixtureOfExperts plugin
     return {
+        **moe,
         "--kv_cache_type": "paged",
         "--tokens_per_block": str(lim.tokens_per_block),
         "--gemm_plugin": gemm,

@@ -25,6 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from pipeline.core.architectures import UnsupportedArchitecture, architecture_fields
 from pipeline.core.artifacts import (
     MANIFEST,
     cache_dir,
@@ -130,6 +131,16 @@ def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str
             raise DownloadError(
                 f"{where}: config.json {key}={got} does not match the registry's {want} for model '{model}'; "
                 "fix the registry entry (or --models-file) or the repo/revision"
+            )
+    try:
+        fields = architecture_fields(config)
+    except UnsupportedArchitecture as exc:
+        raise DownloadError(f"{where}: {exc}; this pipeline builds only those families") from None
+    for key in ("family", "num_experts", "experts_per_token"):
+        if fields.get(key, 0) != getattr(arch, key):
+            raise DownloadError(
+                f"{where}: config.json gives {key}={fields.get(key, 0)} but the registry says {getattr(arch, key)} "
+                f"for model '{model}'; fix the registry entry (or --models-file) or the repo/revision"
             )
 
 

@@ -1,4 +1,4 @@
-"""Deterministic generator of the tiny Llama models (`tiny-llama`, `tiny-llama-draft`) in the Hub's file format.
+"""Deterministic generator of the tiny models (`tiny-llama`, `tiny-llama-draft`, `tiny-mistral`) in the Hub's format.
 
 A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corpus.txt`), then each model is
 initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
@@ -25,7 +25,9 @@ from pipeline.core.registry import load_registry
 from pipeline.core.stage_log import progress, stage_log
 
 GENERATOR_VERSION = "1"
-GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")
+GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")  # the pair every test session trains
+# one tiny model per further family, generated on demand (same tokenizer and training recipe)
+GENERATED_FAMILY_MODELS = ("tiny-mistral",)
 HELDOUT_EVERY = 10  # every 10th corpus paragraph is held out for evaluation
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -108,12 +110,15 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def _config(name: str, tokenizer):
-    from transformers import LlamaConfig
+    from transformers import CONFIG_MAPPING
 
     arch = load_registry()[name].architecture
     if len(tokenizer) > arch.vocab_size:
         raise DownloadError(f"tokenizer has {len(tokenizer)} tokens > vocab_size {arch.vocab_size} of {name}")
-    return LlamaConfig(
+    family = arch.hf_config()  # the family's class, model_type and its own fields (sliding window, experts)
+    extra = {k: v for k, v in family.items() if k in ("sliding_window", "num_local_experts", "num_experts_per_tok")}
+    return CONFIG_MAPPING[family["model_type"]](
+        **extra,
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
@@ -130,7 +135,7 @@ def _config(name: str, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        architectures=["LlamaForCausalLM"],
+        architectures=family["architectures"],
         dtype="bfloat16",
     )
 
@@ -225,10 +230,10 @@ def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -
     `steps` overrides the number of training steps (tests of determinism use a short run).
     """
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    import transformers
+    from transformers import GenerationConfig
 
-    if name not in GENERATED_MODELS:
-        raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(GENERATED_MODELS)}")
+    _check_generated(name)
     steps = TRAIN["steps"] if steps is None else steps
     t0 = time.monotonic()
     calib, heldout = corpus_split()
@@ -236,7 +241,7 @@ def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -
         tokenizer = train_tokenizer(calib, load_vocab_size(name))
         config = _config(name, tokenizer)
         torch.manual_seed(TRAIN["seed"])
-        model = LlamaForCausalLM(config).float()
+        model = getattr(transformers, config.architectures[0])(config).float()  # e.g. LlamaForCausalLM
         loss = _train(model, _token_stream(tokenizer, calib), steps, name=name) if steps else float("nan")
         ppl = heldout_perplexity(model, tokenizer, heldout)
     model = model.to(torch.bfloat16)
@@ -262,6 +267,12 @@ def load_vocab_size(name: str) -> int:
     return load_registry()[name].architecture.vocab_size
 
 
+def _check_generated(name: str) -> None:
+    known = (*GENERATED_MODELS, *GENERATED_FAMILY_MODELS)
+    if name not in known:
+        raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(known)}")
+
+
 def model_dir(name: str) -> Path:
     return cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}"
 
@@ -277,8 +288,7 @@ def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
     Raises:
         DownloadError: `name` is not a generated model.
     """
-    if name not in GENERATED_MODELS:
-        raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(GENERATED_MODELS)}")
+    _check_generated(name)
     final = model_dir(name) if steps is None else cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}-s{steps}"
     key = generation_key(name, steps=steps)
     if is_current(final, key):

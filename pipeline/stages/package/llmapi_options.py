@@ -64,6 +64,9 @@ class LlmApiOptions(BaseModel):
 
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    # MoE models (BaseLlmArgs moe_expert_parallel_size / moe_tensor_parallel_size; unset for dense models)
+    moe_expert_parallel_size: int | None = Field(None, ge=1)
+    moe_tensor_parallel_size: int | None = Field(None, ge=1)
     max_batch_size: int = Field(..., ge=1)
     max_num_tokens: int = Field(..., ge=1)
     max_seq_len: int = Field(..., ge=1)
@@ -120,6 +123,8 @@ def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiO
     return LlmApiOptions(
         tensor_parallel_size=spec.parallelism.tp,
         pipeline_parallel_size=spec.parallelism.pp,
+        **({"moe_expert_parallel_size": spec.parallelism.moe_ep_size,
+            "moe_tensor_parallel_size": spec.parallelism.moe_tp_size} if spec.model.architecture.is_moe else {}),
         max_batch_size=spec.max_batch_size,
         max_num_tokens=spec.max_num_tokens,
         max_seq_len=spec.max_seq_len,

@@ -357,3 +357,22 @@ def test_unbuildable_combinations_rejected(kw, match):
     with pytest.raises(SpecError, match=match) as info:
         resolve_spec(**kw)
     assert "\n" not in str(info.value)
+
+
+def test_mixtral_dry_run_derives_moe_checkpoint_and_plugin(tmp_path):
+    """A MoE checkpoint (derived as ModelOpt 0.37 exports it: LLaMAConfig's `moe`, experts TP-sharded) builds with
+    the MixtureOfExperts plugin; dense models never get the flag."""
+    spec = resolve_spec(model="mixtral-8x7b", precision="fp8", tp=2)
+    plan = plan_compile(spec, checkpoint_dir=tmp_path / "none", output_dir=tmp_path / "e", allow_derived=True)
+    argv = plan.target.argv
+    assert argv[argv.index("--moe_plugin") + 1] == "bfloat16"
+    check_argv(argv)
+    from pipeline.stages.compile.checkpoint_config import derived_checkpoint_config
+
+    cfg = derived_checkpoint_config(tmp_path, spec.model, precision="fp8", kv_cache="fp8", compute_dtype="bf16",
+                                    tp=2, pp=1).config
+    assert cfg["architecture"] == "MixtralForCausalLM" and cfg["moe"]["num_experts"] == 8
+    assert cfg["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1, "moe_tp_size": 2, "moe_ep_size": 1}
+    dense = plan_compile(resolve_spec(model="llama-8b", precision="fp8"), checkpoint_dir=tmp_path / "none2",
+                         output_dir=tmp_path / "e2", allow_derived=True)
+    assert "--moe_plugin" not in dense.target.argv

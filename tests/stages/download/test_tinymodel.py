@@ -126,3 +126,23 @@ def test_generation_is_deterministic_and_race_free(tmp_path):
 
     assert content(man_a) == content(man_b)
     assert man_a["key"] == man_b["key"]
+
+
+@pytest.mark.slow
+def test_tiny_mistral_is_generated_as_its_family(tmp_path, monkeypatch):
+    """One more family, generated like tiny-llama: transformers' MistralForCausalLM with the registry's numbers and
+    the shared tokenizer (so tiny-llama-draft can draft for it)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.core.architectures import architecture_fields
+    from pipeline.core.registry import Architecture
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    path = tinymodel.ensure_tiny_model("tiny-mistral", steps=2)
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["MistralForCausalLM"] and config["sliding_window"] is None
+    assert Architecture(**architecture_fields(config)) == get_model("tiny-mistral").architecture
+    assert type(AutoModelForCausalLM.from_pretrained(path)).__name__ == "MistralForCausalLM"
+    assert get_model("tiny-mistral").default_draft == "tiny-llama-draft"

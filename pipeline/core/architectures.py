@@ -1,0 +1,194 @@
+"""Model families as data: what transformers, ModelOpt 0.37 and TensorRT-LLM 1.2.1 call each one and expect of it.
+
+One `Family` per supported decoder (Llama, Qwen2/2.5, Qwen3, Mistral, Mixtral). Every fact names the upstream file
+it was read from (`SOURCES`); the tests are keyed by those files. NVIDIA/TensorRT-LLM has no tagged 1.2.1 copy in
+the code index: the files were read at the stored versions named in `SOURCES`, whose model code is the 1.2-era
+engine path (`tensorrt_llm/models/`, removed from main after 1.2).
+
+- transformers 4.57: the `architectures[0]` class and `model_type` of the Hub `config.json`.
+- ModelOpt 0.37 (`modelopt/torch/export/model_utils.py` MODEL_NAME_TO_TYPE, matched case-insensitively against
+  the class name): the `decoder_type` of its exporters ("llama" for Llama/Mistral/Mixtral, "qwen" for Qwen2/3).
+  Its TensorRT-LLM exporter (`tensorrt_llm_utils.py` convert_to_tensorrt_llm_config) writes the checkpoint config
+  through `MODEL_MAP[architecture].config_class.from_hugging_face` when tensorrt_llm imports, else by hand for
+  decoder types gpt/gemma/llama/... only: "qwen" raises NotImplementedError there, so a Qwen engine checkpoint
+  needs a host with TensorRT-LLM. MoE experts are exported TP-sharded (`mapping.moe_tp_size = tp_size`,
+  `moe_ep_size = 1`) with `moe: {num_experts, top_k, normalization_mode: 1}` (RENORMALIZE).
+- TensorRT-LLM 1.2.1 engine path (`tensorrt_llm/models/__init__.py` MODEL_MAP): Llama/Mistral/Mixtral ->
+  LLaMAForCausalLM (`models/llama/config.py` LLaMAConfig: Mixtral adds `moe` from num_local_experts /
+  num_experts_per_tok with RENORMALIZE and hidden_act swiglu); Qwen2/Qwen3 -> QWenForCausalLM
+  (`models/qwen/config.py` QWenConfig: `qwen_type` = HF model_type, attn_bias True for qwen2, False for qwen3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Where each fact was read (NVIDIA/TensorRT-LLM at the stored commit named; ModelOpt from the installed 0.37.0).
+SOURCES = {
+    "model_map": "NVIDIA/TensorRT-LLM tensorrt_llm/models/__init__.py (MODEL_MAP)",
+    "llama_config": "NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/config.py @ 04100fd0 (LLaMAConfig)",
+    "qwen_config": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/config.py @ 0428c188 (QWenConfig)",
+    "moe": "NVIDIA/TensorRT-LLM tensorrt_llm/layers/moe.py @ 03961722 (MoeConfig, MixtureOfExperts)",
+    "mapping": "NVIDIA/TensorRT-LLM tensorrt_llm/mapping.py @ 05ebebb2 (Mapping)",
+    "engine_quant": "NVIDIA/TensorRT-LLM docs/source/legacy/reference/precision.md @ 1690890e (TensorRT backend "
+                    "matrix)",
+    "qwen_readme": "NVIDIA/TensorRT-LLM examples/models/core/qwen/README.md @ 000a01de (Support Matrix)",
+    "pytorch_quant": "NVIDIA/TensorRT-LLM docs/source/features/quantization.md @ f53fb4c8 (Model Supported Matrix)",
+    "modelopt_type": "modelopt 0.37.0 modelopt/torch/export/model_utils.py (MODEL_NAME_TO_TYPE)",
+    "modelopt_trtllm": "modelopt 0.37.0 modelopt/torch/export/tensorrt_llm_utils.py (convert_to_tensorrt_llm_config)",
+}
+
+ALL_PRECISIONS = frozenset({"bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"})
+
+
+@dataclass(frozen=True)
+class Support:
+    """Precisions one runtime supports for a family, and the source that says so."""
+
+    precisions: frozenset[str]
+    source: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder family: its names in each tool and what 1.2.1 supports for it per runtime."""
+
+    name: str
+    hf_architecture: str  # transformers class (config.json `architectures[0]`)
+    hf_model_type: str
+    trtllm_class: str  # MODEL_MAP value the checkpoint `architecture` maps to (engine path)
+    modelopt_decoder_type: str
+    attn_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    moe: bool = False
+    qwen_type: str | None = None  # QWenConfig.qwen_type
+    # the TensorRT-LLM checkpoint can be written by ModelOpt's manual exporter (no tensorrt_llm installed)
+    cpu_trtllm_export: bool = True
+    engine: Support = field(default_factory=lambda: Support(ALL_PRECISIONS, SOURCES["engine_quant"]))
+    pytorch: Support = field(default_factory=lambda: Support(ALL_PRECISIONS, SOURCES["pytorch_quant"]))
+
+
+_16BIT = frozenset({"bf16", "fp16"})
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (
+        # precision.md: LLaMA FP8, W8A8 SQ, W4A16 AWQ (W4A8 AWQ: this pipeline's tested Llama recipe);
+        # quantization.md: LLaMA / LLaMA-v2 / LLaMA 3 rows FP8, W4A8 AWQ, W4A16 AWQ.
+        Family("llama", "LlamaForCausalLM", "llama", "LLaMAForCausalLM", "llama",
+               engine=Support(ALL_PRECISIONS, SOURCES["engine_quant"] + ": LLaMA row"),
+               pytorch=Support(_16BIT | {"fp8", "int4_awq", "w4a8_awq"}, SOURCES["pytorch_quant"] + ": LLaMA rows")),
+        Family("mistral", "MistralForCausalLM", "mistral", "LLaMAForCausalLM", "llama",
+               engine=Support(_16BIT | {"fp8", "int8_sq", "int4_awq"}, SOURCES["engine_quant"] + ": Mistral row"),
+               pytorch=Support(_16BIT | {"fp8", "int4_awq"}, SOURCES["pytorch_quant"] + ": Mistral row")),
+        Family("mixtral", "MixtralForCausalLM", "mixtral", "LLaMAForCausalLM", "llama", moe=True,
+               engine=Support(_16BIT | {"fp8"}, SOURCES["engine_quant"] + ": Mixtral row (no W8A8 SQ, no W4A16 AWQ)"),
+               pytorch=Support(_16BIT | {"fp8"}, SOURCES["pytorch_quant"] + ": Mixtral row (FP8, NVFP4)")),
+        Family("qwen2", "Qwen2ForCausalLM", "qwen2", "QWenForCausalLM", "qwen", attn_bias=True, qwen_type="qwen2",
+               cpu_trtllm_export=False,
+               engine=Support(_16BIT | {"fp8", "int8_sq", "int4_awq"}, SOURCES["qwen_readme"] + ": Qwen2.5 rows"),
+               pytorch=Support(_16BIT | {"fp8", "int4_awq", "w4a8_awq"}, SOURCES["pytorch_quant"] + ": Qwen-2/2.5 row")),
+        Family("qwen3", "Qwen3ForCausalLM", "qwen3", "QWenForCausalLM", "qwen", qk_norm=True, qwen_type="qwen3",
+               cpu_trtllm_export=False,
+               engine=Support(_16BIT | {"fp8"}, SOURCES["qwen_readme"] + ": Qwen3-32B row (no AWQ, no SQ)"),
+               pytorch=Support(_16BIT | {"fp8", "int4_awq"}, SOURCES["pytorch_quant"] + ": Qwen-3 row")),
+    )
+}
+BY_HF_ARCHITECTURE = {f.hf_architecture: f for f in FAMILIES.values()}
+
+
+def family(name: str) -> Family:
+    """The family called `name` (a registry `architecture.family`)."""
+    return FAMILIES[name]
+
+
+def support_blocker(name: str, *, pytorch_backend: bool, precision: str) -> str | None:
+    """Why TensorRT-LLM 1.2.1 does not run `precision` for this family on `runtime`, with the source; None when it
+    does. KV-cache dtypes are runtime-wide (FP8 KV is listed for every family on both runtimes)."""
+    fam = FAMILIES[name]
+    support, runtime = (fam.pytorch, "pytorch") if pytorch_backend else (fam.engine, "engine")
+    if precision in support.precisions:
+        return None
+    ok = ", ".join(p for p in ("bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq") if p in support.precisions)
+    return (f"{fam.hf_architecture} has no {precision} on the {runtime} runtime in TensorRT-LLM 1.2.1 "
+            f"(source: {support.source}); supported there: {ok}")
+
+
+def checkpoint_fields(arch: Any) -> dict[str, Any]:
+    """The family-specific fields of a TensorRT-LLM 1.2.1 checkpoint `config.json` for `arch` (an
+    `registry.Architecture`): what LLaMAConfig / QWenConfig `to_dict` adds beyond PretrainedConfig. Llama adds
+    nothing the pipeline checks; the checkpoint `architecture` is the HF class name (MODEL_MAP's key)."""
+    fam = FAMILIES[arch.family]
+    out: dict[str, Any] = {"architecture": fam.hf_architecture}
+    if fam.qwen_type:
+        out.update(qwen_type=fam.qwen_type, attn_bias=fam.attn_bias)
+    if fam.moe:
+        out["hidden_act"] = "swiglu"  # LLaMAConfig.from_hugging_face: mixtral's gated activation made explicit
+        out["moe"] = {"num_experts": arch.num_experts, "top_k": arch.experts_per_token,
+                      "normalization_mode": 1}  # MoeConfig.ExpertScaleNormalizationMode.RENORMALIZE
+    return out
+
+
+def hf_config_fields(arch: Any) -> dict[str, Any]:
+    """The transformers `config.json` fields of `arch` (an `registry.Architecture`) for its family's class."""
+    fam = FAMILIES[arch.family]
+    cfg: dict[str, Any] = {
+        "architectures": [fam.hf_architecture], "model_type": fam.hf_model_type, "num_hidden_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads, "head_dim": arch.head_dim,
+        "intermediate_size": arch.intermediate_size, "vocab_size": arch.vocab_size,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "tie_word_embeddings": arch.tie_word_embeddings, "rope_theta": arch.rope_theta,
+    }
+    if fam.name in ("mistral", "mixtral", "qwen2", "qwen3"):
+        cfg["sliding_window"] = arch.sliding_window
+    if fam.name in ("qwen2", "qwen3"):
+        cfg["use_sliding_window"] = arch.sliding_window is not None
+    if fam.moe:
+        cfg.update(num_local_experts=arch.num_experts, num_experts_per_tok=arch.experts_per_token)
+    return cfg
+
+
+class UnsupportedArchitecture(ValueError):
+    """A config.json whose class or fields no family here covers."""
+
+
+def _effective_sliding_window(config: dict[str, Any]) -> int | None:
+    """The attention window the model really uses: Qwen configs carry `sliding_window` with
+    `use_sliding_window: false` (off); Mistral/Mixtral use it whenever it is set (null on v0.3 / Mixtral)."""
+    window = config.get("sliding_window")
+    if config.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
+        return None
+    return window if window < int(config.get("max_position_embeddings") or 0) else None
+
+
+def architecture_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """`registry.Architecture` fields from a Hub `config.json` (transformers 4.57 names).
+
+    Raises:
+        UnsupportedArchitecture: the class is not one of the families, or a required number is missing.
+    """
+    archs = config.get("architectures") or []
+    fam = BY_HF_ARCHITECTURE.get(archs[0]) if isinstance(archs, list) and archs else None
+    if fam is None:
+        known = ", ".join(sorted(BY_HF_ARCHITECTURE))
+        raise UnsupportedArchitecture(f"architecture {archs or config.get('model_type')!r} is not supported "
+                                      f"(supported: {known})")
+    try:
+        heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+        out: dict[str, Any] = {
+            "family": fam.name, "num_layers": int(config["num_hidden_layers"]), "hidden_size": hidden,
+            "num_heads": heads, "num_kv_heads": int(config.get("num_key_value_heads") or heads),
+            "head_dim": int(config.get("head_dim") or hidden // heads),
+            "intermediate_size": int(config["intermediate_size"]), "vocab_size": int(config["vocab_size"]),
+            "max_position_embeddings": int(config["max_position_embeddings"]),
+            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+            "rope_theta": float(config.get("rope_theta", 10000.0)),
+            "sliding_window": _effective_sliding_window(config),
+        }
+        if fam.moe:
+            out.update(num_experts=int(config["num_local_experts"]),
+                       experts_per_token=int(config["num_experts_per_tok"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedArchitecture(f"{fam.hf_architecture} config.json lacks a usable {exc}") from None
+    return out

@@ -1,0 +1,137 @@
+"""`--model hf:ORG/NAME[@REVISION]` against the local Hub (tests/support/hubserver.py), which serves only a
+config.json: the numbers come from that file alone, checked against the family adapters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core import registry
+from pipeline.core.errors import RegistryError, SpecError
+from pipeline.core.hub_entry import entry_name, parse_ref
+from pipeline.core.spec import resolve_spec
+from pipeline.planning.planner import plan_capacity
+from tests.core.test_architectures import QWEN25_7B_CONFIG
+from tests.support.hubserver import LocalHub
+
+ROOT = Path(__file__).parents[2]
+TOKEN = "hf_test_gate_token_456"
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path, hub_online):
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no saved `hf auth login` token
+    registry._hub_entry.cache_clear()
+    with LocalHub(tokens={TOKEN}) as h:
+        monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+        h.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(QWEN25_7B_CONFIG).encode()})
+        yield h
+    registry._hub_entry.cache_clear()
+
+
+def test_plan_from_a_hub_config_alone(hub):
+    spec = resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct", precision="fp8")
+    assert spec.model.name == "hf-Qwen--Qwen2.5-7B-Instruct" and spec.model.revision == "main"
+    assert spec.model.architecture == registry.get_model("qwen2.5-7b").architecture
+    plan = plan_capacity(spec)
+    assert plan.weights_gib_total == plan_capacity(resolve_spec(model="qwen2.5-7b", precision="fp8")).weights_gib_total
+    # only config.json was fetched: no weights, no tokenizer
+    fetched = {p.rsplit("/", 1)[-1] for m, p, _, _ in hub.requests if "/resolve/" in p}
+    assert fetched == {"config.json"}
+
+
+def test_revision_is_passed_through(hub):
+    sha = hub.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(
+        {**QWEN25_7B_CONFIG, "num_hidden_layers": 2}).encode()}, ref="v2")
+    spec = resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct@v2", precision="fp8")
+    assert spec.model.revision == "v2" and spec.model.architecture.num_layers == 2
+    assert resolve_spec(model=f"hf:Qwen/Qwen2.5-7B-Instruct@{sha}").model.architecture.num_layers == 2
+
+
+def test_unsupported_architecture_refused_with_the_list(hub):
+    hub.add_commit("openai-community/gpt2", {"config.json": b'{"architectures": ["GPT2LMHeadModel"]}'})
+    with pytest.raises(RegistryError, match=r"hf:openai-community/gpt2: architecture \['GPT2LMHeadModel'\] is not "
+                                            r"supported \(supported: LlamaForCausalLM"):
+        resolve_spec(model="hf:openai-community/gpt2")
+
+
+def test_unsupported_quantization_refused_for_a_hub_model(hub):
+    hub.add_commit("mistralai/Mixtral-8x7B-Instruct-v0.1", {"config.json": json.dumps(
+        registry.get_model("mixtral-8x7b").architecture.hf_config()).encode()})
+    with pytest.raises(SpecError, match="MixtralForCausalLM has no int4_awq on the engine runtime"):
+        resolve_spec(model="hf:mistralai/Mixtral-8x7B-Instruct-v0.1", precision="int4_awq", tp=2)
+
+
+def test_gated_repo_needs_a_token(hub, monkeypatch):
+    hub.add_commit("meta-llama/Llama-3.1-8B-Instruct", {"config.json": json.dumps(
+        registry.get_model("llama-8b").architecture.hf_config()).encode()}, gated=True)
+    with pytest.raises(RegistryError, match="is a gated repo and no Hugging Face token was found.*set HF_TOKEN"):
+        resolve_spec(model="hf:meta-llama/Llama-3.1-8B-Instruct")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    registry._hub_entry.cache_clear()
+    spec = resolve_spec(model="hf:meta-llama/Llama-3.1-8B-Instruct", precision="fp8")
+    assert spec.model.architecture == registry.get_model("llama-8b").architecture
+    assert all(TOKEN not in str(r) for r in hub.requests)  # the token travels in a header, never in a path
+
+
+@pytest.mark.parametrize("ref,match", [
+    ("hf:no/such-repo", "repo no/such-repo was not found"),
+    ("hf:Qwen/Qwen2.5-7B-Instruct@nope", "revision 'nope' does not exist"),
+    ("hf:../etc", "is not a Hub repo id"),
+    ("hf:Qwen/Qwen2.5-7B-Instruct@a..b", "is not a branch, tag or commit"),
+])
+def test_bad_refs_one_line(hub, ref, match):
+    with pytest.raises(RegistryError, match=match) as info:
+        resolve_spec(model=ref)
+    assert "\n" not in str(info.value)
+
+
+def test_oversized_or_bad_config(hub):
+    hub.add_commit("x/huge", {"config.json": b"{" + b" " * (1 << 20) + b"}"})
+    with pytest.raises(RegistryError, match="over 1048576 bytes"):
+        resolve_spec(model="hf:x/huge")
+    hub.add_commit("x/notjson", {"config.json": b"\xff\xfe"})
+    with pytest.raises(RegistryError, match="is not JSON"):
+        resolve_spec(model="hf:x/notjson")
+
+
+def test_names():
+    assert parse_ref("hf:Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", "main")
+    assert parse_ref("hf:Qwen/Qwen3-8B@abc123") == ("Qwen/Qwen3-8B", "abc123")
+    assert entry_name("Qwen/Qwen3-8B") == "hf-Qwen--Qwen3-8B"
+
+
+@pytest.mark.slow
+def test_invoke_plan_hf_model_against_a_config_only_hub(tmp_path):
+    """`invoke plan --model hf:Qwen/Qwen2.5-7B-Instruct` in a fresh process, the Hub serving only config.json."""
+    with LocalHub() as h:
+        h.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(QWEN25_7B_CONFIG).encode()})
+        env = {"PATH": "/usr/bin:/bin", "PIPELINE_ROOT": str(tmp_path), "PIPELINE_CACHE": str(tmp_path / "c"),
+               "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": h.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        r = subprocess.run([sys.executable, "-m", "invoke", "plan", "--model", "hf:Qwen/Qwen2.5-7B-Instruct",
+                            "--precision", "fp8", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model"] == "hf-Qwen--Qwen2.5-7B-Instruct" and data["fits"]
+
+
+def test_download_check_compares_family_and_experts():
+    from pipeline.core.errors import DownloadError
+    from pipeline.stages.download.stage import check_architecture
+
+    mixtral = registry.get_model("mixtral-8x7b").architecture
+    cfg = mixtral.hf_config()
+    check_architecture(cfg, mixtral, where="w", model="mixtral-8x7b")
+    with pytest.raises(DownloadError, match="num_experts=4 but the registry says 8"):
+        check_architecture({**cfg, "num_local_experts": 4}, mixtral, where="w", model="mixtral-8x7b")
+    with pytest.raises(DownloadError, match="family=mistral but the registry says mixtral"):
+        check_architecture({**cfg, "architectures": ["MistralForCausalLM"]}, mixtral, where="w", model="mixtral-8x7b")
+    with pytest.raises(DownloadError, match="'GPT2LMHeadModel'.* is not supported"):
+        check_architecture({**cfg, "architectures": ["GPT2LMHeadModel"]}, mixtral, where="w", model="mixtral-8x7b")
