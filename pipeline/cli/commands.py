@@ -256,8 +256,6 @@ def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage |
         lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
     opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
                         revision=revision, endpoint=endpoint)
-    for line in limit_lines(spec):
-        print(line, file=sys.stderr)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
         report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
     if json_:

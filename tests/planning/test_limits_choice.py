@@ -47,7 +47,7 @@ def test_reference_target_keeps_the_registry_batch():
     spec = resolve_spec(model="tiny-llama", target="reference")
     chosen = choose_limits(spec)
     assert chosen.max_batch_size == spec.model.limits.max_batch_size
-    assert chosen.fingerprint() == spec.fingerprint()  # a reference build's keys do not move
+    assert chosen.identity() == spec.identity()  # a reference build's keys do not move
     assert "reference target" in chosen.limit_reasons["max_batch_size"]
 
 

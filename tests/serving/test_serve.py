@@ -75,7 +75,7 @@ def test_grpc_streaming_yields_tokens_incrementally(server):
     from pipeline.serving.smoke import grpc_stream
 
     greedy = generate(server, "ensemble", max_tokens=12, top_k=1)["text_output"]
-    chunks, ttft, total = grpc_stream(server.grpc_url, "ensemble", PROMPT, 12)
+    chunks, ttft, total, _ = grpc_stream(server.grpc_url, "ensemble", PROMPT, 12)
     assert len(chunks) >= 6, chunks  # one response per token (a byte-level BPE may merge a few when decoding)
     assert "".join(chunks) == greedy
     assert ttft < total
@@ -84,7 +84,7 @@ def test_grpc_streaming_yields_tokens_incrementally(server):
 def test_max_tokens_bounds_the_stream(server):
     from pipeline.serving.smoke import grpc_stream
 
-    chunks, _, _ = grpc_stream(server.grpc_url, "ensemble", PROMPT, 3)
+    chunks, _, _, _ = grpc_stream(server.grpc_url, "ensemble", PROMPT, 3)
     assert len(chunks) == 3
 
 
