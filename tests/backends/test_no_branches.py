@@ -60,7 +60,8 @@ def test_no_runtime_or_target_comparison_outside_the_selector():
 
 def test_the_rule_catches_a_comparison(tmp_path):
     (tmp_path / "pipeline" / "backends").mkdir(parents=True)
-    (tmp_path / "pipeline" / "serve.py").write_text('if spec.runtime == "pytorch":\n    pass\n')
+    (tmp_path / "pipeline" / "serving").mkdir()
+    (tmp_path / "pipeline" / "serving" / "serve.py").write_text('if spec.runtime == "pytorch":\n    pass\n')
     (tmp_path / "pipeline" / "backends" / "__init__.py").write_text('ok = target == "trtllm"\n')
     hits = _scan(tmp_path)
     assert len(hits) == 2

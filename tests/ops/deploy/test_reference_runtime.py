@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.ops.deploy.runtime import reference_runtime
 from pipeline.serving.serve import SERVER_STACK_BYTES, free_ports, process_tree
-from tests.test_serve_hygiene import _echo_repo, gone, wait_until
+from tests.serving.test_serve_hygiene import _echo_repo, gone, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_STACK = 8 << 20  # a typical node's soft RLIMIT_STACK

@@ -80,8 +80,10 @@ def test_calibration_directory_is_named_as_such(tmp_path):
 
 def test_missing_calibration_file_fails_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    from pipeline.stages.check import resolve_checked_spec
+
     with pytest.raises(CalibrationError, match="does not exist"):  # the spec check already reads the file
-        make_spec(precision="fp8", calib_data=str(tmp_path / "nope.jsonl"))
+        resolve_checked_spec(model="tiny-llama", precision="fp8", calib_data=str(tmp_path / "nope.jsonl"))
     spec = make_spec(precision="fp8")
     spec.quantization.calib_data = str(tmp_path / "nope.jsonl")  # e.g. deleted after the check
     with pytest.raises(CalibrationError, match="does not exist"):

@@ -354,8 +354,10 @@ REJECTED = [
 
 @pytest.mark.parametrize("kw, match", REJECTED, ids=[m for _, m in REJECTED])
 def test_unbuildable_combinations_rejected(kw, match):
+    from pipeline.stages.check import resolve_checked_spec
+
     with pytest.raises(SpecError, match=match) as info:
-        resolve_spec(**kw)
+        resolve_checked_spec(**kw)
     assert "\n" not in str(info.value)
 
 
