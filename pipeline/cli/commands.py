@@ -223,7 +223,7 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
         print(json.dumps(m.model_dump(mode="json"), indent=2))
     else:
         print(f"ok: target engine {res.path} {res.status} (key {m.key[:12]}, TensorRT-LLM {m.engine_version}, "
-              f"SM {m.gpu.get('sm')})")
+              f"SM {m.gpu.sm})")
         if draft_res is not None:
             print(f"ok: draft engine {draft_res.path} {draft_res.status} (key {draft_res.manifest.key[:12]}, "
                   "tokenizer shared)")
@@ -385,8 +385,8 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
         res = results[output] = run_calibrate(spec, role=role, force=bool(force))
         q = res.manifest.quality
         print(
-            f"ok: {role} {res.status}: {res.path} (ppl {q.get('ppl_base', 0):.4f} -> {q.get('ppl_quant', 0):.4f}, "
-            f"{q.get('ppl_delta_pct', 0):+.3f} %, top-1 {q.get('top1_agreement', 0):.3f})"
+            f"ok: {role} {res.status}: {res.path} (ppl {q.ppl_base:.4f} -> {q.ppl_quant:.4f}, "
+            f"{q.ppl_delta_pct:+.3f} %, top-1 {q.top1_agreement:.3f})"
             + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
         )
     write_ref("calibrate", spec.identity("calibrate"), results)

@@ -162,6 +162,93 @@ class DeviceRecord(BaseModel):
     count: int | None = None
 
 
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RecipeRecord(_Record):
+    """The quantization recipe a checkpoint was made with (ModelOpt config name, the algos written into it)."""
+
+    precision: str
+    kv_cache: str
+    modelopt_config: str
+    quant_algo: str | None
+    kv_cache_quant_algo: str | None
+    export_dtype: str
+    awq_block_size: int | None
+
+
+class CalibrationRecord(_Record):
+    """The calibration token set: where it came from, its fingerprint and how it was packed and batched."""
+
+    source: str
+    fingerprint: str
+    samples: int
+    requested_samples: int
+    seq_len: int
+    tokens: int
+    batch_size: int
+    seed: int
+
+
+class TrtllmCheckpointRecord(_Record):
+    """A TensorRT-LLM checkpoint's config.json sections, as the exporter wrote them, and the tokenizer files."""
+
+    # TensorRT-LLM's own config.json sections, mirrored as written (their schema is TensorRT-LLM's)
+    quantization: dict[str, Any] | None
+    mapping: dict[str, Any] | None
+    dtype: str | None
+    tokenizer_files: list[str]
+
+
+class HfCheckpointRecord(_Record):
+    """A unified Hugging Face checkpoint: its hf_quant_config.json mapping, weight dtype and tokenizer files."""
+
+    format: Literal["hf"]
+    hf_quant_config: dict[str, Any]  # ModelOpt's own file, mirrored as written
+    dtype: str
+    tokenizer_files: list[str]
+
+
+class QualityRecord(_Record):
+    """The held-out quality gate: perplexities, KL and top-1 agreement of quantized vs unquantized."""
+
+    ppl_base: float
+    ppl_quant: float
+    ppl_delta_pct: float
+    kl_mean: float
+    top1_agreement: float
+    tokens: int
+    threshold_pct: float
+    passed: bool
+    enforced: bool
+    heldout_fingerprint: str
+
+
+class RoundtripTolerance(_Record):
+    max_rel_logit_err: float
+    min_top1: float
+    max_ppl_rel_diff_pct: float
+
+
+class RoundtripCheck(_Record):
+    """The re-loaded export compared with the fake-quant model on held-out tokens."""
+
+    max_rel_logit_err: float
+    top1_agreement: float
+    ppl_rel_diff_pct: float
+    tokens: int
+    passed: bool
+    tolerance: RoundtripTolerance
+
+
+class RoundtripSkipped(_Record):
+    """The round-trip check was not run (why: `skipped`)."""
+
+    passed: None = None
+    skipped: str
+
+
 class CheckpointManifest(Manifest):
     """An exported TensorRT-LLM checkpoint (calibrate stage) with its tokenizer and quality-gate numbers."""
 
@@ -169,20 +256,38 @@ class CheckpointManifest(Manifest):
 
     build_id: str
     role: Literal["target", "draft"]
-    factors: dict[str, Any]
+    factors: dict[str, Any]  # exactly what the stage key hashes: free-form by design
     model: SourceRecord
     tokenizer: TokenizerIdentity
-    recipe: dict[str, Any]
-    calibration: dict[str, Any]
+    recipe: RecipeRecord
+    calibration: CalibrationRecord
     parallelism: dict[str, int]
-    checkpoint: dict[str, Any]
-    quality: dict[str, Any]
-    roundtrip: dict[str, Any]
+    checkpoint: TrtllmCheckpointRecord | HfCheckpointRecord
+    quality: QualityRecord
+    roundtrip: RoundtripCheck | RoundtripSkipped
     toolchain: dict[str, str]
     device: DeviceRecord
     timings: dict[str, float]
     peak_memory: dict[str, int]
     argv: list[str]
+
+
+class GpuRecord(_Record):
+    """The GPU an engine was built on (None: not known to the toolchain probe)."""
+
+    name: str | None
+    sm: int | None
+    count: int | None
+
+
+class InputRecord(_Record):
+    """How a manifest records its input directory: path, key, manifest hash; for a directory from outside the
+    pipeline, how its key was made (`key_source`, absent for a pipeline output)."""
+
+    path: str
+    key: str
+    manifest_sha256: str | None
+    key_source: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class DraftRecord(BaseModel):
@@ -211,11 +316,11 @@ class EngineManifest(Manifest):
     world_size: int
     engine_version: str
     toolchain: dict[str, str | None]
-    gpu: dict[str, Any]
+    gpu: GpuRecord
     argv: list[str]
-    planned_build_config: dict[str, Any]
+    planned_build_config: dict[str, Any]  # TensorRT-LLM's own build_config, mirrored: its schema is TensorRT-LLM's
     build_config_sha256: str
-    checkpoint: dict[str, Any]
+    checkpoint: InputRecord
     tokenizer: TokenizerIdentity | None = None
     draft: DraftRecord | None = None
     build_seconds: float | None = None

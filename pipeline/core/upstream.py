@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.core.artifacts import MANIFEST, read_manifest, sha256_file
-from pipeline.core.manifests import StageResult
+from pipeline.core.manifests import InputRecord, StageResult
 
 OUTSIDE = "file names, sizes and *.json contents (no pipeline manifest)"
 
@@ -40,12 +40,10 @@ class Upstream:
             return cls(path, str(manifest["key"]), sha256_file(path / MANIFEST), "stage")
         return cls(path, outside_key(path), None, "outside")
 
-    def record(self) -> dict[str, str | None]:
+    def record(self) -> InputRecord:
         """How a manifest records the input (path, key, manifest hash; how an outside key was made)."""
-        out: dict[str, str | None] = {"path": str(self.path), "key": self.key, "manifest_sha256": self.manifest_sha256}
-        if self.source == "outside":
-            out["key_source"] = OUTSIDE
-        return out
+        return InputRecord(path=str(self.path), key=self.key, manifest_sha256=self.manifest_sha256,
+                           key_source=OUTSIDE if self.source == "outside" else None)
 
 
 def outside_key(path: Path) -> str:

@@ -176,8 +176,7 @@ def _calibrate(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bo
                                              verify=opts.verify)
     _set_layout(spec, out)
     results = {"target": out.checkpoint, "draft": out.draft_checkpoint}
-    detail = " ".join(f"{role} ppl Δ {float(r.manifest.quality['ppl_delta_pct']):+.2f}%"
-                      for role, r in results.items() if r and r.manifest.quality.get("ppl_delta_pct") is not None)
+    detail = " ".join(f"{role} ppl Δ {r.manifest.quality.ppl_delta_pct:+.2f}%" for role, r in results.items() if r)
     logs = [str(calibrate_log(r.path)) for r in results.values() if r and r.built]
     if logs:
         detail += f"; library output: {', '.join(logs)}"
@@ -192,7 +191,7 @@ def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
         draft_output_dir=lay.draft_engine, force=force, toolchain=toolchain, verify=opts.verify,
     )
     m = out.engine.manifest
-    detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.get('sm')}"
+    detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.sm}"
     return _outcome("compile", {"engine": out.engine, "draft_engine": out.draft_engine}, detail)
 
 
@@ -255,7 +254,7 @@ def _locate(spec: BuildSpec, stage: str, out: BuildOutputs, verify: bool) -> Non
 
 def _chained(stage: str, out: BuildOutputs) -> Lookup | None:
     """A stale lookup when `stage`'s located output was made from another upstream output than the one located."""
-    if stage == "compile" and out.engine.manifest.checkpoint.get("key") != out.checkpoint.manifest.key:
+    if stage == "compile" and out.engine.manifest.checkpoint.key != out.checkpoint.manifest.key:
         return Lookup("stale", reason=f"{out.engine.path} was compiled from another checkpoint", path=out.engine.path)
     if stage == "package" and out.triton_repo.manifest.build_id != out.checkpoint.manifest.build_id:
         return Lookup("stale", reason=f"{out.triton_repo.path} packages another build", path=out.triton_repo.path)

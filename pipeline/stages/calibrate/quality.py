@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import CalibrationError
+from pipeline.core.manifests import RoundtripCheck
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -106,7 +107,7 @@ def gate(report: QualityReport, *, enforce: bool, what: str) -> None:
 
 
 def roundtrip(loaded, reference, samples: list[list[int]], device, *, awq: bool = False,
-              tier: str | None = None) -> dict[str, Any]:
+              tier: str | None = None) -> RoundtripCheck:
     """Compare the re-loaded checkpoint's logits with the (exported) fake-quant model's on held-out tokens, within
     the tolerance `tier` of ROUNDTRIP_TOL (default: "awq" or "exact")."""
     import torch
@@ -134,11 +135,5 @@ def roundtrip(loaded, reference, samples: list[list[int]], device, *, awq: bool 
         and top1 >= tol["min_top1"]
         and ppl_diff <= tol["max_ppl_rel_diff_pct"]
     )
-    return {
-        "max_rel_logit_err": rel,
-        "top1_agreement": top1,
-        "ppl_rel_diff_pct": ppl_diff,
-        "tokens": n,
-        "passed": ok,
-        "tolerance": tol,
-    }
+    return RoundtripCheck(max_rel_logit_err=rel, top1_agreement=top1, ppl_rel_diff_pct=ppl_diff, tokens=n,
+                          passed=ok, tolerance=tol)

@@ -28,7 +28,15 @@ from pipeline.core.architectures import FAMILIES
 from pipeline.core.artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
 from pipeline.core.errors import CalibrationError
 from pipeline.core.layout import runtime_checkpoint_dir
-from pipeline.core.manifests import CheckpointManifest, StageResult
+from pipeline.core.manifests import (
+    CalibrationRecord,
+    CheckpointManifest,
+    QualityRecord,
+    RecipeRecord,
+    RoundtripCheck,
+    RoundtripSkipped,
+    StageResult,
+)
 from pipeline.core.registry import ModelEntry
 from pipeline.core.safetensors_file import check_safetensors_dir
 from pipeline.core.spec import BuildSpec
@@ -179,11 +187,10 @@ def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
 
 def _gate_from_manifest(manifest: CheckpointManifest, plan: _Plan) -> None:
     q = manifest.quality
-    delta = q.get("ppl_delta_pct")
-    if plan.enforce and delta is not None and not delta <= plan.threshold:
+    if plan.enforce and not q.ppl_delta_pct <= plan.threshold:
         raise CalibrationError(
             f"quality gate failed for {plan.entry.name} {plan.precision}: the existing checkpoint's held-out "
-            f"perplexity {q.get('ppl_base'):.4f} -> {q.get('ppl_quant'):.4f} ({delta:+.3f} % > {plan.threshold:g} %); "
+            f"perplexity {q.ppl_base:.4f} -> {q.ppl_quant:.4f} ({q.ppl_delta_pct:+.3f} % > {plan.threshold:g} %); "
             "raise --max-ppl-delta or pass --no-quality-gate"
         )
 
@@ -288,7 +295,7 @@ def _cached(final: Path, key: str, plan: _Plan, *, force: bool, verify: bool) ->
     return CheckpointResult(final, m, "cached")
 
 
-def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]], device) -> dict[str, Any]:
+def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]], device) -> RoundtripCheck:
     """Re-load the checkpoint on CPU (float32) and compare it with the exported fake-quant model in float32.
 
     The KV-cache quantizers are switched off on the reference: the loaded model keeps its KV cache unquantized.
@@ -358,17 +365,18 @@ def _quantize(model, cfg: dict[str, Any], plan: _Plan, calib: data.TokenSet, dev
     mtq.quantize(model, cfg, forward_loop)
 
 
-def _checked_roundtrip(plan: _Plan, cfg, model, exported, tmp: Path, samples, device, *, what: str) -> dict[str, Any]:
+def _checked_roundtrip(plan: _Plan, cfg, model, exported, tmp: Path, samples, device, *,
+                      what: str) -> RoundtripCheck | RoundtripSkipped:
     """Re-load the export on CPU and compare it with the quantized model (skipped for very large models)."""
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > ROUNDTRIP_MAX_PARAMS:
-        return {"passed": None, "skipped": f"{n_params / 1e9:.1f} B parameters: a float32 CPU copy is too large"}
+        return RoundtripSkipped(skipped=f"{n_params / 1e9:.1f} B parameters: a float32 CPU copy is too large")
     rt = _roundtrip(plan, cfg, exported, tmp, samples, device)
-    if rt["passed"] is False:
+    if not rt.passed:
         raise CalibrationError(
             f"round-trip check failed for {what}: the exported checkpoint re-loaded on CPU differs from the "
-            f"quantized model (max relative logit error {rt['max_rel_logit_err']:.3g}, top-1 agreement "
-            f"{rt['top1_agreement']:.3f}, perplexity differs {rt['ppl_rel_diff_pct']:.3g} %); the export or "
+            f"quantized model (max relative logit error {rt.max_rel_logit_err:.3g}, top-1 agreement "
+            f"{rt.top1_agreement:.3f}, perplexity differs {rt.ppl_rel_diff_pct:.3g} %); the export or "
             "sharding is broken: re-run with --force or report it"
         )
     return rt
@@ -406,11 +414,11 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     tok_files = plan.checkpoint.copy_tokenizer(src, tmp)
     timings["total_s"] = time.perf_counter() - t0
     return {
-        "recipe": _recipe_fields(plan, quant_algo, kv_algo),
-        "calibration": _calibration_fields(plan, calib),
+        "recipe": _recipe_record(plan, quant_algo, kv_algo),
+        "calibration": _calibration_record(plan, calib),
         "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
         "checkpoint": {**ckpt_fields, "tokenizer_files": tok_files},
-        "quality": {**report.as_dict(), "enforced": plan.enforce, "heldout_fingerprint": heldout.fingerprint},
+        "quality": QualityRecord(**report.as_dict(), enforced=plan.enforce, heldout_fingerprint=heldout.fingerprint),
         "roundtrip": rt,
         "toolchain": toolchain(),
         "device": _device_fields(device),
@@ -434,29 +442,29 @@ def _heldout(plan: _Plan, texts: list[str], encode, vocab_size: int) -> data.Tok
     return data.pack(data.heldout_texts(texts), encode, size=eval_n, seq_len=eval_len, seed=0, source="heldout")
 
 
-def _recipe_fields(plan: _Plan, quant_algo: str | None, kv_algo: str | None) -> dict[str, Any]:
-    return {
-        "precision": plan.precision,
-        "kv_cache": plan.kv,
-        "modelopt_config": recipes.recipe_name(plan.precision, plan.kv),
-        "quant_algo": quant_algo,
-        "kv_cache_quant_algo": kv_algo,
-        "export_dtype": plan.export_dtype,
-        "awq_block_size": plan.awq_block_size if plan.precision in recipes.AWQ else None,
-    }
+def _recipe_record(plan: _Plan, quant_algo: str | None, kv_algo: str | None) -> RecipeRecord:
+    return RecipeRecord(
+        precision=plan.precision,
+        kv_cache=plan.kv,
+        modelopt_config=recipes.recipe_name(plan.precision, plan.kv),
+        quant_algo=quant_algo,
+        kv_cache_quant_algo=kv_algo,
+        export_dtype=plan.export_dtype,
+        awq_block_size=plan.awq_block_size if plan.precision in recipes.AWQ else None,
+    )
 
 
-def _calibration_fields(plan: _Plan, calib: data.TokenSet) -> dict[str, Any]:
-    return {
-        "source": calib.source,
-        "fingerprint": calib.fingerprint,
-        "samples": len(calib.samples),
-        "requested_samples": plan.calib_size,
-        "seq_len": plan.calib_seq_len,
-        "tokens": calib.tokens,
-        "batch_size": plan.batch_size,
-        "seed": plan.seed,
-    }
+def _calibration_record(plan: _Plan, calib: data.TokenSet) -> CalibrationRecord:
+    return CalibrationRecord(
+        source=calib.source,
+        fingerprint=calib.fingerprint,
+        samples=len(calib.samples),
+        requested_samples=plan.calib_size,
+        seq_len=plan.calib_seq_len,
+        tokens=calib.tokens,
+        batch_size=plan.batch_size,
+        seed=plan.seed,
+    )
 
 
 def _device_fields(device) -> dict[str, Any]:

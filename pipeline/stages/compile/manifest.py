@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline.core.artifacts import MANIFEST, file_table, sha256_file, stage_key
 from pipeline.core.errors import CompileError, PipelineError
-from pipeline.core.manifests import DraftRecord, EngineManifest, TokenizerIdentity
+from pipeline.core.manifests import DraftRecord, EngineManifest, GpuRecord, InputRecord, TokenizerIdentity
 from pipeline.core.tokenizer import TOKENIZER_DIR, identity, mismatch
 from pipeline.core.upstream import Upstream
 from pipeline.stages.compile.engine_plan import EnginePlan
@@ -45,7 +45,7 @@ def check_same_tokenizer(target_ckpt: Path, draft_ckpt: Path) -> TokenizerIdenti
     return t
 
 
-def checkpoint_identity(ckpt_dir: Path) -> dict[str, Any]:
+def checkpoint_identity(ckpt_dir: Path) -> InputRecord:
     """How an engine manifest records its checkpoint (`Upstream.of_dir(...).record()`): path, key, manifest hash."""
     return Upstream.of_dir(ckpt_dir).record()
 
@@ -75,7 +75,7 @@ def engine_manifest(
     key: str,
     engine_config: dict[str, Any],
     toolchain: dict[str, Any],
-    checkpoint: dict[str, Any],
+    checkpoint: InputRecord,
     draft: DraftRecord | None = None,
     build_seconds: float | None = None,
     log_path: Path | None = None,
@@ -97,7 +97,7 @@ def engine_manifest(
         world_size=plan.world_size,
         engine_version=engine_config["version"],
         toolchain={k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")},
-        gpu={"name": toolchain.get("gpu_name"), "sm": toolchain.get("sm"), "count": toolchain.get("gpu_count")},
+        gpu=GpuRecord(name=toolchain.get("gpu_name"), sm=toolchain.get("sm"), count=toolchain.get("gpu_count")),
         argv=plan.argv,  # as run, with the final engine directory
         planned_build_config=plan.expected_build_config,
         build_config_sha256=build_config_hash(engine_config),

@@ -44,7 +44,7 @@ def _current(out: Path, key: str | None, *, verify: bool) -> EngineManifest | No
 
 def _recorded_toolchain(m: EngineManifest) -> dict:
     """The toolchain an engine was built with, shaped like `Toolchain.as_dict()` (for its stage key)."""
-    return {**m.toolchain, "sm": m.gpu.get("sm"), "gpu_name": m.gpu.get("name")}
+    return {**m.toolchain, "sm": m.gpu.sm, "gpu_name": m.gpu.name}
 
 
 def _locate_one(plan: EnginePlan, checkpoint: Upstream, *, draft: DraftRecord | None, verify: bool) -> EngineResult:

@@ -36,7 +36,7 @@ def test_int4_unpack_inverts_modelopt_packing():
 def test_tp2_pp2_sharding_round_trips(tiny_models):
     one = calibrated(tiny_models, precision="fp8", kv_cache="bf16", quality_gate=False)
     four = calibrated(tiny_models, precision="fp8", kv_cache="bf16", tp=2, pp=2, quality_gate=False)
-    assert one.manifest.calibration["fingerprint"] == four.manifest.calibration["fingerprint"]
+    assert one.manifest.calibration.fingerprint == four.manifest.calibration.fingerprint
     assert len(list(four.path.glob("rank*.safetensors"))) == 4
     a, b = load_checkpoint_as_hf(one.path), load_checkpoint_as_hf(four.path)
     assert type(a).__name__ == "LlamaForCausalLM" and a.config.num_hidden_layers == 4

@@ -48,9 +48,9 @@ def test_hf_export_layout_quant_config_and_roundtrip(tiny_models, precision, kv)
     assert w["lm_head.weight"].dtype == torch.bfloat16 and w["model.norm.weight"].dtype == torch.bfloat16
     assert (ck / "tokenizer.json").is_file() and "tokenizer.json" in res.manifest.files
     m = res.manifest
-    assert m.roundtrip["passed"] is True and m.checkpoint["format"] == "hf"
+    assert m.roundtrip.passed is True and m.checkpoint.format == "hf"
     assert m.factors["runtime"] == "pytorch" and m.parallelism == {"tp": 1, "pp": 1, "world_size": 1}
-    assert m.checkpoint["hf_quant_config"]["quant_algo"] == want
+    assert m.checkpoint.hf_quant_config["quant_algo"] == want
 
 
 @pytest.mark.slow
@@ -58,7 +58,7 @@ def test_hf_export_reloads_close_to_the_source_and_differs_from_the_engine_build
     hf = calibrated(tiny_models, precision="fp8", kv_cache="fp8", runtime="pytorch")
     engine = calibrated(tiny_models, precision="fp8", kv_cache="fp8")
     assert hf.manifest.build_id != engine.manifest.build_id and "runtime" not in engine.manifest.factors
-    assert hf.manifest.quality["passed"] and abs(hf.manifest.quality["ppl_delta_pct"]) < 1.0
+    assert hf.manifest.quality.passed and abs(hf.manifest.quality.ppl_delta_pct) < 1.0
     model = load_hf_checkpoint(hf.path)
     ids = torch.tensor([[5, 17, 300, 42, 7, 99]])
     with torch.no_grad():
@@ -88,7 +88,7 @@ def test_large_model_hf_export_packs_one_copy_and_matches_the_exact_export(tiny_
     monkeypatch.setattr(stage, "ROUNDTRIP_MAX_PARAMS", 0)
     spec = make_spec(precision="fp8", kv_cache="fp8", runtime="pytorch")
     large = run_in_root(tmp_path, stage.run_calibrate, spec, role="target", source=tiny_models["tiny-llama"])
-    assert large.manifest.roundtrip["passed"] is None and large.manifest.quality["passed"]
+    assert large.manifest.roundtrip.passed is None and large.manifest.quality.passed
     a, b = load_file(str(exact.path / "model.safetensors")), load_file(str(large.path / "model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in a)
     v = "model.layers.0.self_attn.v_proj.weight"

@@ -197,13 +197,13 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     assert last["lm_head.weight"].dtype == (torch.float16 if precision == "fp16" else torch.bfloat16)
     assert (ck / "tokenizer" / "tokenizer.json").is_file()
     m = res.manifest
-    assert m.key and m.roundtrip["passed"]
+    assert m.key and m.roundtrip.passed
     if precision not in ("int4_awq", "w4a8_awq"):
-        assert m.roundtrip["max_rel_logit_err"] < 1e-2
-    assert {"ppl_base", "ppl_quant", "ppl_delta_pct", "kl_mean", "top1_agreement"} <= set(m.quality)
-    assert m.recipe["quant_algo"] == QUANT_ALGO[precision] and m.parallelism["tp"] == tp
+        assert m.roundtrip.max_rel_logit_err < 1e-2
+    assert {"ppl_base", "ppl_quant", "ppl_delta_pct", "kl_mean", "top1_agreement"} <= set(m.quality.model_dump())
+    assert m.recipe.quant_algo == QUANT_ALGO[precision] and m.parallelism["tp"] == tp
     assert set(m.toolchain) >= {"torch", "modelopt", "transformers"}
-    assert m.calibration["samples"] == 2 and len(m.calibration["fingerprint"]) == 64
+    assert m.calibration.samples == 2 and len(m.calibration.fingerprint) == 64
     assert m.files["config.json"].size > 0 and "tokenizer/tokenizer.json" in m.files
     assert m.tokenizer.file == "tokenizer.json"
 
@@ -213,7 +213,7 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
 def test_fp8_gate_passes_and_rerun_is_noop(tiny_models):
     first = calibrated(tiny_models, precision="fp8", kv_cache="fp8")
     q = first.manifest.quality
-    assert q["passed"] and 0 <= abs(q["ppl_delta_pct"]) < 1.0 and q["top1_agreement"] > 0.9 and q["kl_mean"] >= 0
+    assert q.passed and 0 <= abs(q.ppl_delta_pct) < 1.0 and q.top1_agreement > 0.9 and q.kl_mean >= 0
     from tests.support.calibrate_fixtures import session_root
 
     again = run_in_root(
@@ -234,7 +234,7 @@ def test_impossible_gate_fails_with_both_numbers_and_leaves_nothing(tiny_models,
     # Not enforced: the checkpoint is written and the failing numbers are recorded.
     soft = make_spec(precision="fp8", kv_cache="fp8", max_ppl_delta_pct=1e-9, quality_gate=False)
     res = run_in_root(tmp_path, run_calibrate, soft, source=tiny_models["tiny-llama"])
-    assert res.manifest.quality["passed"] is False and res.manifest.quality["enforced"] is False
+    assert res.manifest.quality.passed is False and res.manifest.quality.enforced is False
     # Enforcing again finds the cached checkpoint but still refuses it (the gate is re-applied to its numbers).
     with pytest.raises(CalibrationError, match="quality gate failed"):
         run_in_root(tmp_path, run_calibrate, spec, source=tiny_models["tiny-llama"])

@@ -121,13 +121,13 @@ def test_manifest_records_toolchain_files_checkpoint_and_draft(tmp_path, pair):
     eng = write_fabricated_engine(tmp_path / "fabricated-engine", pair.target)
     m = _engine_manifest(eng, pair.target, "k", draft=draft, build_seconds=1.234)
     assert m.toolchain == {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48", "cuda": "13.0", "driver": "580.95.05"}
-    assert m.gpu == {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "count": 8}
+    assert m.gpu.model_dump() == {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "count": 8}
     assert m.argv == pair.target.argv and m.argv[0] == "trtllm-build"
     assert m.build_config_sha256 == build_config_hash(json.loads((eng / "config.json").read_text()))
     assert set(m.files) == {"config.json", "rank0.engine", "timing.cache"}
     assert m.files["rank0.engine"].sha256 == sha256_file(eng / "rank0.engine")
     assert m.files["rank0.engine"].size == (eng / "rank0.engine").stat().st_size
-    assert m.checkpoint["key"] == "fabricated-checkpoint-key"
+    assert m.checkpoint.key == "fabricated-checkpoint-key"
     assert m.draft.manifest_sha256 == sha256_file(draft_dir / "manifest.json")
     assert m.draft.tokenizer == tok == m.tokenizer and m.draft.key == "fabricated-draft-engine-key"
 
@@ -178,7 +178,7 @@ def test_current_engine_is_not_rebuilt_unless_its_files_changed(pair):
     spec = resolve_spec(model="tiny-llama", precision="fp8")
     plan = plan_compile(spec, checkpoint_dir=pair.target.checkpoint_dir, output_dir=pair.target.output_dir).target
     ckpt = checkpoint_identity(plan.checkpoint_dir)
-    key = compile_key(plan, checkpoint_key=ckpt["key"], toolchain=TOOLCHAIN.as_dict())
+    key = compile_key(plan, checkpoint_key=ckpt.key, toolchain=TOOLCHAIN.as_dict())
     eng = write_fabricated_engine(plan.output_dir, plan)
     _engine_manifest(eng, plan, key).write(eng)
     res = _compile_one(plan, TOOLCHAIN, force=False, draft=None)

@@ -41,7 +41,7 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
                                  draft_output_dir=draft_out)
     m = res.manifest
     assert res.status == "built" and m.engine_version == "1.2.1" and m.toolchain["tensorrt_llm"] == "1.2.1"
-    assert m.gpu["sm"] == 90
+    assert m.gpu.sm == 90
     assert (out / "rank0.engine").stat().st_size > 0 and (draft_out / "rank0.engine").stat().st_size > 0
     assert m.draft.tokenizer == m.tokenizer and m.draft.key == read_manifest(draft_out)["key"] == draft_res.manifest.key
     assert "timing.cache" in m.files

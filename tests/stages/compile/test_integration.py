@@ -27,4 +27,4 @@ def test_plan_from_calibrated_tiny_pair(tiny_models, tmp_path):
     assert plan.target.options["--use_fp8_context_fmha"] == "enable"
     assert plan.draft.output_dir == str(target.path.parent / "draft_engine")
     assert check_same_tokenizer(target.path, draft.path) == target.manifest.tokenizer == draft.manifest.tokenizer
-    assert checkpoint_identity(target.path)["key"] == target.manifest.key
+    assert checkpoint_identity(target.path).key == target.manifest.key
