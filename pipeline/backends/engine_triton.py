@@ -29,8 +29,19 @@ def package_ensemble(backend: Any, spec: BuildSpec, inputs: PackageInputs, *, fo
     )
 
 
+class EnsembleRepository:
+    """Packaging of the backends served through the Triton ensemble layout."""
+
+    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
+                verify: bool = False) -> Any:
+        return package_ensemble(self, spec, inputs, force=force, check_only=check_only, verify=verify)
+
+    def repo_note(self) -> str | None:
+        return None
+
+
 @dataclass(frozen=True)
-class EngineTriton:
+class EngineTriton(EnsembleRepository):
     """runtime engine, target trtllm."""
 
     name: str = "engine-triton"
@@ -49,13 +60,6 @@ class EngineTriton:
     no_force_compile: str = ""
 
     def check_note(self, spec: BuildSpec) -> str | None:
-        return None
-
-    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
-                verify: bool = False) -> Any:
-        return package_ensemble(self, spec, inputs, force=force, check_only=check_only, verify=verify)
-
-    def repo_note(self) -> str | None:
         return None
 
     def deploys_on(self, platform: str) -> bool:

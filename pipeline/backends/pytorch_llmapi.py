@@ -40,8 +40,22 @@ _NO_COMPILE = "no-op, nothing to compile: runtime pytorch loads the Hugging Face
 _NO_FORCE_COMPILE = "--force compile: runtime pytorch has nothing to compile; use --force calibrate or package"
 
 
+class LlmapiRepository:
+    """Packaging of the backends served through the `llmapi` layout (HF checkpoint, no engines)."""
+
+    def check_note(self, spec: BuildSpec) -> str | None:
+        return f"spec ok; runtime pytorch, target {self.target} (Hugging Face checkpoint, no engines)"
+
+    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
+                verify: bool = False) -> Any:
+        return package_llmapi(self, spec, inputs, force=force, check_only=check_only, verify=verify)
+
+    def repo_note(self) -> str | None:
+        return "llmapi"
+
+
 @dataclass(frozen=True)
-class PytorchLlmapi:
+class PytorchLlmapi(LlmapiRepository):
     """runtime pytorch, target trtllm."""
 
     name: str = "pytorch-llmapi"
@@ -58,16 +72,6 @@ class PytorchLlmapi:
     release_roles: tuple[str, str] = ("checkpoint", "draft_checkpoint")
     no_compile: str = _NO_COMPILE
     no_force_compile: str = _NO_FORCE_COMPILE
-
-    def check_note(self, spec: BuildSpec) -> str | None:
-        return f"spec ok; runtime pytorch, target {self.target} (Hugging Face checkpoint, no engines)"
-
-    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
-                verify: bool = False) -> Any:
-        return package_llmapi(self, spec, inputs, force=force, check_only=check_only, verify=verify)
-
-    def repo_note(self) -> str | None:
-        return "llmapi"
 
     def deploys_on(self, platform: str) -> bool:
         return True

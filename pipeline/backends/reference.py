@@ -5,12 +5,12 @@ contract, for tests and demos without a GPU. Runtime engine: the TensorRT-LLM ch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pipeline.backends.base import CheckpointFormat, PackageInputs
-from pipeline.backends.engine_triton import package_ensemble
+from pipeline.backends.base import CheckpointFormat
+from pipeline.backends.engine_triton import EnsembleRepository
 from pipeline.backends.formats import HF_CHECKPOINT, TRTLLM_CHECKPOINT
-from pipeline.backends.pytorch_llmapi import _NO_COMPILE, _NO_FORCE_COMPILE, package_llmapi
+from pipeline.backends.pytorch_llmapi import _NO_COMPILE, _NO_FORCE_COMPILE, LlmapiRepository
 from pipeline.core.errors import DeployError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class _Reference:
 
 
 @dataclass(frozen=True)
-class EngineReference(_Reference):
+class EngineReference(EnsembleRepository, _Reference):
     """runtime engine, target reference: the TensorRT-LLM checkpoint, dequantized, in the ensemble layout."""
 
     name: str = "engine-reference"
@@ -60,19 +60,12 @@ class EngineReference(_Reference):
     def check_note(self, spec: BuildSpec) -> str | None:
         return "spec ok; reference target (PyTorch backend, no engines)"
 
-    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
-                verify: bool = False) -> Any:
-        return package_ensemble(self, spec, inputs, force=force, check_only=check_only, verify=verify)
-
-    def repo_note(self) -> str | None:
-        return None
-
     def deploys_on(self, platform: str) -> bool:
         return platform == "slurm"  # a demo of the engine-path scripts on CPU nodes
 
 
 @dataclass(frozen=True)
-class PytorchReference(_Reference):
+class PytorchReference(LlmapiRepository, _Reference):
     """runtime pytorch, target reference: the HF checkpoint, dequantized by transformers, in the llmapi layout."""
 
     name: str = "pytorch-reference"
@@ -81,16 +74,6 @@ class PytorchReference(_Reference):
     llmapi: bool = True
     no_compile: str = _NO_COMPILE
     no_force_compile: str = _NO_FORCE_COMPILE
-
-    def check_note(self, spec: BuildSpec) -> str | None:
-        return f"spec ok; runtime pytorch, target {self.target} (Hugging Face checkpoint, no engines)"
-
-    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
-                verify: bool = False) -> Any:
-        return package_llmapi(self, spec, inputs, force=force, check_only=check_only, verify=verify)
-
-    def repo_note(self) -> str | None:
-        return "llmapi"
 
     def deploys_on(self, platform: str) -> bool:
         return False
