@@ -2,9 +2,9 @@
 
 Searches precision x TP x PP x max batch x draft off/on x K (x runtime where the rules accept only one) with the
 planner's memory model (what fits, how many requests the KV pool holds) and its calibrated estimate (TTFT, TPOT,
-tok/s; speculation through the acceptance rate and `max_batch_for_speculation`, the planner's load gate; prefix
-reuse through the prefill it saves). Memory prunes first: a structure that does not fit at a batch does not fit at
-a larger one. The spec's intrinsic rules (`resolve_spec`) refuse structures; the pick and the front pass the whole of
+tok/s; speculation through the acceptance rate and `max_batch_for_speculation`, the planner's load gate: a draft is
+searched only up to it; prefix reuse through the prefill it saves). Memory prunes first: a structure that does not
+fit at a batch does not fit at a larger one. The spec's intrinsic rules (`resolve_spec`) refuse structures; the pick and the front pass the whole of
 `check`'s rules through the `check` callable the caller hands in (`resolve_checked_spec`: stages sit above us).
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import SpecError
-from pipeline.core.gpus import GPUS, gpu_price
+from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
 from pipeline.core.spec import SECTIONS, resolve_spec
 from pipeline.core.table import format_table
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
-    DEFAULT_ACCEPTANCE, TP_CHOICES, _capacity, cost_per_1m, engine_shapes, fit_shortfall, serving_estimate,
+    DEFAULT_ACCEPTANCE, TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
 )
 
 if TYPE_CHECKING:
@@ -172,10 +172,10 @@ def _fit(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:
     gpu = GPUS[spec.hardware.gpu]
     if fit_shortfall(spec, *engine_shapes(spec), gpu) > 0:
         return f"weights, activations and one {spec.max_seq_len}-token sequence exceed a {gpu.name}"
-    r = _capacity(spec, gpu, traffic.input_len, traffic.output_len, tp=spec.parallelism.tp)
-    if not r["fits"] or r["concurrent"] < batch:
-        return (f"its KV pool holds {r['concurrent']} requests of {traffic.input_len}+{traffic.output_len} "
-                f"tokens, fewer than batch {batch}")
+    fits, concurrent = kv_concurrency(spec, gpu, traffic.input_len, traffic.output_len)
+    if not fits or concurrent < batch:
+        return (f"its KV pool holds {concurrent} requests of {traffic.input_len}+{traffic.output_len} tokens, "
+                f"fewer than batch {batch}")
     return None
 
 
@@ -309,7 +309,8 @@ def _checked(spec: BuildSpec, c: Candidate, check: Callable[..., BuildSpec]) -> 
     return None
 
 
-def _decide(spec, slo, traffic, fitting, losses, *, check, price, searched) -> SloSearch:
+def _decide(spec: BuildSpec, slo: Slo, traffic: Traffic, fitting: list[Candidate], losses: dict[str, Loss], *,
+            check: Callable[..., BuildSpec], price: ChosenPrice, searched: int) -> SloSearch:
     meeting = []
     for c in fitting:
         why = _verdict(c, slo)
@@ -429,7 +430,8 @@ def format_search(r: SloSearch) -> str:
                      _draft_cell(c), c.runtime, f"{c.ttft_ms:,.0f}", f"{c.tpot_ms:.1f}",
                      f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.cost_per_1m_output_tokens_usd:.4f}",
                      "meets" if meets else _verdict(c, slo)))
-    lines += ["", f"Pareto front within TTFT {slo.ttft_ms:g} ms (tok/s per GPU vs TPOT; * the pick)", format_table(rows, header=True), "",
+    lines += ["", f"Pareto front within TTFT {slo.ttft_ms:g} ms (tok/s per GPU vs TPOT; * the pick)",
+              format_table(rows, header=True), "",
               "why the others lose"]
     lines += [f"  {why}: {loss.count:,} (e.g. {loss.example})" for why, loss in r.losses.items()]
     lines += ["", f"GPU price: {r.gpu_price_source}",
