@@ -143,6 +143,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
     """
     if slo:
+        if compare or estimator:
+            raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
                         prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
                         tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec)

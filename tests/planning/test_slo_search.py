@@ -159,6 +159,8 @@ def test_bad_bench_reports_are_one_line(tmp_path, content, needle):
 def test_slo_flags_need_slo_and_slo_needs_its_targets():
     with pytest.raises(SpecError, match="belong to --slo; add --slo"):
         plan_command(_spec(), ttft_ms="500")
+    with pytest.raises(SpecError, match="drop --compare / --estimator"):
+        plan_command(_spec(), slo=True, compare=True, ttft_ms="500", tpot_ms="40")
     with pytest.raises(SpecError, match="needs --ttft-ms and --tpot-ms"):
         plan_command(_spec(), slo=True, ttft_ms="500")
     with pytest.raises(SpecError, match="target trtllm"):
