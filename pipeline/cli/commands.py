@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,7 +34,7 @@ from pipeline.ops.deploy import source as deploy_source
 from pipeline.ops.deploy.topology import choose as choose_topology
 from pipeline.ops.release import release as make_release
 from pipeline.ops.release_verify import verify as verify_release
-from pipeline.planning import planner
+from pipeline.planning import planner, slo_search
 from pipeline.planning.limits_choice import choose_limits, limit_lines, limits_record
 from pipeline.planning.placement import node_gpus
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
@@ -50,6 +52,7 @@ from pipeline.stages.build import BuildOptions, locate_outputs, stage_range
 from pipeline.stages.build import build as run_build
 from pipeline.stages.calibrate.stage import log_file as calibrate_log
 from pipeline.stages.calibrate.stage import run_calibrate
+from pipeline.stages.check import resolve_checked_spec
 from pipeline.stages.compile.engine_plan import plan_compile
 from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.compile.stage import run_compile
@@ -111,7 +114,9 @@ def resources_section(spec: BuildSpec):
 
 def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None, json_=False,
                  compare=False, acceptance: float | None = None, prefix_hit: float | None = None,
-                 estimator: Literal["aiconfigurator"] | None = None) -> None:
+                 estimator: Literal["aiconfigurator"] | None = None, slo=False, ttft_ms: float | None = None,
+                 tpot_ms: float | None = None, prefix_share: float | None = None, rate: float | None = None,
+                 bench_report: str | None = None, write_spec: str | None = None) -> None:
     """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
     bound) and $ per 1M output tokens.
 
@@ -125,7 +130,27 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         prefix_hit: prefix-cache hit ratio for the estimate, 0..1 (default 0)
         estimator: "aiconfigurator": also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own
             venv under the pipeline cache on first use) and print both estimates side by side
+        slo: search precision x TP x PP x max batch x draft/K (x runtime) for the cheapest configuration meeting
+            --ttft-ms and --tpot-ms at this traffic; print it, the Pareto front and why the others lose (exit 2
+            naming the nearest miss when none meets the SLO). Flags the spec sets (--precision, --tp, ...) stay fixed
+        ttft_ms: --slo: time to first token to meet, ms
+        tpot_ms: --slo: time per output token to meet, ms
+        prefix_share: --slo: share of each prompt a cached prefix covers, 0..1 (default: --bench-report's hit ratio,
+            else --prefix-hit, else 0)
+        rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
+        bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
+            search (--acceptance and --prefix-share win)
+        write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
     """
+    if slo:
+        if compare or estimator:
+            raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
+        return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
+                        prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
+                        tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec)
+    if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec)):
+        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report and --write-spec belong to "
+                        "--slo; add --slo")
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
                                        minimum=0.0),
@@ -152,6 +177,56 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         print()
         print(aiconfigurator.format_side_by_side(result, other))
     print("\nbuild resources\n" + format_resources(resources))
+
+
+def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance, prefix_share, ttft_ms, tpot_ms,
+             rate, bench_report: str | None, write_spec: str | None) -> None:
+    """`plan --slo`: the search (pipeline.planning.slo_search) over `spec`, printed; the pick written as a spec."""
+    if ttft_ms is None or tpot_ms is None:
+        raise SpecError("plan --slo needs --ttft-ms and --tpot-ms (the SLO to meet)")
+    measured = slo_search.read_bench_terms(bench_report) if bench_report else {}
+    lengths = planner.request_lengths(spec, int_option("input_len", input_len), int_option("output_len", output_len))
+    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, kind=float,
+                                       default=measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)),
+                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, kind=float,
+                                         default=measured.get("prefix_share", 0.0)))
+    traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
+    goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
+                          int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
+    result = slo_search.search(spec, goal, traffic, check=resolve_checked_spec)
+    if result.pick is None:
+        nearest = f"; nearest miss: {result.nearest_miss}" if result.nearest_miss else ""
+        raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
+                        f"{goal.ttft_ms:g} ms and TPOT <= {goal.tpot_ms:g} ms{nearest}; relax the SLO or allow more "
+                        "GPUs (--gpu-count, --nodes)")
+    written = write_pick(spec, result.pick, write_spec) if write_spec else None
+    if json_:
+        print(json.dumps(result.as_dict() | {"spec_file": str(written) if written else None}, indent=2))
+        return
+    print(slo_search.format_search(result))
+    if written:
+        print(f"spec: {written} (`invoke check --spec {shlex.quote(str(written))}`, then `invoke build --spec ...`)")
+
+
+def write_pick(spec: BuildSpec, pick, path: str) -> Path:
+    """Write the pick as a spec YAML, atomically, after loading it back through the real spec loader and every
+    `check` rule (a file that `check --spec` would refuse is never left behind)."""
+    import yaml
+
+    dest = Path(path)
+    if dest.suffix not in (".yaml", ".yml") or dest.is_dir():
+        raise SpecError(f"--write-spec {path}: expected a .yaml file path")
+    if not dest.parent.is_dir():
+        raise SpecError(f"--write-spec {path}: directory {dest.parent} does not exist; create it first")
+    doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
+    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+    try:
+        tmp.write_text("# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False))
+        resolve_checked_spec(spec_file=tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------

@@ -13,15 +13,21 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
 from pipeline.core.artifacts import cache_dir
-from pipeline.core.errors import HostError, RunError
+from pipeline.core.errors import HostError, RunError, SpecError
 from pipeline.core.table import format_table
+from pipeline.planning import slo_search
 from pipeline.planning.planner import CapacityPlan
+from pipeline.planning.slo_search import Candidate
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
 
 AIC_REQUIREMENT = "aiconfigurator==0.12.*"
 AIC_ENV = "PIPELINE_AICONFIGURATOR"
@@ -157,15 +163,20 @@ def ensure_installed(*, quiet: bool = False) -> str:
     return str(exe)
 
 
-def run_case(case: AicCase, exe: str, *, timeout_s: float = RUN_TIMEOUT_S) -> AicResult:
-    """Run one estimate offline (no network: it reads its bundled model configs and databases)."""
+def run_offline(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run it offline (no network: it reads its bundled model configs and databases)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     try:
-        done = subprocess.run(case.argv(exe), capture_output=True, text=True, timeout=timeout_s, env=env)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         raise RunError(f"aiconfigurator took over {timeout_s:.0f} s; rerun, or drop --estimator") from exc
     except OSError as exc:
-        raise HostError(f"cannot run {exe}: {exc.strerror}; reinstall (delete it) or set {AIC_ENV}") from exc
+        raise HostError(f"cannot run {argv[0]}: {exc.strerror}; reinstall (delete it) or set {AIC_ENV}") from exc
+
+
+def run_case(case: AicCase, exe: str, *, timeout_s: float = RUN_TIMEOUT_S) -> AicResult:
+    """Run one estimate."""
+    done = run_offline(case.argv(exe), timeout_s)
     return parse_report(done.stdout[:OUTPUT_CAP], done.stderr[-OUTPUT_CAP:], done.returncode)
 
 
@@ -215,3 +226,94 @@ def format_side_by_side(plan: CapacityPlan, other: SecondOpinion) -> str:
     lines = [format_table(rows)]
     lines += [f"command: {other.command}"] + ([f"note: {other.note}"] if other.note else [])
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Its configuration search (`cli default`, aggregated serving) beside `plan --slo`'s.
+
+class AicSearch(BaseModel):
+    """One `aiconfigurator cli default` run restricted to aggregated serving: the best configuration for an SLO."""
+
+    model_path: str
+    system: str
+    total_gpus: int
+    isl: int
+    osl: int
+    ttft_ms: float
+    tpot_ms: float
+
+    def argv(self, exe: str) -> list[str]:
+        return [exe, "cli", "default", "--model-path", self.model_path, "--system", self.system, "--backend",
+                "trtllm", "--serving-mode", "agg", "--total-gpus", str(self.total_gpus), "--isl", str(self.isl),
+                "--osl", str(self.osl), "--ttft", f"{self.ttft_ms:g}", "--tpot", f"{self.tpot_ms:g}", "--top-n", "5",
+                "--no-color"]
+
+
+class AicPick(BaseModel):
+    """The configuration its search ranks first (by tokens/s/gpu) among those meeting the SLO."""
+
+    tp: int
+    pp: int
+    batch: int
+    replicas: int
+    tokens_per_s_per_gpu: float
+    ttft_ms: float
+    tpot_ms: float
+
+
+def parse_search_report(stdout: str) -> AicPick:
+    """Rank 1 of the "agg Top Configurations" table of `cli default` (its TPOT from "Overall Best Configuration").
+
+    Raises:
+        RunError: the report has no such table or row (no configuration met the SLO, or another version's layout).
+    """
+    table = stdout.partition("agg Top Configurations")[2]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.strip().startswith("|")]
+    if len(rows) < 2:
+        raise RunError("aiconfigurator: its search report has no agg configuration (none met the SLO?)")
+    head, first = rows[0], dict(zip(rows[0], rows[1]))
+    parallel = re.fullmatch(r"tp(\d+)pp(\d+)", first.get("parallel", ""))
+    tpot = re.search(r"Overall Best Configuration:.*?TPOT:\s+([\d,.]+)\s*ms", stdout, re.S)
+    if parallel is None or tpot is None or not {"tokens/s/gpu", "TTFT", "bs", "replicas"} <= set(head):
+        raise RunError(f"aiconfigurator: cannot read its search report's best row; is it {AIC_REQUIREMENT}?")
+    return AicPick(tp=int(parallel.group(1)), pp=int(parallel.group(2)), batch=int(first["bs"]),
+                   replicas=int(first["replicas"]), tokens_per_s_per_gpu=float(first["tokens/s/gpu"]),
+                   ttft_ms=float(first["TTFT"]), tpot_ms=float(tpot.group(1).replace(",", "")))
+
+
+def run_search(search: AicSearch, exe: str, *, timeout_s: float = 2 * RUN_TIMEOUT_S) -> tuple[str, AicPick]:
+    """Run its search; the report's text and its pick."""
+    done = run_offline(search.argv(exe), timeout_s)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RunError(f"aiconfigurator search failed (exit {done.returncode}): {last[0][:300]}")
+    return done.stdout[:OUTPUT_CAP], parse_search_report(done.stdout[:OUTPUT_CAP])
+
+
+# Its search reads the quantization from the model path's checkpoint: none for the base checkpoints of MODEL_PATHS.
+SEARCH_PRECISION = "bf16"
+
+
+def pick_in_its_space(search: AicSearch, *, model: str, gpu: str, check: Callable[..., BuildSpec]) -> Candidate:
+    """`plan --slo`'s pick within its search space: its precision, no draft, no prefix reuse, its GPUs.
+
+    Raises:
+        SpecError: no configuration meets the SLO by our estimate.
+    """
+    spec = check(model=model, gpu=gpu, precision=SEARCH_PRECISION, gpu_count=search.total_gpus)
+    found = slo_search.search(spec, slo_search.Slo(search.ttft_ms, search.tpot_ms),
+                              slo_search.Traffic(search.isl, search.osl), check=check, speculation=False)
+    if found.pick is None:
+        raise SpecError(f"plan --slo: nothing meets {search.ttft_ms:g}/{search.tpot_ms:g} ms for {model}; nearest "
+                        f"miss: {found.nearest_miss}")
+    return found.pick
+
+
+def pick_case(pick: Candidate, *, model: str, gpu: str, isl: int, osl: int) -> AicCase:
+    """The `cli estimate` case of a `plan --slo` pick (pp is not passed: its estimate is for pp=1)."""
+    case = case_for(model=model, gpu=gpu, precision=pick.precision, kv=pick.kv_cache, tp=pick.tp, isl=isl, osl=osl,
+                    batch=pick.max_batch)
+    if isinstance(case, AicResult):
+        raise SpecError(f"aiconfigurator: {case.reason}")
+    return case

@@ -261,6 +261,12 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
     return out
 
 
+def kv_concurrency(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> tuple[bool, int]:
+    """Whether the spec fits at its TP, and how many requests of `input_len` + `output_len` its KV pool holds."""
+    r = _capacity(spec, gpu, input_len, output_len, tp=spec.parallelism.tp)
+    return r["fits"], r["concurrent"]
+
+
 def moe_placement(spec: BuildSpec) -> dict | None:
     """Total vs active parameters and where the experts go, as TensorRT-LLM 1.2.1 maps them
     (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size = tp_size; layers/moe.py: each EP rank holds

@@ -128,6 +128,27 @@ def test_task_numeric_options_fail_with_one_line():
         assert msg in r.stderr and "Traceback" not in r.stderr
 
 
+def test_plan_slo_writes_a_spec_check_accepts_within_5_s_of_cpu(tmp_path):
+    """The issue's acceptance command: a pick and the front, the spec `check --spec` accepts; the search's CPU time
+    (the child's user + sys: wall time on a shared host measures the neighbours) under 5 s."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = invoke("plan", "--model", "llama-70b", "--gpu", "h100-sxm", "--ttft-ms", "500", "--tpot-ms", "40",
+               "--input-len", "2048", "--output-len", "512", "--slo", "--write-spec", str(tmp_path / "best.yaml"))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert r.returncode == 0, r.stderr
+    assert (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) < 5.0
+    assert "\npick: " in r.stdout and "Pareto front" in r.stdout and "why the others lose" in r.stdout
+    checked = invoke("check", "--spec", str(tmp_path / "best.yaml"), "--skip-host-check")
+    assert checked.returncode == 0 and checked.stdout.startswith("ok: llama-70b"), checked.stderr
+
+
+def test_plan_slo_nothing_meets_is_one_line_exit_2():
+    _one_line_exit_2(invoke("plan", "--model", "llama-70b", "--slo", "--ttft-ms", "10", "--tpot-ms", "1"),
+                     "nearest miss: ")
+
+
 # --- bad inputs refused before any download: one line, exit 2, never a traceback ---------------------------------
 def _one_line_exit_2(r: subprocess.CompletedProcess, needle: str) -> None:
     lines = r.stderr.strip().splitlines()

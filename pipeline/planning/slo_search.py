@@ -1,0 +1,440 @@
+"""The cheapest serving configuration for an SLO and a traffic shape (`invoke plan --slo`).
+
+Searches precision x TP x PP x max batch x draft off/on x K (x runtime where the rules accept only one) with the
+planner's memory model (what fits, how many requests the KV pool holds) and its calibrated estimate (TTFT, TPOT,
+tok/s; speculation through the acceptance rate and `max_batch_for_speculation`, the planner's load gate: a draft is
+searched only up to it; prefix reuse through the prefill it saves). Memory prunes first: a structure that does not
+fit at a batch does not fit at a larger one. The spec's intrinsic rules (`resolve_spec`) refuse structures; the pick and the front pass the whole of
+`check`'s rules through the `check` callable the caller hands in (`resolve_checked_spec`: stages sit above us).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.errors import SpecError
+from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
+from pipeline.core.spec import SECTIONS, resolve_spec
+from pipeline.core.table import format_table
+from pipeline.planning.placement import capacity
+from pipeline.planning.planner import (
+    DEFAULT_ACCEPTANCE, TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
+)
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
+
+SEARCH_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
+PP_CHOICES = (1, 2)
+DRAFT_LENS = (1, 2, 3, 4, 5, 6, 7, 8)  # K; the rules warn above 8
+BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512,
+           640, 768, 896, 1024)
+RUNTIMES = ("engine", "pytorch")
+BENCH_REPORT_MAX_BYTES = 16 << 20  # a bench report is a few KB
+LOSSES = ("refused", "does not fit", "misses TTFT", "misses TPOT", "costs more")
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    tpot_ms: float
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Requests as they arrive: lengths, the prompt share a cached prefix covers, rate (None: fully loaded)."""
+
+    input_len: int
+    output_len: int
+    prefix_share: float = 0.0
+    rate: float | None = None  # requests per second
+    acceptance: float = DEFAULT_ACCEPTANCE
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One engine layout the search varies: everything but the max batch."""
+
+    precision: str
+    tp: int
+    pp: int
+    draft: str | None
+    draft_len: int | None
+    runtime: str
+
+    def label(self, batch: int | None = None) -> str:
+        draft = f"draft {self.draft} K={self.draft_len}" if self.draft else "no draft"
+        at = f" batch {batch}" if batch is not None else ""
+        return f"{self.precision} tp={self.tp} pp={self.pp}{at}, {draft}, {self.runtime}"
+
+
+@dataclass
+class Candidate:
+    precision: str
+    kv_cache: str
+    tp: int
+    pp: int
+    max_batch: int
+    draft: str | None
+    draft_len: int | None
+    runtime: str
+    gpus: int
+    ttft_ms: float
+    tpot_ms: float
+    tokens_per_s: float  # one replica, fully loaded at max_batch
+    tokens_per_s_per_gpu: float
+    speculation_active: bool
+    replicas: int  # 1 without a rate; else enough to serve it
+    cost_per_1m_output_tokens_usd: float
+
+    def label(self) -> str:
+        return self.structure().label(self.max_batch)
+
+    def structure(self) -> Structure:
+        return Structure(self.precision, self.tp, self.pp, self.draft, self.draft_len, self.runtime)
+
+
+@dataclass
+class Loss:
+    count: int = 0
+    example: str = ""
+
+
+@dataclass
+class SloSearch:
+    model: str
+    gpu: str
+    gpu_price_per_hour: float
+    gpu_price_source: str
+    slo: Slo
+    traffic: Traffic
+    searched: int
+    pick: Candidate | None
+    front: list[Candidate]  # Pareto front of the fitting candidates within the TTFT: tok/s per GPU up, TPOT down
+    losses: dict[str, Loss] = field(default_factory=dict)
+    nearest_miss: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Space:
+    precisions: tuple[str, ...]
+    tps: tuple[int, ...]
+    pps: tuple[int, ...]
+    drafts: tuple[tuple[str | None, int | None], ...]
+    batches: tuple[int, ...]
+    runtimes: tuple[str, ...]
+
+
+def search_space(spec: BuildSpec, *, speculation: bool = True) -> _Space:
+    """Every dimension the searched spec left unset is searched; what the user set stays fixed."""
+    q, p, lim, sp = spec.quantization, spec.parallelism, spec.limits, spec.speculation
+    given_batch = "max_batch_size" in lim.model_fields_set and "max_batch_size" not in spec.limit_reasons
+    gpus = capacity(spec.hardware)
+    tps = (p.tp,) if "tp" in p.model_fields_set else tuple(t for t in TP_CHOICES if t <= gpus)
+    pps = (p.pp,) if "pp" in p.model_fields_set else PP_CHOICES
+    draft_name = spec.model.default_draft
+    if "draft" in sp.model_fields_set:
+        drafts = ((spec.draft_model.name, spec.draft_len),) if spec.draft_model else ((None, None),)
+    elif draft_name and speculation:
+        lens = (sp.draft_len,) if sp.draft_len else DRAFT_LENS
+        drafts = ((None, None), *((draft_name, k) for k in lens))
+    else:
+        drafts = ((None, None),)
+    return _Space(
+        precisions=(q.precision,) if "precision" in q.model_fields_set else SEARCH_PRECISIONS,
+        tps=tps, pps=pps, drafts=drafts, batches=(spec.max_batch_size,) if given_batch else BATCHES,
+        runtimes=(spec.runtime,) if "runtime" in spec.model_fields_set else RUNTIMES)
+
+
+def _structure_spec(spec: BuildSpec, s: Structure) -> BuildSpec:
+    """`spec` as structure `s` at batch 1, the spec's intrinsic rules applied (the batch is varied on a copy).
+
+    Raises:
+        SpecError: a rule of the spec refuses the structure.
+    """
+    return resolve_spec(**layout_overrides(spec, s, batch=1))
+
+
+def _with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
+    return spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_batch_size": batch})})
+
+
+def _fit(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:
+    """Why `spec` at max batch `batch` does not serve `batch` requests of the traffic's lengths; None if it does."""
+    gpu = GPUS[spec.hardware.gpu]
+    if fit_shortfall(spec, *engine_shapes(spec), gpu) > 0:
+        return f"weights, activations and one {spec.max_seq_len}-token sequence exceed a {gpu.name}"
+    fits, concurrent = kv_concurrency(spec, gpu, traffic.input_len, traffic.output_len)
+    if not fits or concurrent < batch:
+        return (f"its KV pool holds {concurrent} requests of {traffic.input_len}+{traffic.output_len} tokens, "
+                f"fewer than batch {batch}")
+    return None
+
+
+def _batches(space: _Space, s: Structure, gate: int) -> tuple[int, ...]:
+    """The batches searched for `s`: with a draft only up to the planner's load gate (above it speculation is gated
+    off and the same engine without the draft serves cheaper)."""
+    if s.draft is None:
+        return space.batches
+    return tuple(b for b in space.batches if b <= gate) or space.batches[:1]
+
+
+def _fitting_count(spec: BuildSpec, traffic: Traffic, batches: tuple[int, ...]) -> int:
+    """How many of the ascending `batches` fit (fit is monotone: bisect, the memory model's cost dominates)."""
+    low, high = 0, len(batches)
+    while low < high:
+        mid = (low + high) // 2
+        if _fit(_with_batch(spec, batches[mid]), traffic, batches[mid]) is None:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, price: float) -> Candidate:
+    gpu = GPUS[spec.hardware.gpu]
+    est, active = serving_estimate(spec, gpu, tp=s.tp, batch=batch, input_len=traffic.input_len,
+                                   output_len=traffic.output_len, acceptance=traffic.acceptance,
+                                   prefix_hit_ratio=traffic.prefix_share)
+    gpus = s.tp * s.pp
+    replicas = 1
+    cost = cost_per_1m(gpus, price, est.output_tokens_per_s) or math.inf
+    if traffic.rate:  # provisioned replicas, paid whether busy or not, over the tokens the traffic asks for
+        demand = traffic.rate * traffic.output_len
+        replicas = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
+        cost = cost_per_1m(replicas * gpus, price, demand)
+    return Candidate(
+        precision=s.precision, kv_cache=spec.quantization.kv, tp=s.tp, pp=s.pp, max_batch=batch, draft=s.draft,
+        draft_len=s.draft_len, runtime=s.runtime, gpus=gpus, ttft_ms=round(est.ttft_ms, 1),
+        tpot_ms=round(est.tpot_ms, 2), tokens_per_s=round(est.output_tokens_per_s, 1),
+        tokens_per_s_per_gpu=round(est.output_tokens_per_s / gpus, 1), speculation_active=active,
+        replicas=replicas, cost_per_1m_output_tokens_usd=cost)
+
+
+def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]):
+    """(structure, its spec) for each structure some runtime's rules accept; refusals counted in `losses`."""
+    gate = spec.speculation.max_batch_for_speculation
+    for precision in space.precisions:
+        for tp in space.tps:
+            for pp in space.pps:
+                if tp * pp > capacity(spec.hardware):
+                    continue
+                for draft, k in space.drafts:
+                    refusal = None
+                    for runtime in space.runtimes:  # the first runtime whose rules accept it
+                        s = Structure(precision, tp, pp, draft, k, runtime)
+                        try:
+                            yield s, _structure_spec(spec, s)
+                            break
+                        except SpecError as exc:
+                            refusal = refusal or f"{s.label()}: {exc}"
+                    else:
+                        _lose(losses, "refused", refusal, len(_batches(space, s, gate)))
+
+
+def _lose(losses: dict[str, Loss], why: str, example: str, count: int = 1) -> None:
+    loss = losses.setdefault(why, Loss())
+    loss.count += count
+    loss.example = loss.example or example
+
+
+def _verdict(c: Candidate, slo: Slo) -> str | None:
+    if c.ttft_ms > slo.ttft_ms:
+        return "misses TTFT"
+    if c.tpot_ms > slo.tpot_ms:
+        return "misses TPOT"
+    return None
+
+
+def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+    """Candidates no other beats on both tok/s per GPU (higher) and TPOT (lower), by TPOT."""
+    front: list[Candidate] = []
+    for c in sorted(cands, key=lambda c: (c.tpot_ms, -c.tokens_per_s_per_gpu)):
+        if not front or c.tokens_per_s_per_gpu > front[-1].tokens_per_s_per_gpu:
+            front.append(c)
+    return front
+
+
+def _miss_ratio(c: Candidate, slo: Slo) -> float:
+    return max(c.ttft_ms / slo.ttft_ms, c.tpot_ms / slo.tpot_ms)
+
+
+def _order(c: Candidate) -> tuple:
+    return (c.cost_per_1m_output_tokens_usd, c.gpus * c.replicas, c.tpot_ms, c.ttft_ms)
+
+
+def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., BuildSpec],
+           speculation: bool = True) -> SloSearch:
+    """The cheapest candidate meeting `slo` ($ per 1M output tokens), the Pareto front, and why the rest lose.
+
+    `check(model=..., **overrides)` is `check`'s whole rule set (`resolve_checked_spec`): the pick and the front's
+    members pass it or are refused. `speculation=False` searches without a draft (AIConfigurator's space).
+    """
+    if spec.target != "trtllm":
+        raise SpecError("plan --slo: the search plans GPU serving (target trtllm); drop --target reference")
+    if slo.ttft_ms <= 0 or slo.tpot_ms <= 0:
+        raise SpecError("plan --slo: --ttft-ms and --tpot-ms must be > 0")
+    if not 0.0 <= traffic.prefix_share <= 1.0 or not 0.0 <= traffic.acceptance <= 1.0:
+        raise SpecError("plan --slo: --prefix-share and --acceptance must be within 0..1")
+    space = search_space(spec, speculation=speculation)
+    price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
+    losses: dict[str, Loss] = {}
+    fitting: list[Candidate] = []
+    for s, sspec in _structures(spec, space, losses):
+        batches = _batches(space, s, sspec.speculation.max_batch_for_speculation)
+        fits = _fitting_count(sspec, traffic, batches)
+        if fits < len(batches):  # larger batches fit less: count them all, evaluate none
+            first = batches[fits]
+            why = _fit(_with_batch(sspec, first), traffic, first)
+            _lose(losses, "does not fit", f"{s.label(first)}: {why}", len(batches) - fits)
+        fitting += [_candidate(_with_batch(sspec, b), s, b, traffic, price.usd_per_hour) for b in batches[:fits]]
+    searched = sum(loss.count for loss in losses.values()) + len(fitting)
+    return _decide(spec, slo, traffic, fitting, losses, check=check, price=price, searched=searched)
+
+
+def _checked(spec: BuildSpec, c: Candidate, check: Callable[..., BuildSpec]) -> str | None:
+    """None when `check`'s rules accept the candidate, else their one line."""
+    try:
+        check(**layout_overrides(spec, c.structure(), batch=c.max_batch))
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def _decide(spec: BuildSpec, slo: Slo, traffic: Traffic, fitting: list[Candidate], losses: dict[str, Loss], *,
+            check: Callable[..., BuildSpec], price: ChosenPrice, searched: int) -> SloSearch:
+    meeting = []
+    for c in fitting:
+        why = _verdict(c, slo)
+        if why:
+            _lose(losses, why, f"{c.label()}: TTFT {c.ttft_ms:,.0f} ms, TPOT {c.tpot_ms:.1f} ms")
+        else:
+            meeting.append(c)
+    pick = None
+    for c in sorted(meeting, key=_order):
+        refusal = _checked(spec, c, check)
+        if refusal is None:
+            pick = c
+            break
+        _lose(losses, "refused", f"{c.label()}: {refusal}")
+    if pick is not None:
+        rest = [c for c in meeting if c is not pick and _order(c) >= _order(pick)]
+        for c in sorted(rest, key=_order):
+            _lose(losses, "costs more", f"{c.label()}: ${c.cost_per_1m_output_tokens_usd:.4f} per 1M")
+    timely = [c for c in fitting if c.ttft_ms <= slo.ttft_ms]
+    front = [c for c in pareto_front(timely) if c is pick or _checked(spec, c, check) is None]
+    if pick is not None and pick not in front:  # with a rate, cost is not tok/s per GPU alone
+        front = sorted([*front, pick], key=lambda c: (c.tpot_ms, -c.tokens_per_s_per_gpu))
+    nearest = ""
+    if pick is None and fitting:
+        near = min(fitting, key=lambda c: _miss_ratio(c, slo))
+        nearest = f"{near.label()}: TTFT {near.ttft_ms:,.0f} ms, TPOT {near.tpot_ms:.1f} ms"
+    ordered = {k: losses[k] for k in LOSSES if k in losses}
+    return SloSearch(spec.model.name, spec.hardware.gpu, price.usd_per_hour, price.source, slo, traffic, searched,
+                     pick, front, ordered, nearest)
+
+
+def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, Any]:
+    """`resolve_spec`/`check` keyword arguments for structure `s` at max batch `batch` out of the searched spec:
+    what the user set is kept, limits the memory model chose are left unset, the draft's placement defaults."""
+    overrides: dict[str, Any] = {}
+    for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
+        overrides.update(section.model_dump(exclude_unset=True))
+    overrides.update(dict.fromkeys(spec.limit_reasons))
+    overrides.update(precision=s.precision, tp=s.tp, pp=s.pp, draft=s.draft, draft_len=s.draft_len,
+                     max_batch_size=batch, draft_precision=None, draft_gpu_device_ids=None)
+    if s.draft is None or s.runtime == "pytorch":  # the PyTorch backend runs the draft inside the target
+        overrides.update(draft_tp=None, draft_max_batch_size=None)
+    return dict(model=spec.model.name, target=spec.target, runtime=s.runtime, models_file=spec.models_file,
+                **overrides)
+
+
+def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A spec file's mapping (model:, runtime:, quantization:, ...) of flat `resolve_spec` overrides, unset ones
+    left out."""
+    doc: dict[str, Any] = {k: overrides[k] for k in ("model", "target", "runtime", "models_file")
+                           if overrides.get(k) is not None}
+    for key, value in overrides.items():
+        if value is None or key in doc:
+            continue
+        section = next((name for name, cls in SECTIONS.items() if key in cls.model_fields), None)
+        if section is None:
+            raise SpecError(f"plan --slo: '{key}' is no spec field")
+        doc.setdefault(section, {})[key] = value
+    return doc
+
+
+def read_bench_terms(path: str | Path) -> dict[str, float]:
+    """`acceptance` and `prefix_share` from an `invoke bench --json` report (its `acceptance_rate` and
+    `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out).
+
+    Raises:
+        SpecError: the file is missing, too large, not a JSON object, or a value is outside 0..1.
+    """
+    p = Path(path)
+    try:
+        if p.stat().st_size > BENCH_REPORT_MAX_BYTES:
+            raise SpecError(f"--bench-report {p}: over {BENCH_REPORT_MAX_BYTES:,} bytes, not a bench report; pass "
+                            "the file `invoke bench --json` wrote")
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"--bench-report {p} does not exist; pass the file `invoke bench --json` wrote") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"--bench-report {p} is not a readable JSON report ({exc.__class__.__name__}); pass the "
+                        "file `invoke bench --json` wrote") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json`)")
+    terms = {}
+    for ours, theirs in (("acceptance", "acceptance_rate"), ("prefix_share", "prefix_cache_hit_ratio")):
+        value = data.get(theirs)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise SpecError(f"--bench-report {p}: {theirs}={value!r} must be a number within 0..1")
+        terms[ours] = float(value)
+    return terms
+
+
+def _draft_cell(c: Candidate) -> str:
+    if c.draft is None:
+        return "-"
+    return f"{c.draft} K={c.draft_len}" + ("" if c.speculation_active else " (gated off)")
+
+
+def format_search(r: SloSearch) -> str:
+    """The pick, the Pareto front as a table, and one line per kind of loss (count and an example)."""
+    t, slo = r.traffic, r.slo
+    rate = f", {t.rate:g} req/s" if t.rate else ", fully loaded"
+    lines = [f"{r.model} on {r.gpu} at ${r.gpu_price_per_hour:.2f}/GPU-h: SLO TTFT <= {slo.ttft_ms:g} ms, "
+             f"TPOT <= {slo.tpot_ms:g} ms; {t.input_len}+{t.output_len} tokens, prefix share {t.prefix_share:.0%}, "
+             f"acceptance {t.acceptance:.0%}{rate}; {r.searched:,} configurations searched"]
+    if r.pick is not None:
+        p = r.pick
+        lines.append(f"pick: {p.label()}: TTFT {p.ttft_ms:,.0f} ms, TPOT {p.tpot_ms:.1f} ms, "
+                     f"{p.tokens_per_s_per_gpu:,.0f} tok/s per GPU, ${p.cost_per_1m_output_tokens_usd:.4f} per 1M "
+                     f"output tokens ({p.replicas} x {p.gpus} GPU{'s' if p.gpus > 1 else ''})")
+    head = ("", "precision", "KV", "tp", "pp", "batch", "draft", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",
+            "$/1M tok", "SLO")
+    rows = [head]
+    for c in r.front:
+        meets = _verdict(c, slo) is None
+        rows.append(("*" if c is r.pick else "", c.precision, c.kv_cache, str(c.tp), str(c.pp), str(c.max_batch),
+                     _draft_cell(c), c.runtime, f"{c.ttft_ms:,.0f}", f"{c.tpot_ms:.1f}",
+                     f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.cost_per_1m_output_tokens_usd:.4f}",
+                     "meets" if meets else _verdict(c, slo)))
+    lines += ["", f"Pareto front within TTFT {slo.ttft_ms:g} ms (tok/s per GPU vs TPOT; * the pick)",
+              format_table(rows, header=True), "",
+              "why the others lose"]
+    lines += [f"  {why}: {loss.count:,} (e.g. {loss.example})" for why, loss in r.losses.items()]
+    lines += ["", f"GPU price: {r.gpu_price_source}",
+              "$ per 1M output tokens = replicas x GPUs x $/GPU-h / 3600 / output tok/s x 1e6 (estimates: "
+              "`invoke plan --compare` explains the model)"]
+    return "\n".join(lines)

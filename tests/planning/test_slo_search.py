@@ -1,0 +1,175 @@
+"""`plan --slo`: the cheapest configuration meeting an SLO, its Pareto front, why the others lose, the spec it
+writes (loaded back through the real spec loader and `check`'s rules)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pipeline.cli.commands import plan_command
+from pipeline.cli.flags import spec_from_flags
+from pipeline.core.errors import SpecError
+from pipeline.core.gpus import GPUS
+from pipeline.planning import slo_search as ss
+from pipeline.planning.planner import fit_shortfall, engine_shapes
+from pipeline.stages.check import resolve_checked_spec
+
+DONE_WHEN = ss.Slo(ttft_ms=500, tpot_ms=40)
+TRAFFIC = ss.Traffic(input_len=2048, output_len=512)
+
+
+def _spec(**flags):
+    return spec_from_flags({"model": "llama-70b", "gpu": "h100-sxm", **flags})
+
+
+@pytest.fixture(scope="module")
+def done_when():
+    return ss.search(_spec(), DONE_WHEN, TRAFFIC, check=resolve_checked_spec)
+
+
+def test_pick_meets_the_slo_and_is_the_cheapest_that_does(done_when):
+    r = done_when
+    p = r.pick
+    assert p is not None and p.ttft_ms <= 500 and p.tpot_ms <= 40
+    cheaper = [c for c in r.front if c.cost_per_1m_output_tokens_usd < p.cost_per_1m_output_tokens_usd]
+    assert all(c.ttft_ms > 500 or c.tpot_ms > 40 for c in cheaper)  # the front's cheaper points miss the SLO
+    assert set(r.losses) <= set(ss.LOSSES) and r.losses["does not fit"].count > 0
+    assert r.losses["costs more"].count > 0 and "per 1M" in r.losses["costs more"].example
+    assert r.searched == sum(loss.count for loss in r.losses.values()) + 1  # the pick, or lost for one reason
+    # the pick passes check's whole rule set, and its memory fits at its batch
+    spec = resolve_checked_spec(**ss.layout_overrides(_spec(), p.structure(), batch=p.max_batch))
+    assert spec.max_batch_size == p.max_batch and spec.quantization.precision == p.precision
+    assert fit_shortfall(spec, *engine_shapes(spec), GPUS["h100-sxm"]) <= 0
+
+
+def test_front_is_pareto_and_holds_the_pick(done_when):
+    front = done_when.front
+    assert done_when.pick in front and len(front) >= 2
+    for a in front:
+        assert not any(b.tokens_per_s_per_gpu >= a.tokens_per_s_per_gpu and b.tpot_ms < a.tpot_ms
+                       for b in front if b is not a)
+    assert [c.tpot_ms for c in front] == sorted(c.tpot_ms for c in front)
+
+
+def test_does_not_fit_is_pruned_by_memory_first():
+    """bf16 70B at tp=1 (131 GiB of weights) does not fit one H100 at any batch: one count per batch, none
+    evaluated."""
+    r = ss.search(_spec(precision="bf16", tp=1, pp=1), DONE_WHEN, TRAFFIC, check=resolve_checked_spec)
+    assert r.pick is None and r.front == []
+    gated = [b for b in ss.BATCHES if b <= 8]
+    assert r.losses["does not fit"].count == len(ss.BATCHES) + len(ss.DRAFT_LENS) * len(gated) == r.searched
+    assert "exceed a h100-sxm" in r.losses["does not fit"].example
+
+
+def test_speculation_pays_only_below_its_load_gate():
+    """A tight TPOT at high acceptance takes a draft; at acceptance 0 no draft pays."""
+    tight = ss.Slo(ttft_ms=1000, tpot_ms=12)
+    spec = _spec(precision="fp8", tp=4)
+    fast = ss.search(spec, tight, ss.Traffic(1024, 256, acceptance=0.9), check=resolve_checked_spec)
+    assert fast.pick is not None and fast.pick.draft == "llama-1b" and fast.pick.speculation_active
+    assert fast.pick.max_batch <= spec.speculation.max_batch_for_speculation
+    slow = ss.search(spec, ss.Slo(1000, 40), ss.Traffic(1024, 256, acceptance=0.0), check=resolve_checked_spec)
+    assert slow.pick is not None and slow.pick.draft is None
+
+
+def test_prefix_reuse_saves_prefill():
+    cold = ss.search(_spec(precision="fp8", tp=2), DONE_WHEN, TRAFFIC, check=resolve_checked_spec, speculation=False)
+    warm = ss.search(_spec(precision="fp8", tp=2), DONE_WHEN, ss.Traffic(2048, 512, prefix_share=0.75),
+                     check=resolve_checked_spec, speculation=False)
+    assert warm.pick.cost_per_1m_output_tokens_usd < cold.pick.cost_per_1m_output_tokens_usd
+    same = [c for c in warm.front if c.max_batch == 1]
+    assert same and same[0].ttft_ms < [c for c in cold.front if c.max_batch == 1][0].ttft_ms
+
+
+def test_a_rate_provisions_replicas_and_prices_them():
+    r = ss.search(_spec(precision="fp8", tp=4), DONE_WHEN, ss.Traffic(2048, 512, rate=50.0),
+                  check=resolve_checked_spec, speculation=False)
+    p = r.pick
+    assert p.replicas * p.tokens_per_s >= 50 * 512 > (p.replicas - 1) * p.tokens_per_s
+    assert p.cost_per_1m_output_tokens_usd == pytest.approx(
+        p.replicas * p.gpus * 3.0 / 3600 / (50 * 512) * 1e6, abs=1e-4)
+
+
+def test_what_the_user_set_stays_fixed():
+    r = ss.search(_spec(precision="fp8", tp=2, runtime="engine"), DONE_WHEN, TRAFFIC, check=resolve_checked_spec)
+    assert {(c.precision, c.tp, c.runtime) for c in r.front} == {("fp8", 2, "engine")}
+
+
+def test_no_slo_met_exits_2_naming_the_nearest_miss(capsys):
+    with pytest.raises(SpecError, match=r"no configuration .* meets TTFT <= 50 ms and TPOT <= 1 ms; nearest miss: "
+                                        r".*TTFT \d+ ms, TPOT [\d.]+ ms"):
+        plan_command(_spec(), slo=True, ttft_ms="50", tpot_ms="1", input_len="2048", output_len="512")
+    assert SpecError.exit_code == 2 and capsys.readouterr().out == ""
+
+
+def test_write_spec_loads_back_through_the_spec_loader_and_check(tmp_path, capsys):
+    out = tmp_path / "best.yaml"
+    plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512",
+                 write_spec=str(out), json_=True)
+    data = json.loads(capsys.readouterr().out)
+    pick = data["pick"]
+    assert data["spec_file"] == str(out)
+    doc = yaml.safe_load(out.read_text())
+    assert doc["model"] == "llama-70b" and doc["limits"]["max_batch_size"] == pick["max_batch"]
+    spec = resolve_checked_spec(spec_file=out)  # `check --spec` and `build --spec` resolve exactly this
+    assert (spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp, spec.max_batch_size,
+            spec.runtime) == (pick["precision"], pick["tp"], pick["pp"], pick["max_batch"], pick["runtime"])
+    assert (spec.draft_model.name if spec.draft_model else None) == pick["draft"]
+    assert [p.name for p in tmp_path.iterdir()] == ["best.yaml"]  # no temporary left
+
+
+def test_write_spec_refuses_a_bad_path_and_writes_nothing(tmp_path):
+    with pytest.raises(SpecError, match="does not exist; create it first"):
+        plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", write_spec=str(tmp_path / "no" / "x.yaml"))
+    with pytest.raises(SpecError, match="expected a .yaml file path"):
+        plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", write_spec=str(tmp_path / "x.txt"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_report_feeds_acceptance_and_prefix_share(tmp_path, capsys):
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"acceptance_rate": 0.55, "prefix_cache_hit_ratio": 0.62, "ttft_ms_p99": 80.0,
+                                  "levels": [], "something_new": {"x": 1}}))
+    assert ss.read_bench_terms(report) == {"acceptance": 0.55, "prefix_share": 0.62}
+    plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
+                 json_=True)
+    traffic = json.loads(capsys.readouterr().out)["traffic"]
+    assert (traffic["acceptance"], traffic["prefix_share"]) == (0.55, 0.62)
+    plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
+                 acceptance="0.8", json_=True)  # a flag wins over the report
+    assert json.loads(capsys.readouterr().out)["traffic"]["acceptance"] == 0.8
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("[1, 2]", "expected a JSON object"),
+    ('{"acceptance_rate": 1.5}', "acceptance_rate=1.5 must be a number within 0..1"),
+    ("not json", "not a readable JSON report"),
+])
+def test_bad_bench_reports_are_one_line(tmp_path, content, needle):
+    report = tmp_path / "bench.json"
+    report.write_text(content)
+    with pytest.raises(SpecError, match=needle):
+        ss.read_bench_terms(report)
+    with pytest.raises(SpecError, match="does not exist"):
+        ss.read_bench_terms(tmp_path / "none.json")
+
+
+def test_slo_flags_need_slo_and_slo_needs_its_targets():
+    with pytest.raises(SpecError, match="belong to --slo; add --slo"):
+        plan_command(_spec(), ttft_ms="500")
+    with pytest.raises(SpecError, match="drop --compare / --estimator"):
+        plan_command(_spec(), slo=True, compare=True, ttft_ms="500", tpot_ms="40")
+    with pytest.raises(SpecError, match="needs --ttft-ms and --tpot-ms"):
+        plan_command(_spec(), slo=True, ttft_ms="500")
+    with pytest.raises(SpecError, match="target trtllm"):
+        ss.search(spec_from_flags({"model": "tiny-llama", "target": "reference"}), DONE_WHEN, TRAFFIC,
+                  check=resolve_checked_spec)
+
+
+def test_text_report_prints_pick_front_and_losses(capsys):
+    plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512")
+    out = capsys.readouterr().out
+    assert "\npick: " in out and "Pareto front within TTFT 500 ms (tok/s per GPU vs TPOT; * the pick)" in out
+    assert "  does not fit: " in out and "  costs more: " in out and "(e.g. " in out
