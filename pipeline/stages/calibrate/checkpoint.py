@@ -279,6 +279,9 @@ def _merge_moe(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict[s
     proj = [_linear_tensors(lp, "mlp.proj") for lp in layer_parts]
     for e in range(experts):
         fcs = _expert_linears(fc, algo, f"layers.{gid}.mlp.fc", e, experts)
+        if sum(x.weight.shape[0] for x in fcs) != 2 * int(cfg["intermediate_size"]):
+            raise CheckpointError(f"layer {gid} mlp.fc expert {e}: {[tuple(x.weight.shape) for x in fcs]} per rank is "
+                                  f"not [w3; w1] of intermediate_size {cfg['intermediate_size']}; re-export")
         halves = [x.weight.chunk(2, dim=0) for x in fcs]  # [w3 rows, w1 rows] of this rank
         projs = _expert_linears(proj, algo, f"layers.{gid}.mlp.proj", e, experts)
         tensors = {"w1": (torch.cat([h[1] for h in halves]), fcs), "w3": (torch.cat([h[0] for h in halves]), fcs),
@@ -446,9 +449,9 @@ def load_checkpoint_as_hf(
 
 def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str, tuple], *, dtype,
                    activation_quant: bool, source: str | Path) -> LlamaForCausalLM:
-    """A stock `LlamaForCausalLM` (`MixtralForCausalLM` for a `MixtralConfig`) holding dequantized HF-named tensors, with activation quantization simulated by
-    forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale); a pre-quant scale without a hook is folded
-    into the weight).
+    """A stock `LlamaForCausalLM` (`MixtralForCausalLM` for a `MixtralConfig`) holding dequantized HF-named tensors,
+    with activation quantization simulated by forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale);
+    a pre-quant scale without a hook is folded into the weight).
 
     Raises:
         CheckpointError: the tensors do not map onto the model.

@@ -1,5 +1,6 @@
 """Read a ModelOpt unified Hugging Face checkpoint (runtime pytorch) back into transformers' `LlamaForCausalLM`
-(`MixtralForCausalLM` for a Mixtral export: per-expert `w1`/`w2`/`w3` with their own scales, router `gate` unquantized).
+(`MixtralForCausalLM` for a Mixtral export: per-expert `w1`/`w2`/`w3` with their own scales, router `gate` left
+unquantized).
 
 `modelopt.torch.export.export_hf_checkpoint` writes `config.json` (with a `quantization_config` of
 quant_method "modelopt", which transformers 4.57 has no quantizer for), `model*.safetensors` in HF naming and
