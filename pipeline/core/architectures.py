@@ -30,6 +30,8 @@ SOURCES = {
     "llama_config": "NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/config.py @ 04100fd0 (LLaMAConfig)",
     "qwen_config": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/config.py @ 0428c188 (QWenConfig)",
     "moe": "NVIDIA/TensorRT-LLM tensorrt_llm/layers/moe.py @ 03961722 (MoeConfig, MixtureOfExperts)",
+    "llama_convert": "NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/convert.py @ 04a2cacb (MoE weights: "
+                     "block_sparse_moe w3w1 -> mlp.fc, w2 -> mlp.proj, gate -> mlp.router)",
     "mapping": "NVIDIA/TensorRT-LLM tensorrt_llm/mapping.py @ 05ebebb2 (Mapping)",
     "engine_quant": "NVIDIA/TensorRT-LLM docs/source/legacy/reference/precision.md @ 1690890e (TensorRT backend "
                     "matrix)",
@@ -127,6 +129,15 @@ def checkpoint_fields(arch: Any) -> dict[str, Any]:
         out["moe"] = {"num_experts": arch.num_experts, "top_k": arch.experts_per_token,
                       "normalization_mode": 1}  # MoeConfig.ExpertScaleNormalizationMode.RENORMALIZE
     return out
+
+
+def moe_checkpoint_tensors(arch: Any, *, moe_tp: int) -> dict[str, tuple[int, ...]]:
+    """Per-rank shapes of one MoE layer's weights in a TensorRT-LLM 1.2.1 checkpoint (`layers/moe.py`
+    MixtureOfExperts, names as `models/llama/convert.py` writes them): the router replicated in float32
+    ([experts, hidden]; tp_size 1), `fc` = [w3; w1] per expert ([experts, 2 x FFN / moe_tp, hidden]; gated
+    activation fused horizontally), `proj` = w2 ([experts, hidden, FFN / moe_tp])."""
+    e, h, i = arch.num_experts, arch.hidden_size, arch.intermediate_size // moe_tp
+    return {"mlp.router.weight": (e, h), "mlp.fc.weight": (e, 2 * i, h), "mlp.proj.weight": (e, h, i)}
 
 
 def hf_config_fields(arch: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The file is fetched with huggingface_hub's `hf_hub_download` (into `$PIPELINE_CACHE/hub-configs`, so a second run and
 `HF_HUB_OFFLINE=1` reuse it), size-capped, parsed, and turned into architecture numbers by the family adapters
 (`pipeline.core.architectures.architecture_fields`), which refuse a class no family covers. Gated repos take the
-token the download stage takes (`HF_TOKEN` or `hf auth login`); it is never logged.
+token the download stage takes (`HF_TOKEN` or `hf auth login`); it is never logged. A draft pair with an `hf:` model
+compares the two repos' `tokenizer.json` (fetched alone the same way) instead of a declared tokenizer family.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.architectures import UnsupportedArchitecture, architecture_fields
-from pipeline.core.errors import RegistryError
+from pipeline.core.errors import PipelineError, RegistryError
+from pipeline.core.manifests import TokenizerIdentity
+from pipeline.core.tokenizer import identity, token_count
 
 PREFIX = "hf:"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is not one
@@ -59,6 +62,28 @@ def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, to
     Raises:
         RegistryError: unreachable, missing, gated without access, too large or not JSON (one line each).
     """
+    where = f"{repo_id}@{revision}"
+    path = _fetch_file(repo_id, revision, "config.json", endpoint=endpoint, token=token,
+                       missing=f"{where} has no config.json; it is not a transformers model repo")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise RegistryError(f"config.json of {where} is over {MAX_CONFIG_BYTES} bytes; it is not a model config")
+    try:
+        config = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RegistryError(f"config.json of {where} is not JSON; it is not a transformers model repo") from None
+    if not isinstance(config, dict):
+        raise RegistryError(f"config.json of {where} is not a JSON object")
+    return config
+
+
+def _fetch_file(repo_id: str, revision: str, filename: str, *, endpoint: str | None, token: str | None,
+                missing: str) -> Path:
+    """One file of the repo at `revision`, fetched alone into the hub-configs cache; `missing` is the error when
+    the repo has no such file.
+
+    Raises:
+        RegistryError: unreachable, missing, gated without access (one line each).
+    """
     from huggingface_hub import constants, get_token, hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -72,7 +97,7 @@ def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, to
     token = token or get_token()
     where = f"{repo_id}@{revision}"
     try:
-        path = Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=_cache_dir(),
+        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=_cache_dir(),
                                     endpoint=endpoint, token=token or False))
     except GatedRepoError:
         access = "your Hugging Face token has no access to it" if token else "no Hugging Face token was found"
@@ -85,22 +110,49 @@ def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, to
         raise RegistryError(f"repo {repo_id} was not found on {endpoint} (or it is private); check the name"
                             + ("" if token else " or set HF_TOKEN")) from None
     except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: offline without a cached copy
-        raise RegistryError(f"cannot fetch config.json of {where} from {endpoint} ({type(exc).__name__}); check "
+        raise RegistryError(f"cannot fetch {filename} of {where} from {endpoint} ({type(exc).__name__}); check "
                             "the network, or unset HF_HUB_OFFLINE") from None
     except EntryNotFoundError:
-        raise RegistryError(f"{where} has no config.json; it is not a transformers model repo") from None
+        raise RegistryError(missing) from None
     except OSError as exc:
-        raise RegistryError(f"cannot fetch config.json of {where} from {endpoint} ({type(exc).__name__}); check "
+        raise RegistryError(f"cannot fetch {filename} of {where} from {endpoint} ({type(exc).__name__}); check "
                             "the network, or unset HF_HUB_OFFLINE") from None
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise RegistryError(f"config.json of {where} is over {MAX_CONFIG_BYTES} bytes; it is not a model config")
+
+
+def hub_tokenizer(repo_id: str, revision: str) -> tuple[TokenizerIdentity, int]:
+    """(identity, token count) of the repo's `tokenizer.json` at `revision`, fetched alone (no weights).
+
+    Raises:
+        RegistryError: the repo has none, it cannot be fetched, or it is not a tokenizer.
+    """
+    where = f"{repo_id}@{revision}"
+    path = _fetch_file(repo_id, revision, "tokenizer.json", endpoint=None, token=None,
+                       missing=f"{where} has no tokenizer.json, so its tokenizer cannot be compared before download; "
+                               "declare the pair in a --models-file with one tokenizer_family")
     try:
-        config = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise RegistryError(f"config.json of {where} is not JSON; it is not a transformers model repo") from None
-    if not isinstance(config, dict):
-        raise RegistryError(f"config.json of {where} is not a JSON object")
-    return config
+        return identity(path.parent), token_count(path.parent)
+    except PipelineError as exc:
+        raise RegistryError(f"tokenizer.json of {where}: {exc}") from None
+
+
+def tokenizer_mismatch(target: Any, draft: Any) -> str | None:
+    """None when the Hub tokenizers of `target` and `draft` (`registry.ModelEntry`, source hub) give the same
+    token ids (tokenizer.json's id sections and size), else why not.
+
+    Raises:
+        RegistryError: a tokenizer cannot be fetched, or an entry is generated locally (no Hub tokenizer).
+    """
+    found = []
+    for entry in (target, draft):
+        if entry.source != "hub":
+            raise RegistryError(f"{entry.name} is generated locally: its tokenizer cannot be compared with a Hub "
+                                "model's; pair hf: models with Hub models")
+        found.append(hub_tokenizer(entry.repo_id, entry.revision))
+    (t_id, t_n), (d_id, d_n) = found
+    if t_id == d_id and t_n == d_n:
+        return None
+    return (f"tokenizer.json {d_id.sha256[:12]} ({d_n} tokens) vs {target.name}'s {t_id.sha256[:12]} "
+            f"({t_n} tokens)")
 
 
 def hub_entry_fields(ref: str, *, endpoint: str | None = None, token: str | None = None) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from pipeline.backends import backend_for
 from pipeline.core.architectures import FAMILIES, SOURCES, support_blocker
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
+from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
+from pipeline.core.hub_entry import tokenizer_mismatch
 from pipeline.core.registry import ModelEntry
 from pipeline.core.trtllm_rules import (
     MAX_NUM_TOKENS_WARN,
@@ -227,6 +229,22 @@ def _check_moe(spec: BuildSpec) -> None:
                         "--runtime pytorch (moe_expert_parallel_size)")
 
 
+def _check_same_tokenizer(target: ModelEntry, draft: ModelEntry) -> None:
+    """Draft and target share one tokenizer: by declared `tokenizer_family` and size, or, where one is an `hf:`
+    model (no family declared), by the tokenizer.json both Hub repos hold (fetched alone, before any weights)."""
+    if HUB_PREFIX not in (target.tokenizer_family[:3], draft.tokenizer_family[:3]):
+        if draft.tokenizer_family == target.tokenizer_family and _tokens(draft) == _tokens(target):
+            return
+        why = (f"({draft.tokenizer_family}, vocab {_tokens(draft)}) differs from {target.name}'s "
+               f"({target.tokenizer_family}, vocab {_tokens(target)})")
+    else:
+        mismatch = tokenizer_mismatch(target, draft)
+        if mismatch is None:
+            return
+        why = f"differs: {mismatch}"
+    raise SpecError(f"speculation.draft={draft.name}: its tokenizer {why}; draft and target must share one tokenizer")
+
+
 def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     draft, target = spec.draft_model, spec.model
     sp = spec.speculation
@@ -245,12 +263,7 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
         )
     if draft.name == target.name:
         raise SpecError(f"speculation.draft={draft.name} is the target itself; choose a smaller model of its family")
-    if draft.tokenizer_family != target.tokenizer_family or _tokens(draft) != _tokens(target):
-        raise SpecError(
-            f"speculation.draft={draft.name}: its tokenizer ({draft.tokenizer_family}, vocab "
-            f"{_tokens(draft)}) differs from {target.name}'s ({target.tokenizer_family}, vocab "
-            f"{_tokens(target)}); draft and target must share one tokenizer"
-        )
+    _check_same_tokenizer(target, draft)
     if spec.limits.max_beam_width != 1:
         raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: draft-target speculation needs 1")
     if draft.architecture.total_params >= target.architecture.total_params:

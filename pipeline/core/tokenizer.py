@@ -60,3 +60,34 @@ def mismatch(target: TokenizerIdentity, draft: TokenizerIdentity) -> str | None:
         return None
     return (f"{draft.file} {draft.sha256[:12]} vs {target.file} {target.sha256[:12]}; draft-target speculation "
             "needs one shared tokenizer: choose a draft of the same family")
+
+
+MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json of a 256k-token vocabulary is ~20 MB
+
+
+def token_count(tokenizer_dir: Path) -> int:
+    """How many token ids the tokenizer in `tokenizer_dir` produces: `len(tokenizer)` in transformers (the base
+    vocabulary plus added tokens), read from tokenizer.json (size-capped), else by loading it with transformers.
+
+    Raises:
+        PipelineError: no tokenizer there, or it cannot be read.
+    """
+    d = Path(tokenizer_dir)
+    tj = d / "tokenizer.json"
+    try:
+        if tj.is_file():
+            if tj.stat().st_size > MAX_TOKENIZER_BYTES:
+                raise PipelineError(f"{tj} is over {MAX_TOKENIZER_BYTES >> 20} MiB; not a tokenizer", path=tj)
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(tj)).get_vocab_size(with_added_tokens=True)
+        if (d / "tokenizer.model").is_file():
+            from transformers import AutoTokenizer
+
+            return len(AutoTokenizer.from_pretrained(str(d)))
+    except PipelineError:
+        raise
+    except Exception as exc:  # tokenizers / sentencepiece raise their own types for a malformed file
+        raise PipelineError(f"the tokenizer in {d} cannot be read ({type(exc).__name__}); re-fetch the model",
+                            path=d) from None
+    raise PipelineError(f"{d} has no tokenizer.json or tokenizer.model", path=d)

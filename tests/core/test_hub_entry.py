@@ -135,3 +135,63 @@ def test_download_check_compares_family_and_experts():
         check_architecture({**cfg, "architectures": ["MistralForCausalLM"]}, mixtral, where="w", model="mixtral-8x7b")
     with pytest.raises(DownloadError, match="'GPT2LMHeadModel'.* is not supported"):
         check_architecture({**cfg, "architectures": ["GPT2LMHeadModel"]}, mixtral, where="w", model="mixtral-8x7b")
+
+
+def _tokenizer_json(extra: str = "") -> bytes:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {"<unk>": 0, "hello": 1, "world": 2, **({extra: 3} if extra else {})}
+    return Tokenizer(WordLevel(vocab, unk_token="<unk>")).to_str().encode()
+
+
+QWEN25_05B_CONFIG = {**QWEN25_7B_CONFIG, "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+                     "num_hidden_layers": 24, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                     "vocab_size": 151936}
+
+
+def test_hf_draft_pair_shares_the_tokenizer_from_its_files(hub):
+    """`--model hf:A --draft hf:B`: numbers of both from their config.json, tokenizer equality from tokenizer.json
+    (the padded vocab sizes differ, 152064 vs 151936, as Qwen2.5's do); no weights are fetched."""
+    tok = _tokenizer_json()
+    hub.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(QWEN25_7B_CONFIG).encode(),
+                                                "tokenizer.json": tok})
+    hub.add_commit("Qwen/Qwen2.5-0.5B-Instruct", {"config.json": json.dumps(QWEN25_05B_CONFIG).encode(),
+                                                  "tokenizer.json": tok})
+    spec = resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct", draft="hf:Qwen/Qwen2.5-0.5B-Instruct",
+                        precision="fp8", runtime="pytorch")
+    assert spec.draft_model.architecture == registry.get_model("qwen2.5-0.5b").architecture
+    assert spec.model.architecture == registry.get_model("qwen2.5-7b").architecture
+    fetched = {p.rsplit("/", 1)[-1] for m, p, _, _ in hub.requests if "/resolve/" in p}
+    assert fetched == {"config.json", "tokenizer.json"}
+
+
+@pytest.mark.parametrize("draft_files, match", [
+    ({"tokenizer.json": _tokenizer_json("extra")}, r"speculation\.draft=hf-Qwen--Qwen2\.5-0\.5B-Instruct: its "
+                                                   r"tokenizer differs: tokenizer\.json [0-9a-f]{12} \(4 tokens\) vs "
+                                                   r"hf-Qwen--Qwen2\.5-7B-Instruct's [0-9a-f]{12} \(3 tokens\)"),
+    ({}, r"Qwen/Qwen2\.5-0\.5B-Instruct@main has no tokenizer\.json, so its tokenizer cannot be compared"),
+])
+def test_hf_draft_pair_with_another_tokenizer_is_refused(hub, draft_files, match):
+    hub.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(QWEN25_7B_CONFIG).encode(),
+                                                "tokenizer.json": _tokenizer_json()})
+    hub.add_commit("Qwen/Qwen2.5-0.5B-Instruct", {"config.json": json.dumps(QWEN25_05B_CONFIG).encode(),
+                                                  **draft_files})
+    with pytest.raises(SpecError, match=match) as err:
+        resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct", draft="hf:Qwen/Qwen2.5-0.5B-Instruct", precision="fp8",
+                     runtime="pytorch")
+    assert "\n" not in str(err.value) and err.value.exit_code == 2
+
+
+def test_hf_target_with_a_registry_hub_draft_compares_their_files(hub):
+    """A registry draft (declared family) against an hf: target: both repos' tokenizer.json decide."""
+    hub.add_commit("Qwen/Qwen2.5-7B-Instruct", {"config.json": json.dumps(QWEN25_7B_CONFIG).encode(),
+                                                "tokenizer.json": _tokenizer_json()})
+    hub.add_commit("Qwen/Qwen2.5-0.5B-Instruct", {"config.json": json.dumps(QWEN25_05B_CONFIG).encode(),
+                                                  "tokenizer.json": _tokenizer_json()})
+    spec = resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct", draft="qwen2.5-0.5b", precision="fp8",
+                        runtime="pytorch")
+    assert spec.draft_model.name == "qwen2.5-0.5b"
+    with pytest.raises(SpecError, match="tiny-llama-draft is generated locally"):
+        resolve_spec(model="hf:Qwen/Qwen2.5-7B-Instruct", draft="tiny-llama-draft", precision="fp8",
+                     runtime="pytorch")

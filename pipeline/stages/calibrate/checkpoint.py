@@ -1,10 +1,14 @@
-"""Load an exported TensorRT-LLM checkpoint back into transformers' own `LlamaForCausalLM` (CPU, no GPU needed).
+"""Load an exported TensorRT-LLM checkpoint back into transformers' own `LlamaForCausalLM` (CPU, no GPU needed), or
+`MixtralForCausalLM` for a checkpoint with a `moe` config.
 
 ModelOpt's legacy exporter writes `config.json` + `rank{i}.safetensors` (i < tp*pp) in TensorRT-LLM's naming
 (`transformer.layers.N.attention.qkv`, `mlp.fc/gate/proj`, ...), with quantized weights and their scales. This
 module reads every rank, dequantizes each linear layer with its own scales (FP8, INT8-SmoothQuant, INT4-AWQ,
 W4A8-AWQ; AWQ/SmoothQuant `prequant_scaling_factor` honoured), merges the tensor-parallel shards, stitches the
 pipeline stages back together and loads the result into a stock `LlamaForCausalLM` — no hand-written forward.
+Mixture-of-experts layers (TensorRT-LLM 1.2.1 `layers/moe.py`, named as `models/llama/convert.py` writes them) hold
+`mlp.router` (float32, never quantized), `mlp.fc` = [up (w3); gate (w1)] stacked per expert [E, 2*I/tp, H] and
+`mlp.proj` [E, H, I/tp], with one weight scale per expert and one activation scale for all experts.
 
 With `activation_quant=True`, quantized activations (FP8 / INT8 per-tensor, after the pre-quant scale) are
 simulated with forward pre-hooks on the linear layers, so the model reproduces the engine's arithmetic except for
@@ -28,6 +32,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaForCausalLM
 
 SUPPORTED_QUANT_ALGOS = (None, "FP8", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ")
+# checkpoint `architecture` values this loader rebuilds (Mistral without a window is the Llama graph)
+LOADABLE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+# transformers config class -> the causal-LM class `assemble_llama` instantiates
+_MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "MixtralConfig": "MixtralForCausalLM"}
+RENORMALIZE = 1  # MoeConfig.ExpertScaleNormalizationMode.RENORMALIZE: softmax, top-k, renormalize (HF Mixtral)
 _LINEARS = {  # TensorRT-LLM name -> (HF module path inside a decoder layer, parallel style)
     "attention.qkv": ("self_attn.qkv", "column"),
     "attention.dense": ("self_attn.o_proj", "row"),
@@ -70,8 +79,9 @@ def read_config(ckpt_dir: Path) -> dict[str, Any]:
                            missing=f"{path} does not exist; point at a TensorRT-LLM checkpoint directory",
                            invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
     arch = cfg.get("architecture")
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM"):
-        raise CheckpointError(f"{path}: architecture {arch!r} is not supported; only Llama-family checkpoints load")
+    if arch not in LOADABLE_ARCHITECTURES:
+        raise CheckpointError(f"{path}: architecture {arch!r} is not supported; loadable: "
+                              f"{', '.join(LOADABLE_ARCHITECTURES)}")
     algo = (cfg.get("quantization") or {}).get("quant_algo")
     if algo not in SUPPORTED_QUANT_ALGOS:
         raise CheckpointError(f"{path}: quant_algo {algo!r} is not supported; use one of {SUPPORTED_QUANT_ALGOS[1:]}")
@@ -203,7 +213,12 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
     hf = f"model.layers.{gid}"
     for trt, hf_name in (("input_layernorm", "input_layernorm"), ("post_layernorm", "post_attention_layernorm")):
         sd[f"{hf}.{hf_name}.weight"] = _same([lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}")
+    moe = "mlp.router.weight" in layer_parts[0]
+    if moe:
+        _merge_moe(layer_parts, gid, cfg, sd, act_q, act_kind)
     for trt, (hf_mod, style) in _LINEARS.items():
+        if moe and trt.startswith("mlp."):
+            continue
         lins = [dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
         pqs = None
         if lins[0].prequant is not None:
@@ -225,6 +240,57 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
             if pqs is not None or (act is not None and act_kind):
                 act_q[key] = (act_kind if act is not None else None, act, pqs)
             sd[f"{key}.weight"] = wt
+
+
+def _expert_linears(parts: list[dict[str, torch.Tensor]], algo: str | None, prefix: str, expert: int,
+                    experts: int) -> list[_Linear]:
+    """Expert `expert` of a stacked MoE linear, dequantized on each rank: the weight and its per-expert scales are
+    indexed, the activation scale is one for all experts."""
+    out = []
+    for w in parts:
+        one = {k: v[expert] if k != "activation_scaling_factor" and v.dim() and v.shape[0] == experts else v
+               for k, v in w.items()}
+        out.append(dequant_linear(one, algo, f"{prefix}[{expert}]"))
+    return out
+
+
+def _check_moe_config(cfg: dict[str, Any], gid: int) -> int:
+    """The number of experts of a MoE checkpoint whose layout this loader reads (experts TP-sharded, renormalized)."""
+    moe, mapping = cfg.get("moe") or {}, cfg.get("mapping") or {}
+    if int(mapping.get("moe_ep_size", 1)) != 1:
+        raise CheckpointError(f"layer {gid}: moe_ep_size {mapping['moe_ep_size']} (experts split across ranks) is "
+                              "not readable here; ModelOpt exports experts TP-sharded (moe_ep_size 1)")
+    if int(moe.get("normalization_mode", RENORMALIZE)) != RENORMALIZE or not moe.get("num_experts"):
+        raise CheckpointError(f"layer {gid}: moe config {moe} is not Mixtral's (experts, top_k, RENORMALIZE)")
+    return int(moe["num_experts"])
+
+
+def _merge_moe(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict[str, Any],
+               sd: dict[str, torch.Tensor], act_q: dict[str, tuple], act_kind: str | None) -> None:
+    """One MoE layer into HF Mixtral names: router -> `block_sparse_moe.gate`; per expert, fc = [w3; w1] per rank
+    (each half TP-sharded by rows), proj = w2 (TP-sharded by columns)."""
+    import torch
+
+    experts = _check_moe_config(cfg, gid)
+    algo = (cfg.get("quantization") or {}).get("quant_algo")
+    hf = f"model.layers.{gid}.block_sparse_moe"
+    sd[f"{hf}.gate.weight"] = _same([lp["mlp.router.weight"].float() for lp in layer_parts], f"layer {gid} router")
+    fc = [_linear_tensors(lp, "mlp.fc") for lp in layer_parts]
+    proj = [_linear_tensors(lp, "mlp.proj") for lp in layer_parts]
+    for e in range(experts):
+        fcs = _expert_linears(fc, algo, f"layers.{gid}.mlp.fc", e, experts)
+        if sum(x.weight.shape[0] for x in fcs) != 2 * int(cfg["intermediate_size"]):
+            raise CheckpointError(f"layer {gid} mlp.fc expert {e}: {[tuple(x.weight.shape) for x in fcs]} per rank is "
+                                  f"not [w3; w1] of intermediate_size {cfg['intermediate_size']}; re-export")
+        halves = [x.weight.chunk(2, dim=0) for x in fcs]  # [w3 rows, w1 rows] of this rank
+        projs = _expert_linears(proj, algo, f"layers.{gid}.mlp.proj", e, experts)
+        tensors = {"w1": (torch.cat([h[1] for h in halves]), fcs), "w3": (torch.cat([h[0] for h in halves]), fcs),
+                   "w2": (torch.cat([x.weight for x in projs], dim=1), projs)}
+        for name, (weight, lins) in tensors.items():
+            key = f"{hf}.experts.{e}.{name}"
+            sd[f"{key}.weight"] = weight
+            if lins[0].act_scale is not None and act_kind:
+                act_q[key] = (act_kind, _same([x.act_scale for x in lins], f"{key} activation_scaling_factor"), None)
 
 
 def _merge_stage_globals(split: list, cfg: dict[str, Any], tp: int, sd: dict[str, torch.Tensor]) -> None:
@@ -288,8 +354,12 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
 
 
 def hf_config_from(cfg: dict[str, Any]):
-    """transformers `LlamaConfig` equivalent to a TensorRT-LLM checkpoint config."""
+    """transformers `LlamaConfig` (`MixtralConfig` for a `moe` checkpoint) equivalent to a TensorRT-LLM checkpoint
+    config."""
     from transformers import LlamaConfig
+
+    if (cfg.get("moe") or {}).get("num_experts"):
+        return _mixtral_config(cfg)
 
     rope = cfg.get("rotary_scaling")
     if isinstance(rope, dict):
@@ -313,6 +383,24 @@ def hf_config_from(cfg: dict[str, Any]):
         attention_bias=bool(cfg.get("bias", False)),
         mlp_bias=bool(cfg.get("bias", False)),
         architectures=["LlamaForCausalLM"],
+    )
+
+
+def _mixtral_config(cfg: dict[str, Any]):
+    """transformers `MixtralConfig` of a Mixtral checkpoint (LLaMAConfig with `moe`; its `swiglu` is HF's silu)."""
+    from transformers import MixtralConfig
+
+    heads, moe = int(cfg["num_attention_heads"]), cfg["moe"]
+    return MixtralConfig(
+        vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]), num_hidden_layers=int(cfg["num_hidden_layers"]),
+        num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_size") or cfg["hidden_size"] // heads), hidden_act="silu",
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(cfg.get("norm_epsilon", 1e-5)), rope_theta=float(cfg.get("rotary_base", 10000.0)),
+        tie_word_embeddings=bool(cfg.get("share_embedding_table", False)), sliding_window=None,
+        num_local_experts=int(moe["num_experts"]), num_experts_per_tok=int(moe["top_k"]),
+        architectures=["MixtralForCausalLM"],
     )
 
 
@@ -361,18 +449,19 @@ def load_checkpoint_as_hf(
 
 def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str, tuple], *, dtype,
                    activation_quant: bool, source: str | Path) -> LlamaForCausalLM:
-    """A stock `LlamaForCausalLM` holding dequantized HF-named tensors, with activation quantization simulated by
-    forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale); a pre-quant scale without a hook is folded
-    into the weight).
+    """A stock `LlamaForCausalLM` (`MixtralForCausalLM` for a `MixtralConfig`) holding dequantized HF-named tensors,
+    with activation quantization simulated by forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale);
+    a pre-quant scale without a hook is folded into the weight).
 
     Raises:
         CheckpointError: the tensors do not map onto the model.
     """
     import torch
-    from transformers import LlamaForCausalLM
+    import transformers
 
+    model_class = getattr(transformers, _MODEL_CLASSES.get(type(hf_cfg).__name__, "LlamaForCausalLM"))
     with torch.device("meta"):
-        model = LlamaForCausalLM(hf_cfg)
+        model = model_class(hf_cfg)
     sd = dict(state_dict)
     hooks = {}
     for name, (kind, scale, prequant) in act_q.items():
@@ -387,7 +476,7 @@ def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str,
     missing, extra = expected - set(sd), set(sd) - expected
     if missing or extra:
         raise CheckpointError(
-            f"{source}: tensors do not map onto LlamaForCausalLM (missing {sorted(missing)[:3]}, "
+            f"{source}: tensors do not map onto {model_class.__name__} (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(extra)[:3]})"
         )
     model.load_state_dict(sd, strict=False, assign=True)

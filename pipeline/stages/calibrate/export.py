@@ -46,6 +46,7 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
             f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
         ) from None
     snap_prequant_scales(model, dtype)
+    share_expert_input_amax(model)
     return model
 
 
@@ -57,6 +58,26 @@ def snap_prequant_scales(model, dtype) -> None:
         pqs = getattr(mod, "_pre_quant_scale", None) if isinstance(mod, TensorQuantizer) else None
         if pqs is not None:
             pqs.data = pqs.data.to(dtype).to(pqs.dtype)
+
+
+def share_expert_input_amax(model) -> None:
+    """Give every expert of a MoE block the largest input amax of its experts, per linear (w1, w2, w3): the
+    checkpoint stores one activation scale for all experts (ModelOpt 0.37 `layer_utils._build_stacked_linear`: "the
+    moe plugin only supports a single activation scaling factor"), so the fake-quant model computes what it holds."""
+    import torch
+
+    for block in model.modules():
+        experts = getattr(block, "experts", None)
+        if not isinstance(experts, torch.nn.ModuleList) or not hasattr(block, "gate"):
+            continue
+        for name, _ in experts[0].named_children():
+            quantizers = [getattr(getattr(e, name), "input_quantizer", None) for e in experts]
+            amaxes = [q.amax for q in quantizers if q is not None and q.is_enabled and q.amax is not None]
+            if len(amaxes) != len(experts):
+                continue
+            top = torch.stack([a.float().reshape(()) for a in amaxes]).max()
+            for q in quantizers:
+                q.amax = top.to(q.amax.dtype).reshape(q.amax.shape)
 
 
 def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int, pp: int) -> dict[str, Any]:

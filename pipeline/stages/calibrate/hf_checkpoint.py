@@ -1,4 +1,6 @@
-"""Read a ModelOpt unified Hugging Face checkpoint (runtime pytorch) back into transformers' `LlamaForCausalLM`.
+"""Read a ModelOpt unified Hugging Face checkpoint (runtime pytorch) back into transformers' `LlamaForCausalLM`
+(`MixtralForCausalLM` for a Mixtral export: per-expert `w1`/`w2`/`w3` with their own scales, router `gate` left
+unquantized).
 
 `modelopt.torch.export.export_hf_checkpoint` writes `config.json` (with a `quantization_config` of
 quant_method "modelopt", which transformers 4.57 has no quantizer for), `model*.safetensors` in HF naming and
@@ -18,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.artifacts import read_config_json
 from pipeline.core.safetensors_file import load_safetensors
-from pipeline.stages.calibrate.checkpoint import CheckpointError, assemble_llama, dequant_linear
+from pipeline.stages.calibrate.checkpoint import (
+    LOADABLE_ARCHITECTURES,
+    CheckpointError,
+    assemble_llama,
+    dequant_linear,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -61,15 +68,17 @@ def read_quant_config(ckpt_dir: str | Path) -> dict[str, Any]:
 
 
 def _hf_config(ckpt_dir: Path):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, MixtralConfig
 
     path = ckpt_dir / "config.json"
     cfg = read_config_json(path, CheckpointError, missing=f"{path} does not exist; point at a HF checkpoint",
                            invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
-    if not set(cfg.get("architectures") or []) & {"LlamaForCausalLM", "MistralForCausalLM"}:
-        raise CheckpointError(f"{path}: architectures {cfg.get('architectures')} are not supported; Llama only")
+    archs = set(cfg.get("architectures") or [])
+    if not archs & set(LOADABLE_ARCHITECTURES):
+        raise CheckpointError(f"{path}: architectures {cfg.get('architectures')} are not supported; loadable: "
+                              f"{', '.join(LOADABLE_ARCHITECTURES)}")
     cfg = {k: v for k, v in cfg.items() if k not in ("quantization_config", "dtype", "torch_dtype")}
-    return LlamaConfig(**cfg)
+    return MixtralConfig(**cfg) if "MixtralForCausalLM" in archs else LlamaConfig(**cfg)
 
 
 def _tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:

@@ -45,6 +45,7 @@ from pipeline.core.tokenizer import identity
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate import data, quality, recipes
+from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES
 from pipeline.stages.download.stage import DownloadResult, download_model, source_id
 
 STAGE_VERSION = 1
@@ -54,7 +55,7 @@ EVAL_MAX_LOGITS = 1 << 26  # cap on stored reference log-probs (tokens x vocab f
 ROUNDTRIP_SAMPLES = 2
 ROUNDTRIP_MAX_PARAMS = 8_000_000_000  # above this the float32 CPU copy of the round-trip check is skipped
 AWQ_DEFAULT_CALIB_CAP = 32  # TensorRT-LLM's quantize script caps AWQ calibration at 32 samples
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = LOADABLE_ARCHITECTURES  # what the round trip and the reference backend rebuild
 Role = Literal["target", "draft"]
 
 
@@ -158,7 +159,7 @@ def check_family(spec: BuildSpec) -> None:
             raise CalibrationError(
                 f"{entry.name}: {fam.hf_architecture} is planned and checked (`invoke plan`, `check`, `compile "
                 f"--dry-run`), but this pipeline's calibrate round trip and reference backend load "
-                f"{' and '.join(SUPPORTED_ARCHITECTURES)} only; calibrate it with ModelOpt outside the pipeline"
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} only; calibrate it with ModelOpt outside the pipeline"
             )
 
 

@@ -36,9 +36,10 @@ from pipeline.core.artifacts import (
     stage_key,
     stage_lock,
 )
-from pipeline.core.errors import DownloadError, IntegrityError
+from pipeline.core.errors import DownloadError, IntegrityError, PipelineError
 from pipeline.core.manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
 from pipeline.core.registry import Architecture, ModelEntry, check_repo_id
+from pipeline.core.tokenizer import token_count
 from pipeline.stages.download import tinymodel
 
 # Files a later stage uses (top level of the repo only).
@@ -212,6 +213,30 @@ def source_id(manifest: dict[str, Any] | None) -> str | None:
     return str(manifest["key"])[:40] if manifest.get("key") else None
 
 
+def check_tokenizer_size(model_dir: Path, config: dict[str, Any], entry: ModelEntry, *, where: str) -> int:
+    """The downloaded tokenizer's size, checked against the entry's declared `tokenizer_size` (when set) and the
+    checkpoint's `vocab_size` (a padded embedding may be larger, never smaller); returns it.
+
+    Raises:
+        DownloadError: either disagrees (exit 2: the registry entry or the repo/revision is wrong).
+    """
+    try:
+        tokens = token_count(model_dir)
+    except PipelineError as exc:
+        raise DownloadError(f"{where}: {exc}") from None
+    if entry.tokenizer_size is not None and tokens != entry.tokenizer_size:
+        raise DownloadError(
+            f"{where}: the tokenizer has {tokens} tokens but the registry declares tokenizer_size "
+            f"{entry.tokenizer_size} for model '{entry.name}'; fix the registry entry (or --models-file) or the "
+            "repo/revision")
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and tokens > vocab:
+        raise DownloadError(
+            f"{where}: the tokenizer has {tokens} tokens, more than config.json's vocab_size {vocab} (ids past it have "
+            f"no embedding) for model '{entry.name}'; pick a repo/revision whose tokenizer matches its weights")
+    return tokens
+
+
 def _generated_hint(entry: ModelEntry) -> str:
     return (f"`invoke download --model {entry.name} --verify` or `invoke build --force download` regenerates it")
 
@@ -234,8 +259,9 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
                 shutil.rmtree(path, ignore_errors=True)
         path = tinymodel.ensure_tiny_model(entry.name)
         gen = GeneratedManifest.read(path)
-    check_architecture(json.loads((path / "config.json").read_text()), entry.architecture,
-                       where=f"{entry.repo_id} (generated)", model=entry.name)
+    config = json.loads((path / "config.json").read_text())
+    check_architecture(config, entry.architecture, where=f"{entry.repo_id} (generated)", model=entry.name)
+    check_tokenizer_size(path, config, entry, where=f"{entry.repo_id} (generated)")
     sha = source_id(gen.model_dump())
     manifest = DownloadManifest(
         key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
@@ -696,8 +722,9 @@ def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]]
 def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str, Any]], *, sha: str,
                     requested: str, where: str, refetched: Any, seconds: float) -> DownloadManifest:
     """Check the fetched config against the registry, drop everything not in `files`, write the manifest."""
-    check_architecture(json.loads((staging / "config.json").read_text()), entry.architecture, where=where,
-                       model=entry.name)
+    config = json.loads((staging / "config.json").read_text())
+    check_architecture(config, entry.architecture, where=where, model=entry.name)
+    check_tokenizer_size(staging, config, entry, where=where)
     shutil.rmtree(staging / ".cache", ignore_errors=True)
     for extra in {p.name for p in staging.iterdir()} - set(files):
         p = staging / extra

@@ -30,12 +30,20 @@ def _config(**override) -> bytes:
     return json.dumps({**cfg, **override}).encode()
 
 
+def _tokenizer_json(n: int = 4) -> bytes:
+    """A real tokenizer.json of `n` tokens (WordLevel), small enough to serve."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    return Tokenizer(WordLevel({"<unk>": 0, **{f"t{i}": i for i in range(1, n)}}, unk_token="<unk>")).to_str().encode()
+
+
 def _files(seed: int = 0, **override) -> dict[str, bytes]:
     rnd = __import__("random").Random(seed)
     files = {
         "config.json": _config(),
         "generation_config.json": b'{"bos_token_id": 0, "eos_token_id": 1}',
-        "tokenizer.json": b'{"version": "1.0"}',
+        "tokenizer.json": _tokenizer_json(),
         "tokenizer_config.json": b"{}",
         SHARD1: rnd.randbytes(3_000_000),
         SHARD2: rnd.randbytes(1_000_000),
@@ -245,6 +253,10 @@ def test_hf_hub_offline_implies_offline(env, monkeypatch):
         ("no_architectures", r"config\.json has no 'architectures'"),
         ("unreachable", r"cannot reach http://127\.0\.0\.1:9 to fetch test-org/tiny"),
         ("bad_repo_id", r"repo_id: '\.\./\.\./etc' is not a Hub repo id"),
+        ("tokenizer_size", r"the tokenizer has 4 tokens but the registry declares tokenizer_size 1000 for model "
+                           r"'hub-tiny'; fix the registry entry"),
+        ("tokenizer_past_vocab", r"the tokenizer has 1030 tokens, more than config\.json's vocab_size 1024"),
+        ("garbage_tokenizer", r"the tokenizer in .* cannot be read"),
     ],
 )
 def test_errors_are_one_line(hub, env, monkeypatch, case, message):
@@ -272,6 +284,12 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
         kw["endpoint"] = "http://127.0.0.1:9"
     elif case == "bad_repo_id":
         entry = _entry("../../etc")
+    elif case == "tokenizer_size":
+        entry = _entry(tokenizer_size=1000)
+    elif case == "tokenizer_past_vocab":
+        files = _files(**{"tokenizer.json": _tokenizer_json(1030)})
+    elif case == "garbage_tokenizer":
+        files = _files(**{"tokenizer.json": b'{"version": "1.0"}'})
     if "test-org/tiny" not in hub.repos and entry.repo_id == "test-org/tiny":
         hub.add_commit("test-org/tiny", files)
     with pytest.raises(DownloadError, match=message) as err:
@@ -311,6 +329,20 @@ def test_generated_model_goes_through_the_same_function(pipeline_env):
     assert not (pipeline_env / "out").exists()  # no lock file for generated models
     with pytest.raises(DownloadError, match=r"--revision v2: tiny-llama is generated locally"):
         download_model(get_model("tiny-llama"), revision="v2")  # never silently ignored
+
+
+def test_generated_model_whose_tokenizer_disagrees_is_refused(pipeline_env):
+    """The registry's declared tokenizer size is checked against the generated tokenizer (exit 2, one line)."""
+    from pipeline.core.tokenizer import token_count
+
+    entry = get_model("tiny-llama")
+    tokens = token_count(download_model(entry).path)
+    assert tokens <= entry.architecture.vocab_size
+    assert download_model(entry.model_copy(update={"tokenizer_size": tokens})).status == "cached"
+    with pytest.raises(DownloadError, match=rf"local/tiny-llama \(generated\): the tokenizer has {tokens} tokens "
+                                            rf"but the registry declares tokenizer_size {tokens + 1}") as err:
+        download_model(entry.model_copy(update={"tokenizer_size": tokens + 1}))
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
 
 
 @pytest.mark.slow

@@ -146,3 +146,28 @@ def test_tiny_mistral_is_generated_as_its_family(tmp_path, monkeypatch):
     assert Architecture(**architecture_fields(config)) == get_model("tiny-mistral").architecture
     assert type(AutoModelForCausalLM.from_pretrained(path)).__name__ == "MistralForCausalLM"
     assert get_model("tiny-mistral").default_draft == "tiny-llama-draft"
+
+
+@pytest.mark.slow
+def test_tiny_mixtral_is_generated_as_its_family(tmp_path, monkeypatch):
+    """The MoE family, generated like tiny-llama: transformers' MixtralForCausalLM with the registry's experts and
+    top-k and the shared tokenizer (tiny-llama-draft drafts for it)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.core.architectures import architecture_fields
+    from pipeline.core.registry import Architecture
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    entry = get_model("tiny-mixtral")
+    path = tinymodel.ensure_tiny_model("tiny-mixtral", steps=2)
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"]
+    assert (config["num_local_experts"], config["num_experts_per_tok"]) == (4, 2)
+    assert Architecture(**architecture_fields(config)) == entry.architecture
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model).__name__ == "MixtralForCausalLM" and len(model.model.layers[0].block_sparse_moe.experts) == 4
+    assert entry.architecture.active_params < entry.architecture.total_params
+    assert (path / "tokenizer.json").read_bytes() == (
+        tinymodel.ensure_tiny_model("tiny-llama-draft", steps=2) / "tokenizer.json").read_bytes()
