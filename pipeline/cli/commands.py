@@ -3,7 +3,8 @@
 
 Each function's docstring is its task's help: its first sentence for `--list`, the `Args:` section for the flags.
 A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
-Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
+Only what every task needs (the spec, the planner) is imported here; each task's own stage, serving and ops modules
+are lazy (`_lazy`: executed on first use), and torch, ModelOpt, transformers and tritonclient load inside the stages.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pipeline.serving.launch_plan import Endpoints, LaunchPlan
     from pipeline.serving.llmapi.serve_plan import TrtllmServePlan
     from pipeline.serving.serve import TritonServer
+
 
 def _lazy(name: str):
     """Module `name`, executed on first attribute access: keeps every task's start-up (e.g. `download`) free of
