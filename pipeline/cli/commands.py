@@ -47,6 +47,8 @@ def _lazy(name: str):
     spec.loader = importlib.util.LazyLoader(spec.loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)  # as an import does: `pipeline.x.y` resolves by attribute too
     spec.loader.exec_module(module)
     return module
 
