@@ -3,7 +3,8 @@
 
 Each function's docstring is its task's help: its first sentence for `--list`, the `Args:` section for the flags.
 A function whose first parameter is `spec` also takes every spec flag and receives the validated `BuildSpec`.
-Only light modules are imported here; torch, ModelOpt, transformers and tritonclient load inside the stages.
+Only what every task needs (the spec, the planner) is imported here; each task's own stage, serving and ops modules
+are lazy (`_lazy`: executed on first use), and torch, ModelOpt, transformers and tritonclient load inside the stages.
 """
 
 from __future__ import annotations
@@ -18,48 +19,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline import __version__
 from pipeline.backends import PackageInputs, backend_for
 from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, triton_repo_dir
 from pipeline.core.errors import DeployError, PipelineError, ServeError, ServerFailed, SpecError
-from pipeline.core.host import visible_gpu_count
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
-from pipeline.core.refs import write_ref
 from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
-from pipeline.ops.deploy import source as deploy_source
-from pipeline.ops.deploy.topology import choose as choose_topology
-from pipeline.ops.release import release as make_release
-from pipeline.ops.release_verify import verify as verify_release
-from pipeline.planning import planner, slo_search
+from pipeline.planning import planner
 from pipeline.planning.limits_choice import choose_limits, limit_lines, limits_record
-from pipeline.planning.placement import node_gpus
-from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_repo, shape_from_spec
-from pipeline.serving.llmapi.local_inputs import locate_serve_inputs
-from pipeline.serving.llmapi.serve_plan import TrtllmServePlan, require_trtllm_serve, trtllm_serve_plan
-from pipeline.serving.serve import (
-    NGC_TRITONSERVER,
-    TritonServer,
-    check_host,
-    find_gpu_tritonserver,
-    serve_ports,
-)
-from pipeline.serving.smoke import DEFAULT_PROMPT, run_smoke
-from pipeline.stages.build import BuildOptions, locate_outputs, stage_range
-from pipeline.stages.build import build as run_build
-from pipeline.stages.calibrate.stage import log_file as calibrate_log
-from pipeline.stages.calibrate.stage import run_calibrate
-from pipeline.stages.check import resolve_checked_spec
-from pipeline.stages.compile.engine_plan import plan_compile
-from pipeline.stages.compile.preflight import preflight
-from pipeline.stages.compile.stage import run_compile
-from pipeline.stages.download.stage import download_model
-from pipeline.stages.host_check import check_host_fits, format_resources, repo_code_bytes
-from pipeline.stages.package.install import install_command
-from pipeline.stages.resources import SizeInputs, plan_resources
+
+if TYPE_CHECKING:
+    from pipeline.serving.launch_plan import Endpoints, LaunchPlan
+    from pipeline.serving.llmapi.serve_plan import TrtllmServePlan
+    from pipeline.serving.serve import TritonServer
 
 
 def _lazy(name: str):
@@ -73,13 +49,38 @@ def _lazy(name: str):
     spec.loader = importlib.util.LazyLoader(spec.loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)  # as an import does: `pipeline.x.y` resolves by attribute too
     spec.loader.exec_module(module)
     return module
 
 
 aiconfigurator = _lazy("pipeline.planning.aiconfigurator")
 bench_lib = _lazy("pipeline.serving.bench")
+build_stage = _lazy("pipeline.stages.build")
+calibrate_stage = _lazy("pipeline.stages.calibrate.stage")
+compile_plan = _lazy("pipeline.stages.compile.engine_plan")
+compile_preflight = _lazy("pipeline.stages.compile.preflight")
+compile_stage = _lazy("pipeline.stages.compile.stage")
 deploy_render = _lazy("pipeline.ops.deploy.render")
+deploy_source = _lazy("pipeline.ops.deploy.source")
+deploy_topology = _lazy("pipeline.ops.deploy.topology")
+download_stage = _lazy("pipeline.stages.download.stage")
+host_lib = _lazy("pipeline.core.host")
+host_fit = _lazy("pipeline.stages.host_check")
+install_lib = _lazy("pipeline.stages.package.install")
+launch_plan = _lazy("pipeline.serving.launch_plan")
+local_inputs = _lazy("pipeline.serving.llmapi.local_inputs")
+placement_lib = _lazy("pipeline.planning.placement")
+refs = _lazy("pipeline.core.refs")
+release_ops = _lazy("pipeline.ops.release")
+release_verify = _lazy("pipeline.ops.release_verify")
+resources_lib = _lazy("pipeline.stages.resources")
+serve_lib = _lazy("pipeline.serving.serve")
+serve_plan = _lazy("pipeline.serving.llmapi.serve_plan")
+smoke_lib = _lazy("pipeline.serving.smoke")
+slo_search = _lazy("pipeline.planning.slo_search")
+check_stage = _lazy("pipeline.stages.check")
 
 
 
@@ -101,15 +102,16 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
     """
     print(spec.summary())
     if not skip_host_check:
-        stages = stage_range(until=None, from_stage=None, force=None, target=spec.target, runtime=spec.runtime)
-        print(check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+        stages = build_stage.stage_range(until=None, from_stage=None, force=None, target=spec.target,
+                                         runtime=spec.runtime)
+        print(host_fit.check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
     for line in limit_lines(spec):
         print(line, file=sys.stderr)
 
 
 def resources_section(spec: BuildSpec):
     """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
-    return plan_resources(spec, SizeInputs(repo_code_bytes=repo_code_bytes()))
+    return resources_lib.plan_resources(spec, resources_lib.SizeInputs(repo_code_bytes=host_fit.repo_code_bytes()))
 
 
 def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None, json_=False,
@@ -176,7 +178,7 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     if other is not None:
         print()
         print(aiconfigurator.format_side_by_side(result, other))
-    print("\nbuild resources\n" + format_resources(resources))
+    print("\nbuild resources\n" + host_fit.format_resources(resources))
 
 
 def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance, prefix_share, ttft_ms, tpot_ms,
@@ -193,7 +195,7 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
     goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
                           int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
-    result = slo_search.search(spec, goal, traffic, check=resolve_checked_spec)
+    result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec)
     if result.pick is None:
         nearest = f"; nearest miss: {result.nearest_miss}" if result.nearest_miss else ""
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
@@ -222,7 +224,7 @@ def write_pick(spec: BuildSpec, pick, path: str) -> Path:
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     try:
         tmp.write_text("# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False))
-        resolve_checked_spec(spec_file=tmp)
+        check_stage.resolve_checked_spec(spec_file=tmp)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -259,7 +261,7 @@ def locate_checkpoints(
         if need_draft:
             draft = engines_dir() / f"{PENDING}-draft" / "checkpoint"
         return target, draft
-    out = locate_outputs(spec, until="calibrate")
+    out = build_stage.locate_outputs(spec, until="calibrate")
     target = target or out.checkpoint.path
     if need_draft:
         draft = out.draft_checkpoint.path
@@ -279,20 +281,22 @@ def compile_command(spec: BuildSpec, *, dry_run=False, checkpoint_dir=None, draf
     """
     if not dry_run:  # fail fast (< 1 s on a CPU host) before locating anything
         world = spec.parallelism.world_size
-        toolchain = preflight(gpu=spec.hardware.gpu, workers=max(1, min(world, spec.hardware.gpu_count)))
+        workers = max(1, min(world, spec.hardware.gpu_count))
+        toolchain = compile_preflight.preflight(gpu=spec.hardware.gpu, workers=workers)
     target, draft = locate_checkpoints(spec, checkpoint_dir=checkpoint_dir,
                                        draft_checkpoint_dir=draft_checkpoint_dir, dry_run=dry_run)
     engine_dir, draft_engine_dir = engine_dirs_for(target, spec)
     dirs = dict(checkpoint_dir=target, output_dir=engine_dir, draft_checkpoint_dir=draft,
                 draft_output_dir=draft_engine_dir if draft else None)
     if dry_run:
-        plan = plan_compile(spec, **dirs, allow_derived=True)
+        plan = compile_plan.plan_compile(spec, **dirs, allow_derived=True)
         print(plan.to_json() if json_ else plan.format())
         return plan.as_dict()
-    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
-                                 draft_output_dir=dirs["draft_output_dir"], force=force, toolchain=toolchain)
+    res, draft_res = compile_stage.run_compile(spec, checkpoint=target, output_dir=engine_dir,
+                                               draft_checkpoint=draft, draft_output_dir=dirs["draft_output_dir"],
+                                               force=force, toolchain=toolchain)
     if checkpoint_dir is None and draft_checkpoint_dir is None:  # the spec's own build: point its ref here
-        write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
+        refs.write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
     if json_:
         print(json.dumps(m.model_dump(mode="json"), indent=2))
@@ -328,11 +332,12 @@ def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage |
         skip_host_check: do not compare GPU memory, RAM and disk with what the stages need (unusual setups)
     """
     host_check = None if skip_host_check else (
-        lambda stages: check_host_fits(spec, stages=stages, force=force).summary())
-    opts = BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
-                        revision=revision, endpoint=endpoint)
+        lambda stages: host_fit.check_host_fits(spec, stages=stages, force=force).summary())
+    opts = build_stage.BuildOptions(offline=offline, update=update, verify_download=verify_download, verify=verify,
+                                    revision=revision, endpoint=endpoint)
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
-        report = run_build(spec, until=until, from_stage=from_, force=force, options=opts, host_check=host_check)
+        report = build_stage.build(spec, until=until, from_stage=from_, force=force, options=opts,
+                                   host_check=host_check)
     if json_:
         print(json.dumps(report.as_dict() | {"limits": limits_record(spec)}, indent=2))
 
@@ -347,7 +352,7 @@ def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) 
         version: release version: letters, digits and . _ + - (default: the pipeline's version)
         json_: print release.json's summary as JSON
     """
-    r = make_release(spec, output=output, version=version)
+    r = release_ops.release(spec, output=output, version=version)
     files = len(r.document["files"])
     if json_:
         doc = {k: v for k, v in r.document.items() if k != "files"}
@@ -369,7 +374,7 @@ def verify_command(path, *, skip_host=False, sha256=None, json_=False) -> None:
     if path.startswith("-"):  # `invoke verify --help` hands the flag over as the positional path
         raise SpecError(f"{path} is not a path; usage: invoke verify PATH [--skip-host] [--json] "
                         "(help: invoke --help verify)")
-    report = verify_release(path, check_host=not skip_host, sha256=sha256)
+    report = release_verify.verify(path, check_host=not skip_host, sha256=sha256)
     if json_:
         print(json.dumps(report.as_dict(), indent=2))
         return
@@ -441,8 +446,8 @@ def download_command(spec: BuildSpec, *, revision=None, update=False, offline=Fa
         endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co); the token comes from HF_TOKEN/hf auth login
     """
     for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
-        res = download_model(entry, revision=revision if i == 0 else None, update=update, offline=offline,
-                             verify=verify, endpoint=endpoint)
+        res = download_stage.download_model(entry, revision=revision if i == 0 else None, update=update,
+                                            offline=offline, verify=verify, endpoint=endpoint)
         m = res.manifest
         print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
               f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
@@ -457,14 +462,14 @@ def calibrate_command(spec: BuildSpec, *, force=False) -> None:
     """
     results = {}
     for role, output in (("target", "checkpoint"), ("draft", "draft_checkpoint"))[: 2 if spec.draft_model else 1]:
-        res = results[output] = run_calibrate(spec, role=role, force=bool(force))
+        res = results[output] = calibrate_stage.run_calibrate(spec, role=role, force=bool(force))
         q = res.manifest.quality
         print(
             f"ok: {role} {res.status}: {res.path} (ppl {q.ppl_base:.4f} -> {q.ppl_quant:.4f}, "
             f"{q.ppl_delta_pct:+.3f} %, top-1 {q.top1_agreement:.3f})"
-            + (f"; library output: {calibrate_log(res.path)}" if res.built else "")
+            + (f"; library output: {calibrate_stage.log_file(res.path)}" if res.built else "")
         )
-    write_ref("calibrate", spec.identity("calibrate"), results)
+    refs.write_ref("calibrate", spec.identity("calibrate"), results)
 
 
 # --- package / serve / smoke / install-repo -----------------------------------------------------------------------
@@ -493,7 +498,7 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
     naming: dict[str, Any] = {}
     if explicit is None:
         served_stage = backend.stages[backend.stages.index("package") - 1]  # the stage whose output it serves
-        out = locate_outputs(spec, until=served_stage)
+        out = build_stage.locate_outputs(spec, until=served_stage)
         lay = out.layout
         naming = dict(build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key)
         checkpoint_dir = checkpoint_dir or out.checkpoint.path
@@ -510,7 +515,7 @@ def package_command(spec: BuildSpec, *, output=None, engine_dir=None, draft_engi
     )
     res = backend.package(spec, inputs, force=bool(force))
     if naming and output is None:  # the spec's own build: point its ref here
-        write_ref("package", spec.identity("package"), {"triton_repo": res})
+        refs.write_ref("package", spec.identity("package"), {"triton_repo": res})
     for w in res.manifest.warnings:
         print(f"warning: {w}", file=sys.stderr)
     state = "current (no-op)" if res.status == "cached" else "written"
@@ -524,7 +529,7 @@ def _repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
         return Path(repo)
     if spec is None:
         raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
-    return locate_outputs(spec).triton_repo.path
+    return build_stage.locate_outputs(spec).triton_repo.path
 
 
 def _print_addresses(server: TritonServer, path: Path) -> None:
@@ -568,18 +573,19 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port: int | None = 
     if mode == "trtllm-serve":
         return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
                              host=host or "127.0.0.1", print_only=bool(print_only))
-    host = check_host(host or "127.0.0.1")
+    host = serve_lib.check_host(host or "127.0.0.1")
     given = {name: int_option(f"{name}_port", value) for name, value in
              (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port))}
     offset = int_option("port_offset", port_offset, minimum=0, default=0)
-    ports = serve_ports(host=host, offset=offset, given=given, check_free=not print_only)
+    ports = serve_lib.serve_ports(host=host, offset=offset, given=given, check_free=not print_only)
     if print_only:
-        return _print_launch_plan(spec, repo, Endpoints(host, ports["http"], ports["grpc"], ports["metrics"]))
+        endpoints = launch_plan.Endpoints(host, ports["http"], ports["grpc"], ports["metrics"])
+        return _print_launch_plan(spec, repo, endpoints)
     timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
     path = _repo_for(spec, repo)
-    server = TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
-                          metrics_port=ports["metrics"], ready_timeout_s=timeout, engine_dir=_path(engine_dir),
-                          draft_engine_dir=_path(draft_engine_dir))
+    server = serve_lib.TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
+                                    metrics_port=ports["metrics"], ready_timeout_s=timeout,
+                                    engine_dir=_path(engine_dir), draft_engine_dir=_path(draft_engine_dir))
     stop = {"flag": False}
 
     def _term(*_):
@@ -609,7 +615,7 @@ def _planned_repo(spec: BuildSpec) -> Path:
     """The repository `package` makes (or made) for `spec`: its current path, else its name with the build id that
     calibration will fix."""
     with contextlib.suppress(PipelineError):
-        return locate_outputs(spec).triton_repo.path
+        return build_stage.locate_outputs(spec).triton_repo.path
     name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + backend_for(spec).repo_suffix
     return triton_repo_dir() / name
 
@@ -617,16 +623,17 @@ def _planned_repo(spec: BuildSpec) -> Path:
 def _print_launch_plan(spec: BuildSpec | None, repo: str | None, endpoints: Endpoints) -> LaunchPlan:
     """Print the launch plan (env + command) of `--repo` or of the spec's repository; nothing runs or is written."""
     if repo and Path(repo).is_dir():
-        path, shape = Path(repo).resolve(), shape_from_repo(Path(repo))
-        gpus = visible_gpu_count()
+        path, shape = Path(repo).resolve(), launch_plan.shape_from_repo(Path(repo))
+        gpus = host_lib.visible_gpu_count()
     elif spec is not None:
-        path, shape = (Path(repo) if repo else _planned_repo(spec)), shape_from_spec(spec)
-        gpus = node_gpus(spec.hardware)
+        path, shape = (Path(repo) if repo else _planned_repo(spec)), launch_plan.shape_from_spec(spec)
+        gpus = placement_lib.node_gpus(spec.hardware)
     else:
         raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
-    binary = "tritonserver" if shape.kind == "reference" else str(find_gpu_tritonserver() or NGC_TRITONSERVER)
-    plan = plan_launch(shape, repo=str(path), binary=binary, endpoints=endpoints, shm_prefix="tripipe-",
-                       gpus_per_node=gpus)
+    binary = "tritonserver" if shape.kind == "reference" else \
+        str(serve_lib.find_gpu_tritonserver() or serve_lib.NGC_TRITONSERVER)
+    plan = launch_plan.plan_launch(shape, repo=str(path), binary=binary, endpoints=endpoints, shm_prefix="tripipe-",
+                                   gpus_per_node=gpus)
     print(plan.format())
     if plan.mode == "cpu-reference":
         print("# serve runs the nvidia-pytriton tritonserver with --backend-directory/--cache-directory of its bundle "
@@ -642,9 +649,9 @@ def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: b
     its options YAML; `--print-only` works from the spec alone (see `pipeline.serving.llmapi.local_inputs`)."""
     if spec is None:
         raise SpecError("--mode trtllm-serve serves a build: give its spec (--model ... or --spec FILE)")
-    inputs = locate_serve_inputs(spec, allow_pending=print_only)
-    plan = trtllm_serve_plan(spec, model_dir=inputs.model_dir, tokenizer_dir=inputs.tokenizer_dir,
-                             options_file=inputs.options_file, host=host, port=port)
+    inputs = local_inputs.locate_serve_inputs(spec, allow_pending=print_only)
+    plan = serve_plan.trtllm_serve_plan(spec, model_dir=inputs.model_dir, tokenizer_dir=inputs.tokenizer_dir,
+                                        options_file=inputs.options_file, host=host, port=port)
     if inputs.found:
         inputs.write_options()
     print(plan.command_line())
@@ -654,7 +661,7 @@ def _serve_trtllm(spec: BuildSpec | None, *, port: int, host: str, print_only: b
               file=sys.stderr)
     if print_only:
         return plan
-    require_trtllm_serve()
+    serve_plan.require_trtllm_serve()
     rc = subprocess.run(plan.argv, check=False).returncode
     if rc != 0:
         raise ServeError(f"trtllm-serve exited with status {rc}; see its output above")
@@ -679,8 +686,8 @@ def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=
     num_draft_tokens = int_option("num_draft_tokens", num_draft_tokens)
     timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
     path = None if (http_url and grpc_url and not repo) else _repo_for(spec, repo)
-    results = run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or DEFAULT_PROMPT,
-                        max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=timeout)
+    results = smoke_lib.run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or smoke_lib.DEFAULT_PROMPT,
+                                  max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=timeout)
     print(f"ok: smoke passed ({len(results)} routes)")
 
 
@@ -693,7 +700,7 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
         engine_dir: point tensorrt_llm at this engine dir
         draft_engine_dir: point tensorrt_llm_draft at this engine dir
     """
-    install_command(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
+    install_lib.install_command(repo, dest=dest, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir)
 
 
 # --- deploy ----------------------------------------------------------------------------------------------------------
@@ -767,8 +774,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     else:
         raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
     explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
-    chosen, placement = choose_topology(src.spec, explicit=explicit,
-                                        max_nodes=int_option("max_nodes", max_nodes))
+    chosen, placement = deploy_topology.choose(src.spec, explicit=explicit,
+                                               max_nodes=int_option("max_nodes", max_nodes))
     if chosen.limit_reasons:  # limits the memory model chose follow the topology deploy chose
         chosen = choose_limits(chosen)
     if src.origin == "spec":

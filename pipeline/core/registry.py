@@ -223,8 +223,9 @@ class ModelEntry(BaseModel):
         return self
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one silently)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """SafeLoader (libyaml's parser where PyYAML has it) that refuses a mapping with the same key twice (PyYAML keeps
+    the last one silently)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()

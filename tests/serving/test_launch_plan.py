@@ -182,8 +182,11 @@ def _serve_processes(spec, tmp_path, monkeypatch) -> tuple[list[list[str]], dict
 
 
 def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
-    ranks = [shlex.split(m.group(2).replace('"$repo"', "R")) for m in re.finditer(r"^  (\d+)\) exec (.*) ;;$", text,
-                                                                                  re.M)]
+    # rank 0 (HTTP and the Python models) runs under the stub watchdog, the others exec their argv
+    assert re.search(r"^  0\) serve_watched 8000 ", text, re.M) and not re.search(r"^  [1-9]\d*\) serve_watched", text,
+                                                                                  re.M)
+    ranks = [shlex.split(m.group(2).replace('"$repo"', "R"))
+             for m in re.finditer(r"^  (\d+)\) (?:exec|serve_watched 8000) (.*) ;;$", text, re.M)]
     env = dict(m.groups() for m in re.finditer(r"^export (\w+)=(\S+)$", text, re.M))
     return ranks, env
 

@@ -23,6 +23,7 @@ from pipeline.backends import backend_for
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
+from pipeline.ops.deploy.stub_watch import STUB_WATCH
 from pipeline.planning.placement import Placement
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
@@ -123,16 +124,18 @@ def _plan_word(arg: str) -> str:
 
 
 def _engine_rank_script(plan: LaunchPlan) -> str:
-    """/bin/sh: the plan's env, then the argv of this process's rank (MPI or Slurm rank; 0 for one process)."""
+    """/bin/sh: the plan's env, then the argv of this process's rank (MPI or Slurm rank; 0 for one process). Rank 0
+    holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`)."""
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
-    cases = "".join(f"  {i}) exec {' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
+    cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
+                    f"{' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
     return f"""#!/bin/sh
 # The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
 # upstream: {plan.source}
 set -eu
 rank="${{OMPI_COMM_WORLD_RANK:-${{SLURM_PROCID:-0}}}}"
 repo=$(cat "${{WORK:-/work}}/REPO")
-{env}case "$rank" in
+{STUB_WATCH}{env}case "$rank" in
 {cases}  *) echo "error: rank $rank is outside the {plan.processes} process(es) of this launch plan" >&2; exit 2 ;;
 esac
 """

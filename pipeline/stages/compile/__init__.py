@@ -6,7 +6,15 @@ values), `preflight` (host checks, fast fail on CPU), `runner` (the only code th
 Nothing here imports tensorrt_llm at module level.
 """
 
-from pipeline.stages.compile.engine_plan import CompilePlan, EnginePlan, plan_compile
-from pipeline.stages.compile.stage import run_compile
+import importlib
 
-__all__ = ["CompilePlan", "EnginePlan", "plan_compile", "run_compile"]
+_EXPORTS = {"CompilePlan": "engine_plan", "EnginePlan": "engine_plan", "plan_compile": "engine_plan",
+            "run_compile": "stage"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """The package's names, imported on first use (importing one submodule does not load the others)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,9 +1,17 @@
 """Triton model repository for a build: packaged templates (pipeline/templates/triton), strict rendering,
 validation and the package stage. See `pipeline.stages.package.package` for the layout."""
 
-from pipeline.stages.package.install import InstallResult, install_repo
-from pipeline.stages.package.package import PackageResult, package_repo, repo_name
-from pipeline.stages.package.render import render
-from pipeline.stages.package.repo_check import validate_repo
+import importlib
 
-__all__ = ["InstallResult", "PackageResult", "install_repo", "package_repo", "render", "repo_name", "validate_repo"]
+from pipeline.stages.package.render import render  # eager: the function, not its submodule, is the package's `render`
+
+_EXPORTS = {"InstallResult": "install", "install_repo": "install", "PackageResult": "package",
+            "package_repo": "package", "repo_name": "package", "validate_repo": "repo_check"}
+__all__ = ["render", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str):
+    """The package's names, imported on first use (importing one submodule does not load the others)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,0 +1,78 @@
+"""The engine runtime's watchdog over tritonserver's Python-backend stubs (/bin/sh functions for rank.sh).
+
+When a stub (preprocessing, postprocessing, tensorrt_llm_bls) dies, tritonserver keeps `/v2/health/ready`,
+`/v2/health/live` and `/v2/models/<m>/ready` at 200 and answers every request to that model with "Stub process
+'<instance>' is not healthy" (python backend of Triton 2.51, checked against the CPU tritonserver). No HTTP probe
+sees it, so rank 0 runs tritonserver under `serve_watched`: once the server listens on its HTTP port (every model
+loaded), the stubs it started are recorded; when one of them is gone the watchdog stops the server (SIGTERM, SIGKILL
+after a grace period) and the rank exits 5, so Kubernetes restarts the container (its probes fail meanwhile) and a
+Slurm step ends failed. The reference runtime's `invoke serve` does the same in Python (`ServerFailed`, exit 5).
+
+A stub is `triton_python_backend_stub MODEL.py SHM SIZE GROWTH PARENT_PID LIB IPC INSTANCE ...` (its argv as
+python_backend's stub launcher writes it); PARENT_PID picks this server's stubs.
+"""
+
+from __future__ import annotations
+
+WATCH_SECONDS = 5  # STUB_WATCH_SECONDS: how often the stubs are checked
+STOP_GRACE_SECONDS = 60  # STUB_STOP_GRACE_SECONDS: SIGTERM -> SIGKILL
+
+STUB_WATCH = f"""\
+# tritonserver stays ready when a Python-backend stub dies and fails every request to that model:
+# serve_watched stops it (exit 5) once a stub it started after loading is gone, so the platform restarts the rank.
+stubs_of() {{  # instance names of the live Python-backend stubs whose parent is process $1
+  grep -las triton_python_backend_stub /proc/[0-9]*/cmdline | while read -r f; do
+    tr '\\000' '\\n' < "$f" 2>/dev/null | awk -v parent="$1" \\
+      'NR == 1 && !/triton_python_backend_stub$/ {{exit}} NR == 6 && $0 != parent {{exit}} NR == 9 {{print; exit}}'
+  done
+}}
+listening() {{  # a socket of this network namespace listens on TCP port $1
+  cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v port=":$(printf '%04X' "$1")" \\
+    '$4 == "0A" && substr($2, length($2) - 4) == port {{found = 1}} END {{exit !found}}'
+}}
+watch_stubs() {{  # $1 server pid, $2 its HTTP port; exits 5 after stopping the server when a recorded stub is gone
+  armed=""
+  seen=""
+  while [ -e "/proc/$1" ]; do
+    sleep "${{STUB_WATCH_SECONDS:-{WATCH_SECONDS}}}"
+    if [ -z "$armed" ]; then
+      if listening "$2"; then armed=1; seen=$(stubs_of "$1"); fi
+      continue
+    fi
+    live=" $(stubs_of "$1" | tr '\\n' ' ') "
+    for s in $seen; do
+      case "$live" in *" $s "*) continue ;; esac
+      [ -e "/proc/$1" ] || exit 0  # the server itself ended (its stubs with it)
+      echo "error: the Python stub of model instance $s died (tritonserver would stay ready and fail every" \\
+        "request to it); stopping the server so the platform restarts this rank" >&2
+      kill -TERM "$1" 2>/dev/null
+      i=0
+      while [ -e "/proc/$1" ] && [ "$i" -lt "${{STUB_STOP_GRACE_SECONDS:-{STOP_GRACE_SECONDS}}}" ]; do
+        sleep 1
+        i=$((i + 1))
+      done
+      kill -KILL "$1" 2>/dev/null
+      exit 5
+    done
+  done
+}}
+serve_watched() {{  # $1 HTTP port, then the server's argv: run it, watched; its exit status, or 5 for a dead stub
+  port="$1"
+  shift
+  "$@" &
+  server=$!
+  (set +e; watch_stubs "$server" "$port") &
+  watcher=$!
+  # a shutdown stops the stubs first: the watchdog goes before the server is told to stop
+  trap 'kill "$watcher" 2>/dev/null; kill -TERM "$server" 2>/dev/null || :' TERM INT
+  while :; do
+    status=0
+    wait "$server" || status=$?
+    [ -e "/proc/$server" ] || break  # reaped (else a signal interrupted the wait)
+  done
+  watched=0
+  wait "$watcher" || watched=$?  # it ends within STUB_WATCH_SECONDS of the server
+  [ "$watched" -ne 5 ] || exit 5
+  return "$status"
+}}
+"""
