@@ -180,14 +180,16 @@ def split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return text.rstrip(), helps
 
 
-def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bool = True, **task_kwargs: Any):
+def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bool = True,
+                 auto_precision: bool = False, **task_kwargs: Any):
     """An invoke task running the library function `fn` (`pipeline.cli.commands`), with help from its docstring.
 
     `fn(spec, *, own...)` also takes every spec flag and receives the validated `BuildSpec` (with
     `optional_spec=True`, None unless --model or --spec is given: `serve`/`smoke` take a repository path instead);
     `fn(own...)` takes only its own parameters. The task is named after `fn` without its `_command` suffix;
     errors print one line and exit with their code (`exit_on_error`). `spec_warnings=False`: `fn` prints the
-    warnings of the spec it settles on itself (deploy picks TP/PP after the flags are read).
+    warnings of the spec it settles on itself (deploy picks TP/PP after the flags are read). `auto_precision`: `fn`
+    takes a `precision: auto` spec (build chooses, check shows the candidates); other tasks refuse one.
     """
     from invoke import task
 
@@ -206,6 +208,9 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
         spec = None
         if not optional_spec or flag_values.get("model") or flag_values.get("spec"):
             spec = spec_from_flags(flag_values)
+            if spec.auto_precision is not None and not auto_precision:
+                raise SpecError(f"precision=auto is chosen by `invoke build`; pass --precision "
+                                f"{' or '.join(spec.auto_precision.candidates)} to `invoke {name.replace('_', '-')}`")
             for w in spec.warnings if spec_warnings else ():
                 print(f"warning: {w}", file=sys.stderr)
         return fn(spec, **kwargs)
