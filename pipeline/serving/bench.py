@@ -783,12 +783,7 @@ def run_bench(
     samples = _sweep(report, info, tokenizer, workload, level_budget_s, request_timeout_s)
     after = scrape_metrics(metrics_url) if metrics_url else None
     ok = [s for s in samples if s.ok]
-    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
-    report.speculated_share = _round(speculated_share(ok))
-    cold, warm = cold_warm_ttft(ok)
-    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
-    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
-    _slo_figures(report, ok, workload, tokenizer)
+    _run_figures(report, ok, workload, tokenizer)
     _prefix_cache_ratio(report, ok, before, after)
     _add_notes(report, ok, workload)
     return report
@@ -984,8 +979,14 @@ def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[Leve
     return samples
 
 
-def _slo_figures(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan], tokenizer) -> None:
-    """Run-wide P99 TTFT and P95 TPOT, and the input/output token length distributions."""
+def _run_figures(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan], tokenizer) -> None:
+    """Run-wide figures: acceptance, share that speculated, cold/warm TTFT, P99 TTFT and P95 TPOT (what an SLO is
+    written in), and the input/output token length distributions."""
+    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    report.speculated_share = _round(speculated_share(ok))
+    cold, warm = cold_warm_ttft(ok)
+    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
+    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
     ttft, tpot = percentile((s.ttft_s for s in ok), 99), percentile((s.tpot_s for s in ok), 95)
     report.ttft_ms_p99 = round(ttft * 1000, 3) if ttft is not None else None
     report.tpot_ms_p95 = round(tpot * 1000, 3) if tpot is not None else None
