@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.core.errors import PipelineError, SpecError, io_error, os_error_in
-from pipeline.core.spec import SECTIONS, BuildSpec
+from pipeline.core.spec import AUTO, SECTIONS, BuildSpec
 from pipeline.stages.check import resolve_checked_spec
 
 
@@ -48,7 +48,8 @@ def metavar(annotation: Any) -> str | None:
 def _spec_metavar(field: str | None) -> str | None:
     for cls in (BuildSpec, *SECTIONS.values()):
         if field in cls.model_fields:
-            return metavar(cls.model_fields[field].annotation)
+            kind = metavar(cls.model_fields[field].annotation)
+            return f"{kind}|{AUTO}" if field == "precision" else kind  # `auto`: resolve_spec's request, never held
     return None
 
 
