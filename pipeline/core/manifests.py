@@ -280,7 +280,7 @@ class PrecisionCandidate(_Record):
     kv_cache: str
     ppl_delta_pct: float
     passed: bool
-    build_id: str | None  # the candidate's checkpoint build (None: refused by the gate, nothing kept)
+    build_id: str  # the candidate's checkpoint build (kept when it failed too: its manifest records the delta)
 
 
 class PrecisionSearch(_Record):

@@ -2,8 +2,9 @@
 
 The rule (step 3 of the cost workflow): a cheaper precision is taken when its held-out perplexity delta stays within
 the gate (`max_ppl_delta_pct`, 1 % by default); otherwise step up. On FP8 GPUs that is FP8 first, then INT4-AWQ only
-while FP8 holds (`spec.auto_ladder`). Each candidate is a real calibrate run with the gate enforced: one that passes
-is a cached checkpoint the build then reuses, one that fails leaves nothing behind (its delta is recorded here).
+while FP8 holds (`spec.auto_ladder`). Each candidate is a real calibrate run, judged here against the gate: one that passes
+is the cached checkpoint the build then reuses; one that fails is kept too, its manifest saying so (a re-run reads
+its delta instead of calibrating again; a build at that precision with the gate on refuses it).
 """
 
 from __future__ import annotations
@@ -28,19 +29,17 @@ class PrecisionChoice:
     record: PrecisionSearch
 
 
-def _try(spec: BuildSpec, source: DownloadResult | None, verify: bool) -> tuple[PrecisionCandidate,
-                                                                                    CheckpointResult | None]:
-    """Calibrate one candidate with the gate enforced (whatever the spec says: the gate is what chooses)."""
-    gated = spec.model_copy(update={"quantization": spec.quantization.model_copy(update={"quality_gate": True})})
-    q = spec.quantization
-    try:
-        res = run_calibrate(gated, role="target", source=source, verify=verify)
-    except QualityGateFailed as exc:
-        return PrecisionCandidate(precision=q.precision, kv_cache=q.kv, ppl_delta_pct=float(exc.actual),
-                                  passed=False, build_id=None), None
-    m = res.manifest
-    return PrecisionCandidate(precision=q.precision, kv_cache=q.kv, ppl_delta_pct=m.quality.ppl_delta_pct,
-                              passed=True, build_id=m.build_id), res
+def _try(spec: BuildSpec, source: DownloadResult | None, verify: bool, threshold: float) -> tuple[
+        PrecisionCandidate, CheckpointResult]:
+    """Calibrate one candidate, the gate recorded but not enforced, and judge it against `threshold` here: a
+    candidate that fails stays a complete checkpoint whose manifest says so, so a re-run reads its delta instead of
+    calibrating it again (a build at that precision with the gate on still refuses it)."""
+    ungated = spec.model_copy(update={"quantization": spec.quantization.model_copy(update={"quality_gate": False})})
+    res = run_calibrate(ungated, role="target", source=source, verify=verify)
+    q, m = spec.quantization, res.manifest
+    delta = m.quality.ppl_delta_pct
+    return PrecisionCandidate(precision=q.precision, kv_cache=q.kv, ppl_delta_pct=delta,
+                              passed=delta <= threshold, build_id=m.build_id), res
 
 
 def choose_precision(spec: BuildSpec, *, source: DownloadResult | None = None, verify: bool = False,
@@ -67,12 +66,12 @@ def choose_precision(spec: BuildSpec, *, source: DownloadResult | None = None, v
     best: tuple[BuildSpec, CheckpointResult] | None = None
     for precision in auto.candidates:
         candidate = spec.with_precision(precision)
-        row, res = _try(candidate, source, verify)
+        row, res = _try(candidate, source, verify, threshold)
         tried.append(row)
         verdict = "passes" if row.passed else "fails"
         say(f"precision auto: {precision} / KV {row.kv_cache}: held-out perplexity delta {row.ppl_delta_pct:+.3f} % "
             f"{verdict} the gate (<= {threshold:g} %)")
-        if res is None:
+        if not row.passed:
             break  # a cheaper candidate is tried only while the more precise one holds
         best = (candidate, res)
     if best is None:
