@@ -101,6 +101,8 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
         skip_host_check: validate the spec only (e.g. for another host); the host line is not printed
     """
     print(spec.summary())
+    for precision, why in spec.auto_precision.refused if spec.auto_precision else ():
+        print(f"precision auto: {precision} is not a candidate: {why}", file=sys.stderr)
     if not skip_host_check:
         stages = build_stage.stage_range(until=None, from_stage=None, force=None, target=spec.target,
                                          runtime=spec.runtime)
@@ -315,6 +317,9 @@ def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage |
                   verify=False, revision=None, endpoint=None, skip_host_check=False) -> None:
     """Build end to end: check -> download -> calibrate -> compile (trtllm) -> package; cached stages are no-ops.
 
+    With `--precision auto` the candidates are calibrated first (FP8, then INT4-AWQ while the quality gate holds),
+    each one's perplexity delta printed; the build goes on at the cheapest that passes.
+
     A stage is cached only when its output still matches its manifest; one that does not fails (exit 3) naming
     `--force STAGE`.
 
@@ -339,7 +344,7 @@ def build_command(spec: BuildSpec, *, until: Stage | None = None, from_: Stage |
         report = build_stage.build(spec, until=until, from_stage=from_, force=force, options=opts,
                                    host_check=host_check)
     if json_:
-        print(json.dumps(report.as_dict() | {"limits": limits_record(spec)}, indent=2))
+        print(json.dumps(report.as_dict() | {"limits": limits_record(report.spec)}, indent=2))
 
 
 def release_command(spec: BuildSpec, *, output=None, version=None, json_=False) -> None:
@@ -388,8 +393,12 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
                   concurrency: list[int] | None = None, requests: int | None = None, max_tokens: int | None = None,
                   no_stream=False, budget: float | None = None, json_=None, plot=None,
                   shared_prefix_tokens: int | None = None, shared_prefix_share: float | None = None,
-                  speculation: Literal["server", "off", "both"] | None = None) -> None:
+                  speculation: Literal["server", "off", "both"] | None = None, dataset=None,
+                  request_rate: float | None = None, seed: int | None = None) -> None:
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
+
+    The report ends with the figures an SLO is written in (P99 TTFT, P95 TPOT), the input/output token length
+    distributions, the acceptance rate and the prefix-cache hit ratio (`--json`: top-level keys of the same names).
 
     Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
     2 the benchmark could not run.
@@ -411,6 +420,11 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         shared_prefix_share: share of the requests that reuse the shared prefix, 0..1 (default 1)
         speculation: server (the route's default draft length), off (num_draft_tokens 0), or both (each level
             twice: the crossover in the plot); default server
+        dataset: JSONL prompts, one object a line: {"prompt": ..., "output_len": N} (output_len optional) or the
+            ShareGPT layout {"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]}
+        request_rate: Poisson arrivals per second in each level (the concurrency level caps requests in flight);
+            default: closed loop, each client sends its next request at once
+        seed: seed of the Poisson arrival times (default 0)
     """
     levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
     report = bench_lib.bench_spec(
@@ -422,7 +436,9 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
         shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
                                        minimum=0.0),
-        speculation=speculation or "server",
+        speculation=speculation or "server", dataset=dataset,
+        request_rate=int_option("request_rate", request_rate, kind=float, minimum=0.001),
+        seed=int_option("seed", seed, default=0, minimum=0),
     )
     print(bench_lib.format_report(report))
     if json_:

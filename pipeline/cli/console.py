@@ -26,13 +26,13 @@ from pipeline.core.errors import SpecError
 BINARY = "trtllm-pipeline"
 CHOICES_INLINE = 16  # longer value lists are shown in the flag's help instead of its spec
 
-check = command_task(commands.check_command)
+check = command_task(commands.check_command, auto_precision=True)
 plan = command_task(commands.plan_command)
 download = command_task(commands.download_command)
 calibrate = command_task(commands.calibrate_command)
 compile_engines = command_task(commands.compile_command)
 package = command_task(commands.package_command)
-build = command_task(commands.build_command)
+build = command_task(commands.build_command, auto_precision=True)
 release = command_task(commands.release_command)
 verify = command_task(commands.verify_command, positional=["path"])
 install_repo = command_task(commands.install_repo_command)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.core.errors import PipelineError, SpecError, io_error, os_error_in
-from pipeline.core.spec import SECTIONS, BuildSpec
+from pipeline.core.spec import AUTO, SECTIONS, BuildSpec
 from pipeline.stages.check import resolve_checked_spec
 
 
@@ -48,7 +48,8 @@ def metavar(annotation: Any) -> str | None:
 def _spec_metavar(field: str | None) -> str | None:
     for cls in (BuildSpec, *SECTIONS.values()):
         if field in cls.model_fields:
-            return metavar(cls.model_fields[field].annotation)
+            kind = metavar(cls.model_fields[field].annotation)
+            return f"{kind}|{AUTO}" if field == "precision" else kind  # `auto`: resolve_spec's request, never held
     return None
 
 
@@ -180,14 +181,16 @@ def split_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return text.rstrip(), helps
 
 
-def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bool = True, **task_kwargs: Any):
+def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bool = True,
+                 auto_precision: bool = False, **task_kwargs: Any):
     """An invoke task running the library function `fn` (`pipeline.cli.commands`), with help from its docstring.
 
     `fn(spec, *, own...)` also takes every spec flag and receives the validated `BuildSpec` (with
     `optional_spec=True`, None unless --model or --spec is given: `serve`/`smoke` take a repository path instead);
     `fn(own...)` takes only its own parameters. The task is named after `fn` without its `_command` suffix;
     errors print one line and exit with their code (`exit_on_error`). `spec_warnings=False`: `fn` prints the
-    warnings of the spec it settles on itself (deploy picks TP/PP after the flags are read).
+    warnings of the spec it settles on itself (deploy picks TP/PP after the flags are read). `auto_precision`: `fn`
+    takes a `precision: auto` spec (build chooses, check shows the candidates); other tasks refuse one.
     """
     from invoke import task
 
@@ -206,6 +209,9 @@ def command_task(fn: Callable, *, optional_spec: bool = False, spec_warnings: bo
         spec = None
         if not optional_spec or flag_values.get("model") or flag_values.get("spec"):
             spec = spec_from_flags(flag_values)
+            if spec.auto_precision is not None and not auto_precision:
+                raise SpecError(f"precision=auto is chosen by `invoke build`; pass --precision "
+                                f"{' or '.join(spec.auto_precision.candidates)} to `invoke {name.replace('_', '-')}`")
             for w in spec.warnings if spec_warnings else ():
                 print(f"warning: {w}", file=sys.stderr)
         return fn(spec, **kwargs)

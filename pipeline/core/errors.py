@@ -48,6 +48,11 @@ class CalibrationError(PipelineError):
     """Calibration data, quantization, the quality gate or the export failed."""
 
 
+class QualityGateFailed(CalibrationError):
+    """A quantized checkpoint's held-out perplexity delta exceeds the gate: `actual` is the delta (%), `expected` the
+    threshold (%)."""
+
+
 class CompileError(PipelineError):
     """The engine build cannot run here or its result is not what was planned."""
 

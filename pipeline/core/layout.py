@@ -41,6 +41,11 @@ def checkpoint_dir(build_id: str) -> Path:
     return engines_dir() / check_name(build_id, what="build id", fix="fix the model name") / "checkpoint"
 
 
+def precision_search_file(build_id: str) -> Path:
+    """The `precision: auto` record of the build whose precision it chose."""
+    return checkpoint_dir(build_id).parent / "precision_search.json"
+
+
 def runtime_checkpoint_dir(build_id: str, runtime: str) -> Path:
     """The calibrate output of `build_id` for `runtime` (engine: TensorRT-LLM checkpoint; pytorch: HF)."""
     return engines_dir() / check_name(build_id, what="build id", fix="fix the model name") / \
@@ -101,6 +106,11 @@ class BuildLayout:
     @property
     def draft_checkpoint(self) -> Path | None:
         return runtime_checkpoint_dir(self.draft_build_id, self.runtime) if self.draft_build_id else None
+
+    @property
+    def precision_search(self) -> Path:
+        """What `precision: auto` tried and measured (`manifests.PrecisionSearch`), when the build chose so."""
+        return precision_search_file(self.build_id)
 
     @property
     def tokenizer(self) -> Path:

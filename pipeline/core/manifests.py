@@ -9,6 +9,7 @@ files still match that table (`Manifest.problems`); anything else is rebuilt, or
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -270,6 +271,55 @@ class CheckpointManifest(Manifest):
     timings: dict[str, float]
     peak_memory: dict[str, int]
     argv: list[str]
+
+
+class PrecisionCandidate(_Record):
+    """One calibrated `precision: auto` candidate: its held-out perplexity delta and whether it passed the gate."""
+
+    precision: str
+    kv_cache: str
+    ppl_delta_pct: float
+    passed: bool
+    build_id: str  # the candidate's checkpoint build (kept when it failed too: its manifest records the delta)
+
+
+class PrecisionSearch(_Record):
+    """What `precision: auto` tried (in order), what each measured, which passed the gate and which it chose.
+
+    Written in the chosen build's directory (`BuildLayout.precision_search`); `passing` is the set a later search
+    (cost, SLO) may choose from without calibrating again."""
+
+    model: str
+    gpu: str
+    runtime: str
+    threshold_pct: float
+    candidates: list[PrecisionCandidate]
+    refused: dict[str, str]  # candidates the spec's rules refused, with why (never calibrated)
+    not_tried: list[str]  # cheaper candidates skipped because a more precise one failed the gate
+    passing: list[str]  # the candidates that passed the gate, most precise first
+    chosen: str  # the cheapest passing candidate
+
+    def write(self, path: Path) -> Path:
+        """Write the record to `path` atomically (a reader sees the old one or this one)."""
+        tmp = Path(path).with_suffix(".json.tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, path)
+        return Path(path)
+
+    @classmethod
+    def read(cls, path: Path) -> PrecisionSearch | None:
+        """The record at `path`, None when there is none.
+
+        Raises:
+            IntegrityError: the file is unreadable or not such a record.
+        """
+        try:
+            return cls.model_validate_json(Path(path).read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (ValidationError, ValueError, OSError):
+            raise IntegrityError(f"{path} is corrupt or from another pipeline version; re-run `invoke build "
+                                 "--precision auto`", path=path) from None
 
 
 class GpuRecord(_Record):

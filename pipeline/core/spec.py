@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from pipeline.core.errors import SpecError
+from pipeline.core.gpus import GPUS
 from pipeline.core.registry import ModelEntry, get_model, load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
 
@@ -22,6 +24,7 @@ KVCache = Literal["fp8", "int8", "bf16", "fp16"]
 GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
 Target = Literal["trtllm", "reference"]
 Runtime = Literal["engine", "pytorch"]
+AUTO = "auto"  # `precision: auto`: `build` calibrates the AutoPrecision candidates and keeps the cheapest passing
 
 # No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
 _Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -53,7 +56,9 @@ class QuantizationSpec(_Section):
         "quality_gate": "whether the gate is enforced passes or refuses a checkpoint, never changes it",
     }
 
-    precision: Precision = Field("fp8", description="weight/activation precision")
+    precision: Precision = Field(
+        "fp8", description="weight/activation precision; 'auto' (build): calibrate FP8 (INT8-SQ without FP8), then "
+        "INT4-AWQ while the quality gate holds, keep the cheapest that passes")
     kv_cache: KVCache | None = Field(
         None, description="KV-cache dtype (default: fp8 for fp8/w4a8_awq, else the compute dtype)"
     )
@@ -210,6 +215,21 @@ class HardwareSpec(_Section):
         "pipeline/core/gpus.py)")
 
 
+@dataclass(frozen=True)
+class AutoPrecision:
+    """`precision: auto`: the candidates `build` calibrates, most precise first (each cheaper in memory than the one
+    before; a cheaper one is tried only while the one before passes the quality gate), and those the spec's rules
+    refuse, with why."""
+
+    candidates: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...] = ()
+
+
+def auto_ladder(gpu: str) -> tuple[str, ...]:
+    """The precisions `auto` tries on `gpu`, in order: FP8 then INT4-AWQ; INT8-SQ instead of FP8 without FP8."""
+    return ("fp8", "int4_awq") if GPUS[gpu].has_fp8 else ("int8_sq", "int4_awq")
+
+
 def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
     """A resolved value: the spec's `section.name`, or the registry model's `registry_section.name` when unset."""
 
@@ -241,6 +261,9 @@ class BuildSpec(BaseModel):
     warnings: list[str] = Field(default_factory=list, exclude=True)
     # engine limits the user left unset -> why they have their value (pipeline.planning.limits_choice fills it)
     limit_reasons: dict[str, str] = Field(default_factory=dict, exclude=True)
+    # `precision: auto` before `build` chooses: `quantization.precision` holds the first candidate meanwhile, and the
+    # spec has no identity (nothing is named after a precision not chosen yet)
+    auto_precision: AutoPrecision | None = Field(None, exclude=True)
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
     max_batch_size = _or_registry("limits", "max_batch_size")
@@ -322,7 +345,8 @@ class BuildSpec(BaseModel):
         q = self.quantization
         parts = [
             f"{self.model.name} ({self.model.repo_id}@{self.model.revision})",
-            f"precision={q.precision} kv={q.kv}",
+            f"precision=auto({'>'.join(self.auto_precision.candidates)}) kv={q.kv_cache or 'per candidate'}"
+            if self.auto_precision else f"precision={q.precision} kv={q.kv}",
             f"tp={self.parallelism.tp} pp={self.parallelism.pp}"
             + (f" moe_tp={self.parallelism.moe_tp_size} moe_ep={self.parallelism.moe_ep_size}"
                if self.model.architecture.is_moe else ""),
@@ -341,7 +365,14 @@ class BuildSpec(BaseModel):
 
     def hash_factors(self, stage: str) -> dict[str, Any]:
         """What names `stage`'s output (`STAGE_FACTORS`): each section's factors (its `IGNORED` fields left out),
-        the registry entries themselves (not the file they came from) and the target/runtime where they count."""
+        the registry entries themselves (not the file they came from) and the target/runtime where they count.
+
+        Raises:
+            SpecError: `precision: auto` not chosen yet (`with_precision`), or an unknown stage.
+        """
+        if self.auto_precision is not None:
+            raise SpecError("precision=auto names no artifact until `invoke build` has chosen one; pass "
+                            f"--precision {' or '.join(self.auto_precision.candidates)} for this command")
         try:
             names = STAGE_FACTORS[stage]
         except KeyError:
@@ -358,6 +389,18 @@ class BuildSpec(BaseModel):
         ref), the Triton repository and the release (`stage="package"`: every artifact-defining factor). GPU price,
         node count, memory fractions and the models-file path never change it."""
         return _sha256(self.hash_factors(stage))
+
+    def with_precision(self, precision: str) -> BuildSpec:
+        """A copy at `precision` (no longer `auto`), checked by the intrinsic rules (its warnings replace these).
+
+        Raises:
+            SpecError: a rule refuses `precision` for this spec.
+        """
+        quant = self.quantization.model_copy(update={"precision": precision})
+        QuantizationSpec.model_validate(quant.model_dump())  # a precision name pydantic accepts
+        chosen = self.model_copy(update={"quantization": quant, "auto_precision": None})
+        chosen.warnings = validate_spec(chosen)
+        return chosen
 
 
 # The spec factors each stage's output depends on (later stages add to earlier ones). Never part of any:
@@ -405,8 +448,10 @@ def _load_spec_file(path: str | Path) -> dict[str, Any]:
             continue
         if not isinstance(raw[section], dict):
             raise SpecError(f"spec file {p}: '{section}' must be a mapping of its fields")
+        fields = {k: v for k, v in raw[section].items() if not (section == "quantization" and k == "precision"
+                                                                  and v == AUTO)}
         try:
-            cls.model_validate(raw[section], strict=True)
+            cls.model_validate(fields, strict=True)
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in (section, *err["loc"]))
@@ -458,6 +503,9 @@ def resolve_spec(
         if not isinstance(data[section], dict):
             raise SpecError(f"spec section '{section}' must be a mapping")
         data[section][key] = value
+    auto = isinstance(data.get("quantization"), dict) and data["quantization"].get("precision") == AUTO
+    if auto:
+        data["quantization"] = {k: v for k, v in data["quantization"].items() if k != "precision"}
     model_name = data.pop("model", None)
     if not model_name:
         raise SpecError("no model given; pass --model NAME (see `invoke check --help` or pipeline/models.yaml)")
@@ -478,6 +526,31 @@ def resolve_spec(
         if not name:
             raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
         spec.draft_model = get_model(name, models_file=models_file)
+    if auto:
+        return _auto_precision(spec, validate=validate)
     if validate:
         spec.warnings = validate_spec(spec)
     return spec
+
+
+def _auto_precision(spec: BuildSpec, *, validate: bool) -> BuildSpec:
+    """`spec` with `auto_precision` set: the ladder's candidates the rules allow (the first one standing in as its
+    precision until `build` chooses), those they refuse with why.
+
+    Raises:
+        SpecError: the rules refuse every candidate (naming each reason).
+    """
+    allowed, refused = [], []
+    for precision in auto_ladder(spec.hardware.gpu):
+        try:
+            spec.with_precision(precision) if validate else None
+            allowed.append(precision)
+        except SpecError as exc:
+            refused.append((precision, str(exc)))
+    if not allowed:
+        raise SpecError("precision=auto: no candidate fits this spec: "
+                        + "; ".join(f"{p}: {why}" for p, why in refused))
+    first = spec.with_precision(allowed[0]) if validate else spec.model_copy(
+        update={"quantization": spec.quantization.model_copy(update={"precision": allowed[0]})})
+    first.auto_precision = AutoPrecision(tuple(allowed), tuple(refused))
+    return first

@@ -31,6 +31,7 @@ from pipeline.backends import backend_for
 from pipeline.core.errors import BenchError, PipelineError, RequestsFailed
 from pipeline.core.gpus import gpu_price
 from pipeline.core.table import format_table
+from pipeline.serving.dataset import DatasetRequest, load_dataset
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
 from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
@@ -41,6 +42,7 @@ from pipeline.stages.package import llmapi_yaml, pbtxt
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 MAX_CONCURRENCY = 4096  # clients per level; each is one gRPC stream and one thread, opened only for requests that exist
 MAX_REQUESTS = 100_000  # requests per level
+MAX_REQUEST_RATE = 1e6  # requests per second (Poisson arrivals)
 HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
 SHARED_PREFIX = (
     "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
@@ -152,6 +154,8 @@ class LevelStats:
     speculated_share: float | None = None
     ttft_ms_cold_p50: float | None = None
     ttft_ms_warm_p50: float | None = None
+    tpot_ms_p95: float | None = None
+    request_rate: float | None = None  # Poisson arrivals per second (None: closed loop, each client sends at once)
 
 
 def summarize(
@@ -190,7 +194,18 @@ def summarize(
         speculated_share=_round(speculated_share(ok)),
         ttft_ms_cold_p50=ms(cold),
         ttft_ms_warm_p50=ms(warm),
+        tpot_ms_p95=ms(percentile((s.tpot_s for s in ok), 95)),
     )
+
+
+def length_stats(lengths: Iterable[int]) -> dict[str, float] | None:
+    """Count, mean, min, p50, p90, p99 and max of token lengths; None for none."""
+    xs = list(lengths)
+    if not xs:
+        return None
+    stats = {"count": len(xs), "mean": round(sum(xs) / len(xs), 2), "min": min(xs)}
+    stats |= {f"p{q}": round(percentile(xs, q), 2) for q in (50, 90, 99)}
+    return stats | {"max": max(xs)}
 
 
 def _round(v: float | None, n: int = 4) -> float | None:
@@ -280,6 +295,13 @@ class BenchReport:
     ttft_ms_cold_p50: float | None = None
     ttft_ms_warm_p50: float | None = None
     warnings: list[str] = field(default_factory=list)
+    # the figures an SLO is written in, over every successful request of the run
+    ttft_ms_p99: float | None = None
+    tpot_ms_p95: float | None = None
+    request_rate: float | None = None  # Poisson arrivals per second, per level (None: closed loop)
+    dataset: str | None = None  # the JSONL file the prompts came from (None: the built-in prompt sets)
+    input_len: dict[str, float] | None = None  # prompt tokens (with the build's tokenizer)
+    output_len: dict[str, float] | None = None  # output tokens the server produced
 
     @property
     def failed(self) -> int:
@@ -332,6 +354,10 @@ def format_report(r: BenchReport) -> str:
     )
     lines += [
         "",
+        f"SLO figures: TTFT p99 {_fmt(r.ttft_ms_p99)} ms, TPOT p95 {_fmt(r.tpot_ms_p95, '.2f')} ms"
+        + (f"; Poisson arrivals at {r.request_rate:g} req/s per level" if r.request_rate else "; closed loop"),
+        *(f"{name} tokens: " + (", ".join(f"{k} {v:g}" for k, v in d.items()) if d else "n/a")
+          for name, d in (("input", r.input_len), ("output", r.output_len)) if d or r.dataset),
         f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
         f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
         f"speculation acceptance rate: {acc}",
@@ -339,7 +365,7 @@ def format_report(r: BenchReport) -> str:
         f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
         f"requests that speculated: {_pct(r.speculated_share)}"
         + (f"; shared prefix {r.shared_prefix_tokens} tokens on {r.shared_prefix_share:.0%} of requests"
-           if r.shared_prefix_tokens else ""),
+           if r.shared_prefix_tokens else "") + (f"; prompts from {r.dataset}" if r.dataset else ""),
     ]
     lines += [f"note: {n}" for n in r.notes]
     lines += [f"warning: {w}" for w in r.warnings]
@@ -630,10 +656,12 @@ def server_ttft_s(stamps: dict[str, int]) -> float | None:
     return (first - start) / 1e9 if first and start and first >= start else None
 
 
-def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, timeout_s, tokenizer,
-           texts: list[str] | None = None, draft_tokens: int | None = None) -> tuple:
+def _level(url, info, stream, concurrency, n_requests, max_tokens: int | list[int], budget_s, timeout_s, tokenizer,
+           texts: list[str] | None = None, draft_tokens: int | None = None,
+           arrivals: list[float] | None = None) -> tuple:
     """Send `n_requests` with at most `concurrency` in flight: min(concurrency, n_requests) clients, one thread
-    each; (samples, wall seconds)."""
+    each; request i asks for `max_tokens[i]` tokens (or `max_tokens`) and, with `arrivals`, is sent no earlier than
+    `arrivals[i]` seconds after the level starts (later when every client is busy); (samples, wall seconds)."""
     workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens)
                for _ in range(clients_for(concurrency, n_requests))]
     texts = texts or prompts(n_requests)
@@ -649,7 +677,12 @@ def _level(url, info, stream, concurrency, n_requests, max_tokens, budget_s, tim
                 if i >= n_requests or time.perf_counter() - start > budget_s:
                     return
                 next_idx[0] += 1
-            s = w.request(texts[i], max_tokens, f"bench-{concurrency}-{i}")
+            if arrivals is not None:
+                if arrivals[i] > budget_s:
+                    return
+                time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+            n_out = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
+            s = w.request(texts[i], n_out, f"bench-{concurrency}-{i}")
             with lock:
                 samples.append(s)
             if not s.ok:
@@ -709,6 +742,9 @@ def run_bench(
     speculation: str = "server",
     max_input_len: int | None = None,
     max_seq_len: int | None = None,
+    dataset: str | Path | None = None,
+    request_rate: float | None = None,
+    seed: int = 0,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
@@ -723,6 +759,7 @@ def run_bench(
             level twice, with the route's default and off; needs a model with a num_draft_tokens input).
         max_input_len, max_seq_len: the build's limits: every prompt is checked against them before anything is
             sent (`check_prompt_limits`).
+        dataset, request_rate, seed: prompts from a JSONL file and Poisson arrivals (`plan_workload`).
 
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
@@ -732,12 +769,13 @@ def run_bench(
     workload = plan_workload(concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
                              shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share,
                              speculation=speculation, tokenizer=tokenizer, max_input_len=max_input_len,
-                             max_seq_len=max_seq_len)
+                             max_seq_len=max_seq_len, dataset=dataset, request_rate=request_rate, seed=seed)
     info = _served_model(grpc_url, model)
     stream = _stream_mode(info, stream, speculation)
     report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
                          gpu_price_source=gpu_price_source, shared_prefix_tokens=shared_prefix_tokens,
-                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0)
+                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0,
+                         request_rate=request_rate, dataset=str(dataset) if dataset is not None else None)
     if warmup:
         _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
                texts=[WARMUP_PROMPT])
@@ -745,11 +783,7 @@ def run_bench(
     samples = _sweep(report, info, tokenizer, workload, level_budget_s, request_timeout_s)
     after = scrape_metrics(metrics_url) if metrics_url else None
     ok = [s for s in samples if s.ok]
-    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
-    report.speculated_share = _round(speculated_share(ok))
-    cold, warm = cold_warm_ttft(ok)
-    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
-    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
+    _run_figures(report, ok, workload, tokenizer)
     _prefix_cache_ratio(report, ok, before, after)
     _add_notes(report, ok, workload)
     return report
@@ -757,51 +791,95 @@ def run_bench(
 
 @dataclass
 class LevelPlan:
-    """One level of the sweep: its concurrency, speculation mode and the exact prompts it sends."""
+    """One level of the sweep: its concurrency, speculation mode, the exact prompts it sends, the output tokens each
+    asks for and, with a request rate, when each is due (seconds after the level starts)."""
 
     concurrency: int
     mode: str
     texts: list[str]
+    max_tokens: list[int] = field(default_factory=list)
+    arrivals: list[float] | None = None
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Send times (s) of `n` requests arriving as a Poisson process of `rate` per second: the first at 0, then
+    exponential gaps of mean 1/rate (numpy's seeded generator: the same seed, the same schedule)."""
+    import numpy as np
+
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
+    return [0.0, *np.cumsum(gaps[:-1]).round(6).tolist()][:n]
+
+
+def _level_requests(n: int, start: int, *, max_tokens: int, dataset: list[DatasetRequest] | None,
+                    shared_prefix_tokens: int, shared_prefix_share: float, tokenizer, run: str
+                    ) -> tuple[list[str], list[int]]:
+    """Prompts and output lengths of requests start..start+n-1: the dataset's in file order (cycling), the
+    shared-prefix workload, or the fixed prompt set."""
+    if dataset:
+        reqs = [dataset[i % len(dataset)] for i in range(start, start + n)]
+        return [r.prompt for r in reqs], [r.output_len or max_tokens for r in reqs]
+    texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer, start=start, run=run)
+             if shared_prefix_tokens else prompts(n))
+    return texts, [max_tokens] * n
 
 
 def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level: int = 8, max_tokens: int = 32,
                   shared_prefix_tokens: int = 0, shared_prefix_share: float = 1.0, speculation: str = "server",
                   tokenizer=None, max_input_len: int | None = None, max_seq_len: int | None = None,
+                  dataset: str | Path | None = None, request_rate: float | None = None, seed: int = 0,
                   **_server_options: Any) -> list[LevelPlan]:
     """Every level's prompts, checked against the options' caps and the build's limits before anything is sent.
 
+    Args:
+        dataset: a JSONL file of prompts (`pipeline.serving.dataset`); each level takes the next
+            `requests_per_level` of them (cycling), asking for each one's output length (else `max_tokens`).
+        request_rate: Poisson arrivals per second within each level (seeded by `seed` and the level), the
+            concurrency level capping how many are in flight; None: each client sends its next request at once.
+
     Raises:
         BenchError: bad options, a level over `MAX_CONCURRENCY`, requests over `MAX_REQUESTS`, prompts over the
-            build's limits.
+            build's limits, a malformed dataset.
     """
     levels = sorted({int(c) for c in concurrency})
     _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
+    if request_rate is not None and not 0 < request_rate <= MAX_REQUEST_RATE:
+        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within 0..{MAX_REQUEST_RATE}")
+    if dataset is not None and shared_prefix_tokens:
+        raise BenchError("--dataset and --shared-prefix-tokens both choose the prompts; pass one of them")
+    data = load_dataset(dataset, tokenizer=tokenizer) if dataset is not None else None
     n = requests_per_level
     run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
     plans, sent = [], 0
     for mode in ("server", "off") if speculation == "both" else (speculation,):
         for c in levels:
-            texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer, start=sent, run=run)
-                     if shared_prefix_tokens else prompts(n))
-            plans.append(LevelPlan(c, mode, texts))
+            texts, outs = _level_requests(n, sent, max_tokens=max_tokens, dataset=data, tokenizer=tokenizer, run=run,
+                                          shared_prefix_tokens=shared_prefix_tokens,
+                                          shared_prefix_share=shared_prefix_share)
+            arrivals = poisson_arrivals(n, request_rate, seed + len(plans)) if request_rate else None
+            plans.append(LevelPlan(c, mode, texts, outs, arrivals))
             sent += n
     check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=max_tokens,
                         shared_prefix_tokens=shared_prefix_tokens, max_input_len=max_input_len,
-                        max_seq_len=max_seq_len)
+                        max_seq_len=max_seq_len, output_lens=[o for p in plans for o in p.max_tokens])
     return plans
 
 
 def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_prefix_tokens: int = 0,
-                        max_input_len: int | None = None, max_seq_len: int | None = None) -> None:
+                        max_input_len: int | None = None, max_seq_len: int | None = None,
+                        output_lens: list[int] | None = None) -> None:
     """BenchError when a prompt (counted with the build's tokenizer, special tokens included, as preprocessing
-    does) exceeds `max_input_len`, or prompt + `max_tokens` exceeds `max_seq_len`. Without a tokenizer only the
-    shared prefix itself is checked."""
+    does) exceeds `max_input_len`, or prompt + its output length (`output_lens[i]`, else `max_tokens`) exceeds
+    `max_seq_len`. Without a tokenizer only the shared prefix itself is checked."""
     if max_input_len is not None and shared_prefix_tokens > max_input_len:
         raise BenchError(f"--shared-prefix-tokens {shared_prefix_tokens} exceeds the build's max_input_len "
                          f"{max_input_len}; lower --shared-prefix-tokens or build with a larger --max-input-len")
     if tokenizer is None or not texts or (max_input_len is None and max_seq_len is None):
         return
-    longest = max(len(tokenizer.encode(t).ids) for t in set(texts))
+    lengths = {t: len(tokenizer.encode(t).ids) for t in set(texts)}
+    longest = max(lengths.values())
+    if output_lens is not None and len(set(output_lens)) > 1:
+        _check_dataset_lengths(texts, lengths, output_lens, max_input_len=max_input_len, max_seq_len=max_seq_len)
+        return
     if max_input_len is not None and longest > max_input_len:
         over = longest - max_input_len
         fix = ("" if not shared_prefix_tokens else
@@ -814,6 +892,20 @@ def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_
                else "shorten the prompts")
         raise BenchError(f"the longest bench prompt ({longest} tokens) + --max-tokens {max_tokens} exceeds the "
                          f"build's max_seq_len {max_seq_len}; {fix} or build with a larger --max-seq-len")
+
+
+def _check_dataset_lengths(texts: list[str], lengths: dict[str, int], output_lens: list[int], *,
+                           max_input_len: int | None, max_seq_len: int | None) -> None:
+    """Per-request limits of a dataset workload: each prompt within max_input_len, prompt + its output length
+    within max_seq_len (BenchError naming the first request over)."""
+    for i, (text, out) in enumerate(zip(texts, output_lens)):
+        n = lengths[text]
+        if max_input_len is not None and n > max_input_len:
+            raise BenchError(f"dataset request {i}: its prompt is {n} tokens with the build's tokenizer, over its "
+                             f"max_input_len {max_input_len}; drop such prompts or build with a larger --max-input-len")
+        if max_seq_len is not None and n + out > max_seq_len:
+            raise BenchError(f"dataset request {i}: prompt {n} + output_len {out} tokens exceed the build's "
+                             f"max_seq_len {max_seq_len}; lower its output_len or build with a larger --max-seq-len")
 
 
 def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, shared_prefix_tokens: int,
@@ -876,12 +968,31 @@ def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[Leve
     samples: list[RequestSample] = []
     for plan in workload:
         level, wall = _level(report.url, info, report.streaming, plan.concurrency, len(plan.texts),
-                             report.max_tokens, level_budget_s, request_timeout_s, tokenizer, texts=plan.texts,
-                             draft_tokens=0 if plan.mode == "off" else None)
+                             plan.max_tokens or report.max_tokens, level_budget_s, request_timeout_s, tokenizer,
+                             texts=plan.texts, draft_tokens=0 if plan.mode == "off" else None,
+                             arrivals=plan.arrivals)
         samples += level
-        report.levels.append(summarize(plan.concurrency, level, wall, gpus=report.gpus,
-                                       price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode))
+        stats = summarize(plan.concurrency, level, wall, gpus=report.gpus,
+                          price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode)
+        stats.request_rate = report.request_rate
+        report.levels.append(stats)
     return samples
+
+
+def _run_figures(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan], tokenizer) -> None:
+    """Run-wide figures: acceptance, share that speculated, cold/warm TTFT, P99 TTFT and P95 TPOT (what an SLO is
+    written in), and the input/output token length distributions."""
+    report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
+    report.speculated_share = _round(speculated_share(ok))
+    cold, warm = cold_warm_ttft(ok)
+    report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
+    report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
+    ttft, tpot = percentile((s.ttft_s for s in ok), 99), percentile((s.tpot_s for s in ok), 95)
+    report.ttft_ms_p99 = round(ttft * 1000, 3) if ttft is not None else None
+    report.tpot_ms_p95 = round(tpot * 1000, 3) if tpot is not None else None
+    if tokenizer is not None:
+        report.input_len = length_stats(len(tokenizer.encode(t).ids) for p in workload for t in p.texts)
+    report.output_len = length_stats(s.output_tokens for s in ok)
 
 
 def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: dict | None,

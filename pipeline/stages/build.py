@@ -26,10 +26,13 @@ from pipeline.backends import PackageInputs, backend_for, backend_named
 from pipeline.core.artifacts import engines_dir, stage_lock
 from pipeline.core.errors import BuildError, CalibrationError, CompileError, PackageError, PipelineError
 from pipeline.core.layout import BuildLayout
-from pipeline.core.manifests import StageResult, integrity_error
+from pipeline.core.manifests import PrecisionSearch, StageResult, integrity_error
 from pipeline.core.refs import ROLES, Lookup, lookup, write_ref
 from pipeline.core.spec import BuildSpec
+from pipeline.planning.limits_choice import choose_limits
+from pipeline.stages.calibrate.precision_search import choose_precision
 from pipeline.stages.calibrate.stage import check_family, run_calibrate
+from pipeline.stages.check import check_spec_fits
 from pipeline.stages.calibrate.stage import log_file as calibrate_log
 from pipeline.stages.compile import run_compile
 from pipeline.stages.compile.preflight import preflight
@@ -86,6 +89,8 @@ class BuildReport:
     stages: list[StageOutcome]
     total_s: float
     outputs: BuildOutputs
+    precision_search: PrecisionSearch | None = None  # what `precision: auto` tried, when it chose
+    spec: BuildSpec | None = None  # the spec built (with `precision: auto`, at the chosen precision)
 
     @property
     def noop(self) -> bool:
@@ -98,6 +103,7 @@ class BuildReport:
             "total_s": round(self.total_s, 3),
             "stages": [asdict(s) for s in self.stages],
             "outputs": self.outputs.paths(),
+            **({"precision_search": self.precision_search.model_dump(mode="json")} if self.precision_search else {}),
         }
 
 
@@ -313,6 +319,9 @@ def build(
     t_start = time.perf_counter()
     run = [] if check_only else stage_range(until=until, from_stage=from_stage, force=force, target=spec.target,
                                             runtime=spec.runtime)
+    if spec.auto_precision is not None and "calibrate" not in run:
+        raise BuildError("precision=auto is chosen by calibrating: run a stage range that includes calibrate, or "
+                         f"pass --precision {' or '.join(spec.auto_precision.candidates)}")
     forced = set(STAGES[STAGES.index(force):]) if force else set()
     out = BuildOutputs()
     chain = _chain(spec, until or STAGES[-1])
@@ -329,13 +338,30 @@ def build(
     oc.elapsed_s = round(time.perf_counter() - t0, 3)
     say(f"[1/{n}] check: ok ({oc.detail}) in {oc.elapsed_s:.2f}s")
     outcomes = [oc]
+    search = None
+    if spec.auto_precision is not None:
+        spec, search = _choose_precision(spec, run, options, say)
     lock = contextlib.nullcontext() if check_only else stage_lock(engines_dir() / f"build-{spec.identity()[:16]}")
     with lock:
         outcomes += _run_chain(spec, chain, run, forced, out, options, toolchain, n=n, say=say)
     total = time.perf_counter() - t_start
-    report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out)
+    report = BuildReport(spec.summary(), spec.target, out.build_id, outcomes, total, out, search, spec)
     say(f"build {'unchanged' if report.noop else 'done'}: {out.build_id or '-'} in {total:.2f}s")
     return report
+
+
+def _choose_precision(spec: BuildSpec, run: list[str], options: BuildOptions,
+                      say: Callable[[str], None]) -> tuple[BuildSpec, PrecisionSearch]:
+    """`precision: auto`: fetch (or locate) the model, calibrate the candidates (`choose_precision`), and return the
+    spec at the chosen precision with its limits chosen and its fit checked again, and what was measured."""
+    fetched = BuildOutputs()
+    _download(spec, fetched, options, False, "download" not in run)
+    choice = choose_precision(spec, source=fetched.download, verify=options.verify, say=say)
+    chosen = check_spec_fits(choose_limits(choice.spec))
+    for w in chosen.warnings:
+        if w not in spec.warnings:  # the stand-in precision's were printed with the spec
+            say(f"warning: {w}")
+    return chosen, choice.record
 
 
 def _chain(spec: BuildSpec, last: str) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.errors import CalibrationError
+from pipeline.core.errors import CalibrationError, QualityGateFailed
 from pipeline.core.manifests import RoundtripCheck
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,10 +99,11 @@ def gate(report: QualityReport, *, enforce: bool, what: str) -> None:
     """Raise when the gate trips and is enforced (the numbers are in the manifest either way)."""
     if report.passed or not enforce:
         return
-    raise CalibrationError(
+    raise QualityGateFailed(
         f"quality gate failed for {what}: held-out perplexity {report.ppl_base:.4f} -> {report.ppl_quant:.4f} "
         f"({report.ppl_delta_pct:+.3f} % > {report.threshold_pct:g} %); choose a higher precision, more/better "
-        "calibration data, raise --max-ppl-delta, or pass --no-quality-gate"
+        "calibration data, raise --max-ppl-delta, or pass --no-quality-gate",
+        expected=report.threshold_pct, actual=report.ppl_delta_pct,
     )
 
 

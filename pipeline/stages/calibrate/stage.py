@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pipeline.backends import CheckpointFormat, checkpoint_format
 from pipeline.core.architectures import FAMILIES
 from pipeline.core.artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
-from pipeline.core.errors import CalibrationError
+from pipeline.core.errors import CalibrationError, QualityGateFailed
 from pipeline.core.layout import runtime_checkpoint_dir
 from pipeline.core.manifests import (
     CalibrationRecord,
@@ -189,10 +189,11 @@ def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
 def _gate_from_manifest(manifest: CheckpointManifest, plan: _Plan) -> None:
     q = manifest.quality
     if plan.enforce and not q.ppl_delta_pct <= plan.threshold:
-        raise CalibrationError(
+        raise QualityGateFailed(
             f"quality gate failed for {plan.entry.name} {plan.precision}: the existing checkpoint's held-out "
             f"perplexity {q.ppl_base:.4f} -> {q.ppl_quant:.4f} ({q.ppl_delta_pct:+.3f} % > {plan.threshold:g} %); "
-            "raise --max-ppl-delta or pass --no-quality-gate"
+            "raise --max-ppl-delta or pass --no-quality-gate",
+            expected=plan.threshold, actual=q.ppl_delta_pct,
         )
 
 
