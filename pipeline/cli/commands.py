@@ -120,7 +120,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
                  compare=False, acceptance: float | None = None, prefix_hit: float | None = None,
                  estimator: Literal["aiconfigurator"] | None = None, slo=False, ttft_ms: float | None = None,
                  tpot_ms: float | None = None, prefix_share: float | None = None, rate: float | None = None,
-                 bench_report: str | None = None, write_spec: str | None = None) -> None:
+                 bench_report: str | None = None, write_spec: str | None = None,
+                 precision_search: str | None = None) -> None:
     """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
     bound) and $ per 1M output tokens.
 
@@ -145,16 +146,21 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
             search (--acceptance and --prefix-share win)
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
+        precision_search: --slo: a `--precision auto` build's precision_search.json: only the precisions that
+            passed its quality gate are searched (default: the newest such record of this model and GPU under
+            engines/, else bf16/fp8/int4_awq/w4a8_awq)
     """
     if slo:
         if compare or estimator:
             raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
                         prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
-                        tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec)
-    if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec)):
-        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report and --write-spec belong to "
-                        "--slo; add --slo")
+                        tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec,
+                        precision_search=precision_search)
+    if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec,
+                                   precision_search)):
+        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec and "
+                        "--precision-search belong to --slo; add --slo")
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
                                        minimum=0.0),
@@ -184,7 +190,7 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
 
 
 def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance, prefix_share, ttft_ms, tpot_ms,
-             rate, bench_report: str | None, write_spec: str | None) -> None:
+             rate, bench_report: str | None, write_spec: str | None, precision_search: str | None = None) -> None:
     """`plan --slo`: the search (pipeline.planning.slo_search) over `spec`, printed; the pick written as a spec."""
     if ttft_ms is None or tpot_ms is None:
         raise SpecError("plan --slo needs --ttft-ms and --tpot-ms (the SLO to meet)")
@@ -197,7 +203,9 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
     goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
                           int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
-    result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec)
+    passing, source = _passing_precisions(spec, precision_search)
+    result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec, precisions=passing,
+                               precision_source=source)
     if result.pick is None:
         nearest = f"; nearest miss: {result.nearest_miss}" if result.nearest_miss else ""
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
@@ -210,6 +218,30 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     print(slo_search.format_search(result))
     if written:
         print(f"spec: {written} (`invoke check --spec {shlex.quote(str(written))}`, then `invoke build --spec ...`)")
+
+
+def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, ...] | None, str]:
+    """The precisions that passed a `--precision auto` build's quality gate (`--precision-search FILE`, else the
+    newest such record of this model and GPU under engines/), and where they came from; (None, "searched")
+    when there is none."""
+    from pipeline.core.errors import IntegrityError
+    from pipeline.core.manifests import PrecisionSearch
+
+    if path:
+        record = PrecisionSearch.read(Path(path))
+        if record is None:
+            raise SpecError(f"--precision-search {path} does not exist; pass the precision_search.json a "
+                            "`--precision auto` build wrote")
+        return slo_search.passing_precisions(record, spec, Path(path)), f"passed the quality gate: {path}"
+    found = sorted(engines_dir().glob("*/precision_search.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for f in found:
+        try:
+            record = PrecisionSearch.read(f)
+        except IntegrityError:
+            continue
+        if record and record.model == spec.model.name and record.gpu == spec.hardware.gpu and record.passing:
+            return slo_search.passing_precisions(record, spec, f), f"passed the quality gate: {f}"
+    return None, "searched"
 
 
 def write_pick(spec: BuildSpec, pick, path: str) -> Path:

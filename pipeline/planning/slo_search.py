@@ -118,6 +118,8 @@ class SloSearch:
     front: list[Candidate]  # Pareto front of the fitting candidates within the TTFT: tok/s per GPU up, TPOT down
     losses: dict[str, Loss] = field(default_factory=dict)
     nearest_miss: str = ""
+    precisions: tuple[str, ...] = ()  # the precisions searched
+    precision_source: str = "searched"  # or the quality record whose passing set they are
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -133,8 +135,9 @@ class _Space:
     runtimes: tuple[str, ...]
 
 
-def search_space(spec: BuildSpec, *, speculation: bool = True) -> _Space:
-    """Every dimension the searched spec left unset is searched; what the user set stays fixed."""
+def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple[str, ...] | None = None) -> _Space:
+    """Every dimension the searched spec left unset is searched; what the user set stays fixed. `precisions`: the
+    precisions that passed the quality gate (a `precision: auto` build's record) replace the default candidates."""
     q, p, lim, sp = spec.quantization, spec.parallelism, spec.limits, spec.speculation
     given_batch = "max_batch_size" in lim.model_fields_set and "max_batch_size" not in spec.limit_reasons
     gpus = capacity(spec.hardware)
@@ -149,7 +152,7 @@ def search_space(spec: BuildSpec, *, speculation: bool = True) -> _Space:
     else:
         drafts = ((None, None),)
     return _Space(
-        precisions=(q.precision,) if "precision" in q.model_fields_set else SEARCH_PRECISIONS,
+        precisions=(q.precision,) if "precision" in q.model_fields_set else (precisions or SEARCH_PRECISIONS),
         tps=tps, pps=pps, drafts=drafts, batches=(spec.max_batch_size,) if given_batch else BATCHES,
         runtimes=(spec.runtime,) if "runtime" in spec.model_fields_set else RUNTIMES)
 
@@ -272,11 +275,14 @@ def _order(c: Candidate) -> tuple:
 
 
 def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., BuildSpec],
-           speculation: bool = True) -> SloSearch:
+           speculation: bool = True, precisions: tuple[str, ...] | None = None,
+           precision_source: str = "searched") -> SloSearch:
     """The cheapest candidate meeting `slo` ($ per 1M output tokens), the Pareto front, and why the rest lose.
 
     `check(model=..., **overrides)` is `check`'s whole rule set (`resolve_checked_spec`): the pick and the front's
     members pass it or are refused. `speculation=False` searches without a draft (AIConfigurator's space).
+    `precisions` narrows the precisions searched (those that passed the quality gate; `precision_source` says
+    where that set came from, printed with the result).
     """
     if spec.target != "trtllm":
         raise SpecError("plan --slo: the search plans GPU serving (target trtllm); drop --target reference")
@@ -284,7 +290,7 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
         raise SpecError("plan --slo: --ttft-ms and --tpot-ms must be > 0")
     if not 0.0 <= traffic.prefix_share <= 1.0 or not 0.0 <= traffic.acceptance <= 1.0:
         raise SpecError("plan --slo: --prefix-share and --acceptance must be within 0..1")
-    space = search_space(spec, speculation=speculation)
+    space = search_space(spec, speculation=speculation, precisions=precisions)
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
     losses: dict[str, Loss] = {}
     fitting: list[Candidate] = []
@@ -297,7 +303,9 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
             _lose(losses, "does not fit", f"{s.label(first)}: {why}", len(batches) - fits)
         fitting += [_candidate(_with_batch(sspec, b), s, b, traffic, price.usd_per_hour) for b in batches[:fits]]
     searched = sum(loss.count for loss in losses.values()) + len(fitting)
-    return _decide(spec, slo, traffic, fitting, losses, check=check, price=price, searched=searched)
+    result = _decide(spec, slo, traffic, fitting, losses, check=check, price=price, searched=searched)
+    result.precisions, result.precision_source = space.precisions, precision_source
+    return result
 
 
 def _checked(spec: BuildSpec, c: Candidate, check: Callable[..., BuildSpec]) -> str | None:
@@ -403,6 +411,22 @@ def read_bench_terms(path: str | Path) -> dict[str, float]:
     return terms
 
 
+def passing_precisions(record, spec: BuildSpec, path: Path) -> tuple[str, ...]:
+    """The precisions a `precision: auto` record (`PrecisionSearch`) found within the quality gate, for `spec`.
+
+    Raises:
+        SpecError: the record is of another model, or nothing in it passed the gate.
+    """
+    if record.model != spec.model.name:
+        raise SpecError(f"--precision-search {path} records {record.model}, not {spec.model.name}; pass the "
+                        f"record of a `--precision auto` build of {spec.model.name}")
+    passing = tuple(p for p in record.passing if p in SEARCH_PRECISIONS or p == "int8_sq")
+    if not passing:
+        raise SpecError(f"--precision-search {path}: no precision passed the quality gate there; search without it "
+                        "or re-run `invoke build --precision auto` with better calibration data")
+    return passing
+
+
 def _draft_cell(c: Candidate) -> str:
     if c.draft is None:
         return "-"
@@ -434,7 +458,7 @@ def format_search(r: SloSearch) -> str:
               format_table(rows, header=True), "",
               "why the others lose"]
     lines += [f"  {why}: {loss.count:,} (e.g. {loss.example})" for why, loss in r.losses.items()]
-    lines += ["", f"GPU price: {r.gpu_price_source}",
+    lines += ["", f"precisions: {', '.join(r.precisions)} ({r.precision_source})", f"GPU price: {r.gpu_price_source}",
               "$ per 1M output tokens = replicas x GPUs x $/GPU-h / 3600 / output tok/s x 1e6 (estimates: "
               "`invoke plan --compare` explains the model)"]
     return "\n".join(lines)

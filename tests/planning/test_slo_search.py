@@ -173,3 +173,33 @@ def test_text_report_prints_pick_front_and_losses(capsys):
     out = capsys.readouterr().out
     assert "\npick: " in out and "Pareto front within TTFT 500 ms (tok/s per GPU vs TPOT; * the pick)" in out
     assert "  does not fit: " in out and "  costs more: " in out and "(e.g. " in out
+
+
+def _precision_record(path, *, model="llama-70b", gpu="h100-sxm", passing=("fp8",)):
+    from pipeline.core.manifests import PrecisionCandidate, PrecisionSearch
+
+    cands = [PrecisionCandidate(precision=p, kv_cache="fp8", ppl_delta_pct=0.3, passed=p in passing, build_id=f"b-{p}")
+             for p in ("fp8", "int4_awq")]
+    PrecisionSearch(model=model, gpu=gpu, runtime="engine", threshold_pct=1.0, candidates=cands, refused={},
+                    not_tried=[], passing=list(passing), chosen=passing[-1] if passing else "fp8").write(path)
+    return path
+
+
+def test_search_takes_the_quality_gates_passing_set(tmp_path, monkeypatch, capsys):
+    """A `--precision auto` record narrows the precisions searched to those that passed its gate: with only fp8
+    passing, the default pick (w4a8_awq) is out; the record is found under engines/ when not given."""
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    (tmp_path / "engines" / "b-fp8").mkdir(parents=True)
+    _precision_record(tmp_path / "engines" / "b-fp8" / "precision_search.json")
+    plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512", json_=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["precisions"] == ["fp8"] and "precision_search.json" in out["precision_source"]
+    assert out["pick"]["precision"] == "fp8" and {c["precision"] for c in out["front"]} == {"fp8"}
+    # a record of another model is refused by name when given; ignored when only found
+    other = _precision_record(tmp_path / "other.json", model="llama-8b")
+    with pytest.raises(SpecError, match="records llama-8b, not llama-70b"):
+        plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", precision_search=str(other))
+    (tmp_path / "engines" / "b-fp8" / "precision_search.json").unlink()
+    plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512", json_=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision_source"] == "searched" and out["pick"]["precision"] != "fp8"
