@@ -55,7 +55,7 @@ def test_rules_take_thresholds_from_the_spec_and_planner():
     assert f"< {speculation_break_even(spec).acceptance:g}" in by["SpeculationBelowBreakEven"]["expr"]
     assert by["QueueTimeHigh"]["expr"].endswith(f"> {round(plan.ttft_ms_estimate, 1) * 1000:g}")
     # $ per 1M output tokens: 4 GPUs x $2.5/h, per second, x 1e6 / tok/s
-    assert by[rules.COST]["expr"].startswith(f"{4 * 2.5 / 3600 * 1e6:.6g} / trtllm:output_tokens_per_s")
+    assert by[rules.COST]["expr"].startswith(f"{4 * 2.5 / 3600 * 1e6:.10g} / trtllm:output_tokens_per_s")
     assert by[rules.COST]["labels"] == {"gpus": "4", "usd_per_gpu_hour": "2.5"}
     limit = plan.cost_per_1m_output_tokens_usd * rules.COST_ALERT_FACTOR
     assert f"> {limit:.6g}" in by["CostPerTokenAbovePlan"]["expr"]

@@ -121,12 +121,13 @@ def test_promtool_rejects_a_broken_rule(prometheus_installed, tmp_path):
 @pytest.fixture(scope="module")
 def watched(prometheus_installed, tiny_reference_repo, tmp_path_factory):
     """The tiny reference repo served by tritonserver, scraped by Prometheus every second with the deploy rules
-    (rates over 20 s, alerts without a `for:` wait: the plan's documented test parameters)."""
+    (rates over 20 s, alerts after 10 s: the plan's documented test parameters; 10 s outlasts the low ratio at the
+    start of a shared-prefix run, while its first prompts are still cold)."""
     from pipeline.serving.serve import TritonServer
 
     repo = tiny_reference_repo("watch")
     d = tmp_path_factory.mktemp("prometheus")
-    w = _plan(window="20s", alert_for="0s")
+    w = _plan(window="20s", alert_for="10s")
     with TritonServer(repo, ready_timeout_s=300) as server:
         host = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
         prom = Prometheus(d, job=JOB, targets=[host], rules=_write_rules(d, w)).start()
@@ -175,7 +176,13 @@ def test_hit_ratio_alert_fires_only_without_the_shared_prefix(watched, tmp_path)
     _bench(repo, server, share=1.0)
     shared = _settle(prom, ratio, lambda v: v is not None and v > 0.6)
     assert shared is not None and shared > 0.6, shared
-    assert not prom.alert_states("PrefixCacheHitRatioLow")
+    alert = "PrefixCacheHitRatioLow"
+    deadline = time.monotonic() + 15
+    while prom.alert_states(alert) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not prom.alert_states(alert)
+    fired = f'max_over_time(ALERTS{{alertname="{alert}",alertstate="firing"}}[{int(time.time() - start) + 2}s])'
+    assert prom.value(fired) is None  # never fired during the shared-prefix run
     assert prom.value(f'trtllm:output_tokens_per_s{{job="{JOB}"}}') > 0
     cost = prom.value(f'trtllm:cost_usd_per_1m_output_tokens{{job="{JOB}"}}')
     assert cost is not None and cost > 0
@@ -183,10 +190,10 @@ def test_hit_ratio_alert_fires_only_without_the_shared_prefix(watched, tmp_path)
     _bench(repo, server, share=0.0)
     distinct = _settle(prom, ratio, lambda v: v is not None and v < 0.1)
     assert distinct is not None and distinct < 0.1, distinct
-    deadline = time.monotonic() + 15
-    while not prom.alert_states("PrefixCacheHitRatioLow") and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while "firing" not in prom.alert_states(alert) and time.monotonic() < deadline:
         time.sleep(1)
-    assert prom.alert_states("PrefixCacheHitRatioLow") & {"firing", "pending"}
+    assert prom.alert_states(alert) == {"firing"}
     print(f"\nhit ratio (Prometheus, 20 s window): shared prefix {shared:.2f}, distinct prefixes {distinct:.2f}")
     from pipeline.ops.monitoring.picture import render_dashboard
 

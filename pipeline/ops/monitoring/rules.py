@@ -92,21 +92,21 @@ def _recording_rules(w: WatchPlan) -> list[dict[str, Any]]:
     prompt_tokens = (f'sum by (job) (increase(nv_llm_input_token_len_sum{{{s},model="{TARGET_MODEL}",'
                      f'response_metric_type="total_input_tokens"}}[{r}]))')
     rules = [
-        {"record": HIT_RATIO, "expr": f"{reused_tokens}\n/\n{prompt_tokens}"},
+        {"record": HIT_RATIO, "expr": f"{reused_tokens} / {prompt_tokens}"},
         {"record": QUEUE_US,
-         "expr": (f'sum by (job) (rate(nv_inference_queue_duration_us{{{s},model="{TARGET_MODEL}"}}[{r}]))\n/\n'
+         "expr": (f'sum by (job) (rate(nv_inference_queue_duration_us{{{s},model="{TARGET_MODEL}"}}[{r}])) / '
                   f'sum by (job) (rate(nv_inference_request_success{{{s},model="{TARGET_MODEL}"}}[{r}]))')},
         {"record": OUTPUT_TOK_S,
          "expr": (f'sum by (job) (rate(nv_llm_output_token_len_sum{{{s},model="{TARGET_MODEL}",'
                   f'response_metric_type="total_output_tokens"}}[{r}]))')},
-        {"record": COST, "expr": f"{w.usd_per_second * 1e6:.6g} / {OUTPUT_TOK_S}{{{s}}}",
+        {"record": COST, "expr": f"{w.usd_per_second * 1e6:.10g} / {OUTPUT_TOK_S}{{{s}}}",
          "labels": {"gpus": str(w.gpus), "usd_per_gpu_hour": f"{w.gpu_price_per_hour:g}"}},
         {"record": KV_USED, "expr": f'max by (job) ({kv},kv_cache_block_type="fraction"}})'},
     ]
     if w.acceptance_min is not None:
         tokens = f'nv_trt_llm_speculation_draft_tokens{{{s},model="{BLS_MODEL}"'
         rules.append({"record": ACCEPTANCE,
-                      "expr": (f'sum by (job) (rate({tokens},draft_token_type="accepted"}}[{r}]))\n/\n'
+                      "expr": (f'sum by (job) (rate({tokens},draft_token_type="accepted"}}[{r}])) / '
                                f'sum by (job) (rate({tokens},draft_token_type="proposed"}}[{r}]))')})
     return rules
 

@@ -32,9 +32,9 @@ needs a slot. Requests asking for context logits are prefilled in full. Per requ
 them for the context phase: `kv_cache_reused_blocks` (blocks reused), `kv_cache_alloc_total_blocks` (context blocks
 taken from the pool), `kv_cache_alloc_new_blocks` (those that never held data). Triton's metrics endpoint shows
 `nv_trt_llm_kv_cache_block_metrics` (gauge, `kv_cache_block_type` = max | free | used | tokens_per | reused |
-fraction, as the C++ backend; reused = blocks reused since load), plus the KvCacheStats fields the C++ backend
-does not export: alloc_total | alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed));
-and `nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused:
+fraction, exactly the C++ backend's; reused = blocks reused since load), the KvCacheStats fields the C++ backend
+does not export in a family of their own, `nv_trt_llm_reference_kv_cache_metrics` (gauge, same label: alloc_total |
+alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed))), and `nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused:
 prompt tokens run through the model / served from the cache since load).
 The C++ backend's other families come under the same names, kinds and labels (`BackendMetrics`): request counts
 per scheduler round, in-flight batcher and general gauges, runtime (CPU) memory, the disaggregated-serving counters
@@ -352,6 +352,10 @@ class KvCacheMetrics:
             block = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics",
                                           description="TRT LLM KV cache block metrics",
                                           kind=pb_utils.MetricFamily.GAUGE)
+            stats = pb_utils.MetricFamily(name="nv_trt_llm_reference_kv_cache_metrics",
+                                          description="KV cache statistics the C++ backend does not export "
+                                                      "(reference backend)",
+                                          kind=pb_utils.MetricFamily.GAUGE)
             tokens = pb_utils.MetricFamily(name="nv_trt_llm_context_token_metrics",
                                            description="prompt tokens run through the model or served from the "
                                                        "prefix cache, since load (reference backend)",
@@ -359,8 +363,8 @@ class KvCacheMetrics:
         except Exception as exc:  # noqa: BLE001 (metrics disabled or unsupported: serve without them)
             pb_utils.Logger.log_warn(f"{model}: no KV-cache metrics ({exc})")
             return
-        self.families = [block, tokens]
-        self.block = {t: block.Metric(labels=dict(labels, kv_cache_block_type=t))
+        self.families = [block, stats, tokens]
+        self.block = {t: (block if t in self.CPP_TYPES else stats).Metric(labels=dict(labels, kv_cache_block_type=t))
                       for t in self.CPP_TYPES + self.STATS_TYPES}
         self.tokens = {t: tokens.Metric(labels=dict(labels, context_token_type=t)) for t in ("computed", "reused")}
 
