@@ -34,7 +34,11 @@ def query_range(prometheus_url: str, expr: str, *, start: float, end: float, ste
 
 
 def _scale(p: Panel) -> tuple[float, str]:
-    return {"percentunit": (100.0, "%"), "µs": (1e-3, "ms"), "currencyUSD": (1.0, "$"), "short": (1.0, "")}[p.unit]
+    return {"percentunit": (100.0, "%"), "µs": (1e-3, "ms"), "currencyUSD": (1.0, "USD"), "short": (1.0, "")}[p.unit]
+
+
+def _text(s: str) -> str:
+    return s.replace("$", r"\$")  # not matplotlib mathtext
 
 
 def render_dashboard(w: WatchPlan, *, prometheus_url: str, start: float, end: float, path: Path,
@@ -59,15 +63,17 @@ def render_dashboard(w: WatchPlan, *, prometheus_url: str, start: float, end: fl
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
         if p.threshold is not None:
             ax.axhline(p.threshold * factor, color="tab:red", linestyle="--",
-                       label=f"alert {'below' if p.threshold_below else 'above'} {p.threshold * factor:.3g}{unit}")
+                       label=f"alert {'below' if p.threshold_below else 'above'} {p.threshold * factor:.3g} {unit}")
             ax.legend(loc="best", fontsize=8)
-        ax.set_title(p.title + (f" ({unit})" if unit else ""), fontsize=10)
+        if p.unit == "currencyUSD":
+            ax.set_yscale("log")  # an idle or slow server costs orders of magnitude above the plan
+        ax.set_title(_text(p.title) + (f" ({unit})" if unit else ""), fontsize=10)
         ax.set_xlabel("seconds", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(chosen):]:
         ax.axis("off")
-    fig.suptitle(f"TensorRT-LLM cost: {w.deployment} ({w.gpus} GPU x ${w.gpu_price_per_hour:g}/h, rates over "
-                 f"{w.window})", fontsize=11)
+    fig.suptitle(_text(f"TensorRT-LLM cost: {w.deployment} ({w.gpus} GPU x ${w.gpu_price_per_hour:g}/h, rates over "
+                       f"{w.window})"), fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

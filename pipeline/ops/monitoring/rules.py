@@ -92,7 +92,8 @@ def _recording_rules(w: WatchPlan) -> list[dict[str, Any]]:
     prompt_tokens = (f'sum by (job) (increase(nv_llm_input_token_len_sum{{{s},model="{TARGET_MODEL}",'
                      f'response_metric_type="total_input_tokens"}}[{r}]))')
     rules = [
-        {"record": HIT_RATIO, "expr": f"{reused_tokens} / {prompt_tokens}"},
+        # reuse is counted at prefill, prompt tokens when a request ends: a window that cuts a burst can exceed 1
+        {"record": HIT_RATIO, "expr": f"clamp_max({reused_tokens} / {prompt_tokens}, 1)"},
         {"record": QUEUE_US,
          "expr": (f'sum by (job) (rate(nv_inference_queue_duration_us{{{s},model="{TARGET_MODEL}"}}[{r}])) / '
                   f'sum by (job) (rate(nv_inference_request_success{{{s},model="{TARGET_MODEL}"}}[{r}]))')},
