@@ -197,6 +197,7 @@ def test_hit_ratio_alert_fires_only_without_the_shared_prefix(watched, tmp_path)
     _bench(repo, server, share=1.0, model="tensorrt_llm_bls", requests=4)  # draft-target: the acceptance series
     accepted = _settle(prom, f'trtllm:speculation_acceptance{{job="{JOB}"}}', lambda v: v is not None)
     assert accepted is not None and 0.0 <= accepted <= 1.0, accepted
+    time.sleep(5)  # a few more evaluations of the acceptance series for the picture
     print(f"\nhit ratio (Prometheus, 20 s window): shared prefix {shared:.2f}, distinct prefixes {distinct:.2f}; "
           f"draft acceptance {accepted:.2f}")
     from pipeline.ops.monitoring.picture import render_dashboard

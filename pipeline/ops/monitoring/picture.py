@@ -58,7 +58,8 @@ def render_dashboard(w: WatchPlan, *, prometheus_url: str, start: float, end: fl
         factor, unit = _scale(p)
         points = query_range(prometheus_url, p.expr, start=start, end=end, step_s=step_s)
         if points:
-            ax.plot([t - start for t, _ in points], [v * factor for _, v in points], color="tab:blue", label=w.deployment)
+            ax.plot([t - start for t, _ in points], [v * factor for _, v in points], ".-", color="tab:blue",
+                    markersize=3, label=w.deployment)
         else:
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
         if p.threshold is not None:
@@ -68,6 +69,7 @@ def render_dashboard(w: WatchPlan, *, prometheus_url: str, start: float, end: fl
         if p.unit == "currencyUSD":
             ax.set_yscale("log")  # an idle or slow server costs orders of magnitude above the plan
         ax.set_title(_text(p.title) + (f" ({unit})" if unit else ""), fontsize=10)
+        ax.set_xlim(0, end - start)
         ax.set_xlabel("seconds", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(chosen):]:
