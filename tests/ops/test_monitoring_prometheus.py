@@ -93,13 +93,12 @@ def test_promtool_checks_the_rules_and_each_alert_fires_only_on_its_condition(pr
     assert "SUCCESS: 10 rules found" in res.stdout, res.stdout
     bad = _series(w, hit=0.25, queue_factor=3, accepted=w.acceptance_min / 2, cost_factor=4)
     good = _series(w, hit=0.9, queue_factor=0.1, accepted=min(1.0, (1 + w.acceptance_min) / 2), cost_factor=0.25)
+    hit = f'trtllm:prefix_cache_hit_ratio{{job="{JOB}"}}'
     tests = {"rule_files": [rules.name], "evaluation_interval": "1m",
              "tests": [{"interval": "1m", "input_series": bad,
                         "alert_rule_test": [_expected(w, a, True) for a in ALERTS],
-                        "promql_expr_test": [{"expr": f'trtllm:prefix_cache_hit_ratio{{job="{JOB}"}}',
-                                              "eval_time": "40m",
-                                              "exp_samples": [{"labels": f'trtllm:prefix_cache_hit_ratio{{job="{JOB}"}}',
-                                                               "value": 0.25}]}]},
+                        "promql_expr_test": [{"expr": hit, "eval_time": "40m",
+                                              "exp_samples": [{"labels": hit, "value": 0.25}]}]},
                        {"interval": "1m", "input_series": good,
                         "alert_rule_test": [_expected(w, a, False) for a in ALERTS]}]}
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))

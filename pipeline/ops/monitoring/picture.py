@@ -17,7 +17,8 @@ from pipeline.serving.bench import check_local
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
-def query_range(prometheus_url: str, expr: str, *, start: float, end: float, step_s: float) -> list[tuple[float, float]]:
+def query_range(prometheus_url: str, expr: str, *, start: float, end: float,
+                step_s: float) -> list[tuple[float, float]]:
     """(unix time, value) samples of `expr`'s first series (NaN and infinite values dropped)."""
     check_local(prometheus_url)
     query = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"})

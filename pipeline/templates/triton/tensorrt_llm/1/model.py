@@ -34,8 +34,9 @@ taken from the pool), `kv_cache_alloc_new_blocks` (those that never held data). 
 `nv_trt_llm_kv_cache_block_metrics` (gauge, `kv_cache_block_type` = max | free | used | tokens_per | reused |
 fraction, exactly the C++ backend's; reused = blocks reused since load), the KvCacheStats fields the C++ backend
 does not export in a family of their own, `nv_trt_llm_reference_kv_cache_metrics` (gauge, same label: alloc_total |
-alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed))), and `nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused:
-prompt tokens run through the model / served from the cache since load).
+alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed))), and
+`nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused: prompt
+tokens run through the model / served from the cache since load).
 The C++ backend's other families come under the same names, kinds and labels (`BackendMetrics`): request counts
 per scheduler round, in-flight batcher and general gauges, runtime (CPU) memory, the disaggregated-serving counters
 (0), and per finished request the `nv_llm_input_token_len` / `nv_llm_output_token_len` histograms (prompt tokens,
