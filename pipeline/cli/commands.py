@@ -780,6 +780,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
+    Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
+
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
         release: release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags

@@ -236,11 +236,15 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
     return out
 
 
+KV_BLOCK_FAMILIES = ("nv_trt_llm_kv_cache_block_metrics",  # the C++ backend's
+                     "nv_trt_llm_reference_kv_cache_metrics")  # the reference backend's other KvCacheStats fields
+
+
 def kv_block_counters(metrics: dict[tuple[str, frozenset], float], model: str = "tensorrt_llm") -> dict[str, float]:
-    """`nv_trt_llm_kv_cache_block_metrics` of `model` (the target; the draft exports its own) by kv_cache_block_type."""
+    """The KV block gauges of `model` (the target; the draft exports its own) by kv_cache_block_type."""
     out: dict[str, float] = {}
     for (name, labels), value in metrics.items():
-        if name != "nv_trt_llm_kv_cache_block_metrics" or dict(labels).get("model", model) != model:
+        if name not in KV_BLOCK_FAMILIES or dict(labels).get("model", model) != model:
             continue
         kind = dict(labels).get("kv_cache_block_type")
         if kind:

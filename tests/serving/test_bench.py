@@ -75,7 +75,7 @@ METRICS = """\
 # TYPE nv_trt_llm_kv_cache_block_metrics gauge
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="reused",model="tensorrt_llm",version="1"} %d
-nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="missed",model="tensorrt_llm",version="1"} %d
+nv_trt_llm_reference_kv_cache_metrics{kv_cache_block_type="missed",model="tensorrt_llm",version="1"} %d
 nv_inference_count{model="ensemble",version="1"} 12
 """
 

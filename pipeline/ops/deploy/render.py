@@ -28,6 +28,8 @@ from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image,
 from pipeline.ops.deploy.runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
+from pipeline.ops.monitoring.dashboard import dashboard_config_map, dashboard_json
+from pipeline.ops.monitoring.rules import prometheus_rule, rules_file, watch_plan
 from pipeline.planning.placement import Placement
 from pipeline.stages.check import resolve_checked_spec
 
@@ -123,8 +125,25 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     else:
         kind = "sbatch"
         files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p)}
+    files |= monitoring_files(o, src, p)
     files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
     return files
+
+
+def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement) -> dict[str, str]:
+    """Prometheus rules and the Grafana dashboard of a Triton deployment of the tensorrtllm backend (the LLM-API
+    runtime exports other metrics: none). k8s: a PrometheusRule and a dashboard ConfigMap (validated); Slurm: a
+    plain rules file. Both: the dashboard's JSON."""
+    if backend_for(src.spec).llmapi:
+        return {}
+    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size)
+    if o.platform != "k8s":
+        return {"prometheus-rules.yml": rules_file(w), "dashboard.json": dashboard_json(w)}
+    labels = {"app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
+    objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
+               dashboard_config_map(w, namespace=o.namespace, labels=labels)]
+    validate_objects(objects)
+    return {"monitoring.yaml": yaml.safe_dump_all(objects, sort_keys=False), "dashboard.json": dashboard_json(w)}
 
 
 def matrix_cells(matrix: str, base: dict[str, Any]) -> list[BuildSpec]:

@@ -1,7 +1,8 @@
 """Offline, strict validation of rendered Kubernetes objects; any failure names the object, the field and the rule.
 
 Core kinds: the Kubernetes OpenAPI schemas shipped by `kubernetes-validate` (strict variant: unknown fields refused).
-LeaderWorkerSet: its CRD's `openAPIV3Schema` (schemas/leaderworkerset-v1.json, from kubernetes-sigs/lws), made strict
+LeaderWorkerSet and PrometheusRule: their CRDs' `openAPIV3Schema` (schemas/leaderworkerset-v1.json from kubernetes-sigs/lws,
+schemas/prometheusrule-v1.json from prometheus-operator), made strict
 the way `kubeconform -strict` is: every object schema with declared properties refuses undeclared ones. A kind with
 no schema here is an error, never a pass.
 """
@@ -19,8 +20,10 @@ import kubernetes_validate
 from pipeline.core.errors import DeployError
 
 K8S_VERSION = "1.31"
-LWS_SCHEMA = Path(__file__).parent / "schemas" / "leaderworkerset-v1.json"
-CUSTOM_KINDS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LWS_SCHEMA}
+SCHEMAS = Path(__file__).parent / "schemas"
+LWS_SCHEMA = SCHEMAS / "leaderworkerset-v1.json"
+CUSTOM_KINDS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LWS_SCHEMA,
+                ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-v1.json"}
 
 
 def _strict(schema: Any) -> Any:
@@ -59,8 +62,8 @@ def validate_object(obj: dict[str, Any]) -> None:
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.SchemaNotFoundError:
-        raise DeployError(f"{label}: no schema for {api} {kind}; only core kinds and LeaderWorkerSet are "
-                          "validated, so it is refused") from None
+        raise DeployError(f"{label}: no schema for {api} {kind}; only core kinds, LeaderWorkerSet and "
+                          "PrometheusRule are validated, so it is refused") from None
     except kubernetes_validate.ValidationError as exc:  # carries the jsonschema error's path and message
         raise DeployError(f"{label} fails the Kubernetes {K8S_VERSION} schema at {_where(exc)}: "
                           f"{exc.message}") from None

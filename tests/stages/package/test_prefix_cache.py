@@ -67,6 +67,7 @@ def metrics(server, model="tensorrt_llm") -> dict[str, float]:
         text = r.read().decode()
     out = {}
     for family, label, short in (("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "block"),
+                                 ("nv_trt_llm_reference_kv_cache_metrics", "kv_cache_block_type", "block"),
                                  ("nv_trt_llm_context_token_metrics", "context_token_type", "tokens")):
         for line in text.splitlines():
             if line.startswith(family + "{") and f'model="{model}"' in line:
@@ -84,6 +85,10 @@ def tokens(rng, n):
 
 
 def test_block_metrics_use_the_cpp_backend_names(server):
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
+        cpp = {re.search(r'kv_cache_block_type="(\w+)"', line).group(1) for line in r.read().decode().splitlines()
+               if line.startswith("nv_trt_llm_kv_cache_block_metrics{") and 'model="tensorrt_llm"' in line}
+    assert cpp == {"max", "free", "used", "tokens_per", "reused", "fraction"}  # the C++ family holds its labels only
     m = metrics(server)
     for kind in ("max", "free", "used", "tokens_per", "reused", "fraction",  # the C++ backend's
                  "alloc_total", "alloc_new", "missed", "cache_hit_rate"):  # KvCacheStats' other fields

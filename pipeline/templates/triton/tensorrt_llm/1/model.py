@@ -32,10 +32,15 @@ needs a slot. Requests asking for context logits are prefilled in full. Per requ
 them for the context phase: `kv_cache_reused_blocks` (blocks reused), `kv_cache_alloc_total_blocks` (context blocks
 taken from the pool), `kv_cache_alloc_new_blocks` (those that never held data). Triton's metrics endpoint shows
 `nv_trt_llm_kv_cache_block_metrics` (gauge, `kv_cache_block_type` = max | free | used | tokens_per | reused |
-fraction, as the C++ backend; reused = blocks reused since load), plus the KvCacheStats fields the C++ backend
-does not export: alloc_total | alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed));
-and `nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused:
-prompt tokens run through the model / served from the cache since load).
+fraction, exactly the C++ backend's; reused = blocks reused since load), the KvCacheStats fields the C++ backend
+does not export in a family of their own, `nv_trt_llm_reference_kv_cache_metrics` (gauge, same label: alloc_total |
+alloc_new | missed (totals since load) | cache_hit_rate (reused / (reused + missed))), and
+`nv_trt_llm_context_token_metrics` (gauge, reference backend only, `context_token_type` = computed | reused: prompt
+tokens run through the model / served from the cache since load).
+The C++ backend's other families come under the same names, kinds and labels (`BackendMetrics`): request counts
+per scheduler round, in-flight batcher and general gauges, runtime (CPU) memory, the disaggregated-serving counters
+(0), and per finished request the `nv_llm_input_token_len` / `nv_llm_output_token_len` histograms (prompt tokens,
+generated tokens of all its sequences) that the Prometheus rules of `invoke deploy` read.
 """
 
 import collections
@@ -348,6 +353,10 @@ class KvCacheMetrics:
             block = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics",
                                           description="TRT LLM KV cache block metrics",
                                           kind=pb_utils.MetricFamily.GAUGE)
+            stats = pb_utils.MetricFamily(name="nv_trt_llm_reference_kv_cache_metrics",
+                                          description="KV cache statistics the C++ backend does not export "
+                                                      "(reference backend)",
+                                          kind=pb_utils.MetricFamily.GAUGE)
             tokens = pb_utils.MetricFamily(name="nv_trt_llm_context_token_metrics",
                                            description="prompt tokens run through the model or served from the "
                                                        "prefix cache, since load (reference backend)",
@@ -355,8 +364,8 @@ class KvCacheMetrics:
         except Exception as exc:  # noqa: BLE001 (metrics disabled or unsupported: serve without them)
             pb_utils.Logger.log_warn(f"{model}: no KV-cache metrics ({exc})")
             return
-        self.families = [block, tokens]
-        self.block = {t: block.Metric(labels=dict(labels, kv_cache_block_type=t))
+        self.families = [block, stats, tokens]
+        self.block = {t: (block if t in self.CPP_TYPES else stats).Metric(labels=dict(labels, kv_cache_block_type=t))
                       for t in self.CPP_TYPES + self.STATS_TYPES}
         self.tokens = {t: tokens.Metric(labels=dict(labels, context_token_type=t)) for t in ("computed", "reused")}
 
@@ -378,6 +387,85 @@ class KvCacheMetrics:
 
     def close(self):
         self.block = self.tokens = None
+        self.families = []
+
+
+class BackendMetrics:
+    """The C++ tensorrtllm backend's other metric families (its custom_metrics_reporter), same names, kinds and labels:
+    request counts, runtime memory, in-flight batcher and general gauges, the disaggregated-serving counters and the
+    per-request input/output token histograms. Values the reference backend has no counterpart for stay 0 (GPU and
+    pinned memory, micro batch id, paused requests, KV-cache transfers). A no-op where families cannot be created."""
+
+    TOKEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]  # the C++ backend's buckets
+
+    def __init__(self, model, version, max_requests):
+        self.labels = {"model": model, "version": str(version)}
+        self.families, self.gauges, self.tokens = [], {}, {}
+        self.iteration = 0
+        try:
+            self._create(max_requests)
+        except Exception as exc:  # noqa: BLE001 (metrics disabled or unsupported: serve without them)
+            pb_utils.Logger.log_warn(f"{model}: no request/token metrics ({exc})")
+            self.families, self.gauges, self.tokens = [], {}, {}
+
+    def _family(self, name, description, kind):
+        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        self.families.append(family)
+        return family
+
+    def _create(self, max_requests):
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        groups = (("nv_trt_llm_request_metrics", "TRT LLM request metrics", "request_type",
+                   ("active", "max", "scheduled", "context", "waiting"), gauge),
+                  ("nv_trt_llm_runtime_memory_metrics", "TRT LLM runtime memory metrics", "memory_type",
+                   ("cpu", "gpu", "pinned"), gauge),
+                  ("nv_trt_llm_disaggregated_serving_metrics", "TRT LLM disaggregated serving metrics",
+                   "disaggregated_serving_type", ("kv_cache_transfer_ms", "request_count"), counter),
+                  ("nv_trt_llm_inflight_batcher_metrics", "TRT LLM inflight_batcher-specific metrics",
+                   "inflight_batcher_specific_metric",
+                   ("total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"), gauge),
+                  ("nv_trt_llm_general_metrics", "General TRT LLM metrics", "general_type",
+                   ("timestamp", "iteration_counter"), gauge))
+        for name, description, label, values, kind in groups:
+            family = self._family(name, description, kind)
+            for value in values:
+                metric = family.Metric(labels=dict(self.labels, **{label: value}))
+                if kind == gauge:
+                    self.gauges[f"{label}={value}"] = metric
+        for name, kind in (("nv_llm_output_token_len", "total_output_tokens"),
+                           ("nv_llm_input_token_len", "total_input_tokens")):
+            family = self._family(name, "TRT LLM response metrics", pb_utils.MetricFamily.HISTOGRAM)
+            self.tokens[kind] = family.Metric(labels=dict(self.labels, response_metric_type=kind),
+                                              buckets=self.TOKEN_BUCKETS)
+        with _IPC:
+            self.gauges["request_type=max"].set(max_requests)
+
+    def iteration_stats(self, *, active, waiting, context, context_tokens):
+        """One scheduler round's counts (the C++ backend reports them per iteration)."""
+        if not self.gauges:
+            return
+        self.iteration += 1
+        import resource
+
+        values = {"request_type=active": active + waiting, "request_type=scheduled": active,
+                  "request_type=context": context, "request_type=waiting": waiting,
+                  "inflight_batcher_specific_metric=total_context_tokens": context_tokens,
+                  "inflight_batcher_specific_metric=generation_requests": active - context,
+                  "general_type=iteration_counter": self.iteration, "general_type=timestamp": time.time_ns() // 1000,
+                  "memory_type=cpu": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        with _IPC:
+            for key, value in values.items():
+                self.gauges[key].set(value)
+
+    def request_done(self, input_tokens, output_tokens):
+        """A finished request's prompt and generated tokens (all of its sequences), as the C++ backend observes."""
+        if self.tokens:
+            with _IPC:
+                self.tokens["total_input_tokens"].observe(input_tokens)
+                self.tokens["total_output_tokens"].observe(output_tokens)
+
+    def close(self):
+        self.gauges, self.tokens = {}, {}
         self.families = []
 
 
@@ -494,6 +582,9 @@ class TritonPythonModel:
                               _truthy(_param(config, "enable_kv_cache_reuse", "true")))
         self.kv_metrics = KvCacheMetrics(self.name, args.get("model_version", "1"))
         self.kv_metrics.update(self.pool)
+        self.stats = BackendMetrics(self.name, args.get("model_version", "1"),
+                                    max(1, int(config.get("max_batch_size", 0) or 1)))
+        self.last_counts = None
         self.incoming = queue.Queue()
         self.jobs_by_id = {}  # triton request id -> set of running jobs (for `stop`)
         self.jobs_lock = threading.Lock()
@@ -506,6 +597,7 @@ class TritonPythonModel:
         self.incoming.put(None)
         self.thread.join(timeout=10)
         self.kv_metrics.close()
+        self.stats.close()
 
     # -------------------------------------------------------------------------------------------- execute
     def execute(self, requests):
@@ -651,6 +743,7 @@ class TritonPythonModel:
         while self.running:
             try:
                 self._admit(active, block=not active)
+                self._report_round(active)
                 now = time.monotonic()
                 for seq in list(active):
                     job = seq.job
@@ -691,6 +784,15 @@ class TritonPythonModel:
                 job = self.incoming.get_nowait()
             except queue.Empty:
                 return
+
+    def _report_round(self, active):
+        """The round's request counts on the metrics endpoint, when they changed (each update is an IPC call)."""
+        prefill = [seq for seq in active if seq.logits is None and not seq.done]
+        counts = (len(active), self.incoming.qsize(), len(prefill))
+        if counts != self.last_counts:
+            self.last_counts = counts
+            self.stats.iteration_stats(active=counts[0], waiting=counts[1], context=counts[2],
+                                       context_tokens=sum(len(seq.prompt) for seq in prefill))
 
     def _forget(self, job):
         with self.jobs_lock:
@@ -868,6 +970,9 @@ class TritonPythonModel:
         last = job.open == 0
         if cancelled:
             pb_utils.Logger.log_info(f"{self.name}: request '{job.triton_id}' cancelled after {len(seq.out)} tokens")
+        if last:
+            self.stats.request_done(sum(len(s.prompt) for s in job.seqs if s.seq_index == 0),
+                                    sum(len(s.out) for s in job.seqs))
         if seq.opts["streaming"]:
             self._send_chunk(seq, final=last)
         elif self.decoupled:
