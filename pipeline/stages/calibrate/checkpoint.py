@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core.architectures import BY_HF_ARCHITECTURE
 from pipeline.core.artifacts import read_config_json
 from pipeline.core.errors import PipelineError
 from pipeline.core.safetensors_file import load_safetensors
@@ -322,8 +323,6 @@ def hf_config_from(cfg: dict[str, Any]):
     """The transformers config (of the checkpoint `architecture`'s own class) equivalent to a TensorRT-LLM
     checkpoint config. Biases: QWenConfig's `attn_bias` / `mlp_bias` where written, else ModelOpt's `bias`."""
     from transformers import CONFIG_MAPPING
-
-    from pipeline.core.architectures import BY_HF_ARCHITECTURE
 
     fam = BY_HF_ARCHITECTURE[cfg["architecture"]]  # read_config admits LOADABLE_ARCHITECTURES only
     rope = cfg.get("rotary_scaling")
