@@ -27,7 +27,8 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
     """Export `model` in place (the exporter mutates its input) and return it.
 
     The mutated model is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant
-    scales rounded to the export dtype), which is what the quality gate and the round-trip check compare against.
+    scales rounded to the export dtype, FP8 weights rounded as the exporter rounds them), which is what the quality
+    gate and the round-trip check compare against.
     Exporting in place keeps a single copy of the weights on the devices (no deep copy: 70B is 131 GiB in bf16).
     The weights go through the family's `trtllm_export_decoder`; the config is then completed with the fields the
     family's TensorRT-LLM config class writes (`complete_config`).
@@ -57,6 +58,7 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
         ) from None
     complete_config(out_dir, hf_config)
     snap_prequant_scales(model, dtype)
+    snap_fp8_weights(model)
     return model
 
 
@@ -81,6 +83,27 @@ def snap_prequant_scales(model, dtype) -> None:
         pqs = getattr(mod, "_pre_quant_scale", None) if isinstance(mod, TensorQuantizer) else None
         if pqs is not None:
             pqs.data = pqs.data.to(dtype).to(pqs.dtype)
+
+
+def snap_fp8_weights(model) -> None:
+    """Round per-tensor FP8 weights to the values the exporter stores: ModelOpt 0.37 writes `(w / (amax / 448))`
+    cast to E4M3 (`quant_utils.to_quantized_weight`: round half to even), while its fake quantizer computes
+    `w * (448 / amax)`, which lands a weight lying exactly between two FP8 values on either side (a trained model
+    whose amax has few significant bits has hundreds of such ties per layer). Snapped weights are on the FP8 grid,
+    so the fake quantizer reproduces them."""
+    import torch
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    for mod in model.modules():
+        q = getattr(mod, "weight_quantizer", None)
+        if not isinstance(q, TensorQuantizer) or not q.is_enabled or q.num_bits != (4, 3) or q.block_sizes:
+            continue
+        amax = getattr(q, "amax", None)
+        if amax is None or amax.numel() != 1:
+            continue
+        scale = amax.float() / q.maxbound
+        w = mod.weight
+        w.data = ((w.data.float() / scale.to(w.device)).to(torch.float8_e4m3fn).float() * scale.to(w.device)).to(w.dtype)
 
 
 def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int, pp: int) -> dict[str, Any]:
