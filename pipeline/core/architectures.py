@@ -38,10 +38,10 @@ SOURCES = {
     "mapping": "NVIDIA/TensorRT-LLM tensorrt_llm/mapping.py @ 05ebebb2 (Mapping)",
     "engine_quant": "NVIDIA/TensorRT-LLM docs/source/legacy/reference/precision.md @ 1690890e (TensorRT backend "
                     "matrix)",
-    "qwen_model": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/model.py @ 04a2cacb (QWenDecoderLayer, "
-                  "QWenForCausalLM)",
-    "qwen_convert": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/convert.py (q_norm/k_norm -> attention.q_layernorm/"
-                    "k_layernorm)",
+    "qwen_model": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/model.py @ 04a2cacb (QWenDecoderLayer: Attention "
+                  "bias=attn_bias, dense_bias=False; QWenForCausalLM: lm_head ColumnLinear)",
+    "qwen_convert": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/convert.py @ 0428c188 (qwen3 q_norm/k_norm -> "
+                    "attention.q_layernorm/k_layernorm; tied lm_head written as the embedding)",
     "modeling_utils": "NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py (PretrainedConfig, "
                       "PretrainedModel.load)",
     "qwen_readme": "NVIDIA/TensorRT-LLM examples/models/core/qwen/README.md @ 000a01de (Support Matrix)",
