@@ -42,8 +42,6 @@ SOURCES = {
                   "bias=attn_bias, dense_bias=False; QWenForCausalLM: lm_head ColumnLinear)",
     "qwen_convert": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/convert.py @ 0428c188 (qwen3 q_norm/k_norm -> "
                     "attention.q_layernorm/k_layernorm; tied lm_head written as the embedding)",
-    "modeling_utils": "NVIDIA/TensorRT-LLM tensorrt_llm/models/modeling_utils.py (PretrainedConfig, "
-                      "PretrainedModel.load)",
     "qwen_readme": "NVIDIA/TensorRT-LLM examples/models/core/qwen/README.md @ 000a01de (Support Matrix)",
     "pytorch_quant": "NVIDIA/TensorRT-LLM docs/source/features/quantization.md @ f53fb4c8 (Model Supported Matrix)",
     "modelopt_type": "modelopt 0.37.0 modelopt/torch/export/model_utils.py (MODEL_NAME_TO_TYPE)",

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from pipeline.core.architectures import FAMILIES, architecture_fields, checkpoint_fields
+from pipeline.core.architectures import SOURCES, FAMILIES, architecture_fields, checkpoint_fields
 from pipeline.core.registry import Architecture
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -96,6 +96,7 @@ def test_modelopt_qwen_decoder_converts_weights_as_llama_and_writes_no_config(fa
         ranks[decoder] = [w for _, w, _ in model_config_export.torch_to_tensorrt_llm_checkpoint(
             copy.deepcopy(model), decoder, torch.bfloat16, inference_tensor_parallel=2)]
     assert FAMILIES[family].trtllm_export_decoder == "llama" and FAMILIES[family].modelopt_decoder_type == "qwen"
+    assert "layer_utils.py" in SOURCES["modelopt_weights"]
     for a, b in zip(ranks["qwen"], ranks["llama"], strict=True):
         assert sorted(a) == sorted(b)
         assert all(a[k].dtype == b[k].dtype and torch.equal(a[k].float(), b[k].float()) for k in a)
@@ -161,6 +162,8 @@ def test_qwen_engine_checkpoint_is_what_qwen_for_causal_lm_loads(family, tmp_pat
     from pipeline.stages.calibrate import export, quality, recipes
     from pipeline.stages.calibrate.checkpoint import load_checkpoint_as_hf
 
+    assert "models/qwen/config.py" in SOURCES["qwen_config"] and "models/qwen/model.py" in SOURCES["qwen_model"]
+    assert "models/qwen/convert.py" in SOURCES["qwen_convert"]
     model = _qwen(family)
     hf = model.config.to_dict()
     exported = export.export(model, tmp_path, tp=2, pp=1, dtype=torch.bfloat16)
