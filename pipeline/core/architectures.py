@@ -10,13 +10,18 @@ engine path (`tensorrt_llm/models/`, removed from main after 1.2).
   the class name): the `decoder_type` of its exporters ("llama" for Llama/Mistral/Mixtral, "qwen" for Qwen2/3).
   Its TensorRT-LLM exporter (`tensorrt_llm_utils.py` convert_to_tensorrt_llm_config) writes the checkpoint config
   through `MODEL_MAP[architecture].config_class.from_hugging_face` when tensorrt_llm imports, else by hand for
-  decoder types gpt/gemma/llama/... only: "qwen" raises NotImplementedError there, so a Qwen engine checkpoint
-  needs a host with TensorRT-LLM. MoE experts are exported TP-sharded (`mapping.moe_tp_size = tp_size`,
+  decoder types gpt/gemma/llama/... only: "qwen" raises NotImplementedError there. Its weight conversion
+  (`layer_utils.py`, `model_config_export.py`) treats "qwen" like "llama" for a dense decoder ("qwen" differs only
+  in MoE layers and Qwen-1's implicit activation), q/k/v biases and per-head q/k norms included; so a dense Qwen
+  engine checkpoint is exported with the "llama" decoder (`trtllm_export_decoder`) and its config completed with the
+  QWenConfig fields (`trtllm_config_fields`). MoE experts are exported TP-sharded (`mapping.moe_tp_size = tp_size`,
   `moe_ep_size = 1`) with `moe: {num_experts, top_k, normalization_mode: 1}` (RENORMALIZE).
 - TensorRT-LLM 1.2.1 engine path (`tensorrt_llm/models/__init__.py` MODEL_MAP): Llama/Mistral/Mixtral ->
   LLaMAForCausalLM (`models/llama/config.py` LLaMAConfig: Mixtral adds `moe` from num_local_experts /
   num_experts_per_tok with RENORMALIZE and hidden_act swiglu); Qwen2/Qwen3 -> QWenForCausalLM
-  (`models/qwen/config.py` QWenConfig: `qwen_type` = HF model_type, attn_bias True for qwen2, False for qwen3).
+  (`models/qwen/config.py` QWenConfig: `qwen_type` = HF model_type, attn_bias True for qwen2, False for qwen3;
+  `models/qwen/model.py`: q/k layernorms for qwen3, `attention.qkv.bias` when attn_bias; `models/qwen/convert.py`:
+  the tensor names `attention.q_layernorm` / `attention.k_layernorm`).
 """
 
 from __future__ import annotations
@@ -35,10 +40,15 @@ SOURCES = {
     "mapping": "NVIDIA/TensorRT-LLM tensorrt_llm/mapping.py @ 05ebebb2 (Mapping)",
     "engine_quant": "NVIDIA/TensorRT-LLM docs/source/legacy/reference/precision.md @ 1690890e (TensorRT backend "
                     "matrix)",
+    "qwen_model": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/model.py @ 04a2cacb (QWenDecoderLayer: Attention "
+                  "bias=attn_bias, dense_bias=False; QWenForCausalLM: lm_head ColumnLinear)",
+    "qwen_convert": "NVIDIA/TensorRT-LLM tensorrt_llm/models/qwen/convert.py @ 0428c188 (qwen3 q_norm/k_norm -> "
+                    "attention.q_layernorm/k_layernorm; tied lm_head written as the embedding)",
     "qwen_readme": "NVIDIA/TensorRT-LLM examples/models/core/qwen/README.md @ 000a01de (Support Matrix)",
     "pytorch_quant": "NVIDIA/TensorRT-LLM docs/source/features/quantization.md @ f53fb4c8 (Model Supported Matrix)",
     "modelopt_type": "modelopt 0.37.0 modelopt/torch/export/model_utils.py (MODEL_NAME_TO_TYPE)",
     "modelopt_trtllm": "modelopt 0.37.0 modelopt/torch/export/tensorrt_llm_utils.py (convert_to_tensorrt_llm_config)",
+    "modelopt_weights": "modelopt 0.37.0 modelopt/torch/export/layer_utils.py, model_config_export.py (decoder_type)",
 }
 
 ALL_PRECISIONS = frozenset({"bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"})
@@ -65,8 +75,9 @@ class Family:
     qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
     moe: bool = False
     qwen_type: str | None = None  # QWenConfig.qwen_type
-    # the TensorRT-LLM checkpoint can be written by ModelOpt's manual exporter (no tensorrt_llm installed)
-    cpu_trtllm_export: bool = True
+    # ModelOpt decoder type whose weight conversion writes the TensorRT-LLM checkpoint (its manual config writer
+    # knows "llama"; a dense Qwen converts identically under it, see the module docstring)
+    trtllm_export_decoder: str = "llama"
     engine: Support = field(default_factory=lambda: Support(ALL_PRECISIONS, SOURCES["engine_quant"]))
     pytorch: Support = field(default_factory=lambda: Support(ALL_PRECISIONS, SOURCES["pytorch_quant"]))
 
@@ -87,11 +98,9 @@ FAMILIES: dict[str, Family] = {
                engine=Support(_16BIT | {"fp8"}, SOURCES["engine_quant"] + ": Mixtral row (no W8A8 SQ, no W4A16 AWQ)"),
                pytorch=Support(_16BIT | {"fp8"}, SOURCES["pytorch_quant"] + ": Mixtral row (FP8, NVFP4)")),
         Family("qwen2", "Qwen2ForCausalLM", "qwen2", "QWenForCausalLM", "qwen", attn_bias=True, qwen_type="qwen2",
-               cpu_trtllm_export=False,
                engine=Support(_16BIT | {"fp8", "int8_sq", "int4_awq"}, SOURCES["qwen_readme"] + ": Qwen2.5 rows"),
                pytorch=Support(_16BIT | {"fp8", "int4_awq", "w4a8_awq"}, SOURCES["pytorch_quant"] + ": Qwen-2/2.5 row")),
         Family("qwen3", "Qwen3ForCausalLM", "qwen3", "QWenForCausalLM", "qwen", qk_norm=True, qwen_type="qwen3",
-               cpu_trtllm_export=False,
                engine=Support(_16BIT | {"fp8"}, SOURCES["qwen_readme"] + ": Qwen3-32B row (no AWQ, no SQ)"),
                pytorch=Support(_16BIT | {"fp8", "int4_awq"}, SOURCES["pytorch_quant"] + ": Qwen-3 row")),
     )
@@ -140,6 +149,46 @@ def moe_checkpoint_tensors(arch: Any, *, moe_tp: int) -> dict[str, tuple[int, ..
     return {"mlp.router.weight": (e, h), "mlp.fc.weight": (e, 2 * i, h), "mlp.proj.weight": (e, h, i)}
 
 
+def trtllm_config_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The fields TensorRT-LLM 1.2.1's config class of this model's family writes beyond what ModelOpt 0.37's manual
+    exporter writes (`architecture`, sizes, `norm_epsilon`, `rotary_base`, `mapping`, `quantization`, ...), derived
+    from the Hub `config.json` as `QWenConfig.from_hugging_face` derives them and serialized as its `to_dict` does
+    (dense Qwen2/Qwen3: no MoE, no multimodal types). Empty for the Llama-class families: LLaMAConfig's own fields
+    are what the manual exporter writes.
+
+    Raises:
+        UnsupportedArchitecture: the config's class is not one of the families.
+    """
+    fam = _family_of(hf_config)
+    if not fam.qwen_type:
+        return {}
+    return {
+        "qwen_type": hf_config.get("model_type", fam.qwen_type),
+        "attn_bias": fam.attn_bias,  # qwen3: False, every other qwen_type: True
+        "mlp_bias": False,
+        "rotary_base": float(hf_config.get("rope_theta", 100000.0)),
+        "rotary_scaling": hf_config.get("rope_scaling"),
+        "disable_weight_only_quant_plugin": False,
+        "use_logn_attn": bool(hf_config.get("use_logn_attn", False)),
+        "seq_length": int(hf_config.get("seq_length", 8192)),
+        "moe": {"num_experts": 0, "top_k": 0, "normalization_mode": 0},  # MoeConfig(0, 0, NONE)
+        "moe_intermediate_size": 0,
+        "moe_shared_expert_intermediate_size": 0,
+        "num_labels": 1,
+        "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False)),
+    }
+
+
+def _family_of(config: dict[str, Any]) -> Family:
+    archs = config.get("architectures") or []
+    fam = BY_HF_ARCHITECTURE.get(archs[0]) if isinstance(archs, list) and archs else None
+    if fam is None:
+        known = ", ".join(sorted(BY_HF_ARCHITECTURE))
+        raise UnsupportedArchitecture(f"architecture {archs or config.get('model_type')!r} is not supported "
+                                      f"(supported: {known})")
+    return fam
+
+
 def hf_config_fields(arch: Any) -> dict[str, Any]:
     """The transformers `config.json` fields of `arch` (an `registry.Architecture`) for its family's class."""
     fam = FAMILIES[arch.family]
@@ -179,12 +228,7 @@ def architecture_fields(config: dict[str, Any]) -> dict[str, Any]:
     Raises:
         UnsupportedArchitecture: the class is not one of the families, or a required number is missing.
     """
-    archs = config.get("architectures") or []
-    fam = BY_HF_ARCHITECTURE.get(archs[0]) if isinstance(archs, list) and archs else None
-    if fam is None:
-        known = ", ".join(sorted(BY_HF_ARCHITECTURE))
-        raise UnsupportedArchitecture(f"architecture {archs or config.get('model_type')!r} is not supported "
-                                      f"(supported: {known})")
+    fam = _family_of(config)
     try:
         heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
         out: dict[str, Any] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.backends import backend_for
-from pipeline.core.architectures import FAMILIES, SOURCES, support_blocker
+from pipeline.core.architectures import SOURCES, support_blocker
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
@@ -169,8 +169,7 @@ def _tokens(entry: ModelEntry) -> int:
 
 def _check_family(spec: BuildSpec) -> None:
     """Each model's family runs its precision on this runtime in TensorRT-LLM 1.2.1 (`pipeline/core/architectures.py`
-    cites the support matrix read for each cell); an engine checkpoint of a family ModelOpt 0.37 exports only
-    through TensorRT-LLM's own config classes needs TensorRT-LLM on the calibrating host."""
+    cites the support matrix read for each cell)."""
     roles = [("target", spec.model, spec.quantization.precision)]
     if spec.draft_model:
         roles.append(("draft", spec.draft_model, spec.draft_precision))
@@ -180,14 +179,6 @@ def _check_family(spec: BuildSpec) -> None:
         if why:
             other = "engine" if backend.llmapi else "pytorch"
             raise SpecError(f"quantization: {role} {model.name}: {why}; choose one of those, or --runtime {other}")
-        fam = FAMILIES[model.architecture.family]
-        if not backend.llmapi and not backend.gpu and not fam.cpu_trtllm_export:
-            raise SpecError(
-                f"target=reference: {role} {model.name} ({fam.hf_architecture}) exports a TensorRT-LLM checkpoint "
-                f"only through TensorRT-LLM's own config class, which a CPU host lacks (ModelOpt 0.37 has no manual "
-                f"'{fam.modelopt_decoder_type}' exporter; source: {SOURCES['modelopt_trtllm']}); "
-                "use --runtime pytorch, or --target trtllm on a GPU host"
-            )
 
 
 def _check_sliding_window(spec: BuildSpec, warnings: list[str]) -> None:

@@ -163,14 +163,34 @@ def test_modelopt_decoder_types_and_manual_exporter():
     src = inspect.getsource(tensorrt_llm_utils.convert_to_tensorrt_llm_config)
     assert 'if decoder_type in ["gpt", "gemma", "llama"]' in src
     assert '"moe_ep_size"] = 1' in src and '"normalization_mode": 1' in src
+    assert 'f"Cannot export tensorrt_llm checkpoint for model {decoder_type}' in src  # "qwen" lands here
     for fam in FAMILIES.values():
-        assert fam.cpu_trtllm_export == (fam.modelopt_decoder_type == "llama"), fam.name
+        assert fam.trtllm_export_decoder == "llama", fam.name  # the manual writer's branch, weights as "llama"
 
 
-def test_reference_target_refuses_qwen_engine_export():
-    msg = reject(r"target=reference: target qwen2.5-7b \(Qwen2ForCausalLM\)", model="qwen2.5-7b", precision="fp8",
-                 target="reference")
-    assert "--runtime pytorch" in msg
+@pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen3-8b"])
+def test_reference_target_accepts_qwen_engine_export(model):
+    """The engine checkpoint of a dense Qwen is written on a CPU host too (export.complete_config)."""
+    spec = resolve_spec(model=model, precision="fp8", target="reference")
+    assert spec.model.architecture.family in ("qwen2", "qwen3") and spec.runtime == "engine"
+
+
+def test_trtllm_config_fields_per_family():
+    """QWenConfig.from_hugging_face (models/qwen/config.py): qwen_type = model_type, attn_bias False for qwen3 only,
+    rotary_base from rope_theta (default 100000), seq_length 8192, a dense MoeConfig(0, 0, NONE); Llama-class
+    families add nothing (LLaMAConfig's fields are what ModelOpt's manual writer writes)."""
+    from pipeline.core.architectures import trtllm_config_fields
+
+    q2 = trtllm_config_fields({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_theta": 1e6,
+                               "tie_word_embeddings": True})
+    assert (q2["qwen_type"], q2["attn_bias"], q2["rotary_base"], q2["tie_word_embeddings"]) == ("qwen2", True, 1e6, True)
+    assert q2["moe"] == {"num_experts": 0, "top_k": 0, "normalization_mode": 0} and q2["seq_length"] == 8192
+    q3 = trtllm_config_fields({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"})
+    assert (q3["qwen_type"], q3["attn_bias"], q3["rotary_base"]) == ("qwen3", False, 100000.0)
+    for arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"):
+        assert trtllm_config_fields({"architectures": [arch]}) == {}
+    with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel"):
+        trtllm_config_fields({"architectures": ["GPT2LMHeadModel"]})
 
 
 # --- transformers config.json -> architecture numbers -------------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Load an exported TensorRT-LLM checkpoint back into transformers' own `LlamaForCausalLM` (CPU, no GPU needed), or
-`MixtralForCausalLM` for a checkpoint with a `moe` config.
+"""Load an exported TensorRT-LLM checkpoint back into its transformers class (Llama, Mistral, Mixtral, Qwen2,
+Qwen3; CPU, no GPU needed).
 
 ModelOpt's legacy exporter writes `config.json` + `rank{i}.safetensors` (i < tp*pp) in TensorRT-LLM's naming
 (`transformer.layers.N.attention.qkv`, `mlp.fc/gate/proj`, ...), with quantized weights and their scales. This
 module reads every rank, dequantizes each linear layer with its own scales (FP8, INT8-SmoothQuant, INT4-AWQ,
 W4A8-AWQ; AWQ/SmoothQuant `prequant_scaling_factor` honoured), merges the tensor-parallel shards, stitches the
-pipeline stages back together and loads the result into a stock `LlamaForCausalLM` — no hand-written forward.
-Mixture-of-experts layers (TensorRT-LLM 1.2.1 `layers/moe.py`, named as `models/llama/convert.py` writes them) hold
-`mlp.router` (float32, never quantized), `mlp.fc` = [up (w3); gate (w1)] stacked per expert [E, 2*I/tp, H] and
-`mlp.proj` [E, H, I/tp], with one weight scale per expert and one activation scale for all experts.
+pipeline stages back together and loads the result into the stock transformers class of the checkpoint's
+`architecture` — no hand-written forward. Qwen2's q/k/v biases (`attention.qkv.bias`, split like the weight) and
+Qwen3's per-head norms (`attention.q_layernorm` / `k_layernorm`, TensorRT-LLM 1.2.1's `models/qwen/convert.py`
+names) map back to `self_attn.{q,k,v}_proj.bias` and `self_attn.{q,k}_norm`. Mixture-of-experts layers
+(TensorRT-LLM 1.2.1 `layers/moe.py`, named as `models/llama/convert.py` writes them) hold `mlp.router` (float32,
+never quantized), `mlp.fc` = [up (w3); gate (w1)] stacked per expert [E, 2*I/tp, H] and `mlp.proj` [E, H, I/tp],
+with one weight scale per expert and one activation scale for all experts.
 
 With `activation_quant=True`, quantized activations (FP8 / INT8 per-tensor, after the pre-quant scale) are
 simulated with forward pre-hooks on the linear layers, so the model reproduces the engine's arithmetic except for
@@ -23,19 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core.architectures import BY_HF_ARCHITECTURE
 from pipeline.core.artifacts import read_config_json
 from pipeline.core.errors import PipelineError
 from pipeline.core.safetensors_file import load_safetensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import PreTrainedModel
 
+# checkpoint `architecture`s this loader rebuilds (one fused QKV per layer; a gated MLP or Mixtral's experts)
+LOADABLE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+                          "Qwen3ForCausalLM")
 SUPPORTED_QUANT_ALGOS = (None, "FP8", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ")
-# checkpoint `architecture` values this loader rebuilds (Mistral without a window is the Llama graph)
-LOADABLE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
-# transformers config class -> the causal-LM class `assemble_llama` instantiates
-_MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "MixtralConfig": "MixtralForCausalLM"}
 RENORMALIZE = 1  # MoeConfig.ExpertScaleNormalizationMode.RENORMALIZE: softmax, top-k, renormalize (HF Mixtral)
 _LINEARS = {  # TensorRT-LLM name -> (HF module path inside a decoder layer, parallel style)
     "attention.qkv": ("self_attn.qkv", "column"),
@@ -44,6 +47,7 @@ _LINEARS = {  # TensorRT-LLM name -> (HF module path inside a decoder layer, par
     "mlp.gate": ("mlp.up_proj", "column"),
     "mlp.proj": ("mlp.down_proj", "row"),
 }
+_QK_NORMS = {"attention.q_layernorm": "self_attn.q_norm", "attention.k_layernorm": "self_attn.k_norm"}
 _LAYER_RE = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 
 
@@ -185,21 +189,22 @@ def _check_rank_files(ckpt_dir: Path, cfg: dict[str, Any]) -> tuple[int, int]:
     return tp, pp
 
 
-def _merge_qkv(lins: list, cfg: dict[str, Any], tp: int, gid: int) -> dict[str, torch.Tensor]:
-    """Split each rank's fused QKV weight into q/k/v and concatenate across ranks (replicated KV heads once)."""
+def _merge_qkv(parts: list[torch.Tensor], cfg: dict[str, Any], tp: int, gid: int) -> dict[str, torch.Tensor]:
+    """Split each rank's fused QKV weight (or bias) into q/k/v and concatenate across ranks (replicated KV heads
+    once)."""
     import torch
 
     heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     head = int(cfg.get("head_size") or cfg["hidden_size"] // heads)
     q_rows, kv_rows = heads // tp * head, max(1, kv_heads // tp) * head
     qs, ks, vs = [], [], []
-    for x in lins:
-        if x.weight.shape[0] != q_rows + 2 * kv_rows:
+    for x in parts:
+        if x.shape[0] != q_rows + 2 * kv_rows:
             raise CheckpointError(
-                f"layer {gid} qkv has {x.weight.shape[0]} rows per rank, expected "
+                f"layer {gid} qkv has {x.shape[0]} rows per rank, expected "
                 f"{q_rows + 2 * kv_rows} (heads {heads}, kv heads {kv_heads}, tp {tp})"
             )
-        q, k, v = x.weight.split([q_rows, kv_rows, kv_rows], dim=0)
+        q, k, v = x.split([q_rows, kv_rows, kv_rows], dim=0)
         qs.append(q), ks.append(k), vs.append(v)
     rep = max(1, tp // kv_heads)  # tp > kv heads: each kv head is replicated on `rep` ranks
     return {"q_proj": torch.cat(qs), "k_proj": torch.cat(ks[::rep]), "v_proj": torch.cat(vs[::rep])}
@@ -231,7 +236,7 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
         if act is not None:
             act = _same([x.act_scale for x in lins], f"layer {gid} {trt} activation_scaling_factor")
         if trt == "attention.qkv":
-            merged = _merge_qkv(lins, cfg, tp, gid)
+            merged = _merge_qkv([x.weight for x in lins], cfg, tp, gid)
         else:
             merged = {hf_mod.split(".")[1]: _merge([x.weight for x in lins], style)}
         parent = hf_mod.split(".")[0]
@@ -240,6 +245,29 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
             if pqs is not None or (act is not None and act_kind):
                 act_q[key] = (act_kind if act is not None else None, act, pqs)
             sd[f"{key}.weight"] = wt
+    _merge_biases(layer_parts, gid, cfg, tp, sd)
+    for trt, hf_name in _QK_NORMS.items():
+        if f"{trt}.weight" in layer_parts[0]:
+            sd[f"{hf}.{hf_name}.weight"] = _same([lp[f"{trt}.weight"].float() for lp in layer_parts],
+                                                 f"layer {gid} {trt}")
+
+
+def _merge_biases(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict[str, Any], tp: int,
+                  sd: dict[str, torch.Tensor]) -> None:
+    """The linears' biases (Qwen2's q/k/v): column-parallel ones concatenated across ranks, row-parallel ones
+    replicated (added once after the all-reduce)."""
+    for trt, (hf_mod, style) in _LINEARS.items():
+        parts = [lp.get(f"{trt}.bias") for lp in layer_parts]
+        if parts[0] is None:
+            continue
+        parts = [p.float() for p in parts]
+        parent, name = hf_mod.split(".")
+        if trt == "attention.qkv":
+            merged = _merge_qkv(parts, cfg, tp, gid)
+        else:
+            merged = {name: _merge(parts, style) if style == "column" else _same(parts, f"layer {gid} {trt}.bias")}
+        for proj, b in merged.items():
+            sd[f"model.layers.{gid}.{parent}.{proj}.bias"] = b
 
 
 def _expert_linears(parts: list[dict[str, torch.Tensor]], algo: str | None, prefix: str, expert: int,
@@ -354,19 +382,21 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
 
 
 def hf_config_from(cfg: dict[str, Any]):
-    """transformers `LlamaConfig` (`MixtralConfig` for a `moe` checkpoint) equivalent to a TensorRT-LLM checkpoint
-    config."""
-    from transformers import LlamaConfig
+    """The transformers config (of the checkpoint `architecture`'s own class) equivalent to a TensorRT-LLM
+    checkpoint config (`MixtralConfig` for a `moe` checkpoint). Biases: QWenConfig's `attn_bias` / `mlp_bias`
+    where written, else ModelOpt's `bias`."""
+    from transformers import CONFIG_MAPPING
 
     if (cfg.get("moe") or {}).get("num_experts"):
         return _mixtral_config(cfg)
-
+    fam = BY_HF_ARCHITECTURE[cfg["architecture"]]  # read_config admits LOADABLE_ARCHITECTURES only
     rope = cfg.get("rotary_scaling")
     if isinstance(rope, dict):
         rope = dict(rope)
         rope.setdefault("rope_type", rope.get("type"))
     heads = int(cfg["num_attention_heads"])
-    return LlamaConfig(
+    bias = bool(cfg.get("bias", False))
+    return CONFIG_MAPPING[fam.hf_model_type](
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
         intermediate_size=int(cfg["intermediate_size"]),
@@ -379,10 +409,10 @@ def hf_config_from(cfg: dict[str, Any]):
         rms_norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
         rope_theta=float(cfg.get("rotary_base", 10000.0)),
         rope_scaling=rope or None,
-        tie_word_embeddings=bool(cfg.get("share_embedding_table", False)),
-        attention_bias=bool(cfg.get("bias", False)),
-        mlp_bias=bool(cfg.get("bias", False)),
-        architectures=["LlamaForCausalLM"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("share_embedding_table", False))),
+        attention_bias=bool(cfg.get("attn_bias", bias)),
+        mlp_bias=bool(cfg.get("mlp_bias", bias)),
+        architectures=[fam.hf_architecture],
     )
 
 
@@ -428,8 +458,8 @@ def activation_hook(kind: str, scale: torch.Tensor, prequant: torch.Tensor | Non
 
 def load_checkpoint_as_hf(
     ckpt_dir: str | Path, *, dtype: torch.dtype | None = None, activation_quant: bool = True
-) -> LlamaForCausalLM:
-    """Load an exported TensorRT-LLM checkpoint (all ranks merged, dequantized) as transformers' LlamaForCausalLM.
+) -> PreTrainedModel:
+    """Load an exported TensorRT-LLM checkpoint (all ranks merged, dequantized) as its transformers class.
 
     Args:
         ckpt_dir: directory with `config.json` and `rank{i}.safetensors`.
@@ -443,25 +473,25 @@ def load_checkpoint_as_hf(
 
     dtype = dtype or torch.float32
     loaded = read_checkpoint(ckpt_dir)
-    return assemble_llama(hf_config_from(loaded.config), loaded.state_dict, loaded.activation_quant,
+    return assemble_model(hf_config_from(loaded.config), loaded.state_dict, loaded.activation_quant,
                           dtype=dtype, activation_quant=activation_quant, source=ckpt_dir)
 
 
-def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str, tuple], *, dtype,
-                   activation_quant: bool, source: str | Path) -> LlamaForCausalLM:
-    """A stock `LlamaForCausalLM` (`MixtralForCausalLM` for a `MixtralConfig`) holding dequantized HF-named tensors,
-    with activation quantization simulated by forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale);
-    a pre-quant scale without a hook is folded into the weight).
+def assemble_model(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str, tuple], *, dtype,
+                   activation_quant: bool, source: str | Path) -> PreTrainedModel:
+    """The stock transformers causal LM of `hf_cfg` (`LlamaForCausalLM`, `MixtralForCausalLM`, ...) holding
+    dequantized HF-named tensors, with activation quantization simulated by
+    forward pre-hooks (`act_q`: module -> (kind, scale, pre-quant scale); a pre-quant scale without a hook is folded
+    into the weight).
 
     Raises:
         CheckpointError: the tensors do not map onto the model.
     """
     import torch
-    import transformers
+    from transformers import AutoModelForCausalLM
 
-    model_class = getattr(transformers, _MODEL_CLASSES.get(type(hf_cfg).__name__, "LlamaForCausalLM"))
     with torch.device("meta"):
-        model = model_class(hf_cfg)
+        model = AutoModelForCausalLM.from_config(hf_cfg)
     sd = dict(state_dict)
     hooks = {}
     for name, (kind, scale, prequant) in act_q.items():
@@ -476,7 +506,7 @@ def assemble_llama(hf_cfg, state_dict: dict[str, torch.Tensor], act_q: dict[str,
     missing, extra = expected - set(sd), set(sd) - expected
     if missing or extra:
         raise CheckpointError(
-            f"{source}: tensors do not map onto {model_class.__name__} (missing {sorted(missing)[:3]}, "
+            f"{source}: tensors do not map onto {type(model).__name__} (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(extra)[:3]})"
         )
     model.load_state_dict(sd, strict=False, assign=True)

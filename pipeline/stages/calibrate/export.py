@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.architectures import BY_HF_ARCHITECTURE as FAMILIES_BY_CLASS
+from pipeline.core.architectures import trtllm_config_fields
 from pipeline.core.errors import CalibrationError
 
 TOKENIZER_FILES = (
@@ -25,17 +27,26 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
     """Export `model` in place (the exporter mutates its input) and return it.
 
     The mutated model is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant
-    scales rounded to the export dtype), which is what the quality gate and the round-trip check compare against.
+    scales rounded to the export dtype, FP8 weights rounded as the exporter rounds them), which is what the quality
+    gate and the round-trip check compare against.
     Exporting in place keeps a single copy of the weights on the devices (no deep copy: 70B is 131 GiB in bf16).
+    The weights go through the family's `trtllm_export_decoder`; the config is then completed with the fields the
+    family's TensorRT-LLM config class writes (`complete_config`).
     """
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    hf_config = model.config.to_dict()
+    try:
+        decoder = FAMILIES_BY_CLASS[hf_config["architectures"][0]].trtllm_export_decoder
+    except (KeyError, IndexError, TypeError):
+        raise CalibrationError(f"model class {hf_config.get('architectures')} has no family adapter; "
+                               f"supported: {', '.join(sorted(FAMILIES_BY_CLASS))}") from None
     try:
         with torch.inference_mode():
             export_tensorrt_llm_checkpoint(
                 model,
-                "llama",
+                decoder,
                 dtype,
                 export_dir=out_dir,
                 inference_tensor_parallel=tp,
@@ -45,9 +56,24 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
         raise CalibrationError(
             f"ModelOpt export failed for tp={tp} pp={pp}: {exc}; check the model and parallelism"
         ) from None
+    complete_config(out_dir, hf_config)
     snap_prequant_scales(model, dtype)
     share_expert_input_amax(model)
+    snap_fp8_weights(model)
     return model
+
+
+def complete_config(out_dir: Path, hf_config: dict[str, Any]) -> None:
+    """Add to the written `config.json` the family's TensorRT-LLM config-class fields it lacks (QWenConfig's for
+    Qwen; none for the Llama-class families). Fields already written, e.g. by ModelOpt through TensorRT-LLM's own
+    config class where tensorrt_llm is installed, are kept."""
+    path = out_dir / "config.json"
+    if not path.is_file():
+        return  # `check` names the missing config
+    cfg = json.loads(path.read_text())
+    missing = {k: v for k, v in trtllm_config_fields(hf_config).items() if k not in cfg}
+    if missing:
+        path.write_text(json.dumps({**cfg, **missing}, indent=4))
 
 
 def snap_prequant_scales(model, dtype) -> None:
@@ -78,6 +104,27 @@ def share_expert_input_amax(model) -> None:
             top = torch.stack([a.float().reshape(()) for a in amaxes]).max()
             for q in quantizers:
                 q.amax = top.to(q.amax.dtype).reshape(q.amax.shape)
+
+
+def snap_fp8_weights(model) -> None:
+    """Round per-tensor FP8 weights to the values the exporter stores: ModelOpt 0.37 writes `(w / (amax / 448))`
+    cast to E4M3 (`quant_utils.to_quantized_weight`: round half to even), while its fake quantizer computes
+    `w * (448 / amax)`, which lands a weight lying exactly between two FP8 values on either side (a trained model
+    whose amax has few significant bits has hundreds of such ties per layer). Snapped weights are on the FP8 grid,
+    so the fake quantizer reproduces them."""
+    import torch
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    for mod in model.modules():
+        q = getattr(mod, "weight_quantizer", None)
+        if not isinstance(q, TensorQuantizer) or not q.is_enabled or q.num_bits != (4, 3) or q.block_sizes:
+            continue
+        amax = getattr(q, "amax", None)
+        if amax is None or amax.numel() != 1:
+            continue
+        scale = amax.float() / q.maxbound
+        w = mod.weight
+        w.data = ((w.data.float() / scale.to(w.device)).to(torch.float8_e4m3fn).float() * scale.to(w.device)).to(w.dtype)
 
 
 def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int, pp: int) -> dict[str, Any]:

@@ -1,6 +1,5 @@
-"""Read a ModelOpt unified Hugging Face checkpoint (runtime pytorch) back into transformers' `LlamaForCausalLM`
-(`MixtralForCausalLM` for a Mixtral export: per-expert `w1`/`w2`/`w3` with their own scales, router `gate` left
-unquantized).
+"""Read a ModelOpt unified Hugging Face checkpoint (runtime pytorch) back into its transformers class (for a
+Mixtral export: per-expert `w1`/`w2`/`w3` with their own scales, router `gate` left unquantized).
 
 `modelopt.torch.export.export_hf_checkpoint` writes `config.json` (with a `quantization_config` of
 quant_method "modelopt", which transformers 4.57 has no quantizer for), `model*.safetensors` in HF naming and
@@ -8,7 +7,8 @@ quant_method "modelopt", which transformers 4.57 has no quantizer for), `model*.
 TensorRT-LLM's `ModelConfig.from_pretrained` reads first). Quantized linears carry `weight` (FP8 E4M3 or packed
 INT4 in uint8), `weight_scale`, `weight_scale_2` (W4A8), `input_scale` and `pre_quant_scale` (AWQ); attention
 projections carry the KV-cache `k_scale` / `v_scale`. This module dequantizes every linear with its own scales (the
-arithmetic of `pipeline.stages.calibrate.checkpoint.dequant_linear`) and loads a stock `LlamaForCausalLM`; activation quantization
+arithmetic of `pipeline.stages.calibrate.checkpoint.dequant_linear`) and loads the stock class of the config's
+`architectures` (Llama, Mistral, Qwen2, Qwen3: biases and q/k norms are plain tensors); activation quantization
 is simulated with pre-hooks, the KV cache stays in the compute dtype.
 """
 
@@ -23,13 +23,13 @@ from pipeline.core.safetensors_file import load_safetensors
 from pipeline.stages.calibrate.checkpoint import (
     LOADABLE_ARCHITECTURES,
     CheckpointError,
-    assemble_llama,
+    assemble_model,
     dequant_linear,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import PreTrainedModel
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 SUPPORTED_QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ")
@@ -68,17 +68,16 @@ def read_quant_config(ckpt_dir: str | Path) -> dict[str, Any]:
 
 
 def _hf_config(ckpt_dir: Path):
-    from transformers import LlamaConfig, MixtralConfig
+    from transformers import AutoConfig
 
     path = ckpt_dir / "config.json"
     cfg = read_config_json(path, CheckpointError, missing=f"{path} does not exist; point at a HF checkpoint",
                            invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
-    archs = set(cfg.get("architectures") or [])
-    if not archs & set(LOADABLE_ARCHITECTURES):
+    if not set(cfg.get("architectures") or []) & set(LOADABLE_ARCHITECTURES):
         raise CheckpointError(f"{path}: architectures {cfg.get('architectures')} are not supported; loadable: "
                               f"{', '.join(LOADABLE_ARCHITECTURES)}")
     cfg = {k: v for k, v in cfg.items() if k not in ("quantization_config", "dtype", "torch_dtype")}
-    return MixtralConfig(**cfg) if "MixtralForCausalLM" in archs else LlamaConfig(**cfg)
+    return AutoConfig.for_model(**cfg)
 
 
 def _tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:
@@ -128,8 +127,8 @@ def read_hf_checkpoint(ckpt_dir: str | Path) -> tuple[Any, dict[str, torch.Tenso
 
 
 def load_hf_checkpoint(ckpt_dir: str | Path, *, dtype: torch.dtype | None = None,
-                       activation_quant: bool = True) -> LlamaForCausalLM:
-    """Load a ModelOpt unified HF checkpoint dequantized as transformers' `LlamaForCausalLM` (CPU).
+                       activation_quant: bool = True) -> PreTrainedModel:
+    """Load a ModelOpt unified HF checkpoint dequantized as its transformers class (CPU).
 
     Args:
         ckpt_dir: the export directory (`config.json`, `hf_quant_config.json`, `model*.safetensors`).
@@ -142,5 +141,5 @@ def load_hf_checkpoint(ckpt_dir: str | Path, *, dtype: torch.dtype | None = None
     import torch
 
     hf_cfg, sd, act_q = read_hf_checkpoint(ckpt_dir)
-    return assemble_llama(hf_cfg, sd, act_q, dtype=dtype or torch.float32, activation_quant=activation_quant,
+    return assemble_model(hf_cfg, sd, act_q, dtype=dtype or torch.float32, activation_quant=activation_quant,
                           source=ckpt_dir)

@@ -45,7 +45,7 @@ from pipeline.core.tokenizer import identity
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate import data, quality, recipes
-from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES
+from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from pipeline.stages.download.stage import DownloadResult, download_model, source_id
 
 STAGE_VERSION = 1
@@ -55,7 +55,6 @@ EVAL_MAX_LOGITS = 1 << 26  # cap on stored reference log-probs (tokens x vocab f
 ROUNDTRIP_SAMPLES = 2
 ROUNDTRIP_MAX_PARAMS = 8_000_000_000  # above this the float32 CPU copy of the round-trip check is skipped
 AWQ_DEFAULT_CALIB_CAP = 32  # TensorRT-LLM's quantize script caps AWQ calibration at 32 samples
-SUPPORTED_ARCHITECTURES = LOADABLE_ARCHITECTURES  # what the round trip and the reference backend rebuild
 Role = Literal["target", "draft"]
 
 
@@ -146,7 +145,7 @@ def _resolve_source(entry: ModelEntry, source: DownloadResult | str | Path | Non
 
 def check_family(spec: BuildSpec) -> None:
     """Refuse, before any download, a model whose family this stage cannot round-trip: its checkpoint loaders
-    (`checkpoint.py`, `hf_checkpoint.py`) and the reference backend rebuild Llama-class decoders only.
+    (`checkpoint.py`, `hf_checkpoint.py`) and the reference backend rebuild dense decoders only.
 
     Raises:
         CalibrationError: naming the family and what does work for it (plan, check, compile --dry-run).

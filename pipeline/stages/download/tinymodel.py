@@ -1,5 +1,5 @@
-"""Deterministic generator of the tiny models (`tiny-llama`, `tiny-llama-draft`, `tiny-mistral`,
-`tiny-mixtral`) in the Hub's format.
+"""Deterministic generator of the tiny models (`tiny-llama`, `tiny-llama-draft`, one `tiny-<family>` per further
+family) in the Hub's format.
 
 A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corpus.txt`), then each model is
 initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
@@ -28,7 +28,7 @@ from pipeline.core.stage_log import progress, stage_log
 GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")  # the pair every test session trains
 # one tiny model per further family, generated on demand (same tokenizer and training recipe)
-GENERATED_FAMILY_MODELS = ("tiny-mistral", "tiny-mixtral")
+GENERATED_FAMILY_MODELS = ("tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3")
 HELDOUT_EVERY = 10  # every 10th corpus paragraph is held out for evaluation
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"

@@ -171,3 +171,31 @@ def test_tiny_mixtral_is_generated_as_its_family(tmp_path, monkeypatch):
     assert entry.architecture.active_params < entry.architecture.total_params
     assert (path / "tokenizer.json").read_bytes() == (
         tinymodel.ensure_tiny_model("tiny-llama-draft", steps=2) / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, cls, tied, extra", [
+    ("tiny-qwen2", "Qwen2ForCausalLM", True, "self_attn.q_proj.bias"),
+    ("tiny-qwen3", "Qwen3ForCausalLM", False, "self_attn.q_norm.weight"),
+])
+def test_tiny_qwen_is_generated_as_its_family(tmp_path, monkeypatch, name, cls, tied, extra):
+    """Qwen2 (q/k/v biases, tied embeddings as the small Qwen2.5) and Qwen3 (per-head q/k norms), generated like
+    tiny-llama with the shared tokenizer; the registry's architecture is what their config.json says."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.core.architectures import architecture_fields
+    from pipeline.core.registry import Architecture
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    path = tinymodel.ensure_tiny_model(name, steps=2)
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == [cls] and config["tie_word_embeddings"] is tied
+    assert Architecture(**architecture_fields(config)) == get_model(name).architecture
+    assert type(AutoModelForCausalLM.from_pretrained(path)).__name__ == cls
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert f"model.layers.0.{extra}" in f.keys()
+        assert ("lm_head.weight" in f.keys()) is not tied
+    assert get_model(name).tokenizer_family == get_model("tiny-llama").tokenizer_family
