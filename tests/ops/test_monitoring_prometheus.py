@@ -143,7 +143,7 @@ def test_promtool_checks_a_config_of_the_slurm_rules_and_scrape_snippet(promethe
     assert "SUCCESS: 1 rule files found" in res.stdout and "SUCCESS: 10 rules found" in res.stdout, res.stdout
     (out / "prometheus-targets.json").write_text('[{"targets": "node-1:8002"}]')  # not a list of targets
     res = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
-    assert res.returncode != 0, res.stdout + res.stderr
+    assert res.returncode != 0 and "checking SD file" in res.stdout + res.stderr, res.stdout + res.stderr
 
 
 # ------------------------------------------------------------------------------------------------ live
