@@ -47,6 +47,7 @@ class Runtime:
     node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
     gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
+    ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -219,7 +220,7 @@ def reference_runtime() -> Runtime:
     """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
-                   gpus=False, pipeline_image=True)
+                   gpus=False, pipeline_image=True, ports_from_env=True)
 
 
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,

@@ -134,13 +134,14 @@ def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str
     port = dict(rt.ports).get(METRICS_PORT_NAME)
     if port is None:
         raise DeployError(f"the {rt.name} runtime exports no metrics port; it has no Prometheus scrape target")
-    entry = '[{"targets": ["%s:' + str(port) + '"], "labels": {"job": %s}}]\\n'
+    port_word = f'"${{METRICS_PORT:-{port}}}"' if rt.ports_from_env else str(port)
+    entry = '[{"targets": ["%s:%s"], "labels": {"job": %s}}]\\n'
     return [
         "# Prometheus file_sd target (prometheus-scrape.yml reads it): rank 0's metrics port on this node",
         f"targets={shlex.quote(targets)}",
         'tmp="$(mktemp "$targets.XXXXXX")"',
         "trap 'rm -f \"$tmp\" \"$targets\"' EXIT  # bash runs it on SIGTERM too (scancel)",
-        f'printf {shlex.quote(entry)} "$(hostname)" {shlex.quote(json.dumps(o.name))} > "$tmp"',
+        f'printf {shlex.quote(entry)} "$(hostname)" {port_word} {shlex.quote(json.dumps(o.name))} > "$tmp"',
         'chmod 644 "$tmp"',
         'mv -f "$tmp" "$targets"',
     ]

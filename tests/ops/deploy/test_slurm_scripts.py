@@ -201,7 +201,7 @@ if sys.argv[-1].endswith("rank.sh"):  # the serving step: what Prometheus reads 
 """
 
 
-def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path) -> subprocess.CompletedProcess:
+def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path, **extra: str) -> subprocess.CompletedProcess:
     """Run `script` under bash on a fake node `gpu-node-17` (`hostname`), `srun` copying the target file when the
     ranks start."""
     bin_dir = tmp_path / "node-bin"
@@ -209,8 +209,9 @@ def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path) -> subproce
     for name, text in (("srun", SEEN_AT_RANKS), ("hostname", "#!/bin/sh\necho gpu-node-17\n")):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w"),
-           "TARGETS": str(targets), "TARGETS_SEEN": str(tmp_path / "seen.json")}
+    env = {k: v for k, v in os.environ.items() if k != "METRICS_PORT"}
+    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w"),
+            "TARGETS": str(targets), "TARGETS_SEEN": str(tmp_path / "seen.json"), **extra}
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -230,7 +231,7 @@ def test_serve_script_writes_the_prometheus_target_while_serving_and_removes_it(
     _no_pwned(tmp_path)
 
 
-def test_scrape_target_job_name_stays_data(tmp_path):
+def test_scrape_target_job_name_stays_data_and_the_reference_port_follows_the_env(tmp_path):
     from pipeline.ops.deploy.runtime import runtime_for
     from pipeline.ops.deploy.slurm import SlurmOptions, _scrape_target_lines
     from pipeline.planning.placement import place
@@ -242,8 +243,9 @@ def test_scrape_target_job_name_stays_data(tmp_path):
     lines = _scrape_target_lines(o, runtime_for(spec, "t", placement=place(1, 1, spec.hardware), platform="slurm"), str(targets))
     script = tmp_path / "s.sh"
     script.write_text("\n".join(["set -euo pipefail", *lines, 'cp "$targets" "$TARGETS_SEEN"']) + "\n")
-    res = _run_with_fake_node(script, tmp_path, targets)
+    res = _run_with_fake_node(script, tmp_path, targets, METRICS_PORT="18002")  # the reference rank.sh's port
     assert res.returncode == 0, res.stderr
-    assert json.loads((tmp_path / "seen.json").read_text())[0]["labels"] == {"job": name}
+    assert json.loads((tmp_path / "seen.json").read_text()) == [{"targets": ["gpu-node-17:18002"],
+                                                                 "labels": {"job": name}}]
     assert not targets.exists()
     _no_pwned(tmp_path)
