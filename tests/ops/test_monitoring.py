@@ -186,8 +186,14 @@ def test_slurm_directory_prometheus_cannot_glob_is_refused_before_anything_is_wr
     assert exc.value.exit_code == 2 and not out.exists()
 
 
-def test_llmapi_runtime_gets_no_monitoring_files(tmp_path):
-    out = tmp_path / "pt"
-    deploy_command(resolve_spec(model="llama-8b", precision="fp8", runtime="pytorch"), platform="slurm",
-                   release_url=URL, output=str(out), name="pt")
-    assert not list(out.glob("prometheus-*")) and "prometheus" not in (out / "serve.sbatch").read_text()
+@pytest.mark.parametrize("runtime,serve_mode", [("pytorch", None), ("engine", "trtllm-serve")])
+def test_trtllm_serve_gets_no_monitoring_files(tmp_path, runtime, serve_mode):
+    """trtllm-serve exports none of the Triton series the rules read, and has no metrics port to scrape."""
+    spec = resolve_spec(model="llama-8b", precision="fp8", runtime=runtime)
+    deploy_command(spec, platform="slurm", release_url=URL, output=str(tmp_path / "s"), name="pt",
+                   serve_mode=serve_mode)
+    assert not list((tmp_path / "s").glob("prometheus-*")) and not (tmp_path / "s" / "dashboard.json").exists()
+    assert "prometheus" not in (tmp_path / "s" / "serve.sbatch").read_text()
+    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "k"), name="pt",
+                   serve_mode=serve_mode)
+    assert not (tmp_path / "k" / "monitoring.yaml").exists()

@@ -25,8 +25,8 @@ from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s, names, slurm
 from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
-from pipeline.ops.deploy.runtime import (METRICS_PORT_NAME, fetch_verify_script, kubexec_script, leader_script,
-                                         runtime_for)
+from pipeline.ops.deploy.runtime import (METRICS_PORT_NAME, Runtime, fetch_verify_script, kubexec_script,
+                                         leader_script, runtime_for)
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.ops.monitoring.dashboard import dashboard_config_map, dashboard_json
@@ -127,25 +127,27 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:
         kind = "sbatch"
-        targets = str(directory / SCRAPE_TARGETS) if _watched(src) else None
+        targets = str(directory / SCRAPE_TARGETS) if _watched(rt) else None
         files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p,
                                                                scrape_targets=targets)}
-    files |= monitoring_files(o, src, p, directory)
+    files |= monitoring_files(o, src, p, rt, directory)
     files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
-def _watched(src: DeploySource) -> bool:
-    """Whether the deployment gets rules, a dashboard and a scrape config: Triton with the tensorrtllm backend (the
-    LLM-API runtime exports other metrics)."""
-    return not backend_for(src.spec).llmapi
+def _watched(rt: Runtime) -> bool:
+    """Whether the deployment gets rules, a dashboard and a scrape config: its server is Triton (the engine's
+    tensorrtllm backend or the reference one), which exports the watched series on its metrics port; trtllm-serve
+    exports other metrics."""
+    return METRICS_PORT_NAME in dict(rt.ports)
 
 
-def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, directory: Path) -> dict[str, str]:
+def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime,
+                     directory: Path) -> dict[str, str]:
     """Prometheus rules, how Prometheus scrapes the server as `job="<name>"`, and the Grafana dashboard. k8s: a
     PrometheusRule, a PodMonitor and a dashboard ConfigMap (validated); Slurm: a plain rules file and a
     `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON."""
-    if not _watched(src):
+    if not _watched(rt):
         return {}
     w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size)
     if o.platform != "k8s":
