@@ -1,5 +1,6 @@
 """`deploy`'s monitoring files: Prometheus rules from the spec and the planner, the Grafana dashboard built with the
-foundation SDK, both written beside the serving files (k8s: a validated PrometheusRule + dashboard ConfigMap)."""
+foundation SDK, and how Prometheus scrapes the server as the rules' job, all written beside the serving files (k8s:
+a validated PrometheusRule, PodMonitor and dashboard ConfigMap; Slurm: rules and a file_sd scrape config)."""
 
 import copy
 import json
@@ -10,10 +11,12 @@ import yaml
 from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import resolve_spec
+from pipeline.ops.deploy.k8s import LWS_NAME_LABEL
 from pipeline.ops.deploy.validate import validate_object
 from pipeline.ops.monitoring import rules
 from pipeline.ops.monitoring.dashboard import dashboard
 from pipeline.ops.monitoring.rules import prometheus_rule, rule_groups, watch_plan
+from pipeline.ops.monitoring.scrape import pod_monitor
 from pipeline.planning.break_even import speculation_break_even
 from pipeline.planning.planner import plan_capacity, serving_estimate
 
@@ -103,7 +106,7 @@ def test_k8s_deploy_writes_rules_and_dashboard_config_map(tmp_path):
     out = tmp_path / "k8s"
     deploy_command(spec, platform="k8s", release_url=URL, output=str(out), name="llama70", namespace="serving")
     objects = {o["kind"]: o for o in yaml.safe_load_all((out / "monitoring.yaml").read_text())}
-    assert set(objects) == {"PrometheusRule", "ConfigMap"}
+    assert set(objects) == {"PrometheusRule", "PodMonitor", "ConfigMap"}
     assert objects["PrometheusRule"]["metadata"]["namespace"] == "serving"
     alerts = _by_name(objects["PrometheusRule"]["spec"]["groups"])
     assert alerts["PrefixCacheHitRatioLow"]["expr"].startswith('trtllm:prefix_cache_hit_ratio{job="llama70"}')
@@ -113,10 +116,84 @@ def test_k8s_deploy_writes_rules_and_dashboard_config_map(tmp_path):
     assert board == json.loads((out / "dashboard.json").read_text()) and board["uid"] == "trtllm-llama70"
 
 
-def test_slurm_deploy_writes_a_plain_rules_file(tmp_path):
+def _server_pod(serving: list[dict]) -> tuple[dict[str, str], dict]:
+    """(labels, pod spec) of the pod that serves metrics: the Deployment's, or the LeaderWorkerSet leader's with
+    the set's name label its controller adds."""
+    by_kind = {o["kind"]: o for o in serving}
+    if "Deployment" in by_kind:
+        template = by_kind["Deployment"]["spec"]["template"]
+        return template["metadata"]["labels"], template["spec"]
+    lws = by_kind["LeaderWorkerSet"]
+    template = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return {**template["metadata"]["labels"], LWS_NAME_LABEL: lws["metadata"]["name"]}, template["spec"]
+
+
+@pytest.mark.parametrize("precision,serving_kind", [("fp8", "Deployment"), ("bf16", "LeaderWorkerSet")])
+def test_pod_monitor_scrapes_exactly_the_serving_pod_as_the_rules_job(tmp_path, precision, serving_kind):
+    out = tmp_path / precision
+    deploy_command(resolve_spec(model="llama-405b", precision=precision), platform="k8s", release_url=URL,
+                   output=str(out), name="big", namespace="serving")
+    serving = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
+    assert serving_kind in {o["kind"] for o in serving}
+    monitoring = {o["kind"]: o for o in yaml.safe_load_all((out / "monitoring.yaml").read_text())}
+    monitor = monitoring["PodMonitor"]
+    validate_object(monitor)
+    assert monitor["metadata"]["namespace"] == "serving"  # its own namespace: the pods' (no namespaceSelector)
+    labels, pod = _server_pod(serving)
+    assert monitor["spec"]["selector"] == {"matchLabels": labels}
+    if serving_kind == "LeaderWorkerSet":  # the workers serve nothing: their role label keeps them out
+        worker = next(o for o in serving if o["kind"] == serving_kind)["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        assert worker["metadata"]["labels"]["role"] != labels["role"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+    assert ports[endpoint["port"]] == 8002 and endpoint["path"] == "/metrics"
+    assert endpoint["relabelings"] == [{"action": "replace", "targetLabel": "job", "replacement": "big"}]
+    assert all('job="big"' in r["expr"] for r in _by_name(monitoring["PrometheusRule"]["spec"]["groups"]).values())
+
+
+def test_pod_monitor_fits_the_operator_crd_and_a_wrong_field_is_refused():
+    obj = pod_monitor("llama70", namespace="serving", labels={}, pod_selector={"role": "leader"}, port="metrics")
+    validate_object(obj)
+    bad = copy.deepcopy(obj)
+    bad["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["action"] = "rename"
+    with pytest.raises(DeployError, match="PodMonitor llama70-trtllm fails the monitoring.coreos.com/v1 CRD"):
+        validate_object(bad)
+    bad = copy.deepcopy(obj)
+    bad["spec"]["podMetricsEndpoints"][0]["portName"] = "metrics"  # strict: not a PodMetricsEndpoint field
+    with pytest.raises(DeployError, match="podMetricsEndpoints.0"):
+        validate_object(bad)
+
+
+def test_slurm_deploy_writes_a_plain_rules_file_and_a_scrape_config(tmp_path):
     spec = resolve_spec(model="llama-70b", precision="fp8")
     out = tmp_path / "slurm"
     deploy_command(spec, platform="slurm", release_url=URL, output=str(out), name="llama70")
     groups = yaml.safe_load((out / "prometheus-rules.yml").read_text())["groups"]
     assert [g["name"] for g in groups] == ["llama70.trtllm.recording", "llama70.trtllm.alerts"]
     assert (out / "dashboard.json").is_file()
+    scrape = yaml.safe_load((out / "prometheus-scrape.yml").read_text())
+    assert scrape == {"scrape_configs": [{
+        "job_name": "llama70", "honor_labels": True, "metrics_path": "/metrics",
+        "file_sd_configs": [{"files": [str(out / "prometheus-targets.json")]}]}]}
+    assert f"targets={out}/prometheus-targets.json" in (out / "serve.sbatch").read_text().splitlines()
+
+
+def test_slurm_directory_prometheus_cannot_glob_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "node[1]"
+    with pytest.raises(DeployError, match="glob pattern") as exc:
+        deploy_command(resolve_spec(model="llama-70b", precision="fp8"), platform="slurm", release_url=URL,
+                       output=str(out), name="llama70")
+    assert exc.value.exit_code == 2 and not out.exists()
+
+
+@pytest.mark.parametrize("runtime,serve_mode", [("pytorch", None), ("engine", "trtllm-serve")])
+def test_trtllm_serve_gets_no_monitoring_files(tmp_path, runtime, serve_mode):
+    """trtllm-serve exports none of the Triton series the rules read, and has no metrics port to scrape."""
+    spec = resolve_spec(model="llama-8b", precision="fp8", runtime=runtime)
+    deploy_command(spec, platform="slurm", release_url=URL, output=str(tmp_path / "s"), name="pt",
+                   serve_mode=serve_mode)
+    assert not list((tmp_path / "s").glob("prometheus-*")) and not (tmp_path / "s" / "dashboard.json").exists()
+    assert "prometheus" not in (tmp_path / "s" / "serve.sbatch").read_text()
+    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "k"), name="pt",
+                   serve_mode=serve_mode)
+    assert not (tmp_path / "k" / "monitoring.yaml").exists()

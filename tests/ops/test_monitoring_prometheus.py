@@ -1,11 +1,14 @@
 """The monitoring rules on Debian's Prometheus: `promtool check rules` and `promtool test rules` (input series that
-fire each alert and series that do not), then a live Prometheus scraping the CPU reference server while `bench`
+fire each alert and series that do not), `promtool check config` on a prometheus.yml made of Slurm deploy's rules and
+scrape snippet, then a live Prometheus scraping the CPU reference server through a file_sd target file shaped like
+the one serve.sbatch writes (the deploy snippet's scrape config) while `bench`
 drives the shared-prefix and the no-shared-prefix workloads: the recorded hit ratio says which workload ran, and
 the hit-ratio alert fires only without the shared prefix. The reference server exports every metric family and
 label of the C++ tensorrtllm backend (tests/support/cpp_metrics_table.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -116,12 +119,41 @@ def test_promtool_rejects_a_broken_rule(prometheus_installed, tmp_path):
     assert res.returncode != 0 and "unclosed left parenthesis" in res.stdout + res.stderr
 
 
+def _targets_file(directory: Path, host: str) -> Path:
+    """A file_sd file as serve.sbatch writes it (tests/ops/deploy/test_slurm_scripts.py runs that line)."""
+    path = directory / "prometheus-targets.json"
+    path.write_text(json.dumps([{"targets": [host], "labels": {"job": JOB}}]) + "\n")
+    return path
+
+
+def test_promtool_checks_a_config_of_the_slurm_rules_and_scrape_snippet(prometheus_installed, tmp_path):
+    from pipeline.cli.commands import deploy_command
+    from pipeline.core.spec import resolve_spec
+
+    out = tmp_path / "slurm"
+    spec = resolve_spec(model="llama-70b", precision="fp8", draft="auto")
+    deploy_command(spec, platform="slurm", release_url="https://h.invalid/r.tar.gz", output=str(out), name=JOB)
+    _targets_file(out, "node-1:8002")
+    scrape = yaml.safe_load((out / "prometheus-scrape.yml").read_text())["scrape_configs"]
+    config = {"global": {"scrape_interval": "15s"}, "rule_files": [str(out / "prometheus-rules.yml")],
+              "scrape_configs": scrape}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    res = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS: 1 rule files found" in res.stdout and "SUCCESS: 10 rules found" in res.stdout, res.stdout
+    (out / "prometheus-targets.json").write_text('[{"targets": "node-1:8002"}]')  # not a list of targets
+    res = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert res.returncode != 0 and "checking SD file" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
 # ------------------------------------------------------------------------------------------------ live
 @pytest.fixture(scope="module")
 def watched(prometheus_installed, tiny_reference_repo, tmp_path_factory):
-    """The tiny reference repo served by tritonserver, scraped by Prometheus every second with the deploy rules
-    (rates over 20 s, alerts after 10 s: the plan's documented test parameters; 10 s outlasts the low ratio at the
-    start of a shared-prefix run, while its first prompts are still cold)."""
+    """The tiny reference repo served by tritonserver, scraped by Prometheus every second through deploy's Slurm
+    scrape config and a file_sd target file, with the deploy rules (rates over 20 s, alerts after 10 s: the plan's
+    documented test parameters; 10 s outlasts the low ratio at the start of a shared-prefix run, while its first
+    prompts are still cold)."""
+    from pipeline.ops.monitoring.scrape import scrape_config
     from pipeline.serving.serve import TritonServer
 
     repo = tiny_reference_repo("watch")
@@ -129,12 +161,14 @@ def watched(prometheus_installed, tiny_reference_repo, tmp_path_factory):
     w = _plan(window="20s", alert_for="10s")
     with TritonServer(repo, ready_timeout_s=300) as server:
         host = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
-        prom = Prometheus(d, job=JOB, targets=[host], rules=_write_rules(d, w)).start()
+        scrape = scrape_config(JOB, str(_targets_file(d, host)))
+        prom = Prometheus(d, scrape_configs=[scrape], rules=_write_rules(d, w)).start()
         try:
             deadline = time.monotonic() + 30
             while not prom.targets_up() and time.monotonic() < deadline:
                 time.sleep(0.5)
             assert prom.targets_up(), prom.api("targets")
+            assert [t["labels"]["job"] for t in prom.api("targets")["activeTargets"]] == [JOB]
             yield repo, server, prom, w
         finally:
             prom.stop()

@@ -44,15 +44,16 @@ def _free_port() -> int:
 
 
 class Prometheus:
-    """`prometheus` scraping `targets` (host:port) as job `job` every second, evaluating `rules` every second."""
+    """`prometheus` running `scrape_configs` (every second unless they say otherwise), evaluating `rules` every
+    second."""
 
-    def __init__(self, directory: Path, *, job: str, targets: list[str], rules: Path):
+    def __init__(self, directory: Path, *, scrape_configs: list[dict], rules: Path):
         self.dir = directory
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "rule_files": [str(rules)],
-                  "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}]}
+                  "scrape_configs": scrape_configs}
         self.config = directory / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(config))
         self.log = directory / "prometheus.log"

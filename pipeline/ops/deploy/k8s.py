@@ -170,7 +170,7 @@ def deployment(o: K8sOptions, rt: Runtime, p: Placement) -> dict[str, Any]:
     command = ["/bin/sh", f"{CONFIG}/rank.sh"]
     if rt.ranks_launched and p.world_size > 1:
         command = ["mpirun", "--allow-run-as-root", "-np", str(p.world_size), "-x", "WORK", *command]
-    labels = {"app.kubernetes.io/instance": o.name, "app.kubernetes.io/component": "server"}
+    labels = server_pod_selector(o.name, multi_node=False)
     server = _server_container(o, rt, p.ranks_per_node, command, [])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(o, o.name),
             "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
@@ -218,11 +218,18 @@ def launcher_rbac(o: K8sOptions) -> list[dict[str, Any]]:
     ]
 
 
+def server_pod_selector(name: str, *, multi_node: bool) -> dict[str, str]:
+    """Labels of the pod that serves HTTP and metrics: the Deployment's pod, or a LeaderWorkerSet's leader (its
+    `role` from the leader template, the set's name label from the LWS controller)."""
+    if multi_node:
+        return {LWS_NAME_LABEL: name, "role": "leader"}
+    return {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "server"}
+
+
 def serving_objects(o: K8sOptions, rt: Runtime, p: Placement, scripts: dict[str, str]) -> list[dict[str, Any]]:
+    selector = server_pod_selector(o.name, multi_node=p.multi_node)
     if not p.multi_node:
-        selector = {"app.kubernetes.io/instance": o.name, "app.kubernetes.io/component": "server"}
         return [config_map(o, scripts), deployment(o, rt, p), service(o, rt, selector)]
-    selector = {LWS_NAME_LABEL: o.name, "role": "leader"}
     return [config_map(o, scripts), *launcher_rbac(o), leader_worker_set(o, rt, p), service(o, rt, selector)]
 
 

@@ -25,16 +25,19 @@ from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s, names, slurm
 from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
-from pipeline.ops.deploy.runtime import fetch_verify_script, kubexec_script, leader_script, runtime_for
+from pipeline.ops.deploy.runtime import (METRICS_PORT_NAME, Runtime, fetch_verify_script, kubexec_script,
+                                         leader_script, runtime_for)
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.ops.monitoring.dashboard import dashboard_config_map, dashboard_json
 from pipeline.ops.monitoring.rules import prometheus_rule, rules_file, watch_plan
+from pipeline.ops.monitoring.scrape import pod_monitor, scrape_config_file
 from pipeline.planning.placement import Placement
 from pipeline.stages.check import resolve_checked_spec
 
 Platform = Literal["k8s", "slurm"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
+SCRAPE_TARGETS = "prometheus-targets.json"  # Slurm: the file_sd file serve.sbatch writes into the deployment directory
 
 
 class DeployOptions(BaseModel):
@@ -124,23 +127,37 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:
         kind = "sbatch"
-        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p)}
-    files |= monitoring_files(o, src, p)
+        targets = str(directory / SCRAPE_TARGETS) if _watched(rt) else None
+        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p,
+                                                               scrape_targets=targets)}
+    files |= monitoring_files(o, src, p, rt, directory)
     files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
-def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement) -> dict[str, str]:
-    """Prometheus rules and the Grafana dashboard of a Triton deployment of the tensorrtllm backend (the LLM-API
-    runtime exports other metrics: none). k8s: a PrometheusRule and a dashboard ConfigMap (validated); Slurm: a
-    plain rules file. Both: the dashboard's JSON."""
-    if backend_for(src.spec).llmapi:
+def _watched(rt: Runtime) -> bool:
+    """Whether the deployment gets rules, a dashboard and a scrape config: its server is Triton (the engine's
+    tensorrtllm backend or the reference one), which exports the watched series on its metrics port; trtllm-serve
+    exports other metrics."""
+    return METRICS_PORT_NAME in dict(rt.ports)
+
+
+def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime,
+                     directory: Path) -> dict[str, str]:
+    """Prometheus rules, how Prometheus scrapes the server as `job="<name>"`, and the Grafana dashboard. k8s: a
+    PrometheusRule, a PodMonitor and a dashboard ConfigMap (validated); Slurm: a plain rules file and a
+    `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON."""
+    if not _watched(rt):
         return {}
     w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size)
     if o.platform != "k8s":
-        return {"prometheus-rules.yml": rules_file(w), "dashboard.json": dashboard_json(w)}
+        return {"prometheus-rules.yml": rules_file(w),
+                "prometheus-scrape.yml": scrape_config_file(o.name, str(directory / SCRAPE_TARGETS)),
+                "dashboard.json": dashboard_json(w)}
     labels = {"app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
     objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
+               pod_monitor(o.name, namespace=o.namespace, labels=labels, port=METRICS_PORT_NAME,
+                           pod_selector=k8s.server_pod_selector(o.name, multi_node=p.multi_node)),
                dashboard_config_map(w, namespace=o.namespace, labels=labels)]
     validate_objects(objects)
     return {"monitoring.yaml": yaml.safe_dump_all(objects, sort_keys=False), "dashboard.json": dashboard_json(w)}

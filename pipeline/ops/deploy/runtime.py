@@ -29,6 +29,7 @@ from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, sha
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+METRICS_PORT_NAME = "metrics"  # the container port Prometheus scrapes (monitoring.scrape)
 WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
 CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
 SERVE_DIR = "serve"  # under $WORK, trtllm-serve: the model (and tokenizer) links and the LLM-API options YAML
@@ -46,6 +47,7 @@ class Runtime:
     node_setup: str = ""  # /bin/sh lines fetch-verify.sh runs after installing the repository ($repo, $work)
     gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
+    ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -145,7 +147,7 @@ def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     """tritonserver over the release's repository as its launch plan says: leader mode -> the platform starts
     world-size ranks; single / orchestrator -> one process (the orchestrator spawns each model's ranks)."""
     plan = engine_launch_plan(spec, p)
-    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
                    ranks_launched=plan.ranks_launched)
 
@@ -216,9 +218,9 @@ exec $pipeline serve --repo "$repo" --host 0.0.0.0 --http-port "${{HTTP_PORT:-{H
 
 def reference_runtime() -> Runtime:
     """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
-    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+    ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
-                   gpus=False, pipeline_image=True)
+                   gpus=False, pipeline_image=True, ports_from_env=True)
 
 
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,

@@ -10,6 +10,7 @@ quoted for sbatch by `_directive`; a value it cannot carry safely is refused wit
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import PurePosixPath
@@ -17,7 +18,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel
 
 from pipeline.core.errors import DeployError
-from pipeline.ops.deploy.runtime import Runtime
+from pipeline.ops.deploy.runtime import METRICS_PORT_NAME, Runtime
 from pipeline.planning.placement import Placement
 
 MATRIX_TIME = "04:00:00"  # a build cell's default limit; serving has none unless --time (the partition's applies)
@@ -126,9 +127,30 @@ def _srun(o: SlurmOptions, image: str, mounts: list[str], extra: list[str]) -> s
     return " ".join(args)
 
 
-def serve_script(o: SlurmOptions, rt: Runtime, p: Placement) -> str:
+def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str]:
+    """Shell lines writing the Prometheus file_sd file `targets` (written whole by a rename, removed when the
+    script exits): rank 0's metrics port on this node (the batch script runs on the allocation's first node, where
+    rank 0 serves), labelled job=<name>."""
+    port = dict(rt.ports).get(METRICS_PORT_NAME)
+    if port is None:
+        raise DeployError(f"the {rt.name} runtime exports no metrics port; it has no Prometheus scrape target")
+    port_word = f'"${{METRICS_PORT:-{port}}}"' if rt.ports_from_env else str(port)
+    entry = '[{"targets": ["%s:%s"], "labels": {"job": %s}}]\\n'
+    return [
+        "# Prometheus file_sd target (prometheus-scrape.yml reads it): rank 0's metrics port on this node",
+        f"targets={shlex.quote(targets)}",
+        'tmp="$(mktemp "$targets.XXXXXX")"',
+        "trap 'rm -f \"$tmp\" \"$targets\"' EXIT  # bash runs it on SIGTERM too (scancel)",
+        f'printf {shlex.quote(entry)} "$(hostname)" {port_word} {shlex.quote(json.dumps(o.name))} > "$tmp"',
+        'chmod 644 "$tmp"',
+        'mv -f "$tmp" "$targets"',
+    ]
+
+
+def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: str | None = None) -> str:
     """sbatch for serving on p.nodes nodes: $WORK created on every node, fetch + verify once per node, then every
-    rank under srun --mpi=pmix (or the runtime's one process)."""
+    rank under srun --mpi=pmix (or the runtime's one process). `scrape_targets`: the Prometheus file_sd file the
+    job writes while it runs (`_scrape_target_lines`)."""
     validate_options(o)
     d = shlex.quote(o.directory)
     exports = {"RELEASE_FILE": o.release_file, "RELEASE_URL": o.release_url, "RELEASE_DIR": o.release_dir,
@@ -157,6 +179,7 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement) -> str:
         f'srun {" ".join(node_step)} mkdir -p "$WORK"',
         "# every node: fetch the release, verify it against this node's TensorRT-LLM and GPU, unpack, install",
         f"{fetch} /bin/sh {d}/fetch-verify.sh",
+        *(_scrape_target_lines(o, rt, scrape_targets) if scrape_targets else []),
         f"# every rank ({rt.name} runtime): rank 0 serves {ports} on the first node",
         f"{ranks} /bin/sh {d}/rank.sh",
     ]

@@ -1,8 +1,9 @@
 """Offline, strict validation of rendered Kubernetes objects; any failure names the object, the field and the rule.
 
 Core kinds: the Kubernetes OpenAPI schemas shipped by `kubernetes-validate` (strict variant: unknown fields refused).
-LeaderWorkerSet and PrometheusRule: their CRDs' `openAPIV3Schema` (schemas/leaderworkerset-v1.json from kubernetes-sigs/lws,
-schemas/prometheusrule-v1.json from prometheus-operator), made strict
+LeaderWorkerSet, PrometheusRule and PodMonitor: their CRDs' `openAPIV3Schema` (schemas/leaderworkerset-v1.json from
+kubernetes-sigs/lws, schemas/prometheusrule-v1.json and schemas/podmonitor-v1.json from prometheus-operator v0.82.2;
+each file names its source commit), made strict
 the way `kubeconform -strict` is: every object schema with declared properties refuses undeclared ones. A kind with
 no schema here is an error, never a pass.
 """
@@ -23,7 +24,8 @@ K8S_VERSION = "1.31"
 SCHEMAS = Path(__file__).parent / "schemas"
 LWS_SCHEMA = SCHEMAS / "leaderworkerset-v1.json"
 CUSTOM_KINDS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LWS_SCHEMA,
-                ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-v1.json"}
+                ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-v1.json",
+                ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor-v1.json"}
 
 
 def _strict(schema: Any) -> Any:
@@ -62,8 +64,8 @@ def validate_object(obj: dict[str, Any]) -> None:
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.SchemaNotFoundError:
-        raise DeployError(f"{label}: no schema for {api} {kind}; only core kinds, LeaderWorkerSet and "
-                          "PrometheusRule are validated, so it is refused") from None
+        raise DeployError(f"{label}: no schema for {api} {kind}; only core kinds, LeaderWorkerSet, "
+                          "PrometheusRule and PodMonitor are validated, so it is refused") from None
     except kubernetes_validate.ValidationError as exc:  # carries the jsonschema error's path and message
         raise DeployError(f"{label} fails the Kubernetes {K8S_VERSION} schema at {_where(exc)}: "
                           f"{exc.message}") from None

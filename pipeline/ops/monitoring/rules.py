@@ -13,7 +13,8 @@ exports, and the CPU reference backend exports them under the same names and lab
 - output tokens/s: rate of `nv_llm_output_token_len_sum`, and from it $ per 1M output tokens at the deployment's
   GPUs x $/GPU-hour.
 
-Scrape the deployment's metrics port (Triton: 8002) with `job="<deployment name>"`; every rule selects on it.
+Every rule selects on `job="<deployment name>"`, the label `scrape.py`'s PodMonitor and file_sd config give the
+deployment's metrics (Triton: port 8002).
 """
 
 from __future__ import annotations

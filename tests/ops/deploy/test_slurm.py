@@ -199,7 +199,8 @@ def _servers_on(port: str) -> list[str]:
 def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_env, tmp_path):
     """The user story on a real cluster: build and release a tiny reference model, `invoke deploy --platform slurm
     --no-container`, sbatch the rendered serve.sbatch, greedy requests through the ensemble (HTTP twice, then the
-    smoke routes: the same text over HTTP, gRPC streaming), scancel: the job ends and nothing keeps listening. The release and deployment directories hold a space and a `;` (data)."""
+    smoke routes: the same text over HTTP, gRPC streaming), scancel: the job ends and nothing keeps listening. While it serves, its Prometheus file_sd file names the node's
+    metrics port; scancel removes it. The release and deployment directories hold a space and a `;` (data)."""
     env = {**slurm.env, "PYTHONPATH": str(REPO), "PIPELINE_ROOT": os.environ["PIPELINE_ROOT"],
            "PIPELINE_CACHE": os.environ["PIPELINE_CACHE"]}
     invoke = _invoke().split()
@@ -227,6 +228,11 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
         routes = smoke_server(http, f"127.0.0.1:{ports['GRPC_PORT']}", prompt=greedy["text_input"], max_tokens=8,
                               out=lambda _: None)  # HTTP greedy + gRPC streaming through the same job's server
         assert routes[0].text == first["text_output"] and routes[-1].text, routes
+        targets = json.loads((deploy / "prometheus-targets.json").read_text())  # Prometheus' file_sd file
+        assert targets == [{"targets": [f"{socket.gethostname()}:{ports['METRICS_PORT']}"],
+                            "labels": {"job": "tiny-llama-fp8"}}], targets
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['METRICS_PORT']}/metrics", timeout=10) as r:
+            assert b"nv_inference_request_success{" in r.read()  # what that target serves
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
     deadline = time.monotonic() + 120
@@ -238,4 +244,5 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
     assert not [p for p in ports.values() if _listening(p)]
     assert not _servers_on(ports["HTTP_PORT"])
     assert "ok:" in _log_of(deploy)  # the job's log under the deployment directory (sbatch read its quoted path)
+    assert not list(deploy.glob("prometheus-targets.json*"))  # the job's trap removed its scrape target
     assert not list(tmp_path.rglob("pwned*"))

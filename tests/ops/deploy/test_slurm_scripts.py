@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError
@@ -191,3 +192,60 @@ def test_trtllm_serve_ranks_bind_all_interfaces():
     argv = pytorch_rank_argv(spec, "llama-8b-fp8", launched=True)
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
     assert argv[argv.index("--port") + 1] == str(HTTP_PORT)
+
+
+SEEN_AT_RANKS = f"""#!{sys.executable}
+import os, shutil, sys
+if sys.argv[-1].endswith("rank.sh"):  # the serving step: what Prometheus reads while the job runs
+    shutil.copy(os.environ["TARGETS"], os.environ["TARGETS_SEEN"])
+"""
+
+
+def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path, **extra: str) -> subprocess.CompletedProcess:
+    """Run `script` under bash on a fake node `gpu-node-17` (`hostname`), `srun` copying the target file when the
+    ranks start."""
+    bin_dir = tmp_path / "node-bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SEEN_AT_RANKS), ("hostname", "#!/bin/sh\necho gpu-node-17\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "METRICS_PORT"}
+    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w"),
+            "TARGETS": str(targets), "TARGETS_SEEN": str(tmp_path / "seen.json"), **extra}
+    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_serve_script_writes_the_prometheus_target_while_serving_and_removes_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    d = _render(tmp_path, output=EVIL, name="llama-405b-bf16")
+    assert d == tmp_path / "root" / EVIL
+    targets = d / "prometheus-targets.json"
+    res = _run_with_fake_node(d / "serve.sbatch", tmp_path, targets)
+    assert res.returncode == 0, res.stderr
+    seen = tmp_path / "seen.json"
+    assert json.loads(seen.read_text()) == [{"targets": ["gpu-node-17:8002"], "labels": {"job": "llama-405b-bf16"}}]
+    assert oct(seen.stat().st_mode & 0o777) == "0o644"  # copied with its mode: Prometheus' user reads it
+    assert not targets.exists() and not list(d.glob("prometheus-targets.json.*"))  # removed on exit, no temp left
+    scrape = (d / "prometheus-scrape.yml").read_text()
+    assert yaml.safe_load(scrape)["scrape_configs"][0]["file_sd_configs"] == [{"files": [str(targets)]}]
+    _no_pwned(tmp_path)
+
+
+def test_scrape_target_job_name_stays_data_and_the_reference_port_follows_the_env(tmp_path):
+    from pipeline.ops.deploy.runtime import runtime_for
+    from pipeline.ops.deploy.slurm import SlurmOptions, _scrape_target_lines
+    from pipeline.planning.placement import place
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    name = 'x";touch pwned;"'
+    o = SlurmOptions(name=name, directory=str(tmp_path), server_image="s", pipeline_image="p", pipeline_cmd="invoke")
+    targets = tmp_path / f"t {EVIL}.json"
+    lines = _scrape_target_lines(o, runtime_for(spec, "t", placement=place(1, 1, spec.hardware), platform="slurm"), str(targets))
+    script = tmp_path / "s.sh"
+    script.write_text("\n".join(["set -euo pipefail", *lines, 'cp "$targets" "$TARGETS_SEEN"']) + "\n")
+    res = _run_with_fake_node(script, tmp_path, targets, METRICS_PORT="18002")  # the reference rank.sh's port
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "seen.json").read_text()) == [{"targets": ["gpu-node-17:18002"],
+                                                                 "labels": {"job": name}}]
+    assert not targets.exists()
+    _no_pwned(tmp_path)
