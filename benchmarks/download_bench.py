@@ -37,13 +37,22 @@ PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.saf
             "tokenizer.json", "tokenizer_config.json"]
 
 
+def _tokenizer_json() -> str:
+    """A small real tokenizer.json (the download reads its size against the model's vocabulary)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(61)}}
+    return Tokenizer(WordLevel(vocab, unk_token="<unk>")).to_str()
+
+
 def make_repo(directory: Path, size_mib: int, shards: int) -> dict[str, Path]:
     """Write the synthetic repo's files (pseudo-random shards, a config matching the registry entry)."""
     cfg = get_model("tiny-llama").architecture.hf_config()
     small = {
         "config.json": json.dumps(cfg),
         "generation_config.json": '{"bos_token_id": 0, "eos_token_id": 1}',
-        "tokenizer.json": '{"version": "1.0"}',
+        "tokenizer.json": _tokenizer_json(),
         "tokenizer_config.json": "{}",
         "README.md": "synthetic benchmark repo",
     }
