@@ -108,7 +108,7 @@ def main() -> None:
                     t_bare.append(tb)
                 else:
                     t = time.perf_counter()
-                    res = run_calibrate(spec, force=True, source_dir=src)
+                    res = run_calibrate(spec, force=True, source=src)
                     to = time.perf_counter() - t
                     if not t_ours or to < min(t_ours):
                         breakdown = res.manifest.timings

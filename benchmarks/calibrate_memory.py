@@ -32,7 +32,7 @@ from pipeline.core.spec import resolve_spec
 spec = resolve_spec(model="mid-llama", models_file=sys.argv[1], precision=sys.argv[2], calib_size=2,
                     calib_seq_len=int(sys.argv[3]), kv_cache="bf16", enable_kv_cache_reuse=False,
                     enable_chunked_context=False, quality_gate=False)
-print(run_calibrate(spec, source_dir=sys.argv[4], force=True).path)
+print(run_calibrate(spec, source=sys.argv[4], force=True).path)
 """
 
 
