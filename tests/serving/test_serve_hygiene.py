@@ -397,8 +397,9 @@ def test_kill_9_of_invoke_serve_leaves_nothing(tmp_path):
     from pipeline.serving.serve import SHM_DIR, check_port, free_ports, listening_addresses, process_tree
 
     repo = _echo_repo(tmp_path / "repo")
-    secrets = {"HF_TOKEN": "hf_secret", "HUGGING_FACE_HUB_TOKEN": "hf_secret2", "AWS_SECRET_ACCESS_KEY": "aws",
-               "DB_PASSWORD": "pw", "GITHUB_TOKEN": "gh"}
+    # distinctive values: a short one ("pw") can occur by chance inside a random temporary path of the environment
+    secrets = {name: f"s3cret-value-of-{name.lower()}" for name in
+               ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "GITHUB_TOKEN")}
     env = {**os.environ, **secrets, "PIPELINE_CACHE": str(tmp_path / "cache")}
     ports = [f"--{what}-port={port}" for what, port in zip(("http", "grpc", "metrics"), free_ports(3))]
     serve = _start_serve(repo, tmp_path, env, *ports)
