@@ -88,16 +88,24 @@ def models_file(path: Path) -> Path:
 
 
 CPU_S: dict[str, list[float]] = {"ours": [], "peer": []}
+PHASES: dict[str, list[tuple[float, float, float]]] = {"ours": [], "peer": []}  # (start-up, transfer, finish)
 
 
-def timed(argv: list[str], env: dict[str, str], side: str) -> float:
-    """Wall seconds of one run; its CPU seconds (user + sys of the child) go to CPU_S[side]."""
+def timed(argv: list[str], env: dict[str, str], side: str, hub: LocalHub) -> float:
+    """Wall seconds of one run; its CPU seconds (user + sys of the child) go to CPU_S[side], its phases as the
+    server saw them to PHASES[side]: start-up (spawn to first request), transfer (to the last byte sent), finish
+    (last byte to exit)."""
+    hub.first_request_at = hub.last_sent_at = None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
+    t0, m0 = time.perf_counter(), time.monotonic()
     r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     dt = time.perf_counter() - t0
+    m1 = time.monotonic()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU_S[side].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    if hub.first_request_at is not None and hub.last_sent_at is not None:
+        PHASES[side].append((hub.first_request_at - m0, hub.last_sent_at - hub.first_request_at,
+                             m1 - hub.last_sent_at))
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} failed ({r.returncode}): {r.stderr.strip()[-1500:]}")
     return dt
@@ -138,12 +146,12 @@ def main() -> None:
                            "PIPELINE_CACHE": str(trial / "cache")}
                     if side == "ours":
                         ours.append(timed([sys.executable, "-m", "invoke", "download", "--model", "bench-1g",
-                                           "--models-file", str(mfile), "--endpoint", hub.endpoint], env, side))
+                                           "--models-file", str(mfile), "--endpoint", hub.endpoint], env, side, hub))
                         got = trial / "cache" / "downloads" / REPO_ID.replace("/", "--") / sha
                     else:
                         peer.append(timed([hf_cli, "download", REPO_ID, "--revision", "main", "--include", *PATTERNS,
                                            "--local-dir", str(trial / "local"), "--max-workers", str(args.workers),
-                                           "--quiet"], env, side))
+                                           "--quiet"], env, side, hub))
                         got = trial / "local"
                     n_bytes = sum(p.stat().st_size for p in got.glob("*.safetensors"))
                     assert n_bytes == args.size_mib // args.shards * args.shards << 20, (side, n_bytes)
@@ -151,6 +159,7 @@ def main() -> None:
                     if t < 0:  # the warm-up
                         (ours if side == "ours" else peer).pop()
                         CPU_S[side].pop()
+                        PHASES[side].pop()
                         continue
                     print(f"trial {t} {side}: {(ours if side == 'ours' else peer)[-1]:.2f} s", flush=True)
         size_gb = args.size_mib * (1 << 20) / 1e9
@@ -163,6 +172,11 @@ def main() -> None:
         print(f"peer (hf download, huggingface-hub {_hub_version()}): {p:.2f} s ({size_gb / p:.2f} GB/s)")
         print(f"CPU s (user+sys, medians): ours {statistics.median(CPU_S['ours']):.2f}, "
               f"peer {statistics.median(CPU_S['peer']):.2f}; load average before/after: {load0} / {os.getloadavg()[0]:.1f}")
+        print("phases (medians, s, as the server saw them): " + "; ".join(
+            f"{what} ours {statistics.median(o[i] for o in PHASES['ours']):.2f} / "
+            f"peer {statistics.median(p[i] for p in PHASES['peer']):.2f}"
+            for i, what in enumerate(("start-up (spawn to first request)", "transfer (to last byte)",
+                                      "finish (to exit)"))))
         print(f"best of {args.n}: ours {min(ours):.2f} s, peer {min(peer):.2f} s, ratio {min(peer) / min(ours):.2f}")
         print(f"ratio peer/ours = {p / o:.2f} (medians; goal >= 1.0)")
     finally:

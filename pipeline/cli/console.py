@@ -10,7 +10,9 @@ and failed (I/O error, failed requests).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -116,6 +118,16 @@ class PipelineProgram(Program):
         _print_task_help(self, name)
 
 
+def quick_exit() -> None:
+    """Make interpreter shutdown skip the final garbage collection over everything the command imported (0.1-0.3 s
+    per command on a small host): at exit, every live object moves to the permanent generation (`gc.freeze`).
+    atexit handlers, `weakref.finalize` callbacks and the flush of stdout/stderr still run; only objects kept alive
+    by reference cycles are not finalized, and our writers close their files (`with`) before returning."""
+    if not getattr(quick_exit, "registered", False):
+        atexit.register(gc.freeze)  # registered first, so it runs after every later-registered handler
+        quick_exit.registered = True
+
+
 def adopt(program: Program, binary: str = "invoke") -> None:
     """Give a running plain `invoke` Program (a checkout's `tasks.py` loading this collection) the same parse-error
     exit code and typed help. Errors found before the collection loads (a core flag such as -c without its value)
@@ -129,6 +141,7 @@ def adopt(program: Program, binary: str = "invoke") -> None:
 
     if getattr(program, "_pipeline_adopted", False):
         return
+    quick_exit()
     program.parse_tasks = guarded(program.parse_tasks)
     program.parse_cleanup = guarded(program.parse_cleanup)
     program.print_task_help = lambda name: _print_task_help(program, name)
@@ -141,4 +154,5 @@ program = PipelineProgram(name=BINARY, binary=BINARY, binary_names=[BINARY], nam
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `trtllm-pipeline` console script."""
+    quick_exit()
     program.run(argv if argv is not None else sys.argv)

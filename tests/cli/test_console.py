@@ -134,3 +134,20 @@ def test_typed_choices_match_the_library():
     assert typing.get_args(Stage) == STAGES
     hints = typing.get_type_hints(commands.serve_command)
     assert typing.get_args(typing.get_args(hints["mode"])[0]) == SERVE_MODES
+
+
+
+@pytest.mark.parametrize("cli", [
+    "from pipeline.cli.console import main; main(['trtllm-pipeline', '--list'])",  # the installed command
+    "import sys, runpy; sys.argv = ['invoke', '--list']; runpy.run_module('invoke', run_name='__main__')",  # tasks.py
+])
+def test_exit_freezes_the_heap_after_the_commands_exit_handlers(cli):
+    """Shutdown skips the final collection over everything a command imported (`console.quick_exit`): by the time
+    the exit handlers registered before the command run, the heap is frozen, and the command's output is out."""
+    probe = "import atexit, gc; atexit.register(lambda: print('frozen objects at exit:', gc.get_freeze_count()))"
+    r = subprocess.run([sys.executable, "-c", f"{probe}\n{cli}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    *listing, last = r.stdout.strip().splitlines()
+    assert any("build" in line for line in listing), r.stdout
+    assert last.startswith("frozen objects at exit: ") and int(last.split()[-1]) > 10_000, r.stdout

@@ -79,6 +79,8 @@ class LocalHub:
         self._link_next = 0.0
         self.requests: list[tuple[str, str, str | None, bool]] = []  # (method, path, Range, had Authorization)
         self.bytes_served = 0
+        self.first_request_at: float | None = None  # time.monotonic() of the first request / last byte sent since
+        self.last_sent_at: float | None = None  # these were last set to None (benchmarks read the phases)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -211,6 +213,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(url.path)
         with self.hub._lock:
             self.hub.requests.append((self.command, path, self.headers.get("Range"), "Authorization" in self.headers))
+            if self.hub.first_request_at is None:
+                self.hub.first_request_at = time.monotonic()
         query = parse_qs(url.query)
         if path.startswith("/api/models/") and "/revision/" in path:
             repo_id, rev = path[len("/api/models/"):].split("/revision/", 1)
@@ -309,6 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
             pos = stop
             with self.hub._lock:
                 self.hub.bytes_served += len(chunk)
+                self.hub.last_sent_at = time.monotonic()
             if drop_at is not None and pos >= drop_at:
                 self.wfile.flush()
                 self.close_connection = True
