@@ -383,20 +383,12 @@ def read_checkpoint(ckpt_dir: str | Path) -> LoadedCheckpoint:
 
 def hf_config_from(cfg: dict[str, Any]):
     """The transformers config (of the checkpoint `architecture`'s own class) equivalent to a TensorRT-LLM
-    checkpoint config (`MixtralConfig` for a `moe` checkpoint). Biases: QWenConfig's `attn_bias` / `mlp_bias`
-    where written, else ModelOpt's `bias`."""
+    checkpoint config (`MixtralConfig` for a `moe` checkpoint: LLaMAConfig with `moe`, its `swiglu` is HF's silu).
+    Biases: QWenConfig's `attn_bias` / `mlp_bias` where written, else ModelOpt's `bias`."""
     from transformers import CONFIG_MAPPING
 
-    if (cfg.get("moe") or {}).get("num_experts"):
-        return _mixtral_config(cfg)
-    fam = BY_HF_ARCHITECTURE[cfg["architecture"]]  # read_config admits LOADABLE_ARCHITECTURES only
-    rope = cfg.get("rotary_scaling")
-    if isinstance(rope, dict):
-        rope = dict(rope)
-        rope.setdefault("rope_type", rope.get("type"))
     heads = int(cfg["num_attention_heads"])
-    bias = bool(cfg.get("bias", False))
-    return CONFIG_MAPPING[fam.hf_model_type](
+    shape = dict(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
         intermediate_size=int(cfg["intermediate_size"]),
@@ -404,33 +396,30 @@ def hf_config_from(cfg: dict[str, Any]):
         num_attention_heads=heads,
         num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_size") or cfg["hidden_size"] // heads),
-        hidden_act=cfg.get("hidden_act", "silu"),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         rms_norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
         rope_theta=float(cfg.get("rotary_base", 10000.0)),
+    )
+    if (moe := cfg.get("moe") or {}).get("num_experts"):
+        return CONFIG_MAPPING["mixtral"](
+            **shape, hidden_act="silu", tie_word_embeddings=bool(cfg.get("share_embedding_table", False)),
+            sliding_window=None, num_local_experts=int(moe["num_experts"]), num_experts_per_tok=int(moe["top_k"]),
+            architectures=["MixtralForCausalLM"],
+        )
+    fam = BY_HF_ARCHITECTURE[cfg["architecture"]]  # read_config admits LOADABLE_ARCHITECTURES only
+    rope = cfg.get("rotary_scaling")
+    if isinstance(rope, dict):
+        rope = dict(rope)
+        rope.setdefault("rope_type", rope.get("type"))
+    bias = bool(cfg.get("bias", False))
+    return CONFIG_MAPPING[fam.hf_model_type](
+        **shape,
+        hidden_act=cfg.get("hidden_act", "silu"),
         rope_scaling=rope or None,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("share_embedding_table", False))),
         attention_bias=bool(cfg.get("attn_bias", bias)),
         mlp_bias=bool(cfg.get("mlp_bias", bias)),
         architectures=[fam.hf_architecture],
-    )
-
-
-def _mixtral_config(cfg: dict[str, Any]):
-    """transformers `MixtralConfig` of a Mixtral checkpoint (LLaMAConfig with `moe`; its `swiglu` is HF's silu)."""
-    from transformers import MixtralConfig
-
-    heads, moe = int(cfg["num_attention_heads"]), cfg["moe"]
-    return MixtralConfig(
-        vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]), num_hidden_layers=int(cfg["num_hidden_layers"]),
-        num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_size") or cfg["hidden_size"] // heads), hidden_act="silu",
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        rms_norm_eps=float(cfg.get("norm_epsilon", 1e-5)), rope_theta=float(cfg.get("rotary_base", 10000.0)),
-        tie_word_embeddings=bool(cfg.get("share_embedding_table", False)), sliding_window=None,
-        num_local_experts=int(moe["num_experts"]), num_experts_per_tok=int(moe["top_k"]),
-        architectures=["MixtralForCausalLM"],
     )
 
 
