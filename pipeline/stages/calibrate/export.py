@@ -27,8 +27,8 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
     """Export `model` in place (the exporter mutates its input) and return it.
 
     The mutated model is the fake-quant model exactly as exported (fused q/k/v and gate/up share scales, pre-quant
-    scales rounded to the export dtype, FP8 weights rounded as the exporter rounds them), which is what the quality
-    gate and the round-trip check compare against.
+    scales rounded to the export dtype, FP8 weights and activation amaxes as the checkpoint's codes and scales give
+    them back), which is what the quality gate and the round-trip check compare against.
     Exporting in place keeps a single copy of the weights on the devices (no deep copy: 70B is 131 GiB in bf16).
     The weights go through the family's `trtllm_export_decoder`; the config is then completed with the fields the
     family's TensorRT-LLM config class writes (`complete_config`).
@@ -59,6 +59,7 @@ def export(model, out_dir: Path, *, tp: int, pp: int, dtype) -> Any:
     complete_config(out_dir, hf_config)
     snap_prequant_scales(model, dtype)
     share_expert_input_amax(model)
+    snap_activation_amax(model)
     snap_fp8_weights(model)
     return model
 
@@ -106,12 +107,31 @@ def share_expert_input_amax(model) -> None:
                 q.amax = top.to(q.amax.dtype).reshape(q.amax.shape)
 
 
+def snap_activation_amax(model) -> None:
+    """Give every per-tensor input quantizer the amax its checkpoint scale gives back: the checkpoint stores
+    `amax / maxbound` (float32, ModelOpt 0.37 `quant_utils.get_scaling_factor`) and its reader rebuilds
+    `scale * maxbound`: for about one FP8 amax in ten that is a float32 neighbour of the calibrated one, and for one
+    in twenty its `maxbound / amax` differs, which moves some activations to the neighbouring code."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    for mod in model.modules():
+        q = getattr(mod, "input_quantizer", None)
+        if not isinstance(q, TensorQuantizer) or not q.is_enabled or q.block_sizes:
+            continue
+        amax = getattr(q, "amax", None)
+        if amax is not None and amax.numel() == 1:
+            q.amax = ((amax.float() / q.maxbound) * q.maxbound).to(amax.dtype)
+
+
 def snap_fp8_weights(model) -> None:
-    """Round per-tensor FP8 weights to the values the exporter stores: ModelOpt 0.37 writes `(w / (amax / 448))`
-    cast to E4M3 (`quant_utils.to_quantized_weight`: round half to even), while its fake quantizer computes
-    `w * (448 / amax)`, which lands a weight lying exactly between two FP8 values on either side (a trained model
-    whose amax has few significant bits has hundreds of such ties per layer). Snapped weights are on the FP8 grid,
-    so the fake quantizer reproduces them."""
+    """Set per-tensor FP8 weights to the values the checkpoint holds: ModelOpt 0.37 stores the E4M3 cast of
+    `w / scale` (`quant_utils.to_quantized_weight`: round half to even) with `scale = amax / 448`, which its reader
+    and the engine dequantize as `code * scale`. The fake quantizer computes `w * (448 / amax)`, which lands a weight
+    lying exactly between two FP8 values on either side (a trained model whose amax has few significant bits has
+    hundreds of such ties per layer), and dequantizes with `1 / (448 / amax)`, one float32 ulp off `scale` for about
+    a third of all amaxes; FP8 activation rounding downstream amplifies that ulp (a random llama-1b-shaped model:
+    7 % logit error after 4 layers). Float32 weights (CPU calibration) take `code * scale` exactly and their
+    quantizer is switched off; 16-bit ones cannot hold it, so they are snapped to the FP8 grid and keep it."""
     import torch
     from modelopt.torch.quantization.nn import TensorQuantizer
 
@@ -122,9 +142,11 @@ def snap_fp8_weights(model) -> None:
         amax = getattr(q, "amax", None)
         if amax is None or amax.numel() != 1:
             continue
-        scale = amax.float() / q.maxbound
         w = mod.weight
-        w.data = ((w.data.float() / scale.to(w.device)).to(torch.float8_e4m3fn).float() * scale.to(w.device)).to(w.dtype)
+        scale = (amax.float() / q.maxbound).to(w.device)
+        w.data = ((w.data.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(w.dtype)
+        if w.dtype == torch.float32:
+            q.disable()
 
 
 def check(out_dir: Path, *, quant_algo: str | None, kv_algo: str | None, tp: int, pp: int) -> dict[str, Any]:

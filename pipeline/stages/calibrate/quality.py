@@ -14,9 +14,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 # Round-trip tolerances. ModelOpt's exporter quantizes by dividing by the scale while its fake quantizer multiplies
-# by the inverse, so a few elements land on the neighbouring FP8/INT4 code: FP8 / INT8-SQ exports reproduce the
-# fake-quant logits to ~1e-6..3e-3 (relative to max |logit|), INT4/W4A8-AWQ ones somewhat less (compare
-# those by perplexity and top-1 agreement). A corrupted scale or a sharding bug breaks these bounds by far.
+# by the inverse, so a few elements land on the neighbouring FP8/INT4 code: FP8 exports calibrated on CPU reproduce
+# the fake-quant logits bit for bit (the exported reference computes with the checkpoint's scales, `export.snap_*`),
+# GPU-calibrated ones (bf16 weights, CUDA kernels) and INT8-SQ exports to ~1e-6..3e-3 (relative to max |logit|),
+# INT4/W4A8-AWQ ones somewhat less (compare those by perplexity and top-1 agreement). A corrupted scale or a sharding
+# bug breaks these bounds by far.
 ROUNDTRIP_TOL = {
     "exact": {"max_rel_logit_err": 1e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.1},
     "awq": {"max_rel_logit_err": 5e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.5},
