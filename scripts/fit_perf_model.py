@@ -2,71 +2,46 @@
 
     python scripts/fit_perf_model.py [tests/data/aiconfigurator_0.12.json]
 
-Minimises the squared log error of TTFT, TPOT and output tok/s over the records with status "ok" (needs scipy,
-a development-only tool). Paste the printed Calibration into pipeline/planning/perf_model.py.
+Least squares on the log ratio of TTFT, TPOT and output tok/s over the usable records (benchmarks/planner_accuracy.py:
+status "ok", batch <= 256, H100 SXM and H200, FP8 and BF16) whose batch is not held out (needs scipy, a
+development-only tool). Paste the printed Calibration into pipeline/planning/perf_model.py, then run
+benchmarks/planner_accuracy.py for the held-out ratios.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
+import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
+from scipy.optimize import least_squares
 
-from pipeline.core.gpus import GPUS
-from pipeline.core.registry import load_registry
-from pipeline.planning.perf_model import CALIBRATION, Calibration, EngineCost, estimate
+from pipeline.planning.perf_model import CALIBRATION, Calibration
 
-PRECISION = {"fp8_static": "fp8", "bfloat16": "bf16"}
-KV = {"fp8": "fp8", "bfloat16": "bf16"}
-SYSTEM_GPU = {"h100_sxm": "h100-sxm", "h200_sxm": "h200"}
-
-
-def usable(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["status"] == "ok" and r["gemm"] in PRECISION]
+_SPEC = importlib.util.spec_from_file_location(
+    "planner_accuracy", Path(__file__).resolve().parents[1] / "benchmarks" / "planner_accuracy.py")
+accuracy = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(accuracy)
 
 
-def predict(r: dict, cal: Calibration, registry) -> tuple[float, float, float]:
-    eng = EngineCost(registry[r["model"]].architecture, PRECISION[r["gemm"]], KV[r["kv"]], r["tp"],
-                     GPUS[SYSTEM_GPU[r["system"]]])
-    e = estimate(eng, input_len=r["isl"], output_len=r["osl"], batch=r["batch"], prefix_reused=r["prefix"], cal=cal)
-    return e.ttft_ms, e.tpot_ms, e.output_tokens_per_s
-
-
-def loss(x: np.ndarray, records: list[dict], registry, names: list[str]) -> float:
+def residuals(x: np.ndarray, records: list[dict], names: list[str]) -> np.ndarray:
     cal = Calibration(**dict(zip(names, np.exp(x), strict=True)))
-    if any(getattr(cal, n) > 1.0 for n in names if "efficiency" in n):
-        return 1e9
-    total = 0.0
-    for r in records:
-        got = predict(r, cal, registry)
-        for g, want in zip(got, (r["ttft_ms"], r["tpot_ms"], r["tokens_per_s"]), strict=True):
-            total += math.log(max(g, 1e-9) / want) ** 2
-    return total
+    return np.log(np.array([accuracy.ratios(r, cal) for r in records])).ravel()
 
 
 def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else "tests/data/aiconfigurator_0.12.json"
-    records = usable(json.loads(open(path).read())["records"])
-    registry = load_registry()
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else accuracy.DATA
+    records = [r for r in accuracy.load(path) if r["batch"] not in accuracy.HELD_OUT_BATCHES]
     names = [f.name for f in dataclasses.fields(Calibration)]
     x0 = np.log([getattr(CALIBRATION, n) for n in names])
-    best = minimize(loss, x0, args=(records, registry, names), method="Nelder-Mead",
-                    options=dict(maxiter=6000, maxfev=6000, xatol=1e-4, fatol=1e-6))
-    cal = Calibration(**{n: round(float(v), 4) for n, v in zip(names, np.exp(best.x), strict=True)})
-    print(f"loss {best.fun:.4f} over {len(records)} records")
+    upper = [0.0 if "efficiency" in n else np.inf for n in names]  # achieved fractions stay <= 1
+    fit = least_squares(residuals, np.minimum(x0, upper), bounds=([-np.inf] * len(names), upper),
+                        args=(records, names), x_scale=1.0, diff_step=1e-3)
+    cal = Calibration(**{n: round(float(v), 4) for n, v in zip(names, np.exp(fit.x), strict=True)})
+    print(f"rms log error {np.sqrt(np.mean(fit.fun ** 2)):.4f} over {len(records)} fitted records")
     print(cal)
-    worst = 0.0
-    for r in records:
-        got = predict(r, cal, registry)
-        ratios = [g / w for g, w in zip(got, (r["ttft_ms"], r["tpot_ms"], r["tokens_per_s"]), strict=True)]
-        worst = max(worst, *(abs(q - 1) for q in ratios))
-        print(f"{r['model']:10} tp{r['tp']} {r['isl']}/{r['osl']} b{r['batch']:<3} {r['gemm']:10} p{r['prefix']:<4} "
-              + "  ".join(f"{q:5.2f}" for q in ratios))
-    print(f"worst relative error {worst:.1%}")
 
 
 if __name__ == "__main__":

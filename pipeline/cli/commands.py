@@ -107,6 +107,8 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
         stages = build_stage.stage_range(until=None, from_stage=None, force=None, target=spec.target,
                                          runtime=spec.runtime)
         print(host_fit.check_host_fits(spec, stages=stages).summary(), file=sys.stderr)
+    if spec.placement_reason:
+        print(f"placement: {spec.placement_reason}", file=sys.stderr)
     for line in limit_lines(spec):
         print(line, file=sys.stderr)
 
@@ -179,9 +181,12 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     resources = resources_section(spec)
     if json_:
         data = result.as_dict() | ({"aiconfigurator": other.model_dump()} if other else {})
-        print(json.dumps(data | {"limits": limits_record(spec), "resources": resources.as_dict()}, indent=2))
+        print(json.dumps(data | {"limits": limits_record(spec), "placement": spec.placement_reason or "given",
+                                 "resources": resources.as_dict()}, indent=2))
         return
     print(planner.format_capacity_plan(result))
+    if spec.placement_reason:
+        print(f"\nplacement (no --tp given): {spec.placement_reason}")
     print("\n".join(["", "engine limits", *(line.removeprefix("limits: ") for line in limit_lines(spec))]))
     if other is not None:
         print()

@@ -261,6 +261,8 @@ class BuildSpec(BaseModel):
     warnings: list[str] = Field(default_factory=list, exclude=True)
     # engine limits the user left unset -> why they have their value (pipeline.planning.limits_choice fills it)
     limit_reasons: dict[str, str] = Field(default_factory=dict, exclude=True)
+    # TP the user left unset -> why it has its value (pipeline.planning.placement_choice fills it)
+    placement_reason: str | None = Field(None, exclude=True)
     # `precision: auto` before `build` chooses: `quantization.precision` holds the first candidate meanwhile, and the
     # spec has no identity (nothing is named after a precision not chosen yet)
     auto_precision: AutoPrecision | None = Field(None, exclude=True)

@@ -16,6 +16,7 @@ they use the BF16 compute efficiency with 4-bit weight reads, an extrapolation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pipeline.core.gpus import GPU
@@ -45,6 +46,7 @@ class Calibration:
     attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak (fitted low: it also
     # carries the prefill's costs that grow with prompt length and are not modelled apart: softmax, RoPE, norms)
     allreduce_bw_efficiency: float  # achieved fraction of the interconnect bandwidth in the all-reduce
+    allreduce_latency_us: float  # fixed cost of one all-reduce per log2(TP) (tree/ring start-up, synchronisation)
     layer_overhead_us: float  # launches and small kernels per layer per step
     ttft_queue_base: float  # TTFT = one prefill x min(queue_max, base + per_prefill x prefills per cycle)
     ttft_queue_per_prefill: float
@@ -52,9 +54,7 @@ class Calibration:
 
 
 CALIBRATION = Calibration(
-    hbm_efficiency=0.899, gemm_efficiency_fp8=0.534, gemm_efficiency_bf16=0.639, attention_efficiency=0.0906,
-    allreduce_bw_efficiency=0.416, layer_overhead_us=48.4, ttft_queue_base=1.67, ttft_queue_per_prefill=0.0541,
-    ttft_queue_max=4.12)
+    hbm_efficiency=0.8672, gemm_efficiency_fp8=0.5233, gemm_efficiency_bf16=0.6431, attention_efficiency=0.7855, allreduce_bw_efficiency=0.3718, allreduce_latency_us=0.0727, layer_overhead_us=45.0456, ttft_queue_base=1.7931, ttft_queue_per_prefill=0.0494, ttft_queue_max=3.9629)
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,14 @@ class EngineCost:
         return (gemm_s + kv_s + attn_s + self._allreduce_s(cal, tokens)) * 1e3 + a.num_layers * cal.layer_overhead_us / 1e3
 
     def _allreduce_s(self, cal: Calibration, tokens: float) -> float:
-        """Two all-reduces per layer of the step's 16-bit hidden states (ring: 2(tp-1)/tp of the message)."""
+        """Two all-reduces per layer of the step's 16-bit hidden states (ring: 2(tp-1)/tp of the message) plus
+        their fixed cost."""
         if self.tp == 1:
             return 0.0
         link = INTERCONNECT_GB_S.get(self.gpu.name, 64.0) * 1e9 * cal.allreduce_bw_efficiency
         message = tokens * self.arch.hidden_size * 2
-        return 2 * self.arch.num_layers * 2 * (self.tp - 1) / self.tp * message / link
+        fixed = cal.allreduce_latency_us * 1e-6 * math.log2(self.tp)
+        return 2 * self.arch.num_layers * (2 * (self.tp - 1) / self.tp * message / link + fixed)
 
 
 @dataclass(frozen=True)
@@ -132,32 +134,46 @@ class Estimate:
     prefill_ms: float  # one request's prefill step alone (no queueing)
     decode_step_ms: float  # one decode-only step of the whole batch (target, plus the draft's K steps)
     tokens_per_target_step: float
+    active_batch: float = 0.0  # requests the engine keeps in flight; above it more requests only wait (queue)
 
 
 def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int, prefix_reused: int = 0,
              speculation: Speculation | None = None, cal: Calibration = CALIBRATION) -> Estimate:
-    """TTFT, TPOT and output tok/s of `batch` concurrent requests of `input_len` + `output_len` tokens."""
+    """TTFT, TPOT and output tok/s of `batch` concurrent requests of `input_len` + `output_len` tokens.
+
+    One serving cycle (every request turning over once) takes D = 1 + (output_len - 1) / tokens-per-step steps:
+    one mixed step per request (its prompt beside the decoding requests) and decode-only steps for the rest. A
+    batch beyond D cannot all decode at once (one prompt per mixed step): D requests stay in flight, throughput
+    holds at its value there and the rest queue, which adds to their TTFT. TTFT is a mixed step times a queueing
+    factor that grows with the prompts waiting in a cycle.
+    """
     if batch < 1:
         return Estimate(0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
     new_tokens = max(1, input_len - prefix_reused)
     decode_len = input_len + output_len / 2
     per_step = speculation.tokens_per_step() if speculation else 1.0
     verify = speculation.draft_len + 1 if speculation else 1
-    decode_iters = max(output_len - 1, 0) / per_step  # after the prefill's first token
-    prefill_ms = target.step_ms(cal, context_tokens=new_tokens, context_len=input_len, decode_seqs=0, decode_len=0)
-    mix_ms = target.step_ms(cal, context_tokens=new_tokens, context_len=input_len, decode_seqs=batch - 1,
-                            decode_len=decode_len, tokens_per_seq=verify)
-    gen_ms = target.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=batch, decode_len=decode_len,
-                            tokens_per_seq=verify)
-    if speculation:
-        draft_ms = speculation.draft.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=batch,
-                                             decode_len=decode_len)
-        gen_ms += speculation.draft_len * draft_ms
-        mix_ms += speculation.draft_len * draft_ms
-    prefills = batch  # one prefill step per request per cycle
-    steps = max(decode_iters + 1, prefills)
-    cycle_ms = prefills * mix_ms + (steps - prefills) * gen_ms
-    queue = min(cal.ttft_queue_max, cal.ttft_queue_base + cal.ttft_queue_per_prefill * (prefills - 1))
-    return Estimate(ttft_ms=prefill_ms * max(1.0, queue), tpot_ms=cycle_ms / output_len,
-                    output_tokens_per_s=batch * output_len / cycle_ms * 1e3,
-                    prefill_ms=prefill_ms, decode_step_ms=gen_ms, tokens_per_target_step=per_step)
+    steps = 1.0 + max(output_len - 1, 0) / per_step  # the prefill's first token, then the decode steps
+    active = min(float(batch), steps)
+
+    def step(context: int, decoders: float) -> float:
+        ms = target.step_ms(cal, context_tokens=context, context_len=input_len if context else 0,
+                            decode_seqs=decoders, decode_len=decode_len, tokens_per_seq=verify)
+        if speculation and decoders:
+            ms += speculation.draft_len * speculation.draft.step_ms(cal, context_tokens=0, context_len=0,
+                                                                    decode_seqs=decoders, decode_len=decode_len)
+        return ms
+
+    prefill_ms = step(new_tokens, 0)
+    mix_ms = step(new_tokens, active - 1)
+    gen_ms = step(0, active)
+    cycle_ms = active * mix_ms + (steps - active) * gen_ms
+    mixed_seen = active - 1  # the other requests' prompts a request decodes beside
+    tpot = (mixed_seen * mix_ms + (steps - active) * gen_ms) / max(steps - 1, 1e-9) / per_step if steps > 1 else 0.0
+    tokens_per_s = active * output_len / cycle_ms * 1e3
+    queue = min(cal.ttft_queue_max, cal.ttft_queue_base + cal.ttft_queue_per_prefill * (active - 1))
+    ttft = mix_ms * queue
+    if batch > active:  # the requests beyond the in-flight batch wait for a place (Little's law)
+        ttft += (batch - active) * output_len / tokens_per_s * 1e3
+    return Estimate(ttft_ms=ttft, tpot_ms=tpot, output_tokens_per_s=tokens_per_s, prefill_ms=prefill_ms,
+                    decode_step_ms=gen_ms, tokens_per_target_step=per_step, active_batch=active)

@@ -35,6 +35,10 @@ RUNTIME_RESERVE_GIB = 3.5
 NCCL_RESERVE_GIB = {1: 0.0, 2: 0.334, 4: 0.383}  # 8 and more: the TP 4 figure
 TP_CHOICES = (1, 2, 4, 8)
 DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
+# The default operating point: the batch with the lowest $ per 1M output tokens whose TPOT stays within this
+# (an interactive target: 20 tokens/s per user). `max_batch_size` is only the engine's ceiling.
+DEFAULT_TPOT_TARGET_MS = 50.0
+OPERATING_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def weight_bytes(arch: Architecture, precision: str, *, awq_block: int = 128) -> float:
@@ -205,7 +209,10 @@ class CapacityPlan:
     max_concurrent_requests: int
     fits: bool
     min_tp: int | None
-    decode_batch: int
+    batch_ceiling: int  # min(max_batch_size, max_concurrent_requests): the most requests in flight
+    decode_batch: int  # the operating point the estimate is for (see operating_point)
+    operating_point: str  # which batch the estimate is at, and why
+    tpot_target_ms: float | None  # the TPOT the operating point keeps within (None: the ceiling was asked for)
     decode_tokens_per_s_bound: float  # HBM roofline of pure decode (x tokens per target step): an upper bound
     ttft_ms_estimate: float  # calibrated estimate at decode_batch concurrent requests (perf_model)
     tpot_ms_estimate: float
@@ -360,12 +367,35 @@ def _draft_fields(spec: BuildSpec, r: dict) -> dict:
     )
 
 
+def operating_point(spec: BuildSpec, gpu: GPU, *, ceiling: int, tpot_target_ms: float | None, **terms
+                    ) -> tuple[int, str]:
+    """The batch to estimate at, and why: the highest output tok/s (so the lowest $ per 1M) with TPOT within
+    `tpot_target_ms` among OPERATING_BATCHES up to `ceiling` and the ceiling itself; the ceiling when the target is
+    None or no batch meets it. `terms`: serving_estimate's tp, lengths, acceptance and prefix hit ratio."""
+    if ceiling < 1:
+        return 0, "no request fits"
+    if tpot_target_ms is None:
+        return ceiling, f"batch {ceiling}: the ceiling (max_batch_size or what the KV pool holds)"
+    best = None
+    for batch in sorted({b for b in OPERATING_BATCHES if b < ceiling} | {ceiling}):
+        est, _ = serving_estimate(spec, gpu, batch=batch, **terms)
+        if est.tpot_ms <= tpot_target_ms and (best is None or est.output_tokens_per_s > best[1]):
+            best = (batch, est.output_tokens_per_s)
+    if best is None:
+        return ceiling, (f"batch {ceiling}: the ceiling; no batch keeps TPOT <= {tpot_target_ms:g} ms, so the "
+                         "cheapest is the fullest")
+    return best[0], (f"batch {best[0]}: the lowest $ per 1M with TPOT <= {tpot_target_ms:g} ms (of a ceiling of "
+                     f"{ceiling})")
+
+
 def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
-                  acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0) -> CapacityPlan:
+                  acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0,
+                  tpot_target_ms: float | None = DEFAULT_TPOT_TARGET_MS) -> CapacityPlan:
     """Plan memory fit, KV capacity, concurrency, throughput (estimate and roofline bound) and cost for a spec.
 
-    The batch is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate models
-    continuous batching at that batch with speculation at `acceptance` and prefix reuse at `prefix_hit_ratio`.
+    The batch ceiling is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate is
+    at the operating point (`operating_point`: the cheapest batch within `tpot_target_ms`; None: the ceiling),
+    continuous batching with speculation at `acceptance` and prefix reuse at `prefix_hit_ratio`.
     """
     if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
         raise SpecError("plan: --acceptance and --prefix-hit must be within 0..1")
@@ -374,9 +404,11 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     input_len, output_len = request_lengths(spec, input_len, output_len)
     r = _capacity(spec, gpu, input_len, output_len, tp=tp)
     target, draft = r["target"], r["draft"]
-    batch = min(spec.max_batch_size, r["concurrent"])
-    est, active = serving_estimate(spec, gpu, tp=tp, batch=batch, input_len=input_len, output_len=output_len,
-                                   acceptance=acceptance, prefix_hit_ratio=prefix_hit_ratio)
+    ceiling = min(spec.max_batch_size, r["concurrent"])
+    terms = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=acceptance,
+                 prefix_hit_ratio=prefix_hit_ratio)
+    batch, why = operating_point(spec, gpu, ceiling=ceiling, tpot_target_ms=tpot_target_ms, **terms)
+    est, active = serving_estimate(spec, gpu, batch=batch, **terms)
     # with speculation the bound counts every expected token of a target step and the draft's steps as free
     bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
     bound *= est.tokens_per_target_step
@@ -393,7 +425,8 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         reserve_gib_per_gpu=round(target.reserve_per_gpu() / GIB, 2), free_gib_per_gpu=round(r["tight"].free / GIB, 2),
         kv_pool_gib_per_gpu=round(r["tight"].target_pool / GIB, 2), kv_cache_tokens=r["tokens"],
         max_concurrent_requests=r["concurrent"], fits=r["fits"],
-        min_tp=minimum_tp(spec, gpu, input_len, output_len), decode_batch=batch,
+        min_tp=minimum_tp(spec, gpu, input_len, output_len), batch_ceiling=ceiling, decode_batch=batch,
+        operating_point=why, tpot_target_ms=tpot_target_ms,
         decode_tokens_per_s_bound=round(bound, 1), ttft_ms_estimate=round(est.ttft_ms, 1),
         tpot_ms_estimate=round(est.tpot_ms, 2), output_tokens_per_s_estimate=round(est.output_tokens_per_s, 1),
         acceptance_rate=acceptance if draft is not None else None, speculation_active=active,
@@ -461,6 +494,7 @@ def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
         terms.insert(0, f"speculation {'on' if p.speculation_active else 'gated off'}, acceptance "
                         f"{p.acceptance_rate:.0%}")
     return [
+        ("operating point", p.operating_point),
         (f"estimate @ batch {p.decode_batch} ({', '.join(terms)})",
          f"TTFT {p.ttft_ms_estimate:,.0f} ms, TPOT {p.tpot_ms_estimate:.1f} ms, "
          f"{p.output_tokens_per_s_estimate:,.0f} output tok/s"),

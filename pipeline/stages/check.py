@@ -11,6 +11,7 @@ from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GIB, GPUS
 from pipeline.core.spec import BuildSpec, resolve_spec
 from pipeline.planning.limits_choice import choose_limits
+from pipeline.planning.placement_choice import choose_placement
 from pipeline.planning.placement import place
 from pipeline.planning.planner import engine_shapes, fit_shortfall
 from pipeline.stages.calibrate.data import load_texts
@@ -100,12 +101,13 @@ def check_spec_fits(spec: BuildSpec) -> BuildSpec:
 
 
 def resolve_checked_spec(**kwargs) -> BuildSpec:
-    """`resolve_spec(**kwargs)`, the engine limits it leaves unset chosen by the memory model (`choose_limits`),
-    then every rule applied (intrinsic and fit): the spec every command acts on."""
+    """`resolve_spec(**kwargs)`, the TP it leaves unset chosen by cost (`choose_placement`) and the engine limits by
+    the memory model (`choose_limits`), then every rule applied (intrinsic and fit): the spec every command acts on."""
     spec = resolve_spec(**kwargs)
     if not kwargs.get("validate", True):
         return spec
-    return check_spec_fits(choose_limits(spec))
+    spec = choose_placement(choose_limits(spec), lambda tp: choose_limits(resolve_spec(**{**kwargs, "tp": tp})))
+    return check_spec_fits(spec)
 
 
 def _check_input_files(spec: BuildSpec) -> None:
