@@ -211,7 +211,7 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
                         f"{goal.ttft_ms:g} ms and TPOT <= {goal.tpot_ms:g} ms{nearest}; relax the SLO or allow more "
                         "GPUs (--gpu-count, --nodes)")
-    written = write_pick(spec, result.pick, write_spec) if write_spec else None
+    written = write_pick(spec, result, write_spec) if write_spec else None
     if json_:
         print(json.dumps(result.as_dict() | {"spec_file": str(written) if written else None}, indent=2))
         return
@@ -244,10 +244,13 @@ def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, .
     return None, "searched"
 
 
-def write_pick(spec: BuildSpec, pick, path: str) -> Path:
-    """Write the pick as a spec YAML, atomically, after loading it back through the real spec loader and every
-    `check` rule (a file that `check --spec` would refuse is never left behind)."""
+def write_pick(spec: BuildSpec, result, path: str) -> Path:
+    """Write the search's pick as a spec YAML with its `serving_target` (replicas, SLO, traffic, estimate),
+    atomically, after loading it back through the real spec loader and every `check` rule (a file that
+    `check --spec` would refuse is never left behind)."""
     import yaml
+
+    pick = result.pick
 
     dest = Path(path)
     if dest.suffix not in (".yaml", ".yml") or dest.is_dir():
@@ -255,6 +258,7 @@ def write_pick(spec: BuildSpec, pick, path: str) -> Path:
     if not dest.parent.is_dir():
         raise SpecError(f"--write-spec {path}: directory {dest.parent} does not exist; create it first")
     doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
+    doc["serving_target"] = slo_search.serving_target(result).model_dump(mode="json", exclude_none=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     try:
         tmp.write_text("# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False))
@@ -754,7 +758,7 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
@@ -766,7 +770,7 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
-                container=not no_container, serve_mode=serve_mode)
+                container=not no_container, serve_mode=serve_mode, replicas=replicas)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -777,7 +781,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    pipeline_image=None, pipeline_cmd=None, partition=None, account=None, qos=None, constraint=None,
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
-                   json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None) -> dict[str, Any]:
+                   json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
+                   replicas: int | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
@@ -807,10 +812,15 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         json_: print the deployment summary as JSON
         serve_mode: what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI
             /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
+        replicas: serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the
+            spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
+    replicas = int_option("replicas", replicas)
     if matrix:
+        if replicas is not None:
+            raise DeployError("--replicas serves copies of one build; drop it with --matrix")
         return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
                               output=output, name=name, force=force, json_=json_,
                               opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
@@ -836,7 +846,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         release_url=release_url, release_volume=release_volume, image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
-                        serve_mode=serve_mode)
+                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))
     dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))
@@ -846,7 +856,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     if json_:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"ok: {dest}: {summary['kind']}, {placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
+        copies = f"{o.replicas} replicas x " if o.replicas > 1 else ""
+        print(f"ok: {dest}: {summary['kind']}, {copies}{placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
               f"(tp={placement.tp}, pp={placement.pp}, {placement.world_size} ranks), image {summary['image']}")
     return summary
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.backends import backend_for, backend_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
-from pipeline.core.spec import SECTIONS, resolve_spec
+from pipeline.core.spec import SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec
 from pipeline.core.table import format_table
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
@@ -364,6 +364,23 @@ def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, 
         overrides.update(draft_tp=None, draft_max_batch_size=None)
     return dict(model=spec.model.name, target=spec.target, runtime=s.runtime, models_file=spec.models_file,
                 **overrides)
+
+
+def serving_target(r: SloSearch) -> ServingTarget:
+    """The pick's `serving_target` spec section: the replicas it provisions, the SLO, the traffic and its estimate.
+
+    Raises:
+        SpecError: the search has no pick.
+    """
+    p, t = r.pick, r.traffic
+    if p is None:
+        raise SpecError("plan --slo: no pick to record; relax the SLO")
+    return ServingTarget(
+        replicas=p.replicas, ttft_ms=r.slo.ttft_ms, tpot_ms=r.slo.tpot_ms,
+        traffic=PlannedTraffic(input_len=t.input_len, output_len=t.output_len, prefix_share=t.prefix_share,
+                               acceptance=t.acceptance, rate=t.rate),
+        estimate=PlannedEstimate(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s=p.tokens_per_s,
+                                 cost_per_1m_output_tokens_usd=round(p.cost_per_1m_output_tokens_usd, 6)))
 
 
 def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
