@@ -72,6 +72,7 @@ install_lib = _lazy("pipeline.stages.package.install")
 launch_plan = _lazy("pipeline.serving.launch_plan")
 local_inputs = _lazy("pipeline.serving.llmapi.local_inputs")
 placement_lib = _lazy("pipeline.planning.placement")
+quality_records = _lazy("pipeline.stages.calibrate.quality_records")
 refs = _lazy("pipeline.core.refs")
 release_ops = _lazy("pipeline.ops.release")
 release_verify = _lazy("pipeline.ops.release_verify")
@@ -204,8 +205,9 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
                           int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
     passing, source = _passing_precisions(spec, precision_search)
+    quality = quality_records.quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec, precisions=passing,
-                               precision_source=source)
+                               precision_source=source, quality=quality)
     if result.pick is None:
         nearest = f"; nearest miss: {result.nearest_miss}" if result.nearest_miss else ""
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
