@@ -3,6 +3,7 @@ writes (loaded back through the real spec loader and `check`'s rules)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -203,3 +204,45 @@ def test_search_takes_the_quality_gates_passing_set(tmp_path, monkeypatch, capsy
     plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512", json_=True)
     out = json.loads(capsys.readouterr().out)
     assert out["precision_source"] == "searched" and out["pick"]["precision"] != "fp8"
+
+
+def test_the_pick_prefers_checked_precisions_and_says_so(done_when):
+    """Without verdicts only bf16 (the reference) is checked: it beats the cheaper unchecked quantized picks, each
+    of which is counted and named; with fp8's gate passed, fp8 wins over bf16."""
+    spec = _spec(tp=8)
+    r = ss.search(spec, DONE_WHEN, TRAFFIC, check=resolve_checked_spec, quality={})
+    assert r.pick.precision == "bf16" and r.pick.quality == "checked"
+    assert r.pick.cost_per_1m_output_tokens_usd > done_when.pick.cost_per_1m_output_tokens_usd
+    assert {c.quality for c in r.front if c.precision != "bf16"} == {"unchecked"}
+    passed_over = r.losses["quality unchecked"]
+    assert passed_over.count > 0 and "quality unchecked" in passed_over.example
+    assert r.quality_note.startswith("quality: prefers checked precisions: bf16 is checked (the unquantized "
+                                     "reference) over ")
+    assert r.searched == sum(loss.count for loss in r.losses.values()) + 1
+    fp8 = ss.search(spec, DONE_WHEN, TRAFFIC, check=resolve_checked_spec, quality={"fp8": True, "w4a8_awq": False})
+    assert fp8.pick.precision == "fp8"
+    assert fp8.pick.cost_per_1m_output_tokens_usd < r.pick.cost_per_1m_output_tokens_usd
+    assert {c.quality for c in fp8.front if c.precision == "w4a8_awq"} <= {"failed"}
+
+
+def test_with_no_checked_precision_the_cheapest_is_picked_and_called_unchecked(done_when):
+    r = ss.search(_spec(), DONE_WHEN, TRAFFIC, check=resolve_checked_spec, precisions=("fp8", "int4_awq", "w4a8_awq"),
+                  quality={})
+    assert r.pick == dataclasses.replace(done_when.pick, quality="unchecked")  # the cheapest, as without verdicts
+    assert "quality unchecked" not in r.losses
+    assert r.quality_note.startswith("quality: no precision meeting the SLO has a passing quality gate of this model "
+                                     "(all unchecked): picked the cheapest")
+
+
+def test_plan_prints_quality_from_the_records_under_engines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    plan_command(_spec(tp=8), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512")
+    out = capsys.readouterr().out
+    assert "\nquality: prefers checked precisions: bf16 is checked" in out and " unchecked\n" in out
+    (tmp_path / "engines" / "b-fp8").mkdir(parents=True)
+    _precision_record(tmp_path / "engines" / "b-fp8" / "precision_search.json", passing=("fp8",))
+    plan_command(_spec(tp=8, precision="fp8"), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048",
+                 output_len="512", json_=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["pick"]["quality"] == "checked"
+    assert out["quality_note"] == "quality: fp8 is checked (its quality gate passed)"
