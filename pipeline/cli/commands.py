@@ -122,7 +122,7 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
                  estimator: Literal["aiconfigurator"] | None = None, slo=False, ttft_ms: float | None = None,
                  tpot_ms: float | None = None, prefix_share: float | None = None, rate: float | None = None,
                  bench_report: str | None = None, write_spec: str | None = None,
-                 precision_search: str | None = None) -> None:
+                 precision_search: str | None = None, accept_foreign_bench_report=False) -> None:
     """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
     bound) and $ per 1M output tokens.
 
@@ -145,7 +145,9 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
             else --prefix-hit, else 0)
         rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
         bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
-            search (--acceptance and --prefix-share win)
+            search (--acceptance and --prefix-share win); its model (and precision, when --precision is given)
+            must be the spec's
+        accept_foreign_bench_report: --slo: take a --bench-report of another (or an unnamed) model or precision
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
         precision_search: --slo: a `--precision auto` build's precision_search.json: only the precisions that
             passed its quality gate are searched (default: the newest such record of this model and GPU under
@@ -157,11 +159,11 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
                         prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
                         tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec,
-                        precision_search=precision_search)
+                        precision_search=precision_search, accept_foreign_bench_report=accept_foreign_bench_report)
     if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec,
-                                   precision_search)):
-        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec and "
-                        "--precision-search belong to --slo; add --slo")
+                                   precision_search)) or accept_foreign_bench_report:
+        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
+                        "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
                                        minimum=0.0),
@@ -191,11 +193,14 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
 
 
 def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance, prefix_share, ttft_ms, tpot_ms,
-             rate, bench_report: str | None, write_spec: str | None, precision_search: str | None = None) -> None:
+             rate, bench_report: str | None, write_spec: str | None, precision_search: str | None = None,
+             accept_foreign_bench_report: bool = False) -> None:
     """`plan --slo`: the search (pipeline.planning.slo_search) over `spec`, printed; the pick written as a spec."""
     if ttft_ms is None or tpot_ms is None:
         raise SpecError("plan --slo needs --ttft-ms and --tpot-ms (the SLO to meet)")
-    measured = slo_search.read_bench_terms(bench_report) if bench_report else {}
+    fixed = spec.quantization.precision if "precision" in spec.quantization.model_fields_set else None
+    measured = slo_search.read_bench_terms(bench_report, model=spec.model.name, precision=fixed,
+                                           accept_foreign=bool(accept_foreign_bench_report)) if bench_report else {}
     lengths = planner.request_lengths(spec, int_option("input_len", input_len), int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, kind=float,
                                        default=measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)),

@@ -435,12 +435,15 @@ def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def read_bench_terms(path: str | Path) -> dict[str, float]:
+def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
+                     accept_foreign: bool = False) -> dict[str, float]:
     """`acceptance` and `prefix_share` from an `invoke bench --json` report (its `acceptance_rate` and
-    `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out).
+    `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out), once its top-level `model` and
+    `precision` are `model` and `precision` (None: the search varies precision, any one is taken).
 
     Raises:
-        SpecError: the file is missing, too large, not a JSON object, or a value is outside 0..1.
+        SpecError: the file is missing, too large, not a JSON object, a value is outside 0..1, or the report is of
+            another (or an unnamed) model or precision and `accept_foreign` is not set.
     """
     p = Path(path)
     try:
@@ -455,6 +458,8 @@ def read_bench_terms(path: str | Path) -> dict[str, float]:
                         "file `invoke bench --json` wrote") from None
     if not isinstance(data, dict):
         raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json`)")
+    if not accept_foreign:
+        _same_build(p, data, model, precision)
     terms = {}
     for ours, theirs in (("acceptance", "acceptance_rate"), ("prefix_share", "prefix_cache_hit_ratio")):
         value = data.get(theirs)
@@ -464,6 +469,17 @@ def read_bench_terms(path: str | Path) -> dict[str, float]:
             raise SpecError(f"--bench-report {p}: {theirs}={value!r} must be a number within 0..1")
         terms[ours] = float(value)
     return terms
+
+
+def _same_build(p: Path, data: dict, model: str, precision: str | None) -> None:
+    """Refuse a report measured on another model or precision (an unnamed one counts as another)."""
+    theirs = [v if isinstance(v, str) and v else "unknown" for v in (data.get("model"), data.get("precision"))]
+    if theirs[0] == model and precision in (None, theirs[1]) and theirs[1] != "unknown":
+        return
+    ours = f"{model} {precision}" if precision else f"{model} (any precision)"
+    raise SpecError(f"--bench-report {p} measured model {theirs[0]} precision {theirs[1]}, not {ours} as searched; "
+                    f"pass a report `invoke bench --json` wrote for {model}, or --accept-foreign-bench-report to "
+                    "use its acceptance and prefix share anyway")
 
 
 def passing_precisions(record, spec: BuildSpec, path: Path) -> tuple[str, ...]:

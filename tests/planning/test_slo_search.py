@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import yaml
@@ -129,11 +130,15 @@ def test_write_spec_refuses_a_bad_path_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+LLAMA_FP8 = {"model": "llama-70b", "precision": "fp8"}  # what `invoke bench --json` names at its top level
+
+
 def test_bench_report_feeds_acceptance_and_prefix_share(tmp_path, capsys):
     report = tmp_path / "bench.json"
-    report.write_text(json.dumps({"acceptance_rate": 0.55, "prefix_cache_hit_ratio": 0.62, "ttft_ms_p99": 80.0,
-                                  "levels": [], "something_new": {"x": 1}}))
-    assert ss.read_bench_terms(report) == {"acceptance": 0.55, "prefix_share": 0.62}
+    report.write_text(json.dumps({**LLAMA_FP8, "acceptance_rate": 0.55, "prefix_cache_hit_ratio": 0.62,
+                                  "ttft_ms_p99": 80.0, "levels": [], "something_new": {"x": 1}}))
+    assert ss.read_bench_terms(report, model="llama-70b", precision="fp8") == {"acceptance": 0.55,
+                                                                                "prefix_share": 0.62}
     plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
                  json_=True)
     traffic = json.loads(capsys.readouterr().out)["traffic"]
@@ -143,23 +148,55 @@ def test_bench_report_feeds_acceptance_and_prefix_share(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["traffic"]["acceptance"] == 0.8
 
 
+@pytest.mark.parametrize("named, needle", [
+    ({"model": "llama-8b", "precision": "fp8"}, "measured model llama-8b precision fp8, not llama-70b fp8"),
+    ({"model": "llama-70b", "precision": "int4_awq"}, "measured model llama-70b precision int4_awq, not llama-70b fp8"),
+    ({"model": "ensemble"}, "measured model ensemble precision unknown"),  # a report from before it named the build
+    ({}, "measured model unknown precision unknown"),
+    ({"model": "llama-70b", "precision": None}, "precision unknown, not llama-70b fp8"),
+])
+def test_a_bench_report_of_another_build_exits_2_naming_both(tmp_path, capsys, named, needle):
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({**named, "acceptance_rate": 0.2}))
+    with pytest.raises(SpecError, match=re.escape(needle) + ".*--accept-foreign-bench-report"):
+        plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report))
+    assert SpecError.exit_code == 2 and capsys.readouterr().out == ""
+    plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
+                 accept_foreign_bench_report=True, json_=True)  # taken knowingly
+    assert json.loads(capsys.readouterr().out)["traffic"]["acceptance"] == 0.2
+
+
+def test_a_searched_precision_takes_a_report_of_any_precision_of_the_model(tmp_path):
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"model": "llama-70b", "precision": "bf16", "acceptance_rate": 0.4}))
+    assert ss.read_bench_terms(report, model="llama-70b", precision=None) == {"acceptance": 0.4}
+    with pytest.raises(SpecError, match=re.escape("not llama-8b (any precision) as searched")):
+        ss.read_bench_terms(report, model="llama-8b", precision=None)
+    report.write_text(json.dumps({"model": "llama-70b", "acceptance_rate": 0.4}))
+    with pytest.raises(SpecError, match="precision unknown"):
+        ss.read_bench_terms(report, model="llama-70b", precision=None)
+
+
 @pytest.mark.parametrize("content, needle", [
     ("[1, 2]", "expected a JSON object"),
-    ('{"acceptance_rate": 1.5}', "acceptance_rate=1.5 must be a number within 0..1"),
+    ('{"model": "llama-70b", "precision": "fp8", "acceptance_rate": 1.5}',
+     "acceptance_rate=1.5 must be a number within 0..1"),
     ("not json", "not a readable JSON report"),
 ])
 def test_bad_bench_reports_are_one_line(tmp_path, content, needle):
     report = tmp_path / "bench.json"
     report.write_text(content)
     with pytest.raises(SpecError, match=needle):
-        ss.read_bench_terms(report)
+        ss.read_bench_terms(report, model="llama-70b", precision="fp8")
     with pytest.raises(SpecError, match="does not exist"):
-        ss.read_bench_terms(tmp_path / "none.json")
+        ss.read_bench_terms(tmp_path / "none.json", model="llama-70b", precision="fp8")
 
 
 def test_slo_flags_need_slo_and_slo_needs_its_targets():
     with pytest.raises(SpecError, match="belong to --slo; add --slo"):
         plan_command(_spec(), ttft_ms="500")
+    with pytest.raises(SpecError, match="belong to --slo; add --slo"):
+        plan_command(_spec(), accept_foreign_bench_report=True)
     with pytest.raises(SpecError, match="drop --compare / --estimator"):
         plan_command(_spec(), slo=True, compare=True, ttft_ms="500", tpot_ms="40")
     with pytest.raises(SpecError, match="needs --ttft-ms and --tpot-ms"):
