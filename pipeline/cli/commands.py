@@ -156,8 +156,10 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     if slo:
         if compare or estimator:
             raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
+        share = int_option("prefix_hit", prefix_hit, minimum=0.0, maximum=1.0, kind=float) if prefix_share is None \
+            else prefix_share
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
-                        prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
+                        prefix_share=share, ttft_ms=ttft_ms,
                         tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec,
                         precision_search=precision_search, accept_foreign_bench_report=accept_foreign_bench_report)
     if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec,
@@ -166,8 +168,9 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
                         "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
-                                       minimum=0.0),
-                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0))
+                                       minimum=0.0, maximum=1.0),
+                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0,
+                                             maximum=1.0))
     if estimator not in (None, "", "aiconfigurator"):
         raise SpecError(f"--estimator={estimator!r}: the only second estimator is 'aiconfigurator'; drop the flag "
                         "for the built-in estimate alone")
@@ -202,9 +205,9 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     measured = slo_search.read_bench_terms(bench_report, model=spec.model.name, precision=fixed,
                                            accept_foreign=bool(accept_foreign_bench_report)) if bench_report else {}
     lengths = planner.request_lengths(spec, int_option("input_len", input_len), int_option("output_len", output_len))
-    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, kind=float,
+    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, maximum=1.0, kind=float,
                                        default=measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)),
-                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, kind=float,
+                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, maximum=1.0, kind=float,
                                          default=measured.get("prefix_share", 0.0)))
     traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
     goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),

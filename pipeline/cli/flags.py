@@ -120,9 +120,10 @@ def spec_from_flags(values: dict[str, Any]):
     return resolve_checked_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 
-def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None, kind: type = int) -> Any:
+def int_option(name: str, value: Any, *, minimum: float = 1, maximum: float | None = None, default: Any = None,
+               kind: type = int) -> Any:
     """A task's own numeric option (invoke hands over strings): None gives `default`; a value that is not a finite
-    number >= `minimum` raises `SpecError`."""
+    number within `minimum`..`maximum` raises `SpecError`."""
     if value is None or value == "":
         return default
     flag = "--" + name.replace("_", "-")
@@ -135,6 +136,8 @@ def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None
         raise SpecError(f"{flag}={value!r}: expected a finite number >= {minimum:g}")
     if number < minimum:
         raise SpecError(f"{flag}={number}: must be >= {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise SpecError(f"{flag}={number}: must be within {minimum:g}..{maximum:g}")
     return number
 
 

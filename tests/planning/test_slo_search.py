@@ -283,3 +283,39 @@ def test_plan_prints_quality_from_the_records_under_engines(tmp_path, monkeypatc
     out = json.loads(capsys.readouterr().out)
     assert out["pick"]["quality"] == "checked"
     assert out["quality_note"] == "quality: fp8 is checked (its quality gate passed)"
+
+
+BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "0")
+
+
+@pytest.mark.parametrize("flag", ["ttft_ms", "tpot_ms", "rate", "acceptance", "prefix_share", "prefix_hit"])
+@pytest.mark.parametrize("value", BAD_NUMBERS)
+def test_plan_slo_refuses_non_finite_or_non_positive_numbers_in_one_line(flag, value, capsys):
+    """NaN passes every `< minimum` comparison: each of --slo's numbers is refused by name, exit 2, before any
+    search (0 is a valid acceptance or prefix share)."""
+    if value == "0" and flag in ("acceptance", "prefix_share", "prefix_hit"):
+        value = "1.5"  # their bound is 0..1
+    args = {"ttft_ms": "500", "tpot_ms": "40", flag: value}
+    with pytest.raises(SpecError) as err:
+        plan_command(_spec(precision="fp8", tp=4), slo=True, **args)
+    message = str(err.value)
+    assert "\n" not in message and err.value.exit_code == 2 and capsys.readouterr().out == ""
+    assert message.startswith(f"--{flag.replace('_', '-')}=")  # the flag the user typed
+
+
+@pytest.mark.parametrize("flag", ["acceptance", "prefix_hit"])
+@pytest.mark.parametrize("value", [*BAD_NUMBERS[:4], "1.5"])
+def test_plan_refuses_non_finite_or_out_of_range_terms(flag, value):
+    for compare in (False, True):
+        with pytest.raises(SpecError, match=f"^--{flag.replace('_', '-')}=") as err:
+            plan_command(_spec(precision="fp8", tp=4), compare=compare, **{flag: value})
+        assert err.value.exit_code == 2
+
+
+def test_a_nan_flag_is_one_line_and_exit_2_through_the_cli(capsys):
+    from pipeline.cli.flags import exit_on_error
+
+    with pytest.raises(SystemExit) as done:
+        exit_on_error(plan_command)(_spec(precision="fp8", tp=4), slo=True, ttft_ms="nan", tpot_ms="40")
+    assert done.value.code == 2
+    assert capsys.readouterr().err == "error: --ttft-ms='nan': expected a finite number >= 1e-09\n"

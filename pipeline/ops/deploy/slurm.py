@@ -1,7 +1,7 @@
 """Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=pmix`, world size = TP × PP; several
-replicas: a job array, one job per replica) and a job array for the build matrix. Containers run through pyxis/enroot (`srun --container-image`, images in pyxis'
-`registry#image` form); `container=False` runs the same scripts on the hosts (the pipeline and tritonserver
-installed there).
+replicas: a job array, one job per replica) and a job array for the build matrix. Containers run through
+pyxis/enroot (`srun --container-image`, images in pyxis' `registry#image` form); `container=False` runs the same
+scripts on the hosts (the pipeline and tritonserver installed there).
 
 Two parsers read what is generated here: the shell runs the body (every value is `shlex.quote`d) and sbatch reads
 the `#SBATCH` directives (its own words: quotes, backslashes, `#` comments), so every directive value is checked and

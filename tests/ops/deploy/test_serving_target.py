@@ -14,7 +14,7 @@ from pipeline.cli.commands import deploy_command, plan_command
 from pipeline.cli.flags import spec_from_flags
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import resolve_spec
-from pipeline.ops.monitoring.rules import watch_plan
+from pipeline.ops.monitoring.rules import COST, watch_plan
 from pipeline.planning.planner import plan_capacity
 
 URL = "https://releases.example.invalid/r.tar"
@@ -103,7 +103,7 @@ def test_slurm_renders_one_job_per_replica(planned, tmp_path):
     scrape = yaml.safe_load((out / "prometheus-scrape.yml").read_text())
     assert scrape["scrape_configs"][0]["file_sd_configs"][0]["files"] == [str(out / "prometheus-targets-*.json")]
     rules = yaml.safe_load((out / "prometheus-rules.yml").read_text())
-    cost = next(r for g in rules["groups"] for r in g["rules"] if r.get("record", "").endswith("cost_usd_per_1m_output_tokens"))
+    cost = next(r for g in rules["groups"] for r in g["rules"] if r.get("record") == COST)
     assert cost["labels"]["gpus"] == str(n * summary["world_size"])  # every replica's GPUs are paid
 
 
