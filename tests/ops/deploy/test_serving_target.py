@@ -133,3 +133,15 @@ def test_a_spec_without_the_section_renders_as_before(tmp_path):
     _, slurm = _deploy(tmp_path, spec, platform="slurm")
     script = (slurm / "serve.sbatch").read_text()
     assert "--array" not in script and "targets=" + str(slurm / "prometheus-targets.json") in script
+
+
+def test_a_release_keeps_the_replicas_its_spec_was_planned_for(planned, tmp_path):
+    from pipeline.ops.deploy.source import from_release
+
+    spec = spec_from_flags({"spec": str(planned[0])})
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    (rel / "release.json").write_text(json.dumps({"name": "r-v1", "spec": spec.model_dump(mode="json")}))
+    assert from_release(rel).spec.serving_target == spec.serving_target
+    summary, out = _deploy(tmp_path, None, release=str(rel))
+    assert _workload(out)["spec"]["replicas"] == summary["replicas"] == planned[1]["pick"]["replicas"]
