@@ -156,12 +156,12 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     if slo:
         if compare or estimator:
             raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
-        share = int_option("prefix_hit", prefix_hit, minimum=0.0, maximum=1.0, kind=float) if prefix_share is None \
-            else prefix_share
+        if prefix_share is None:  # --prefix-hit stands in, refused under its own name
+            prefix_share = int_option("prefix_hit", prefix_hit, minimum=0.0, maximum=1.0, kind=float)
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
-                        prefix_share=share, ttft_ms=ttft_ms,
-                        tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec,
-                        precision_search=precision_search, accept_foreign_bench_report=accept_foreign_bench_report)
+                        prefix_share=prefix_share, ttft_ms=ttft_ms, tpot_ms=tpot_ms, rate=rate,
+                        bench_report=bench_report, write_spec=write_spec, precision_search=precision_search,
+                        accept_foreign_bench_report=accept_foreign_bench_report)
     if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec,
                                    precision_search)) or accept_foreign_bench_report:
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
@@ -254,14 +254,13 @@ def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, .
     return None, "searched"
 
 
-def write_pick(spec: BuildSpec, result, path: str) -> Path:
+def write_pick(spec: BuildSpec, result: slo_search.SloSearch, path: str) -> Path:
     """Write the search's pick as a spec YAML with its `serving_target` (replicas, SLO, traffic, estimate),
     atomically, after loading it back through the real spec loader and every `check` rule (a file that
     `check --spec` would refuse is never left behind)."""
     import yaml
 
     pick = result.pick
-
     dest = Path(path)
     if dest.suffix not in (".yaml", ".yml") or dest.is_dir():
         raise SpecError(f"--write-spec {path}: expected a .yaml file path")
