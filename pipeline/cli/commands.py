@@ -72,6 +72,7 @@ install_lib = _lazy("pipeline.stages.package.install")
 launch_plan = _lazy("pipeline.serving.launch_plan")
 local_inputs = _lazy("pipeline.serving.llmapi.local_inputs")
 placement_lib = _lazy("pipeline.planning.placement")
+quality_records = _lazy("pipeline.stages.calibrate.quality_records")
 refs = _lazy("pipeline.core.refs")
 release_ops = _lazy("pipeline.ops.release")
 release_verify = _lazy("pipeline.ops.release_verify")
@@ -123,7 +124,7 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
                  estimator: Literal["aiconfigurator"] | None = None, slo=False, ttft_ms: float | None = None,
                  tpot_ms: float | None = None, prefix_share: float | None = None, rate: float | None = None,
                  bench_report: str | None = None, write_spec: str | None = None,
-                 precision_search: str | None = None) -> None:
+                 precision_search: str | None = None, accept_foreign_bench_report=False) -> None:
     """Plan memory fit, KV capacity, concurrency, estimated TTFT/TPOT/throughput, the decode roofline (an upper
     bound) and $ per 1M output tokens.
 
@@ -146,7 +147,9 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
             else --prefix-hit, else 0)
         rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
         bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
-            search (--acceptance and --prefix-share win)
+            search (--acceptance and --prefix-share win); its model (and precision, when --precision is given)
+            must be the spec's
+        accept_foreign_bench_report: --slo: take a --bench-report of another (or an unnamed) model or precision
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
         precision_search: --slo: a `--precision auto` build's precision_search.json: only the precisions that
             passed its quality gate are searched (default: the newest such record of this model and GPU under
@@ -155,18 +158,21 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     if slo:
         if compare or estimator:
             raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
+        if prefix_share is None:  # --prefix-hit stands in, refused under its own name
+            prefix_share = int_option("prefix_hit", prefix_hit, minimum=0.0, maximum=1.0, kind=float)
         return plan_slo(spec, input_len=input_len, output_len=output_len, json_=json_, acceptance=acceptance,
-                        prefix_share=prefix_hit if prefix_share is None else prefix_share, ttft_ms=ttft_ms,
-                        tpot_ms=tpot_ms, rate=rate, bench_report=bench_report, write_spec=write_spec,
-                        precision_search=precision_search)
+                        prefix_share=prefix_share, ttft_ms=ttft_ms, tpot_ms=tpot_ms, rate=rate,
+                        bench_report=bench_report, write_spec=write_spec, precision_search=precision_search,
+                        accept_foreign_bench_report=accept_foreign_bench_report)
     if any(v is not None for v in (ttft_ms, tpot_ms, prefix_share, rate, bench_report, write_spec,
-                                   precision_search)):
-        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec and "
-                        "--precision-search belong to --slo; add --slo")
+                                   precision_search)) or accept_foreign_bench_report:
+        raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
+                        "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
     lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
-                                       minimum=0.0),
-                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0))
+                                       minimum=0.0, maximum=1.0),
+                 prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0,
+                                             maximum=1.0))
     if estimator not in (None, "", "aiconfigurator"):
         raise SpecError(f"--estimator={estimator!r}: the only second estimator is 'aiconfigurator'; drop the flag "
                         "for the built-in estimate alone")
@@ -195,28 +201,32 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
 
 
 def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance, prefix_share, ttft_ms, tpot_ms,
-             rate, bench_report: str | None, write_spec: str | None, precision_search: str | None = None) -> None:
+             rate, bench_report: str | None, write_spec: str | None, precision_search: str | None = None,
+             accept_foreign_bench_report: bool = False) -> None:
     """`plan --slo`: the search (pipeline.planning.slo_search) over `spec`, printed; the pick written as a spec."""
     if ttft_ms is None or tpot_ms is None:
         raise SpecError("plan --slo needs --ttft-ms and --tpot-ms (the SLO to meet)")
-    measured = slo_search.read_bench_terms(bench_report) if bench_report else {}
+    fixed = spec.quantization.precision if "precision" in spec.quantization.model_fields_set else None
+    measured = slo_search.read_bench_terms(bench_report, model=spec.model.name, precision=fixed,
+                                           accept_foreign=bool(accept_foreign_bench_report)) if bench_report else {}
     lengths = planner.request_lengths(spec, int_option("input_len", input_len), int_option("output_len", output_len))
-    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, kind=float,
+    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, maximum=1.0, kind=float,
                                        default=measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)),
-                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, kind=float,
+                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, maximum=1.0, kind=float,
                                          default=measured.get("prefix_share", 0.0)))
     traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
     goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
                           int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
     passing, source = _passing_precisions(spec, precision_search)
+    quality = quality_records.quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec, precisions=passing,
-                               precision_source=source)
+                               precision_source=source, quality=quality)
     if result.pick is None:
         nearest = f"; nearest miss: {result.nearest_miss}" if result.nearest_miss else ""
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
                         f"{goal.ttft_ms:g} ms and TPOT <= {goal.tpot_ms:g} ms{nearest}; relax the SLO or allow more "
                         "GPUs (--gpu-count, --nodes)")
-    written = write_pick(spec, result.pick, write_spec) if write_spec else None
+    written = write_pick(spec, result, write_spec) if write_spec else None
     if json_:
         print(json.dumps(result.as_dict() | {"spec_file": str(written) if written else None}, indent=2))
         return
@@ -249,17 +259,20 @@ def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, .
     return None, "searched"
 
 
-def write_pick(spec: BuildSpec, pick, path: str) -> Path:
-    """Write the pick as a spec YAML, atomically, after loading it back through the real spec loader and every
-    `check` rule (a file that `check --spec` would refuse is never left behind)."""
+def write_pick(spec: BuildSpec, result: slo_search.SloSearch, path: str) -> Path:
+    """Write the search's pick as a spec YAML with its `serving_target` (replicas, SLO, traffic, estimate),
+    atomically, after loading it back through the real spec loader and every `check` rule (a file that
+    `check --spec` would refuse is never left behind)."""
     import yaml
 
+    pick = result.pick
     dest = Path(path)
     if dest.suffix not in (".yaml", ".yml") or dest.is_dir():
         raise SpecError(f"--write-spec {path}: expected a .yaml file path")
     if not dest.parent.is_dir():
         raise SpecError(f"--write-spec {path}: directory {dest.parent} does not exist; create it first")
     doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
+    doc["serving_target"] = slo_search.serving_target(result).model_dump(mode="json", exclude_none=True)
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     try:
         tmp.write_text("# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False))
@@ -759,7 +772,7 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
@@ -771,7 +784,7 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
-                container=not no_container, serve_mode=serve_mode)
+                container=not no_container, serve_mode=serve_mode, replicas=replicas)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -782,7 +795,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    pipeline_image=None, pipeline_cmd=None, partition=None, account=None, qos=None, constraint=None,
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
-                   json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None) -> dict[str, Any]:
+                   json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
+                   replicas: int | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
@@ -812,10 +826,15 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         json_: print the deployment summary as JSON
         serve_mode: what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI
             /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
+        replicas: serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the
+            spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
+    replicas = int_option("replicas", replicas)
     if matrix:
+        if replicas is not None:
+            raise DeployError("--replicas serves copies of one build; drop it with --matrix")
         return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
                               output=output, name=name, force=force, json_=json_,
                               opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
@@ -841,7 +860,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         release_url=release_url, release_volume=release_volume, image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
-                        serve_mode=serve_mode)
+                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))
     dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))
@@ -851,7 +870,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     if json_:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"ok: {dest}: {summary['kind']}, {placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
+        copies = f"{o.replicas} replicas x " if o.replicas > 1 else ""
+        print(f"ok: {dest}: {summary['kind']}, {copies}{placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
               f"(tp={placement.tp}, pp={placement.pp}, {placement.world_size} ranks), image {summary['image']}")
     return summary
 

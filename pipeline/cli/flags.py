@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import sys
 import types
@@ -119,18 +120,24 @@ def spec_from_flags(values: dict[str, Any]):
     return resolve_checked_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 
-def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None, kind: type = int) -> Any:
-    """A task's own numeric option (invoke hands over strings): None gives `default`, bad values raise `SpecError`."""
+def int_option(name: str, value: Any, *, minimum: float = 1, maximum: float | None = None, default: Any = None,
+               kind: type = int) -> Any:
+    """A task's own numeric option (invoke hands over strings): None gives `default`; a value that is not a finite
+    number within `minimum`..`maximum` raises `SpecError`."""
     if value is None or value == "":
         return default
     flag = "--" + name.replace("_", "-")
     what = "an integer" if kind is int else "a number"
     try:
         number = kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise SpecError(f"{flag}={value!r}: expected {what} >= {minimum:g}") from None
+    if not math.isfinite(number):  # NaN passes every comparison, inf every minimum
+        raise SpecError(f"{flag}={value!r}: expected a finite number >= {minimum:g}")
     if number < minimum:
         raise SpecError(f"{flag}={number}: must be >= {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise SpecError(f"{flag}={number}: must be within {minimum:g}..{maximum:g}")
     return number
 
 

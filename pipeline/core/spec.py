@@ -215,6 +215,44 @@ class HardwareSpec(_Section):
         "pipeline/core/gpus.py)")
 
 
+class PlannedTraffic(BaseModel):
+    """The traffic a deployment was sized for (`plan --slo`): request lengths, the prompt share a cached prefix
+    covers, the draft acceptance assumed, and the arrival rate."""
+
+    model_config = _Strict
+
+    input_len: int = Field(gt=0, le=1_048_576, description="prompt tokens per request")
+    output_len: int = Field(gt=0, le=1_048_576, description="output tokens per request")
+    prefix_share: float = Field(0.0, ge=0, le=1, description="share of each prompt a cached prefix covers, 0..1")
+    acceptance: float | None = Field(None, ge=0, le=1, description="draft acceptance rate (default: the planner's)")
+    rate: float | None = Field(None, gt=0, le=1_000_000,
+                               description="requests per second to serve (default: one replica, fully loaded)")
+
+
+class PlannedEstimate(BaseModel):
+    """The planner's estimate for the pick: what the plan paid for (one replica's tok/s; $ over all replicas)."""
+
+    model_config = _Strict
+
+    ttft_ms: float = Field(gt=0, description="estimated time to first token, ms")
+    tpot_ms: float = Field(gt=0, description="estimated time per output token, ms")
+    tokens_per_s: float = Field(gt=0, description="output tokens per second of one replica, fully loaded")
+    cost_per_1m_output_tokens_usd: float = Field(gt=0, description="$ per 1M output tokens at the traffic")
+
+
+class ServingTarget(BaseModel):
+    """What a deployment is for (`plan --slo --write-spec` writes it; `deploy` renders its replicas and alerts on
+    its SLO and traffic). Never part of a spec identity: it changes no artifact."""
+
+    model_config = _Strict
+
+    replicas: int = Field(1, ge=1, le=10_000, description="serving replicas (each tp x pp GPUs)")
+    ttft_ms: float = Field(gt=0, description="SLO: time to first token, ms")
+    tpot_ms: float = Field(gt=0, description="SLO: time per output token, ms")
+    traffic: PlannedTraffic
+    estimate: PlannedEstimate | None = None
+
+
 @dataclass(frozen=True)
 class AutoPrecision:
     """`precision: auto`: the candidates `build` calibrates, most precise first (each cheaper in memory than the one
@@ -266,6 +304,14 @@ class BuildSpec(BaseModel):
     # `precision: auto` before `build` chooses: `quantization.precision` holds the first candidate meanwhile, and the
     # spec has no identity (nothing is named after a precision not chosen yet)
     auto_precision: AutoPrecision | None = Field(None, exclude=True)
+    serving_target: ServingTarget | None = None  # SLO, traffic and replicas (`plan --slo`); no artifact factor
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        if data.get(SERVING_TARGET) is None:
+            data.pop(SERVING_TARGET, None)  # a spec without one dumps (and releases) as before
+        return data
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
     max_batch_size = _or_registry("limits", "max_batch_size")
@@ -430,6 +476,7 @@ SECTIONS = {
 
 
 TOP_LEVEL = ("model", "target", "runtime", "models_file")
+SERVING_TARGET = "serving_target"  # a spec file's section that is no build recipe (`ServingTarget`)
 
 
 def _load_spec_file(path: str | Path) -> dict[str, Any]:
@@ -437,15 +484,15 @@ def _load_spec_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     raw = load_yaml_mapping(p, what="spec file", flag="--spec", error=SpecError,
                             shape=" (model:, quantization:, parallelism:, ...)")
-    unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL)
+    unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL) - {SERVING_TARGET}
     if unknown:
-        valid = ", ".join([*TOP_LEVEL, *SECTIONS])
+        valid = ", ".join([*TOP_LEVEL, *SECTIONS, SERVING_TARGET])
         raise SpecError(f"spec file {p}: unknown key(s) {', '.join(map(str, sorted(unknown, key=str)))}; "
                         f"valid keys: {valid}")
     for key in TOP_LEVEL:
         if key in raw and not isinstance(raw[key], str):
             raise SpecError(f"spec file {p}: {key}={raw[key]!r}: expected a string")
-    for section, cls in SECTIONS.items():
+    for section, cls in {**SECTIONS, SERVING_TARGET: ServingTarget}.items():
         if section not in raw:
             continue
         if not isinstance(raw[section], dict):
@@ -457,7 +504,8 @@ def _load_spec_file(path: str | Path) -> dict[str, Any]:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in (section, *err["loc"]))
-            raise SpecError(f"spec file {p}: {loc}={err.get('input')!r}: {err['msg']}") from None
+            given = "" if err["type"] == "missing" else f"={err.get('input')!r}"
+            raise SpecError(f"spec file {p}: {loc}{given}: {err['msg']}") from None
     return raw
 
 

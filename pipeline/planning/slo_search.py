@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.backends import backend_for, backend_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
-from pipeline.core.spec import SECTIONS, resolve_spec
+from pipeline.core.spec import SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec
 from pipeline.core.table import format_table
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
@@ -37,7 +37,9 @@ BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 19
            640, 768, 896, 1024)
 RUNTIMES = ("engine", "pytorch")
 BENCH_REPORT_MAX_BYTES = 16 << 20  # a bench report is a few KB
-LOSSES = ("refused", "does not fit", "misses TTFT", "misses TPOT", "costs more")
+LOSSES = ("refused", "does not fit", "misses TTFT", "misses TPOT", "quality unchecked", "costs more")
+REFERENCE_PRECISIONS = ("bf16", "fp16")  # unquantized: what a quality gate compares against, checked by definition
+QUALITY_RANK = {"checked": 0, "unchecked": 1, "failed": 2}  # the pick prefers the first
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Candidate:
     speculation_active: bool
     replicas: int  # 1 without a rate; else enough to serve it
     cost_per_1m_output_tokens_usd: float
+    quality: str | None = None  # checked | unchecked | failed (its quality gate); None: not judged
 
     def label(self) -> str:
         return self.structure().label(self.max_batch)
@@ -121,6 +124,7 @@ class SloSearch:
     nearest_miss: str = ""
     precisions: tuple[str, ...] = ()  # the precisions searched
     precision_source: str = "searched"  # or the quality record whose passing set they are
+    quality_note: str = ""  # how quality weighed in the pick ("" when not judged)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -275,15 +279,24 @@ def _order(c: Candidate) -> tuple:
     return (c.cost_per_1m_output_tokens_usd, c.gpus * c.replicas, c.tpot_ms, c.ttft_ms)
 
 
+def quality_of(precision: str, verdicts: Mapping[str, bool]) -> str:
+    """`checked` (a passing quality gate, or unquantized), `failed` (only failing ones) or `unchecked` (none)."""
+    if precision in REFERENCE_PRECISIONS or verdicts.get(precision):
+        return "checked"
+    return "failed" if precision in verdicts else "unchecked"
+
+
 def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., BuildSpec],
            speculation: bool = True, precisions: tuple[str, ...] | None = None,
-           precision_source: str = "searched") -> SloSearch:
+           precision_source: str = "searched", quality: Mapping[str, bool] | None = None) -> SloSearch:
     """The cheapest candidate meeting `slo` ($ per 1M output tokens), the Pareto front, and why the rest lose.
 
     `check(model=..., **overrides)` is `check`'s whole rule set (`resolve_checked_spec`): the pick and the front's
     members pass it or are refused. `speculation=False` searches without a draft (AIConfigurator's space).
     `precisions` narrows the precisions searched (those that passed the quality gate; `precision_source` says
-    where that set came from, printed with the result).
+    where that set came from, printed with the result). `quality`: precision -> whether a quality gate of this
+    model passed it (`quality_verdicts`); the pick then prefers checked precisions (bf16 is the reference) over
+    cheaper unchecked ones and says so; None: quality is not judged (the cheapest wins).
     """
     if not backend_for(spec).gpu:
         raise SpecError("plan --slo: the search plans GPU serving (target trtllm); drop --target reference")
@@ -303,6 +316,9 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
             why = _fit(_with_batch(sspec, first), traffic, first)
             _lose(losses, "does not fit", f"{s.label(first)}: {why}", len(batches) - fits)
         fitting += [_candidate(_with_batch(sspec, b), s, b, traffic, price.usd_per_hour) for b in batches[:fits]]
+    if quality is not None:
+        for c in fitting:
+            c.quality = quality_of(c.precision, quality)
     searched = sum(loss.count for loss in losses.values()) + len(fitting)
     result = _decide(spec, slo, traffic, fitting, losses, check=check, price=price, searched=searched)
     result.precisions, result.precision_source = space.precisions, precision_source
@@ -327,17 +343,21 @@ def _decide(spec: BuildSpec, slo: Slo, traffic: Traffic, fitting: list[Candidate
             _lose(losses, why, f"{c.label()}: TTFT {c.ttft_ms:,.0f} ms, TPOT {c.tpot_ms:.1f} ms")
         else:
             meeting.append(c)
-    pick = None
-    for c in sorted(meeting, key=_order):
+    pick, tried = None, set()
+    for c in sorted(meeting, key=lambda c: (QUALITY_RANK.get(c.quality, 0), *_order(c))):
+        tried.add(id(c))
         refusal = _checked(spec, c, check)
         if refusal is None:
             pick = c
             break
         _lose(losses, "refused", f"{c.label()}: {refusal}")
     if pick is not None:
-        rest = [c for c in meeting if c is not pick and _order(c) >= _order(pick)]
-        for c in sorted(rest, key=_order):
-            _lose(losses, "costs more", f"{c.label()}: ${c.cost_per_1m_output_tokens_usd:.4f} per 1M")
+        for c in sorted((c for c in meeting if id(c) not in tried), key=_order):
+            cost = f"{c.label()}: ${c.cost_per_1m_output_tokens_usd:.4f} per 1M"
+            if _order(c) < _order(pick):  # cheaper, passed over for its quality
+                _lose(losses, "quality unchecked", f"{cost}, quality {c.quality}")
+            else:
+                _lose(losses, "costs more", cost)
     timely = [c for c in fitting if c.ttft_ms <= slo.ttft_ms]
     front = [c for c in pareto_front(timely) if c is pick or _checked(spec, c, check) is None]
     if pick is not None and pick not in front:  # with a rate, cost is not tok/s per GPU alone
@@ -347,8 +367,25 @@ def _decide(spec: BuildSpec, slo: Slo, traffic: Traffic, fitting: list[Candidate
         near = min(fitting, key=lambda c: _miss_ratio(c, slo))
         nearest = f"{near.label()}: TTFT {near.ttft_ms:,.0f} ms, TPOT {near.tpot_ms:.1f} ms"
     ordered = {k: losses[k] for k in LOSSES if k in losses}
+    note = _quality_note(pick, ordered.get("quality unchecked"))
     return SloSearch(spec.model.name, spec.hardware.gpu, price.usd_per_hour, price.source, slo, traffic, searched,
-                     pick, front, ordered, nearest)
+                     pick, front, ordered, nearest, quality_note=note)
+
+
+def _quality_note(pick: Candidate | None, passed_over: Loss | None) -> str:
+    """How quality weighed in the pick: checked and preferred (naming the cheaper unchecked option), or none of
+    those meeting the SLO checked (the cheapest picked)."""
+    if pick is None or pick.quality is None:
+        return ""
+    check = "`invoke build --precision auto` (or a build at that precision) checks it against the quality gate"
+    if pick.quality != "checked":
+        return (f"quality: no precision meeting the SLO has a passing quality gate of this model (all unchecked): "
+                f"picked the cheapest, {pick.precision} ({pick.quality}); {check}")
+    why = "the unquantized reference" if pick.precision in REFERENCE_PRECISIONS else "its quality gate passed"
+    if passed_over is None:
+        return f"quality: {pick.precision} is checked ({why})"
+    return (f"quality: prefers checked precisions: {pick.precision} is checked ({why}) over {passed_over.count:,} "
+            f"cheaper unchecked (e.g. {passed_over.example}); {check}")
 
 
 def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, Any]:
@@ -366,6 +403,23 @@ def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, 
                 **overrides)
 
 
+def serving_target(r: SloSearch) -> ServingTarget:
+    """The pick's `serving_target` spec section: the replicas it provisions, the SLO, the traffic and its estimate.
+
+    Raises:
+        SpecError: the search has no pick.
+    """
+    p, t = r.pick, r.traffic
+    if p is None:
+        raise SpecError("plan --slo: no pick to record; relax the SLO")
+    return ServingTarget(
+        replicas=p.replicas, ttft_ms=r.slo.ttft_ms, tpot_ms=r.slo.tpot_ms,
+        traffic=PlannedTraffic(input_len=t.input_len, output_len=t.output_len, prefix_share=t.prefix_share,
+                               acceptance=t.acceptance, rate=t.rate),
+        estimate=PlannedEstimate(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s=p.tokens_per_s,
+                                 cost_per_1m_output_tokens_usd=round(p.cost_per_1m_output_tokens_usd, 6)))
+
+
 def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
     """A spec file's mapping (model:, runtime:, quantization:, ...) of flat `resolve_spec` overrides, unset ones
     left out."""
@@ -381,12 +435,15 @@ def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def read_bench_terms(path: str | Path) -> dict[str, float]:
+def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
+                     accept_foreign: bool = False) -> dict[str, float]:
     """`acceptance` and `prefix_share` from an `invoke bench --json` report (its `acceptance_rate` and
-    `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out).
+    `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out), once its top-level `model` and
+    `precision` are `model` and `precision` (None: the search varies precision, any one is taken).
 
     Raises:
-        SpecError: the file is missing, too large, not a JSON object, or a value is outside 0..1.
+        SpecError: the file is missing, too large, not a JSON object, a value is outside 0..1, or the report is of
+            another (or an unnamed) model or precision and `accept_foreign` is not set.
     """
     p = Path(path)
     try:
@@ -401,6 +458,8 @@ def read_bench_terms(path: str | Path) -> dict[str, float]:
                         "file `invoke bench --json` wrote") from None
     if not isinstance(data, dict):
         raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json`)")
+    if not accept_foreign:
+        _same_build(p, data, model, precision)
     terms = {}
     for ours, theirs in (("acceptance", "acceptance_rate"), ("prefix_share", "prefix_cache_hit_ratio")):
         value = data.get(theirs)
@@ -410,6 +469,17 @@ def read_bench_terms(path: str | Path) -> dict[str, float]:
             raise SpecError(f"--bench-report {p}: {theirs}={value!r} must be a number within 0..1")
         terms[ours] = float(value)
     return terms
+
+
+def _same_build(p: Path, data: dict, model: str, precision: str | None) -> None:
+    """Refuse a report measured on another model or precision (an unnamed one counts as another)."""
+    theirs = [v if isinstance(v, str) and v else "unknown" for v in (data.get("model"), data.get("precision"))]
+    if theirs[0] == model and precision in (None, theirs[1]) and theirs[1] != "unknown":
+        return
+    ours = f"{model} {precision}" if precision else f"{model} (any precision)"
+    raise SpecError(f"--bench-report {p} measured model {theirs[0]} precision {theirs[1]}, not {ours} as searched; "
+                    f"pass a report `invoke bench --json` wrote for {model}, or --accept-foreign-bench-report to "
+                    "use its acceptance and prefix share anyway")
 
 
 def passing_precisions(record, spec: BuildSpec, path: Path) -> tuple[str, ...]:
@@ -446,15 +516,16 @@ def format_search(r: SloSearch) -> str:
         lines.append(f"pick: {p.label()}: TTFT {p.ttft_ms:,.0f} ms, TPOT {p.tpot_ms:.1f} ms, "
                      f"{p.tokens_per_s_per_gpu:,.0f} tok/s per GPU, ${p.cost_per_1m_output_tokens_usd:.4f} per 1M "
                      f"output tokens ({p.replicas} x {p.gpus} GPU{'s' if p.gpus > 1 else ''})")
+        lines += [r.quality_note] if r.quality_note else []
     head = ("", "precision", "KV", "tp", "pp", "batch", "draft", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",
-            "$/1M tok", "SLO")
+            "$/1M tok", "SLO", "quality")
     rows = [head]
     for c in r.front:
         meets = _verdict(c, slo) is None
         rows.append(("*" if c is r.pick else "", c.precision, c.kv_cache, str(c.tp), str(c.pp), str(c.max_batch),
                      _draft_cell(c), c.runtime, f"{c.ttft_ms:,.0f}", f"{c.tpot_ms:.1f}",
                      f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.cost_per_1m_output_tokens_usd:.4f}",
-                     "meets" if meets else _verdict(c, slo)))
+                     "meets" if meets else _verdict(c, slo), c.quality or "-"))
     lines += ["", f"Pareto front within TTFT {slo.ttft_ms:g} ms (tok/s per GPU vs TPOT; * the pick)",
               format_table(rows, header=True), "",
               "why the others lose"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -79,3 +80,55 @@ def test_runtime_in_spec_file_must_be_a_string(tmp_path):
     f.write_text("model: tiny-llama\nruntime: 1\n")
     with pytest.raises(SpecError, match=r"runtime=1: expected a string"):
         resolve_spec(spec_file=f)
+
+
+SERVING_TARGET = {"replicas": 3, "ttft_ms": 500, "tpot_ms": 40.0,
+                  "traffic": {"input_len": 2048, "output_len": 512, "prefix_share": 0.5, "rate": 20},
+                  "estimate": {"ttft_ms": 450.0, "tpot_ms": 30.0, "tokens_per_s": 2600.0,
+                               "cost_per_1m_output_tokens_usd": 1.3}}
+
+
+def _spec_file(tmp_path, target):
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"model": "tiny-llama", "serving_target": target}))
+    return path
+
+
+def test_serving_target_loads_and_changes_no_identity(tmp_path):
+    spec = resolve_spec(spec_file=_spec_file(tmp_path, SERVING_TARGET))
+    t = spec.serving_target
+    assert (t.replicas, t.ttft_ms, t.traffic.rate, t.traffic.prefix_share, t.estimate.tokens_per_s) == (
+        3, 500.0, 20.0, 0.5, 2600.0)
+    plain = resolve_spec(model="tiny-llama")
+    assert plain.serving_target is None and "serving_target" not in plain.model_dump()
+    for stage in ("calibrate", "compile", "package"):
+        assert spec.identity(stage) == plain.identity(stage)
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    (("ttft_ms",), float("nan"), "serving_target.ttft_ms=nan: Input should be a finite number"),
+    (("tpot_ms",), float("inf"), "serving_target.tpot_ms=inf: Input should be a finite number"),
+    (("tpot_ms",), 0, "serving_target.tpot_ms=0: Input should be greater than 0"),
+    (("replicas",), 0, "serving_target.replicas=0: Input should be greater than or equal to 1"),
+    (("replicas",), 2.5, "serving_target.replicas=2.5"),
+    (("traffic", "rate"), -1, "serving_target.traffic.rate=-1: Input should be greater than 0"),
+    (("traffic", "prefix_share"), 1.5, "serving_target.traffic.prefix_share=1.5"),
+    (("traffic", "input_len"), None, "serving_target.traffic.input_len: Field required"),
+    (("estimate", "cost_per_1m_output_tokens_usd"), float("nan"), "cost_per_1m_output_tokens_usd=nan"),
+    (("estimate", "speed"), 1, "serving_target.estimate.speed=1: Extra inputs are not permitted"),
+])
+def test_bad_serving_target_is_one_line(tmp_path, path, value, needle):
+    import copy
+
+    target = copy.deepcopy(SERVING_TARGET)
+    where = target
+    for key in path[:-1]:
+        where = where[key]
+    if value is None:
+        del where[path[-1]]
+    else:
+        where[path[-1]] = value
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        resolve_spec(spec_file=_spec_file(tmp_path, target))

@@ -3,7 +3,9 @@ writes (loaded back through the real spec loader and `check`'s rules)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 import yaml
@@ -128,11 +130,15 @@ def test_write_spec_refuses_a_bad_path_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+LLAMA_FP8 = {"model": "llama-70b", "precision": "fp8"}  # what `invoke bench --json` names at its top level
+
+
 def test_bench_report_feeds_acceptance_and_prefix_share(tmp_path, capsys):
     report = tmp_path / "bench.json"
-    report.write_text(json.dumps({"acceptance_rate": 0.55, "prefix_cache_hit_ratio": 0.62, "ttft_ms_p99": 80.0,
-                                  "levels": [], "something_new": {"x": 1}}))
-    assert ss.read_bench_terms(report) == {"acceptance": 0.55, "prefix_share": 0.62}
+    report.write_text(json.dumps({**LLAMA_FP8, "acceptance_rate": 0.55, "prefix_cache_hit_ratio": 0.62,
+                                  "ttft_ms_p99": 80.0, "levels": [], "something_new": {"x": 1}}))
+    assert ss.read_bench_terms(report, model="llama-70b", precision="fp8") == {"acceptance": 0.55,
+                                                                                "prefix_share": 0.62}
     plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
                  json_=True)
     traffic = json.loads(capsys.readouterr().out)["traffic"]
@@ -142,23 +148,55 @@ def test_bench_report_feeds_acceptance_and_prefix_share(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["traffic"]["acceptance"] == 0.8
 
 
+@pytest.mark.parametrize("named, needle", [
+    ({"model": "llama-8b", "precision": "fp8"}, "measured model llama-8b precision fp8, not llama-70b fp8"),
+    ({"model": "llama-70b", "precision": "int4_awq"}, "measured model llama-70b precision int4_awq, not llama-70b fp8"),
+    ({"model": "ensemble"}, "measured model ensemble precision unknown"),  # a report from before it named the build
+    ({}, "measured model unknown precision unknown"),
+    ({"model": "llama-70b", "precision": None}, "precision unknown, not llama-70b fp8"),
+])
+def test_a_bench_report_of_another_build_exits_2_naming_both(tmp_path, capsys, named, needle):
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({**named, "acceptance_rate": 0.2}))
+    with pytest.raises(SpecError, match=re.escape(needle) + ".*--accept-foreign-bench-report"):
+        plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report))
+    assert SpecError.exit_code == 2 and capsys.readouterr().out == ""
+    plan_command(_spec(precision="fp8", tp=4), slo=True, ttft_ms="500", tpot_ms="40", bench_report=str(report),
+                 accept_foreign_bench_report=True, json_=True)  # taken knowingly
+    assert json.loads(capsys.readouterr().out)["traffic"]["acceptance"] == 0.2
+
+
+def test_a_searched_precision_takes_a_report_of_any_precision_of_the_model(tmp_path):
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"model": "llama-70b", "precision": "bf16", "acceptance_rate": 0.4}))
+    assert ss.read_bench_terms(report, model="llama-70b", precision=None) == {"acceptance": 0.4}
+    with pytest.raises(SpecError, match=re.escape("not llama-8b (any precision) as searched")):
+        ss.read_bench_terms(report, model="llama-8b", precision=None)
+    report.write_text(json.dumps({"model": "llama-70b", "acceptance_rate": 0.4}))
+    with pytest.raises(SpecError, match="precision unknown"):
+        ss.read_bench_terms(report, model="llama-70b", precision=None)
+
+
 @pytest.mark.parametrize("content, needle", [
     ("[1, 2]", "expected a JSON object"),
-    ('{"acceptance_rate": 1.5}', "acceptance_rate=1.5 must be a number within 0..1"),
+    ('{"model": "llama-70b", "precision": "fp8", "acceptance_rate": 1.5}',
+     "acceptance_rate=1.5 must be a number within 0..1"),
     ("not json", "not a readable JSON report"),
 ])
 def test_bad_bench_reports_are_one_line(tmp_path, content, needle):
     report = tmp_path / "bench.json"
     report.write_text(content)
     with pytest.raises(SpecError, match=needle):
-        ss.read_bench_terms(report)
+        ss.read_bench_terms(report, model="llama-70b", precision="fp8")
     with pytest.raises(SpecError, match="does not exist"):
-        ss.read_bench_terms(tmp_path / "none.json")
+        ss.read_bench_terms(tmp_path / "none.json", model="llama-70b", precision="fp8")
 
 
 def test_slo_flags_need_slo_and_slo_needs_its_targets():
     with pytest.raises(SpecError, match="belong to --slo; add --slo"):
         plan_command(_spec(), ttft_ms="500")
+    with pytest.raises(SpecError, match="belong to --slo; add --slo"):
+        plan_command(_spec(), accept_foreign_bench_report=True)
     with pytest.raises(SpecError, match="drop --compare / --estimator"):
         plan_command(_spec(), slo=True, compare=True, ttft_ms="500", tpot_ms="40")
     with pytest.raises(SpecError, match="needs --ttft-ms and --tpot-ms"):
@@ -203,3 +241,81 @@ def test_search_takes_the_quality_gates_passing_set(tmp_path, monkeypatch, capsy
     plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512", json_=True)
     out = json.loads(capsys.readouterr().out)
     assert out["precision_source"] == "searched" and out["pick"]["precision"] != "fp8"
+
+
+def test_the_pick_prefers_checked_precisions_and_says_so(done_when):
+    """Without verdicts only bf16 (the reference) is checked: it beats the cheaper unchecked quantized picks, each
+    of which is counted and named; with fp8's gate passed, fp8 wins over bf16."""
+    spec = _spec(tp=8)
+    r = ss.search(spec, DONE_WHEN, TRAFFIC, check=resolve_checked_spec, quality={})
+    assert r.pick.precision == "bf16" and r.pick.quality == "checked"
+    assert r.pick.cost_per_1m_output_tokens_usd > done_when.pick.cost_per_1m_output_tokens_usd
+    assert {c.quality for c in r.front if c.precision != "bf16"} == {"unchecked"}
+    passed_over = r.losses["quality unchecked"]
+    assert passed_over.count > 0 and "quality unchecked" in passed_over.example
+    assert r.quality_note.startswith("quality: prefers checked precisions: bf16 is checked (the unquantized "
+                                     "reference) over ")
+    assert r.searched == sum(loss.count for loss in r.losses.values()) + 1
+    fp8 = ss.search(spec, DONE_WHEN, TRAFFIC, check=resolve_checked_spec, quality={"fp8": True, "w4a8_awq": False})
+    assert fp8.pick.precision == "fp8"
+    assert fp8.pick.cost_per_1m_output_tokens_usd < r.pick.cost_per_1m_output_tokens_usd
+    assert {c.quality for c in fp8.front if c.precision == "w4a8_awq"} <= {"failed"}
+
+
+def test_with_no_checked_precision_the_cheapest_is_picked_and_called_unchecked(done_when):
+    r = ss.search(_spec(), DONE_WHEN, TRAFFIC, check=resolve_checked_spec, precisions=("fp8", "int4_awq", "w4a8_awq"),
+                  quality={})
+    assert r.pick == dataclasses.replace(done_when.pick, quality="unchecked")  # the cheapest, as without verdicts
+    assert "quality unchecked" not in r.losses
+    assert r.quality_note.startswith("quality: no precision meeting the SLO has a passing quality gate of this model "
+                                     "(all unchecked): picked the cheapest")
+
+
+def test_plan_prints_quality_from_the_records_under_engines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    plan_command(_spec(tp=8), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512")
+    out = capsys.readouterr().out
+    assert "\nquality: prefers checked precisions: bf16 is checked" in out and " unchecked\n" in out
+    (tmp_path / "engines" / "b-fp8").mkdir(parents=True)
+    _precision_record(tmp_path / "engines" / "b-fp8" / "precision_search.json", passing=("fp8",))
+    plan_command(_spec(tp=8, precision="fp8"), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048",
+                 output_len="512", json_=True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["pick"]["quality"] == "checked"
+    assert out["quality_note"] == "quality: fp8 is checked (its quality gate passed)"
+
+
+BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "0")
+
+
+@pytest.mark.parametrize("flag", ["ttft_ms", "tpot_ms", "rate", "acceptance", "prefix_share", "prefix_hit"])
+@pytest.mark.parametrize("value", BAD_NUMBERS)
+def test_plan_slo_refuses_non_finite_or_non_positive_numbers_in_one_line(flag, value, capsys):
+    """NaN passes every `< minimum` comparison: each of --slo's numbers is refused by name, exit 2, before any
+    search (0 is a valid acceptance or prefix share)."""
+    if value == "0" and flag in ("acceptance", "prefix_share", "prefix_hit"):
+        value = "1.5"  # their bound is 0..1
+    args = {"ttft_ms": "500", "tpot_ms": "40", flag: value}
+    with pytest.raises(SpecError) as err:
+        plan_command(_spec(precision="fp8", tp=4), slo=True, **args)
+    message = str(err.value)
+    assert "\n" not in message and err.value.exit_code == 2 and capsys.readouterr().out == ""
+    assert message.startswith(f"--{flag.replace('_', '-')}=")  # the flag the user typed
+
+
+@pytest.mark.parametrize("flag", ["acceptance", "prefix_hit"])
+@pytest.mark.parametrize("value", [*BAD_NUMBERS[:4], "1.5"])
+def test_plan_refuses_non_finite_or_out_of_range_terms(flag, value):
+    for compare in (False, True):
+        with pytest.raises(SpecError, match=f"^--{flag.replace('_', '-')}=") as err:
+            plan_command(_spec(precision="fp8", tp=4), compare=compare, **{flag: value})
+        assert err.value.exit_code == 2
+
+
+def test_a_nan_flag_is_one_line_and_exit_2_through_the_cli(capsys):
+    from pipeline.cli.flags import exit_on_error
+
+    with pytest.raises(SystemExit) as done:
+        exit_on_error(plan_command)(_spec(precision="fp8", tp=4), slo=True, ttft_ms="nan", tpot_ms="40")
+    assert done.value.code == 2
+    assert capsys.readouterr().err == "error: --ttft-ms='nan': expected a finite number >= 1e-09\n"

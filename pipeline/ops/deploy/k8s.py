@@ -56,6 +56,7 @@ class K8sOptions(BaseModel):
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
     work_bytes: int | None = None  # WORK's size on a serving node (`work_bytes()`; required by serving pods)
+    replicas: int = 1  # serving copies: the Deployment's pods, the LeaderWorkerSet's groups
 
     @field_validator("namespace")
     @classmethod
@@ -173,7 +174,7 @@ def deployment(o: K8sOptions, rt: Runtime, p: Placement) -> dict[str, Any]:
     labels = server_pod_selector(o.name, multi_node=False)
     server = _server_container(o, rt, p.ranks_per_node, command, [])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(o, o.name),
-            "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
+            "spec": {"replicas": o.replicas, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": _pod_spec(o, server, p.ranks_per_node)}}}
 
@@ -190,7 +191,7 @@ def leader_worker_set(o: K8sOptions, rt: Runtime, p: Placement) -> dict[str, Any
     return {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(o, o.name),
         "spec": {
-            "replicas": 1,
+            "replicas": o.replicas,
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": p.nodes,

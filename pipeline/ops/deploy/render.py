@@ -56,6 +56,7 @@ class DeployOptions(BaseModel):
     time_limit: str | None = None
     container: bool = True
     serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
+    replicas: int = 1  # serving copies, each of the placement's world size (`replicas_for`)
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
 
@@ -84,7 +85,7 @@ def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: 
         name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         release_file=src.release_file if src else "", release_url=o.release_url,
         release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
-        hf_secret=o.hf_secret, output_pvc=o.output_pvc,
+        hf_secret=o.hf_secret, output_pvc=o.output_pvc, replicas=o.replicas,
         work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
 
 
@@ -93,14 +94,22 @@ def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, 
     return slurm.SlurmOptions(
         name=o.name, directory=str(directory), server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         container=o.container, partition=o.partition, account=o.account, qos=o.qos, constraint=o.constraint,
-        time_limit=o.time_limit, release_file=src.release_file if src else "",
+        time_limit=o.time_limit, replicas=o.replicas, release_file=src.release_file if src else "",
         release_url=o.release_url, release_dir=o.release_volume if not o.release_url else None,
         sha256=src.sha256 if src else None)
 
 
-def _summary(src: DeploySource, p: Placement, server: str, kind: str) -> dict[str, Any]:
+def replicas_for(spec: BuildSpec, given: int | None) -> int:
+    """Serving replicas: `--replicas`, else those the spec's `serving_target` provisions (`plan --slo`), else 1."""
+    if given is not None:
+        return given
+    return spec.serving_target.replicas if spec.serving_target else 1
+
+
+def _summary(src: DeploySource, p: Placement, server: str, kind: str, replicas: int) -> dict[str, Any]:
     return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
-            "target": src.spec.target, "runtime": src.spec.runtime, "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "nodes": p.nodes,
+            "target": src.spec.target, "runtime": src.spec.runtime, "replicas": replicas, "tp": p.tp, "pp": p.pp,
+            "world_size": p.world_size, "nodes": p.nodes,
             "ranks_per_node": p.ranks_per_node, "image": server, "trtllm_version": src.trtllm_version,
             "release_file": src.release_file, "sha256": src.sha256, "origin": src.origin,
             "summary": src.spec.summary()}
@@ -131,7 +140,8 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p,
                                                                scrape_targets=targets)}
     files |= monitoring_files(o, src, p, rt, directory)
-    files["deploy.json"] = json.dumps(_summary(src, p, server, kind) | {"server": rt.name}, indent=2) + "\n"
+    files["deploy.json"] = json.dumps(_summary(src, p, server, kind, o.replicas) | {"server": rt.name},
+                                      indent=2) + "\n"
     return files
 
 
@@ -149,10 +159,11 @@ def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runt
     `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON."""
     if not _watched(rt):
         return {}
-    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size)
+    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * o.replicas)
     if o.platform != "k8s":
+        targets = slurm.replica_targets(str(directory / SCRAPE_TARGETS), o.replicas)
         return {"prometheus-rules.yml": rules_file(w),
-                "prometheus-scrape.yml": scrape_config_file(o.name, str(directory / SCRAPE_TARGETS)),
+                "prometheus-scrape.yml": scrape_config_file(o.name, targets),
                 "dashboard.json": dashboard_json(w)}
     labels = {"app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
     objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),

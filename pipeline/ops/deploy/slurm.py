@@ -1,7 +1,7 @@
-"""Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=pmix`, world size = TP × PP) and a job
-array for the build matrix. Containers run through pyxis/enroot (`srun --container-image`, images in pyxis'
-`registry#image` form); `container=False` runs the same scripts on the hosts (the pipeline and tritonserver
-installed there).
+"""Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=pmix`, world size = TP × PP; several
+replicas: a job array, one job per replica) and a job array for the build matrix. Containers run through
+pyxis/enroot (`srun --container-image`, images in pyxis' `registry#image` form); `container=False` runs the same
+scripts on the hosts (the pipeline and tritonserver installed there).
 
 Two parsers read what is generated here: the shell runs the body (every value is `shlex.quote`d) and sbatch reads
 the `#SBATCH` directives (its own words: quotes, backslashes, `#` comments), so every directive value is checked and
@@ -42,6 +42,7 @@ class SlurmOptions(BaseModel):
     qos: str | None = None
     constraint: str | None = None
     time_limit: str | None = None  # serving: none (the partition's limit); the build matrix: MATRIX_TIME
+    replicas: int = 1  # serving: >1 renders a job array, one job (its own nodes) per replica
     release_file: str = ""
     release_url: str | None = None
     release_dir: str | None = None
@@ -127,18 +128,26 @@ def _srun(o: SlurmOptions, image: str, mounts: list[str], extra: list[str]) -> s
     return " ".join(args)
 
 
+def replica_targets(targets: str, replicas: int) -> str:
+    """The file_sd path Prometheus reads: `targets`, or with several replicas the glob of their per-job files
+    (`<stem>-<array task id>.json`)."""
+    return targets if replicas == 1 else targets.removesuffix(".json") + "-*.json"
+
+
 def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str]:
-    """Shell lines writing the Prometheus file_sd file `targets` (written whole by a rename, removed when the
-    script exits): rank 0's metrics port on this node (the batch script runs on the allocation's first node, where
-    rank 0 serves), labelled job=<name>."""
+    """Shell lines writing the Prometheus file_sd file `targets` (one per replica of an array: `replica_targets`;
+    written whole by a rename, removed when the script exits): rank 0's metrics port on this node (the batch script
+    runs on the allocation's first node, where rank 0 serves), labelled job=<name>."""
     port = dict(rt.ports).get(METRICS_PORT_NAME)
     if port is None:
         raise DeployError(f"the {rt.name} runtime exports no metrics port; it has no Prometheus scrape target")
     port_word = f'"${{METRICS_PORT:-{port}}}"' if rt.ports_from_env else str(port)
     entry = '[{"targets": ["%s:%s"], "labels": {"job": %s}}]\\n'
+    path = shlex.quote(targets) if o.replicas == 1 else \
+        shlex.quote(targets.removesuffix(".json") + "-") + '"$SLURM_ARRAY_TASK_ID".json'
     return [
         "# Prometheus file_sd target (prometheus-scrape.yml reads it): rank 0's metrics port on this node",
-        f"targets={shlex.quote(targets)}",
+        f"targets={path}",
         'tmp="$(mktemp "$targets.XXXXXX")"',
         "trap 'rm -f \"$tmp\" \"$targets\"' EXIT  # bash runs it on SIGTERM too (scancel)",
         f'printf {shlex.quote(entry)} "$(hostname)" {port_word} {shlex.quote(json.dumps(o.name))} > "$tmp"',
@@ -149,8 +158,9 @@ def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str
 
 def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: str | None = None) -> str:
     """sbatch for serving on p.nodes nodes: $WORK created on every node, fetch + verify once per node, then every
-    rank under srun --mpi=pmix (or the runtime's one process). `scrape_targets`: the Prometheus file_sd file the
-    job writes while it runs (`_scrape_target_lines`)."""
+    rank under srun --mpi=pmix (or the runtime's one process); `o.replicas` > 1: a job array of that many such jobs
+    (each on nodes of its own). `scrape_targets`: the Prometheus file_sd file the job writes while it runs
+    (`_scrape_target_lines`)."""
     validate_options(o)
     d = shlex.quote(o.directory)
     exports = {"RELEASE_FILE": o.release_file, "RELEASE_URL": o.release_url, "RELEASE_DIR": o.release_dir,
@@ -158,9 +168,14 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: 
     mounts = ["$WORK", o.directory, *([o.release_dir] if o.release_dir else [])]
     per_node = p.ranks_per_node if rt.ranks_launched else 1
     lines = [f"#SBATCH --nodes={p.nodes}", f"#SBATCH --ntasks-per-node={per_node}"]
+    if o.replicas > 1:
+        lines.append(f"#SBATCH --array=0-{o.replicas - 1}")
     if rt.gpus:
-        lines += [f"#SBATCH --gpus-per-node={p.ranks_per_node}", "#SBATCH --exclusive"]
-    lines.append(_directive("output", f"{o.directory}/logs/%x-%j.out", "--output"))
+        lines.append(f"#SBATCH --gpus-per-node={p.ranks_per_node}")
+    if rt.gpus or o.replicas > 1:  # replicas share no node (nor its fixed ports)
+        lines.append("#SBATCH --exclusive")
+    log = "%x-%j.out" if o.replicas == 1 else "%x-%A_%a.out"
+    lines.append(_directive("output", f"{o.directory}/logs/{log}", "--output"))
     head = _header(o, o.name, lines, o.time_limit)
     node_step = [f"--nodes={p.nodes}", "--ntasks-per-node=1"]
     fetch = _srun(o, o.pipeline_image, mounts, node_step)

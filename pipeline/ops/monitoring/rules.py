@@ -52,13 +52,13 @@ class WatchPlan:
     """
 
     deployment: str  # the scrape job's name
-    gpus: int
+    gpus: int  # of every replica together
     gpu_price_per_hour: float
     gpu_price_source: str
     hit_ratio_min: float
-    queue_ms_max: float  # the planner's TTFT estimate: requests queue longer than a whole planned TTFT
+    queue_ms_max: float  # the SLO's TTFT, else the planner's estimate: requests queue longer than a whole TTFT
     acceptance_min: float | None = None  # the planner's speculation break-even (None: no draft model)
-    cost_per_1m_plan: float | None = None  # the planner's estimate at its batch
+    cost_per_1m_plan: float | None = None  # what the plan paid for (the spec's serving_target), else the planner's
     window: str = "15m"
     alert_for: str = "15m"
 
@@ -73,16 +73,29 @@ class WatchPlan:
 
 def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, window: str = "15m",
                alert_for: str = "15m") -> WatchPlan:
-    """Thresholds for `spec` served as `deployment` on `gpus` GPUs: the spec's GPU price, the planner's TTFT,
-    cost and speculation break-even at the spec's default request lengths."""
-    plan = plan_capacity(spec)
-    even = speculation_break_even(spec)
+    """Thresholds for `spec` served as `deployment` on `gpus` GPUs (all replicas): the spec's GPU price and the
+    planner's speculation break-even; with the spec's `serving_target`, the queue limit is its SLO TTFT, the cost
+    plan its estimate (else the planner's at the traffic's lengths) and the hit-ratio floor its prefix share (when
+    > 0); without one, the planner's TTFT and cost at the default request lengths (1024 + 256)."""
+    target = spec.serving_target
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
+    even = speculation_break_even(spec)
+    if target is None:
+        plan = plan_capacity(spec)
+        queue_ms, cost, hit_min = plan.ttft_ms_estimate, plan.cost_per_1m_output_tokens_usd, HIT_RATIO_WARNING
+    else:
+        t = target.traffic
+        terms = {} if t.acceptance is None else {"acceptance": t.acceptance}
+        plan = plan_capacity(spec, input_len=t.input_len, output_len=t.output_len, prefix_hit_ratio=t.prefix_share,
+                             **terms)
+        queue_ms = target.ttft_ms
+        cost = target.estimate.cost_per_1m_output_tokens_usd if target.estimate else \
+            plan.cost_per_1m_output_tokens_usd
+        hit_min = t.prefix_share or HIT_RATIO_WARNING  # the plan's estimate counts on that share being reused
     return WatchPlan(deployment=deployment, gpus=gpus, gpu_price_per_hour=price.usd_per_hour,
-                     gpu_price_source=price.source, hit_ratio_min=HIT_RATIO_WARNING,
-                     queue_ms_max=max(1.0, round(plan.ttft_ms_estimate, 1)),
-                     acceptance_min=even.acceptance if even is not None else None,
-                     cost_per_1m_plan=plan.cost_per_1m_output_tokens_usd, window=window, alert_for=alert_for)
+                     gpu_price_source=price.source, hit_ratio_min=hit_min, queue_ms_max=max(1.0, round(queue_ms, 1)),
+                     acceptance_min=even.acceptance if even is not None else None, cost_per_1m_plan=cost,
+                     window=window, alert_for=alert_for)
 
 
 def _recording_rules(w: WatchPlan) -> list[dict[str, Any]]:

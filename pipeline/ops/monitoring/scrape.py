@@ -30,9 +30,11 @@ def pod_monitor(deployment: str, *, namespace: str, labels: dict[str, str], pod_
 
 
 def scrape_config(deployment: str, targets_file: str) -> dict[str, Any]:
-    """One `scrape_configs` entry: job `deployment`, targets from the file_sd file (its `job` label wins)."""
-    if FILE_SD_GLOB & set(targets_file):
-        raise DeployError(f"--output {targets_file.rsplit('/', 1)[0]!r}: Prometheus reads file_sd target files by "
+    """One `scrape_configs` entry: job `deployment`, targets from the file_sd file(s) `targets_file` (a glob in its
+    last segment: one file per replica; their `job` label wins)."""
+    directory = targets_file.rsplit("/", 1)[0]
+    if FILE_SD_GLOB & set(directory):
+        raise DeployError(f"--output {directory!r}: Prometheus reads file_sd target files by "
                           "glob pattern, so the deployment directory cannot hold '*', '?' or '['; choose another")
     return {"job_name": deployment, "honor_labels": True, "metrics_path": METRICS_PATH,
             "file_sd_configs": [{"files": [targets_file]}]}

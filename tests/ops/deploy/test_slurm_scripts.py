@@ -249,3 +249,19 @@ def test_scrape_target_job_name_stays_data_and_the_reference_port_follows_the_en
                                                                  "labels": {"job": name}}]
     assert not targets.exists()
     _no_pwned(tmp_path)
+
+
+def test_each_replica_of_an_array_writes_its_own_prometheus_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    d = _render(tmp_path, output=EVIL, name="llama-405b-bf16", replicas="3")
+    script = (d / "serve.sbatch").read_text()
+    assert "#SBATCH --array=0-2\n" in script and "%x-%A_%a.out" in script
+    targets = d / "prometheus-targets-2.json"
+    res = _run_with_fake_node(d / "serve.sbatch", tmp_path, targets, SLURM_ARRAY_TASK_ID="2")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "seen.json").read_text()) == [{"targets": ["gpu-node-17:8002"],
+                                                                 "labels": {"job": "llama-405b-bf16"}}]
+    assert not targets.exists()
+    scrape = yaml.safe_load((d / "prometheus-scrape.yml").read_text())
+    assert scrape["scrape_configs"][0]["file_sd_configs"] == [{"files": [str(d / "prometheus-targets-*.json")]}]
+    _no_pwned(tmp_path)
