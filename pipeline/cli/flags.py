@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import sys
 import types
@@ -129,6 +130,8 @@ def int_option(name: str, value: Any, *, minimum: float = 1, default: Any = None
         number = kind(value)
     except (TypeError, ValueError):
         raise SpecError(f"{flag}={value!r}: expected {what} >= {minimum:g}") from None
+    if not math.isfinite(number):
+        raise SpecError(f"{flag}={value!r}: expected a finite number >= {minimum:g}")
     if number < minimum:
         raise SpecError(f"{flag}={number}: must be >= {minimum:g}")
     return number
