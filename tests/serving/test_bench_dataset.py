@@ -234,16 +234,22 @@ def test_invoke_bench_dataset_at_a_request_rate_reports_p99_ttft(tiny_models, tm
     out_json = tmp_path / "report.json"
     with TritonServer(repo, ready_timeout_s=300) as server:
         tasks.bench.body(None, model="tiny-llama", precision="fp8", target="reference", url=server.grpc_url,
-                         repo=str(repo), dataset=str(data), request_rate="4", concurrency="2", requests="6",
-                         max_tokens="4", json_=str(out_json))
+                         repo=str(repo), dataset=str(data), request_rate="4", concurrency="1,2", requests="6",
+                         max_tokens="4", json_file=str(out_json))
     out = capsys.readouterr().out
     report = json.loads(out_json.read_text())
     assert report["failed"] == 0 and report["request_rate"] == 4.0 and report["dataset"] == str(data)
+    assert (report["model"], report["precision"], report["min_tokens"]) == ("tiny-llama", "fp8", True)
     assert report["ttft_ms_p99"] > 0 and report["tpot_ms_p95"] > 0
     assert f"SLO figures: TTFT p99 {report['ttft_ms_p99']:.1f} ms" in out
-    assert report["input_len"]["count"] == 6 and report["input_len"]["max"] > report["input_len"]["min"]
-    # the requests asked for 6, 3, the reply's token length, 4 (--max-tokens), 6, 3 tokens: none produced more
+    assert "output lengths from the dataset (else --max-tokens 4), min=max (min_tokens sent)" in out
+    # both levels replay the same 6 requests: the file's 4 in order, then its first 2 again
+    hashes = {lv["workload_sha256"] for lv in report["levels"]}
+    assert len(hashes) == 1 and len(report["levels"]) == 2 and all(lv["requests"] == 6 for lv in report["levels"])
+    assert report["input_len"]["count"] == 12 and report["input_len"]["max"] > report["input_len"]["min"]
+    # each request got exactly the output length it asked for: 6, 3, the reply's length, 4 (--max-tokens), 6, 3
     reply = load_tokenizer(tokenizer_dir_of(repo)).encode(conv["conversations"][1]["value"], add_special_tokens=False)
-    assert report["output_len"]["count"] == 6 and report["output_len"]["max"] <= max(6, len(reply.ids))
-    assert report["output_len"]["min"] <= 3
+    asked = [6, 3, len(reply.ids), 4, 6, 3] * 2
+    assert report["output_len"] == length_stats(asked)
+    assert sum(lv["output_tokens"] for lv in report["levels"]) == sum(asked)
     assert "acceptance_rate" in report and "prefix_cache_hit_ratio" in report
