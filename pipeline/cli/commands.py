@@ -143,8 +143,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         prefix_share: --slo: share of each prompt a cached prefix covers, 0..1 (default: --bench-report's hit ratio,
             else --prefix-hit, else 0)
         rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
-        bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
-            search (--acceptance and --prefix-share win)
+        bench_report: --slo: the `invoke bench --json-file` report whose acceptance_rate and
+            prefix_cache_hit_ratio feed the search (--acceptance and --prefix-share win)
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take
         precision_search: --slo: a `--precision auto` build's precision_search.json: only the precisions that
             passed its quality gate are searched (default: the newest such record of this model and GPU under

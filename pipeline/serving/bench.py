@@ -10,7 +10,9 @@ on the text. A run in which any request failed ends with `RequestsFailed` (exit 
 `kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
 every level is bounded by a request count and a time budget, and opens min(concurrency, requests) clients. Every
-prompt is planned and checked against the build's limits (with the build's tokenizer) before the first request.
+level replays the same requests (`plan_workload`, named by `workload_sha256`), each asking for exactly its output
+length where the route takes `min_tokens`; every prompt is planned and checked against the build's limits (with
+the build's tokenizer) before the first request.
 """
 
 from __future__ import annotations
@@ -369,8 +371,8 @@ def format_report(r: BenchReport) -> str:
         + (f"; Poisson arrivals at {r.request_rate:g} req/s per level" if r.request_rate else "; closed loop"),
         *(f"{name} tokens: " + (", ".join(f"{k} {v:g}" for k, v in d.items()) if d else "n/a")
           for name, d in (("input", r.input_len), ("output", r.output_len)) if d or r.dataset),
-        f"model {r.triton_model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
-        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
+        f"model {r.triton_model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), "
+        f"max_tokens={r.max_tokens}, {r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
         f"speculation acceptance rate: {acc}",
         f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
         f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
@@ -821,7 +823,8 @@ def run_bench(
     """
     check_local(grpc_url)
     tokenizer = load_tokenizer(tokenizer_dir)
-    workload = workload or plan_workload(concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
+    workload = workload or plan_workload(
+        concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
         shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share, speculation=speculation,
         tokenizer=tokenizer, max_input_len=max_input_len, max_seq_len=max_seq_len, dataset=dataset,
         request_rate=request_rate, seed=seed)
@@ -912,7 +915,8 @@ def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level:
     levels = sorted({int(c) for c in concurrency})
     _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
     if request_rate is not None and not 0 < request_rate <= MAX_REQUEST_RATE:
-        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within 0..{MAX_REQUEST_RATE:g}")
+        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within "
+                         f"0..{MAX_REQUEST_RATE:g}")
     if dataset is not None and shared_prefix_tokens:
         raise BenchError("--dataset and --shared-prefix-tokens both choose the prompts; pass one of them")
     n = requests_per_level
