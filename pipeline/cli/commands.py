@@ -146,7 +146,7 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         prefix_share: --slo: share of each prompt a cached prefix covers, 0..1 (default: --bench-report's hit ratio,
             else --prefix-hit, else 0)
         rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
-        bench_report: --slo: `invoke bench --json` output whose acceptance_rate and prefix_cache_hit_ratio feed the
+        bench_report: --slo: the `invoke bench --json-file` report whose acceptance_rate and prefix_cache_hit_ratio feed the
             search (--acceptance and --prefix-share win); its model (and precision, when --precision is given)
             must be the spec's
         accept_foreign_bench_report: --slo: take a --bench-report of another (or an unnamed) model or precision
@@ -441,7 +441,7 @@ def verify_command(path, *, skip_host=False, sha256=None, json_=False) -> None:
 
 def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, model_name=None,
                   concurrency: list[int] | None = None, requests: int | None = None, max_tokens: int | None = None,
-                  no_stream=False, budget: float | None = None, json_=None, plot=None,
+                  no_stream=False, budget: float | None = None, json_=False, json_file=None, plot=None,
                   shared_prefix_tokens: int | None = None, shared_prefix_share: float | None = None,
                   speculation: Literal["server", "off", "both"] | None = None, dataset=None,
                   request_rate: float | None = None, seed: int | None = None) -> None:
@@ -449,6 +449,9 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
 
     The report ends with the figures an SLO is written in (P99 TTFT, P95 TPOT), the input/output token length
     distributions, the acceptance rate and the prefix-cache hit ratio (`--json`: top-level keys of the same names).
+    Every level (and both arms of `--speculation both`) replays the same requests: a seeded sample of the dataset
+    (or the built-in prompts), each asking for exactly its output length where the route takes `min_tokens`; the
+    report's per-level `workload_sha256` names them.
 
     Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
     2 the benchmark could not run.
@@ -460,42 +463,50 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         model_name: model to call (default: tensorrt_llm_bls when served, else ensemble)
         concurrency: concurrency levels, repeatable or comma-separated (default 1,2,4)
         requests: requests per concurrency level (default 8)
-        max_tokens: output tokens per request (default 32)
+        max_tokens: output tokens per request, where the dataset gives none (default 32)
         no_stream: send non-streaming requests (TTFT not measurable)
         budget: seconds per concurrency level before no new requests are sent (default 60)
-        json_: write the report as JSON to this file
-        plot: write a PNG of throughput and TTFT against concurrency to this file (needs matplotlib: .[plot])
+        json_: print the report as JSON on stdout (server and progress lines go to stderr)
+        json_file: also write the report as JSON to this file (checked writable before the run; written atomically)
+        plot: write a PNG of throughput and TTFT against concurrency to this file (needs matplotlib: .[dev])
         shared_prefix_tokens: shared-prefix workload: this many prompt tokens common to a share of the requests
             (each with a distinct suffix); default 0: the fixed prompt set
         shared_prefix_share: share of the requests that reuse the shared prefix, 0..1 (default 1)
         speculation: server (the route's default draft length), off (num_draft_tokens 0), or both (each level
             twice: the crossover in the plot); default server
-        dataset: JSONL prompts, one object a line: {"prompt": ..., "output_len": N} (output_len optional) or the
-            ShareGPT layout {"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]}
+        dataset: prompts as JSONL (one object a line) or one JSON array (ShareGPT as published, streamed): objects
+            {"prompt": ..., "output_len": N} (output_len optional) or the ShareGPT layout {"conversations":
+            [{"from": "human", ...}, {"from": "gpt", ...}]}; every level replays one seeded sample of --requests
         request_rate: Poisson arrivals per second in each level (the concurrency level caps requests in flight);
             default: closed loop, each client sends its next request at once
-        seed: seed of the Poisson arrival times (default 0)
+        seed: seed of the dataset sample and the Poisson arrival times (default 0)
     """
     levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
-    report = bench_lib.bench_spec(
-        spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name,
-        concurrency=bench_lib.parse_levels(levels or "1,2,4"),
-        requests_per_level=int_option("requests", requests, default=8),
-        max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
-        level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
-        shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
-        shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
-                                       minimum=0.0),
-        speculation=speculation or "server", dataset=dataset,
-        request_rate=int_option("request_rate", request_rate, kind=float, minimum=0.001),
-        seed=int_option("seed", seed, default=0, minimum=0),
-    )
-    print(bench_lib.format_report(report))
-    if json_:
-        print(f"json: {bench_lib.write_json(report, json_)}")
+    if json_file:
+        bench_lib.check_output_file("--json-file", json_file)
     if plot:
-        png = bench_lib.plot_report(report, plot)
-        print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
+        bench_lib.check_plotting()
+        bench_lib.check_output_file("--plot", plot)
+    with contextlib.redirect_stdout(sys.stderr) if json_ else contextlib.nullcontext():  # stdout: the JSON only
+        report = bench_lib.bench_spec(
+            spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name,
+            concurrency=bench_lib.parse_levels(levels or "1,2,4"),
+            requests_per_level=int_option("requests", requests, default=8),
+            max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
+            level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
+            shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
+            shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
+                                           minimum=0.0),
+            speculation=speculation or "server", dataset=dataset,
+            request_rate=int_option("request_rate", request_rate, kind=float, minimum=0.001),
+            seed=int_option("seed", seed, default=0, minimum=0),
+        )
+    said = sys.stderr if json_ else sys.stdout
+    print(bench_lib.report_json(report) if json_ else bench_lib.format_report(report))
+    if json_file:
+        print(f"json: {bench_lib.write_json(report, json_file)}", file=said)
+    if plot:
+        print(f"plot: {bench_lib.plot_report(report, plot)}", file=said)
     bench_lib.check_failures(report)
 
 

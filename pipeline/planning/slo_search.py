@@ -437,7 +437,7 @@ def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
                      accept_foreign: bool = False) -> dict[str, float]:
-    """`acceptance` and `prefix_share` from an `invoke bench --json` report (its `acceptance_rate` and
+    """`acceptance` and `prefix_share` from an `invoke bench --json-file` report (its `acceptance_rate` and
     `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out), once its top-level `model` and
     `precision` are `model` and `precision` (None: the search varies precision, any one is taken).
 
@@ -449,15 +449,16 @@ def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
     try:
         if p.stat().st_size > BENCH_REPORT_MAX_BYTES:
             raise SpecError(f"--bench-report {p}: over {BENCH_REPORT_MAX_BYTES:,} bytes, not a bench report; pass "
-                            "the file `invoke bench --json` wrote")
+                            "the file `invoke bench --json-file` wrote")
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SpecError(f"--bench-report {p} does not exist; pass the file `invoke bench --json` wrote") from None
+        raise SpecError(f"--bench-report {p} does not exist; pass the file `invoke bench --json-file` "
+                        "wrote") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SpecError(f"--bench-report {p} is not a readable JSON report ({exc.__class__.__name__}); pass the "
-                        "file `invoke bench --json` wrote") from None
+                        "file `invoke bench --json-file` wrote") from None
     if not isinstance(data, dict):
-        raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json`)")
+        raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json-file`)")
     if not accept_foreign:
         _same_build(p, data, model, precision)
     terms = {}

@@ -10,12 +10,16 @@ on the text. A run in which any request failed ends with `RequestsFailed` (exit 
 `kv_cache_alloc_total_blocks`) or
 Triton's metrics endpoint when exported; otherwise they are reported as n/a. Only 127.0.0.1 is ever contacted, and
 every level is bounded by a request count and a time budget, and opens min(concurrency, requests) clients. Every
-prompt is planned and checked against the build's limits (with the build's tokenizer) before the first request.
+level replays the same requests (`plan_workload`, named by `workload_sha256`), each asking for exactly its output
+length where the route takes `min_tokens`; every prompt is planned and checked against the build's limits (with
+the build's tokenizer) before the first request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import queue
 import re
 import threading
@@ -156,6 +160,7 @@ class LevelStats:
     ttft_ms_warm_p50: float | None = None
     tpot_ms_p95: float | None = None
     request_rate: float | None = None  # Poisson arrivals per second (None: closed loop, each client sends at once)
+    workload_sha256: str | None = None  # the level's requests (`workload_sha256`): equal across levels and arms
 
 
 def summarize(
@@ -281,7 +286,7 @@ def scrape_metrics(url: str, timeout: float = 5.0) -> dict[tuple[str, frozenset]
 @dataclass
 class BenchReport:
     url: str
-    model: str
+    triton_model: str  # the Triton model called (ensemble, tensorrt_llm_bls, the LLM-API tensorrt_llm)
     streaming: bool
     max_tokens: int
     requests_per_level: int
@@ -306,6 +311,10 @@ class BenchReport:
     dataset: str | None = None  # the JSONL file the prompts came from (None: the built-in prompt sets)
     input_len: dict[str, float] | None = None  # prompt tokens (with the build's tokenizer)
     output_len: dict[str, float] | None = None  # output tokens the server produced
+    min_tokens: bool = False  # each request also asked for min_tokens = its output length (exact lengths)
+    seed: int = 0  # of the dataset sample and the arrival schedule
+    model: str | None = None  # the build's model and precision (None: a server without a spec)
+    precision: str | None = None
 
     @property
     def failed(self) -> int:
@@ -349,7 +358,7 @@ def format_report(r: BenchReport) -> str:
                 _fmt(lv.cost_per_1m_output_tokens_usd, ".4f"),
             )
         )
-    lines = [format_table(rows, header=True, right=True)]
+    lines = [workload_line(r), format_table(rows, header=True, right=True)]
     acc = _fmt(r.acceptance_rate * 100 if r.acceptance_rate is not None else None) + (
         "%" if r.acceptance_rate is not None else ""
     )
@@ -362,8 +371,8 @@ def format_report(r: BenchReport) -> str:
         + (f"; Poisson arrivals at {r.request_rate:g} req/s per level" if r.request_rate else "; closed loop"),
         *(f"{name} tokens: " + (", ".join(f"{k} {v:g}" for k, v in d.items()) if d else "n/a")
           for name, d in (("input", r.input_len), ("output", r.output_len)) if d or r.dataset),
-        f"model {r.model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), max_tokens={r.max_tokens}, "
-        f"{r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
+        f"model {r.triton_model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), "
+        f"max_tokens={r.max_tokens}, {r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
         f"speculation acceptance rate: {acc}",
         f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
         f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
@@ -376,16 +385,55 @@ def format_report(r: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def plot_report(r: BenchReport, path: Path) -> Path | None:
-    """Throughput and TTFT p50 against concurrency, one line per speculation mode (so the crossover shows), as a
-    PNG; None when matplotlib is not installed (optional: `pip install -e '.[plot]'`)."""
-    try:
-        import matplotlib
+def workload_line(r: BenchReport) -> str:
+    """What every level asked for: how many requests, that they are the same ones (their hash), the output lengths
+    and whether they were exact (min_tokens = max_tokens) or a cap."""
+    hashes = ", ".join(dict.fromkeys(lv.workload_sha256[:12] for lv in r.levels if lv.workload_sha256)) or "n/a"
+    same = "the same at every level" + (" and arm" if len({lv.speculation for lv in r.levels}) > 1 else "")
+    lengths = (f"output lengths from the dataset (else --max-tokens {r.max_tokens})" if r.dataset
+               else f"output length --max-tokens {r.max_tokens}")
+    exact = ("min=max (min_tokens sent)" if r.min_tokens else
+             f"max only (model '{r.triton_model}' has no min_tokens input: a request may end early at end of sequence)")
+    return f"workload: {r.requests_per_level} request(s) per level, {same} (sha256 {hashes}); {lengths}, {exact}"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+PLOT_INSTALL = "pip install -e '.[dev]'"  # scripts/setup.sh installs it; '.[plot]' alone on a serving host
+
+
+def check_plotting() -> None:
+    """BenchError when matplotlib (for `--plot`) is not installed."""
+    try:
+        import matplotlib  # noqa: F401
     except ImportError:
-        return None
+        raise BenchError(f"--plot needs matplotlib, which is not installed; {PLOT_INSTALL} (or drop --plot)") from None
+
+
+def check_output_file(flag: str, path: str | Path) -> Path:
+    """BenchError unless `path` can be written: not a directory, in an existing writable directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise BenchError(f"{flag} {p} is a directory; pass a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise BenchError(f"{flag} {p}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise BenchError(f"{flag} {p} is not writable; pass a path you can write")
+    return p
+
+
+def plot_report(r: BenchReport, path: Path) -> Path:
+    """Throughput and TTFT p50 against concurrency, one line per speculation mode (so the crossover shows), as a
+    PNG.
+
+    Raises:
+        BenchError: matplotlib is not installed.
+    """
+    check_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     labels = {"server": "speculation (route default)", "off": "no speculation"}
     fig, (ax_tok, ax_ttft) = plt.subplots(1, 2, figsize=(10, 4))
     for mode in dict.fromkeys(lv.speculation for lv in r.levels):
@@ -399,10 +447,9 @@ def plot_report(r: BenchReport, path: Path) -> Path | None:
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
         ax.legend()
-    fig.suptitle(f"{r.model}: throughput and TTFT vs concurrency")
+    fig.suptitle(f"{r.model or r.triton_model}: throughput and TTFT vs concurrency")
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -441,15 +488,14 @@ def is_shared(i: int, share: float) -> bool:
     return int((i + 1) * share) > int(i * share)
 
 
-def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, start: int = 0,
-                          run: str = "") -> list[str]:
-    """The shared-prefix workload: requests start..start+n-1; a `share` of them begin with one common prefix of
+def shared_prefix_prompts(n: int, prefix_tokens: int, share: float, tokenizer=None, *, run: str = "") -> list[str]:
+    """The shared-prefix workload of `n` requests: a `share` of them begin with one common prefix of
     `prefix_tokens` tokens, the others with a prefix of that length unique to the request and to `run` (it differs
     from its first block on, so nothing is reusable, not even from an earlier run on the same server); each ends
     with a distinct suffix."""
     prefix = filler_text(prefix_tokens, tokenizer)
     out = []
-    for i in range(start, start + n):
+    for i in range(n):
         head = prefix if is_shared(i, share) else filler_text(prefix_tokens, tokenizer, salt=f"Session {run}{i}:")
         out.append(f"{head} Request {i}: {QUESTIONS[i % len(QUESTIONS)]}")
     return out
@@ -461,6 +507,11 @@ class _ModelInfo:
     inputs: dict[str, str]  # name -> datatype
     outputs: set[str]
     decoupled: bool
+
+    @property
+    def exact_lengths(self) -> bool:
+        """Requests also ask for min_tokens = max_tokens (the route has that input), so each gets its length."""
+        return "min_tokens" in self.inputs and not self.llmapi
 
     @property
     def llmapi(self) -> bool:
@@ -506,8 +557,8 @@ def _build_inputs(info: _ModelInfo, prompt: str, max_tokens: int, stream: bool, 
     if "text_input" not in info.inputs or "max_tokens" not in info.inputs:
         raise BenchError(f"model '{info.name}' has no text_input/max_tokens inputs; benchmark the ensemble or BLS")
     out = [tensor("text_input", prompt.encode(), "BYTES"), tensor("max_tokens", max_tokens, "INT32")]
-    optional = {"stream": stream, "temperature": 0.0, "top_k": 1, "return_num_output_tokens": True,
-                "return_perf_metrics": True, "exclude_input_in_output": True}
+    optional = {"stream": stream, "min_tokens": max_tokens, "temperature": 0.0, "top_k": 1,
+                "return_num_output_tokens": True, "return_perf_metrics": True, "exclude_input_in_output": True}
     if draft_tokens is not None:
         optional["num_draft_tokens"] = draft_tokens
     for name, value in optional.items():
@@ -749,6 +800,7 @@ def run_bench(
     dataset: str | Path | None = None,
     request_rate: float | None = None,
     seed: int = 0,
+    workload: list[LevelPlan] | None = None,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
@@ -763,23 +815,26 @@ def run_bench(
             level twice, with the route's default and off; needs a model with a num_draft_tokens input).
         max_input_len, max_seq_len: the build's limits: every prompt is checked against them before anything is
             sent (`check_prompt_limits`).
-        dataset, request_rate, seed: prompts from a JSONL file and Poisson arrivals (`plan_workload`).
+        dataset, request_rate, seed: prompts from a dataset file and Poisson arrivals (`plan_workload`).
+        workload: the levels `plan_workload` planned from these options already (default: plan them here).
 
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
     """
     check_local(grpc_url)
     tokenizer = load_tokenizer(tokenizer_dir)
-    workload = plan_workload(concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
-                             shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share,
-                             speculation=speculation, tokenizer=tokenizer, max_input_len=max_input_len,
-                             max_seq_len=max_seq_len, dataset=dataset, request_rate=request_rate, seed=seed)
+    workload = workload or plan_workload(
+        concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
+        shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share, speculation=speculation,
+        tokenizer=tokenizer, max_input_len=max_input_len, max_seq_len=max_seq_len, dataset=dataset,
+        request_rate=request_rate, seed=seed)
     info = _served_model(grpc_url, model)
     stream = _stream_mode(info, stream, speculation)
     report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
                          gpu_price_source=gpu_price_source, shared_prefix_tokens=shared_prefix_tokens,
                          shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0,
-                         request_rate=request_rate, dataset=str(dataset) if dataset is not None else None)
+                         request_rate=request_rate, dataset=str(dataset) if dataset is not None else None,
+                         min_tokens=info.exact_lengths, seed=seed)
     if warmup:
         _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
                texts=[WARMUP_PROMPT])
@@ -796,13 +851,22 @@ def run_bench(
 @dataclass
 class LevelPlan:
     """One level of the sweep: its concurrency, speculation mode, the exact prompts it sends, the output tokens each
-    asks for and, with a request rate, when each is due (seconds after the level starts)."""
+    asks for, with a request rate when each is due (seconds after the level starts), and the hash of its workload
+    (`workload_sha256`: the same at every level and arm of a run)."""
 
     concurrency: int
     mode: str
     texts: list[str]
     max_tokens: list[int] = field(default_factory=list)
     arrivals: list[float] | None = None
+    workload_sha256: str = ""
+
+
+def workload_sha256(texts: list[str], output_lens: list[int]) -> str:
+    """sha256 of a request list: the JSON `[[prompt, output_len], ...]` in order (UTF-8, no spaces)."""
+    doc = json.dumps([[t, n] for t, n in zip(texts, output_lens, strict=True)], ensure_ascii=False,
+                     separators=(",", ":"))
+    return hashlib.sha256(doc.encode("utf-8")).hexdigest()
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -814,15 +878,14 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     return [0.0, *np.cumsum(gaps[:-1]).round(6).tolist()][:n]
 
 
-def _level_requests(n: int, start: int, *, max_tokens: int, dataset: list[DatasetRequest] | None,
-                    shared_prefix_tokens: int, shared_prefix_share: float, tokenizer, run: str
-                    ) -> tuple[list[str], list[int]]:
-    """Prompts and output lengths of requests start..start+n-1: the dataset's in file order (cycling), the
-    shared-prefix workload, or the fixed prompt set."""
+def _sample(n: int, *, max_tokens: int, dataset: list[DatasetRequest] | None, shared_prefix_tokens: int,
+            shared_prefix_share: float, tokenizer) -> tuple[list[str], list[int]]:
+    """The run's requests (prompts and output lengths): the dataset's sample in order (cycling when it has fewer
+    than `n`), the shared-prefix workload, or the fixed prompt set."""
     if dataset:
-        reqs = [dataset[i % len(dataset)] for i in range(start, start + n)]
+        reqs = [dataset[i % len(dataset)] for i in range(n)]
         return [r.prompt for r in reqs], [r.output_len or max_tokens for r in reqs]
-    texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer, start=start, run=run)
+    texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer)
              if shared_prefix_tokens else prompts(n))
     return texts, [max_tokens] * n
 
@@ -832,36 +895,43 @@ def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level:
                   tokenizer=None, max_input_len: int | None = None, max_seq_len: int | None = None,
                   dataset: str | Path | None = None, request_rate: float | None = None, seed: int = 0,
                   **_server_options: Any) -> list[LevelPlan]:
-    """Every level's prompts, checked against the options' caps and the build's limits before anything is sent.
+    """Every level's requests, checked against the options' caps and the build's limits before anything is sent.
+
+    Every level and speculation arm replays one sample of `requests_per_level` requests in the same order (and,
+    with a request rate, on the same arrival schedule), so levels differ only in concurrency. The shared-prefix
+    workload's unshared prefixes are salted per level and run so that they stay cold; its `workload_sha256`
+    hashes them unsalted.
 
     Args:
-        dataset: a JSONL file of prompts (`pipeline.serving.dataset`); each level takes the next
-            `requests_per_level` of them (cycling), asking for each one's output length (else `max_tokens`).
-        request_rate: Poisson arrivals per second within each level (seeded by `seed` and the level), the
-            concurrency level capping how many are in flight; None: each client sends its next request at once.
+        dataset: a JSONL or JSON-array file of prompts (`pipeline.serving.dataset`): a sample of
+            `requests_per_level` of them seeded by `seed`, each asking for its output length (else `max_tokens`).
+        request_rate: Poisson arrivals per second within each level (seeded by `seed`), the concurrency level
+            capping how many are in flight; None: each client sends its next request at once.
 
     Raises:
         BenchError: bad options, a level over `MAX_CONCURRENCY`, requests over `MAX_REQUESTS`, prompts over the
-            build's limits, a malformed dataset.
+            build's limits, an unreadable or malformed dataset.
     """
     levels = sorted({int(c) for c in concurrency})
     _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
     if request_rate is not None and not 0 < request_rate <= MAX_REQUEST_RATE:
-        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within 0..{MAX_REQUEST_RATE}")
+        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within "
+                         f"0..{MAX_REQUEST_RATE:g}")
     if dataset is not None and shared_prefix_tokens:
         raise BenchError("--dataset and --shared-prefix-tokens both choose the prompts; pass one of them")
-    data = load_dataset(dataset, tokenizer=tokenizer) if dataset is not None else None
     n = requests_per_level
-    run = f"{uuid.uuid4().hex[:8]}-"  # unique prefixes stay unique across runs on one server
-    plans, sent = [], 0
+    data = load_dataset(dataset, tokenizer=tokenizer, sample=n, seed=seed) if dataset is not None else None
+    texts, outs = _sample(n, max_tokens=max_tokens, dataset=data, tokenizer=tokenizer,
+                          shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share)
+    digest = workload_sha256(texts, outs)
+    arrivals = poisson_arrivals(n, request_rate, seed) if request_rate else None
+    run = uuid.uuid4().hex[:8]  # unshared prefixes stay unshared across levels and runs on one server
+    plans = []
     for mode in ("server", "off") if speculation == "both" else (speculation,):
         for c in levels:
-            texts, outs = _level_requests(n, sent, max_tokens=max_tokens, dataset=data, tokenizer=tokenizer, run=run,
-                                          shared_prefix_tokens=shared_prefix_tokens,
-                                          shared_prefix_share=shared_prefix_share)
-            arrivals = poisson_arrivals(n, request_rate, seed + len(plans)) if request_rate else None
-            plans.append(LevelPlan(c, mode, texts, outs, arrivals))
-            sent += n
+            sent = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer,
+                                          run=f"{run}-{len(plans)}-") if shared_prefix_tokens else texts)
+            plans.append(LevelPlan(c, mode, sent, list(outs), arrivals, digest))
     check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=max_tokens,
                         shared_prefix_tokens=shared_prefix_tokens, max_input_len=max_input_len,
                         max_seq_len=max_seq_len, output_lens=[o for p in plans for o in p.max_tokens])
@@ -978,7 +1048,7 @@ def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[Leve
         samples += level
         stats = summarize(plan.concurrency, level, wall, gpus=report.gpus,
                           price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode)
-        stats.request_rate = report.request_rate
+        stats.request_rate, stats.workload_sha256 = report.request_rate, plan.workload_sha256
         report.levels.append(stats)
     return samples
 
@@ -1019,11 +1089,14 @@ def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: di
 
 def _add_notes(report: BenchReport, ok: list[RequestSample], workload: list[LevelPlan]) -> None:
     """Notes on how the report's figures were measured (and the failure line when requests failed)."""
-    bls = report.model == "tensorrt_llm_bls"
+    bls = report.triton_model == "tensorrt_llm_bls"
     capped = sorted({p.concurrency for p in workload if clients_for(p.concurrency, len(p.texts)) < p.concurrency})
     if capped:
         report.notes.append(f"concurrency {', '.join(map(str, capped))}: only {report.requests_per_level} request(s) "
                             "per level, so that many clients at most were in flight")
+    if len(workload) > 1 and not report.shared_prefix_tokens:
+        report.notes.append("every level replays the same requests: with KV-cache reuse, a level can reuse blocks an "
+                            "earlier level cached (its hit % shows how much)")
     if bls and report.speculated_share:
         report.notes.append("draft-target requests sum the block counts of every target call, so a request's own "
                             "prompt counts as reused on each verification step: the hit ratio overstates reuse "
@@ -1054,10 +1127,20 @@ def check_failures(report: BenchReport) -> None:
         raise RequestsFailed(failure_line(report))
 
 
+def report_json(report: BenchReport) -> str:
+    """The report as the JSON document `--json` prints, `--json-file` writes and `plan --slo --bench-report` reads."""
+    return json.dumps(report.as_dict(), indent=2)
+
+
 def write_json(report: BenchReport, path: Path) -> Path:
+    """Write the report's JSON to `path` atomically (a temporary file in its directory, then a rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(report_json(report) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -1120,11 +1203,14 @@ def bench_spec(
         raise BenchError(f"--shared-prefix-tokens needs the build's tokenizer to make prompts of that many tokens: "
                          f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
     limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
-    plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refuse before starting or calling a server
+    workload = plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refused before starting or calling a server
     common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir,
-                  **limits, **kwargs)
+                  workload=workload, **limits, **kwargs)
     if url:
-        return run_bench(grpc_url=url, metrics_url=metrics_url, **common)
-    with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,
-                      ready_timeout_s=ready_timeout_s) as server:
-        return run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)
+        report = run_bench(grpc_url=url, metrics_url=metrics_url, **common)
+    else:
+        with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,
+                          ready_timeout_s=ready_timeout_s) as server:
+            report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)
+    report.model, report.precision = spec.model.name, spec.quantization.precision
+    return report

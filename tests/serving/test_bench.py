@@ -109,21 +109,24 @@ def test_prompts_share_a_prefix_and_are_deterministic():
     assert all(p.startswith(ps[0][:50]) for p in ps)
 
 
-def test_report_table_json_and_optional_plot(tmp_path):
+def test_report_table_json_and_plot(tmp_path, monkeypatch):
     lv = summarize(1, [RequestSample(ok=True, latency_s=0.5, ttft_s=0.05, output_tokens=8)], 0.5, gpus=1,
                    price_per_gpu_hour=3.5)
-    r = BenchReport("127.0.0.1:1", "ensemble", True, 8, 1, 1, 3.5, levels=[lv])
+    lv.workload_sha256 = "ab" * 32
+    r = BenchReport("127.0.0.1:1", "ensemble", True, 8, 1, 1, 3.5, levels=[lv], min_tokens=True, model="tiny-llama",
+                    precision="fp8")
     text = format_report(r)
     assert "TTFT p50/p99 ms" in text and "prefix-cache hit ratio: n/a" in text and "acceptance rate: n/a" in text
+    assert text.splitlines()[0] == ("workload: 1 request(s) per level, the same at every level (sha256 abababababab); "
+                                    "output length --max-tokens 8, min=max (min_tokens sent)")
     data = json.loads(write_json(r, tmp_path / "b.json").read_text())
     assert data["levels"][0]["output_tokens_per_s"] == 16.0
-    png = plot_report(r, tmp_path / "b.png")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert png is None
-    else:
-        assert png.read_bytes()[:4] == b"\x89PNG"
+    assert (data["model"], data["precision"], data["triton_model"]) == ("tiny-llama", "fp8", "ensemble")
+    assert [f.name for f in tmp_path.iterdir()] == ["b.json"]  # the temporary file is renamed, not left behind
+    assert plot_report(r, tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"  # matplotlib: a dev dependency
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    with pytest.raises(BenchError, match=r"--plot needs matplotlib, which is not installed; pip install -e '\.\[dev\]'"):
+        plot_report(r, tmp_path / "c.png")
 
 
 def test_stream_token_count_from_server_counts():
@@ -222,7 +225,7 @@ def test_smoke_and_bench_follow_the_layout(served):
     assert all(r.tokens > 0 and r.text for r in results)
     report = run_bench(grpc_url=server.grpc_url, concurrency=[1, 2], requests_per_level=2, max_tokens=8,
                        warmup=False)
-    assert report.model == ("tensorrt_llm_bls" if draft else "ensemble")
+    assert report.triton_model == ("tensorrt_llm_bls" if draft else "ensemble")
     assert report.streaming is (not draft)
     assert report.failed == 0, report.notes
     check_failures(report)
@@ -235,12 +238,14 @@ def test_shared_prefix_workload_spreads_the_share_and_keeps_suffixes_distinct():
     assert [is_shared(i, 0.5) for i in range(4)] == [False, True, False, True]
     assert not any(is_shared(i, 0.0) for i in range(10)) and all(is_shared(i, 1.0) for i in range(10))
     assert sum(is_shared(i, 0.8) for i in range(20)) == 16
-    ps = shared_prefix_prompts(10, 12, 0.5, start=3)
-    shared = [p for i, p in enumerate(ps, start=3) if is_shared(i, 0.5)]
+    ps = shared_prefix_prompts(10, 12, 0.5)
+    shared = [p for i, p in enumerate(ps) if is_shared(i, 0.5)]
     head = shared[0].split(" Request ")[0]
     assert len(head.split()) == 12 and all(p.startswith(head) for p in shared)
     assert not any(p.startswith(head.split()[0]) for p in ps if p not in shared)  # unique from the first token
-    assert len(set(ps)) == 10 and shared_prefix_prompts(10, 12, 0.5, start=3) == ps
+    assert len(set(ps)) == 10 and shared_prefix_prompts(10, 12, 0.5) == ps
+    salted = shared_prefix_prompts(10, 12, 0.5, run="x-")  # another level: the same shared ones, new cold ones
+    assert [p for p in salted if p in shared] == shared and not set(salted) - set(shared) & set(ps)
 
 
 def test_level_reports_speculated_share_cold_warm_ttft_and_the_low_hit_warning():
@@ -369,3 +374,78 @@ def test_bench_spec_with_url_and_no_build_refuses_the_prefix_workload_without_a_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--shared-prefix-tokens needs the build's tokenizer" in err[0]
     assert "pass --repo" in err[0]
+
+
+# ------------------------------------------------------------------------------ like with like: --json, bad input
+def _fake_server(monkeypatch, inputs=None):
+    import pipeline.serving.bench as b
+
+    _CountingWorker.opened = []
+    monkeypatch.setattr(b, "_Worker", _CountingWorker)
+    monkeypatch.setattr(b, "_served_model", lambda url, model: b._ModelInfo("ensemble", inputs or {}, set(), True))
+
+
+def test_json_switch_prints_the_report_on_stdout_and_json_file_writes_it(monkeypatch, capsys, tmp_path):
+    import tasks
+    from pipeline.serving.bench import workload_sha256
+
+    _fake_server(monkeypatch, {"min_tokens": "INT32"})
+    out_file = tmp_path / "r.json"
+    tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1", concurrency="1,2", requests="3", max_tokens="5",
+                     speculation="server", json_=True, json_file=str(out_file))
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # stdout is the JSON document and nothing else
+    assert doc == json.loads(out_file.read_text()) and f"json: {out_file}" in err
+    assert (doc["model"], doc["precision"], doc["triton_model"], doc["min_tokens"]) == ("tiny-llama", "fp8",
+                                                                                        "ensemble", True)
+    assert [lv["workload_sha256"] for lv in doc["levels"]] == [workload_sha256(prompts(3), [5] * 3)] * 2
+
+
+def test_requests_ask_for_min_tokens_where_the_route_takes_it():
+    import numpy as np
+
+    from pipeline.serving.bench import _build_inputs, _ModelInfo
+
+    base = {"text_input": "BYTES", "max_tokens": "INT32"}
+    info = _ModelInfo("ensemble", base | {"min_tokens": "INT32"}, set(), True)
+    sent = {t.name(): t for t in _build_inputs(info, "hi", 7, True)}
+    assert info.exact_lengths and np.frombuffer(sent["min_tokens"]._raw_content, np.int32).tolist() == [7]
+    info = _ModelInfo("ensemble", base, set(), True)
+    assert not info.exact_lengths and "min_tokens" not in {t.name() for t in _build_inputs(info, "hi", 7, True)}
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (dict(request_rate="nan"), "--request-rate='nan': expected a finite number >= 0.001"),
+    (dict(request_rate="inf"), "--request-rate='inf': expected a finite number >= 0.001"),
+    (dict(request_rate="-1"), "--request-rate=-1.0: must be >= 0.001"),
+    (dict(dataset="/nonexistent/p.jsonl"), "--dataset /nonexistent/p.jsonl: no such file"),
+    (dict(dataset="/"), "--dataset /: is a directory"),
+    (dict(json_file="/nonexistent/r.json"), "--json-file /nonexistent/r.json: directory /nonexistent does not exist"),
+    (dict(json_file="/"), "--json-file / is a directory"),
+    (dict(plot="/nonexistent/b.png"), "--plot /nonexistent/b.png: directory /nonexistent does not exist"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_server(flags, needle, monkeypatch, capsys):
+    import pipeline.serving.bench as b
+    import tasks
+
+    monkeypatch.setattr(b, "_served_model", lambda *a: pytest.fail("a server was contacted"))
+    with pytest.raises(SystemExit) as info:
+        tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1", **flags)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_plot_without_matplotlib_is_exit_2_with_the_install_line(monkeypatch, capsys, tmp_path):
+    import sys
+
+    import pipeline.serving.bench as b
+    import tasks
+
+    monkeypatch.setattr(b, "_served_model", lambda *a: pytest.fail("a server was contacted"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit) as info:
+        tasks.bench.body(None, model="tiny-llama", url="127.0.0.1:1", plot=str(tmp_path / "b.png"))
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --plot needs matplotlib, which is not installed; pip install -e '.[dev]' (or drop --plot)"]

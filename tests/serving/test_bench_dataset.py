@@ -60,7 +60,7 @@ def test_sharegpt_takes_the_first_human_turn_and_the_replys_token_length(tmp_pat
     ('{"prompt": "a", "output_len": 0}', "line 2: output_len=0: expected an integer within 1..1048576"),
     ('{"prompt": "a", "output_len": "9"}', "line 2: output_len='9'"),
     ('{"conversations": "hi"}', "line 2: 'conversations' must be a list"),
-    ('{"conversations": [{"from": "human", "value": ""}]}', "line 2: the first human turn has no text"),
+    ('{"conversations": [{"from": "human", "value": 5}]}', "line 2: a human turn's 'value' is not a string"),
 ])
 def test_a_malformed_line_is_refused_with_its_number(tmp_path, line, needle):
     path = _jsonl(tmp_path, '{"prompt": "fine"}', line)
@@ -79,9 +79,66 @@ def test_missing_empty_oversized_and_binary_files_are_refused(tmp_path, monkeypa
     (tmp_path / "bin.jsonl").write_bytes(b'{"prompt": "\xff"}\n')
     with pytest.raises(BenchError, match="not UTF-8"):
         load_dataset(tmp_path / "bin.jsonl")
-    monkeypatch.setattr(ds, "MAX_DATASET_BYTES", 10)
-    with pytest.raises(BenchError, match="over the 10-byte cap"):
-        load_dataset(_jsonl(tmp_path, '{"prompt": "more than ten bytes"}'))
+    monkeypatch.setattr(ds, "MAX_RECORD_BYTES", 24)
+    with pytest.raises(BenchError, match="line 2: over the 24-byte cap of one record"):
+        load_dataset(_jsonl(tmp_path, '{"prompt": "short"}', '{"prompt": "more than 24 bytes"}'))
+    monkeypatch.setattr(ds, "MAX_PROMPT_CHARS", 4)
+    with pytest.raises(BenchError, match="record 1: a prompt of 5 characters is over the 4-character cap"):
+        load_dataset(_array(tmp_path, {"prompt": "short"}))
+
+
+def _array(tmp_path, *records, name: str = "sharegpt.json"):
+    """The ShareGPT file as published: one JSON array, indented."""
+    path = tmp_path / name
+    path.write_text(json.dumps(list(records), indent=2))
+    return path
+
+
+def test_a_json_array_reads_like_jsonl_and_skips_conversations_without_a_prompt(tmp_path):
+    conv = {"id": "x", "conversations": [{"from": "human", "value": "Name three colours"},
+                                         {"from": "gpt", "value": "red green and blue"}]}
+    empty = {"id": "y", "conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "?"}]}
+    records = (conv, empty, {"conversations": []}, {"prompt": "Hello", "output_len": 3})
+    want = [DatasetRequest("Name three colours", 4), DatasetRequest("Hello", 3)]
+    assert load_dataset(_array(tmp_path, *records), tokenizer=_WordTokenizer()) == want
+    jsonl = _jsonl(tmp_path, *map(json.dumps, records))
+    assert load_dataset(jsonl, tokenizer=_WordTokenizer()) == want
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('[{"prompt": "a"}, {"prompt": ', "not a JSON array of objects after record 1 (parse error: premature EOF)"),
+    ('[{"prompt": "a"}, 7]', "record 2: expected a JSON object, got int"),
+    ('[{"prompt": "a"}, {"prompt": "b", "output_len": -1}]', "record 2: output_len=-1"),
+    ('  \n [{"prompt": "a"}] x', "not a JSON array of objects after record 1"),
+])
+def test_a_malformed_json_array_is_refused_with_its_record(tmp_path, text, needle):
+    (tmp_path / "bad.json").write_text(text)
+    with pytest.raises(BenchError) as info:
+        load_dataset(tmp_path / "bad.json")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_large_array_is_streamed_and_sampled_without_holding_the_file(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "big.json"
+    with path.open("w") as f:  # ~24 MB, ShareGPT-shaped
+        f.write("[")
+        for i in range(6000):
+            turns = [{"from": "human", "value": f"question {i} " + "x" * 2000},
+                     {"from": "gpt", "value": "word " * 400}]
+            f.write(("," if i else "") + json.dumps({"id": str(i), "conversations": turns}))
+        f.write("]")
+    tracemalloc.start()
+    try:
+        sample = load_dataset(path, sample=5, seed=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < path.stat().st_size / 8, peak  # records are parsed one by one; only the sample is kept
+    idx = [int(r.prompt.split()[1]) for r in sample]
+    assert len(idx) == 5 and idx == sorted(idx) and idx[-1] > 1000  # a sample of the whole file, in file order
+    assert load_dataset(path, sample=5, seed=1) == sample and load_dataset(path, sample=5, seed=2) != sample
 
 
 def test_poisson_arrivals_are_seeded_start_at_zero_and_have_the_rate():
@@ -91,14 +148,34 @@ def test_poisson_arrivals_are_seeded_start_at_zero_and_have_the_rate():
     assert len(a) / a[-1] == pytest.approx(4.0, rel=0.06)  # ~4 requests per second
 
 
-def test_plan_workload_takes_dataset_prompts_in_order_with_their_output_lengths(tmp_path):
+def test_every_level_and_arm_replays_one_seeded_sample(tmp_path):
+    from pipeline.serving.bench import workload_sha256
+
+    lines = [json.dumps({"prompt": f"prompt {i}", "output_len": i + 1}) for i in range(20)]
+    path = _jsonl(tmp_path, *lines)
+    plans = plan_workload(concurrency=[1, 2, 4], requests_per_level=5, max_tokens=9, dataset=path, request_rate=4.0,
+                          seed=3, speculation="both")
+    assert len(plans) == 6 and all((p.texts, p.max_tokens, p.arrivals) == (plans[0].texts, plans[0].max_tokens,
+                                                                            plans[0].arrivals) for p in plans)
+    assert plans[0].texts != [f"prompt {i}" for i in range(5)]  # a sample of the file, not its first lines
+    assert plans[0].max_tokens == [int(t.split()[1]) + 1 for t in plans[0].texts]  # each its own output length
+    assert {p.workload_sha256 for p in plans} == {workload_sha256(plans[0].texts, plans[0].max_tokens)}
+    other = plan_workload(concurrency=[1], requests_per_level=5, dataset=path, seed=4)[0]
+    assert other.workload_sha256 != plans[0].workload_sha256
+    assert plans[0].arrivals == poisson_arrivals(5, 4.0, 3)
+
+
+def test_a_dataset_smaller_than_a_level_cycles_in_file_order(tmp_path):
     path = _jsonl(tmp_path, '{"prompt": "one", "output_len": 5}', '{"prompt": "two"}', '{"prompt": "three"}')
-    plans = plan_workload(concurrency=[1, 2], requests_per_level=2, max_tokens=9, dataset=path, request_rate=4.0,
-                          seed=3)
-    assert [p.texts for p in plans] == [["one", "two"], ["three", "one"]]  # cycling through the file
-    assert [p.max_tokens for p in plans] == [[5, 9], [9, 5]]
-    assert plans[0].arrivals == poisson_arrivals(2, 4.0, 3) and plans[1].arrivals == poisson_arrivals(2, 4.0, 4)
-    assert plan_workload(concurrency=[1], requests_per_level=1, dataset=path)[0].arrivals is None
+    plans = plan_workload(concurrency=[1, 2], requests_per_level=4, max_tokens=9, dataset=path)
+    assert [p.texts for p in plans] == [["one", "two", "three", "one"]] * 2
+    assert [p.max_tokens for p in plans] == [[5, 9, 9, 5]] * 2 and plans[0].arrivals is None
+
+
+def test_shared_prefix_levels_share_a_hash_and_keep_their_cold_prefixes_cold():
+    plans = plan_workload(concurrency=[1, 2], requests_per_level=4, shared_prefix_tokens=8, shared_prefix_share=0.5)
+    assert plans[0].workload_sha256 == plans[1].workload_sha256
+    assert [t for t in plans[0].texts if t in plans[1].texts] == plans[0].texts[1::2]  # the shared ones only
 
 
 def test_dataset_options_are_checked_before_anything_is_sent(tmp_path):
@@ -157,16 +234,22 @@ def test_invoke_bench_dataset_at_a_request_rate_reports_p99_ttft(tiny_models, tm
     out_json = tmp_path / "report.json"
     with TritonServer(repo, ready_timeout_s=300) as server:
         tasks.bench.body(None, model="tiny-llama", precision="fp8", target="reference", url=server.grpc_url,
-                         repo=str(repo), dataset=str(data), request_rate="4", concurrency="2", requests="6",
-                         max_tokens="4", json_=str(out_json))
+                         repo=str(repo), dataset=str(data), request_rate="4", concurrency="1,2", requests="6",
+                         max_tokens="4", json_file=str(out_json))
     out = capsys.readouterr().out
     report = json.loads(out_json.read_text())
     assert report["failed"] == 0 and report["request_rate"] == 4.0 and report["dataset"] == str(data)
+    assert (report["model"], report["precision"], report["min_tokens"]) == ("tiny-llama", "fp8", True)
     assert report["ttft_ms_p99"] > 0 and report["tpot_ms_p95"] > 0
     assert f"SLO figures: TTFT p99 {report['ttft_ms_p99']:.1f} ms" in out
-    assert report["input_len"]["count"] == 6 and report["input_len"]["max"] > report["input_len"]["min"]
-    # the requests asked for 6, 3, the reply's token length, 4 (--max-tokens), 6, 3 tokens: none produced more
+    assert "output lengths from the dataset (else --max-tokens 4), min=max (min_tokens sent)" in out
+    # both levels replay the same 6 requests: the file's 4 in order, then its first 2 again
+    hashes = {lv["workload_sha256"] for lv in report["levels"]}
+    assert len(hashes) == 1 and len(report["levels"]) == 2 and all(lv["requests"] == 6 for lv in report["levels"])
+    assert report["input_len"]["count"] == 12 and report["input_len"]["max"] > report["input_len"]["min"]
+    # each request got exactly the output length it asked for: 6, 3, the reply's length, 4 (--max-tokens), 6, 3
     reply = load_tokenizer(tokenizer_dir_of(repo)).encode(conv["conversations"][1]["value"], add_special_tokens=False)
-    assert report["output_len"]["count"] == 6 and report["output_len"]["max"] <= max(6, len(reply.ids))
-    assert report["output_len"]["min"] <= 3
+    asked = [6, 3, len(reply.ids), 4, 6, 3] * 2
+    assert report["output_len"] == length_stats(asked)
+    assert sum(lv["output_tokens"] for lv in report["levels"]) == sum(asked)
     assert "acceptance_rate" in report and "prefix_cache_hit_ratio" in report
