@@ -146,8 +146,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
         prefix_share: --slo: share of each prompt a cached prefix covers, 0..1 (default: --bench-report's hit ratio,
             else --prefix-hit, else 0)
         rate: --slo: requests per second to serve (replicas are provisioned for it); default: fully loaded
-        bench_report: --slo: the `invoke bench --json-file` report whose acceptance_rate and prefix_cache_hit_ratio feed the
-            search (--acceptance and --prefix-share win); its model (and precision, when --precision is given)
+        bench_report: --slo: the `invoke bench --json-file` report whose acceptance_rate and prefix_cache_hit_ratio
+            feed the search (--acceptance and --prefix-share win); its model (and precision, when --precision is given)
             must be the spec's
         accept_foreign_bench_report: --slo: take a --bench-report of another (or an unnamed) model or precision
         write_spec: --slo: write the pick as a spec YAML that `invoke build --spec` and `invoke check --spec` take

@@ -479,7 +479,7 @@ def _same_build(p: Path, data: dict, model: str, precision: str | None) -> None:
         return
     ours = f"{model} {precision}" if precision else f"{model} (any precision)"
     raise SpecError(f"--bench-report {p} measured model {theirs[0]} precision {theirs[1]}, not {ours} as searched; "
-                    f"pass a report `invoke bench --json` wrote for {model}, or --accept-foreign-bench-report to "
+                    f"pass a report `invoke bench --json-file` wrote for {model}, or --accept-foreign-bench-report to "
                     "use its acceptance and prefix share anyway")
 
 

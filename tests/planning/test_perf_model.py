@@ -17,7 +17,7 @@ from pipeline.core.gpus import GPUS
 from pipeline.core.registry import get_model
 from pipeline.core.spec import resolve_spec
 from pipeline.planning.perf_model import CALIBRATION, EngineCost, Speculation, estimate, expected_tokens_per_step
-from pipeline.planning.planner import plan_capacity, serving_estimate
+from pipeline.planning.planner import plan_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "tests" / "data" / "aiconfigurator_0.12.json").read_text())
