@@ -39,19 +39,20 @@ def test_absurd_max_batch_rejected_with_the_batch_that_fits():
 
 def test_max_num_tokens_that_does_not_fit_rejected():
     msg = reject(r"limits.max_num_tokens=400000: .* lower --max-num-tokens to <= \d+", model="llama-70b",
-                 precision="fp8", max_num_tokens=400000)
+                 precision="fp8", tp=1, max_num_tokens=400000)
     best = _fits_number(msg)
     assert 8192 < best < 400000
-    assert resolve_checked_spec(model="llama-70b", precision="fp8", max_num_tokens=best).limits.max_num_tokens == best
+    assert resolve_checked_spec(model="llama-70b", precision="fp8", tp=1,
+                                max_num_tokens=best).limits.max_num_tokens == best
 
 
 def test_max_seq_len_whose_kv_does_not_fit_rejected():
     # 70B FP8 on one H100: ~9 GiB left after weights; one 131072-token sequence needs 20 GiB of FP8 KV
     msg = reject(r"limits.max_seq_len=131072: .* one 131072-token sequence's KV .* lower --max-seq-len",
-                 model="llama-70b", precision="fp8", max_seq_len=131072)
+                 model="llama-70b", precision="fp8", tp=1, max_seq_len=131072)
     best = _fits_number(msg)
     assert 8192 < best < 131072
-    assert resolve_checked_spec(model="llama-70b", precision="fp8", max_seq_len=best).max_seq_len == best
+    assert resolve_checked_spec(model="llama-70b", precision="fp8", tp=1, max_seq_len=best).max_seq_len == best
     assert resolve_checked_spec(model="llama-70b", precision="fp8", tp=2, max_seq_len=131072).max_seq_len == 131072
 
 
@@ -72,8 +73,10 @@ def test_limits_that_only_fit_together_name_all_of_them():
 
 
 def test_weights_that_do_not_fit_warn_and_leave_min_tp_to_plan():
-    spec = resolve_checked_spec(model="llama-70b", precision="bf16")
+    spec = resolve_checked_spec(model="llama-70b", precision="bf16", tp=1)
     assert any("does not fit one h100-sxm" in w and "raise --tp" in w for w in spec.warnings)
+    placed = resolve_checked_spec(model="llama-70b", precision="bf16")  # no --tp: placed where it fits
+    assert placed.parallelism.tp >= 2 and not [w for w in placed.warnings if "fit" in w]
     assert not [w for w in resolve_checked_spec(model="llama-70b", precision="bf16", tp=2).warnings if "fit" in w]
 
 
