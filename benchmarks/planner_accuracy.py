@@ -23,6 +23,7 @@ from pipeline.core.registry import load_registry
 from pipeline.core.spec import resolve_spec
 from pipeline.planning.perf_model import CALIBRATION, Calibration, EngineCost, estimate
 from pipeline.planning.planner import plan_capacity, serving_estimate
+from pipeline.stages.check import resolve_checked_spec
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "aiconfigurator_0.12.json"
 PRECISION = {"fp8_static": "fp8", "bfloat16": "bf16"}
@@ -76,11 +77,11 @@ def accuracy(records: list[dict]) -> list[str]:
             hi = max(rs, key=lambda x: x[1][i])
             worst = max(abs(lo[1][i] - 1), abs(hi[1][i] - 1))
             mean = math.exp(sum(math.log(x[1][i]) for x in rs) / len(rs))
-            verdict = "" if goal is None or name != "held-out" else (" PASS" if worst <= goal else " MISS")
+            judged = goal is not None and name == "held-out"
+            verdict = (f"  goal +-{goal:.0%} " + ("PASS" if worst <= goal else "MISS")) if judged else ""
             print(f"  {metric:6} ratio min {lo[1][i]:.3f} ({_label(lo[0])})  max {hi[1][i]:.3f} ({_label(hi[0])})  "
-                  f"geomean {mean:.3f}  goal +-{goal or 0:.0%}{verdict}" if goal else
-                  f"  {metric:6} ratio min {lo[1][i]:.3f}  max {hi[1][i]:.3f}  geomean {mean:.3f}")
-            if verdict == " MISS":
+                  f"geomean {mean:.3f}{verdict}")
+            if verdict.endswith("MISS"):
                 missed.append(f"held-out {metric} worst ratio off by {worst:.1%} (goal {goal:.0%})")
     return missed
 
@@ -115,7 +116,7 @@ def monotonicity() -> list[str]:
         print(f"per-GPU batch {per_gpu}: " + ", ".join(line))
     line, last = [], None
     for tp in (2, 4, 8):
-        p = plan_capacity(resolve_spec(model="llama-70b", precision="fp8", tp=tp, gpu="h100-sxm"))
+        p = plan_capacity(resolve_checked_spec(model="llama-70b", precision="fp8", tp=tp, gpu="h100-sxm"))
         line.append(f"TP {tp} batch {p.decode_batch}: {p.output_tokens_per_s_estimate:,.0f}")
         if last is not None and p.output_tokens_per_s_estimate < last:
             missed.append(f"plan: TP {tp} at its default batch gives less throughput than TP {tp // 2}")

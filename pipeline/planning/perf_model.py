@@ -1,22 +1,24 @@
 """Serving-time estimate for one TP group under continuous (in-flight) batching: TTFT, TPOT and output tok/s.
 
 Each engine step costs GEMMs (weights read at an achieved fraction of HBM bandwidth, or FLOPs at an achieved
-fraction of the precision's tensor-core peak, whichever is slower), attention (decode: the batch's KV read;
-prefill: causal FLOPs), two all-reduces per layer over NVLink at TP > 1, and a fixed cost per layer (launches,
-small kernels and the all-reduces' latency).
-A serving cycle of `batch` requests holds one prefill per mixed step (the prompt's tokens plus every decoding
-request) and decode-only steps for the rest of the output; speculation turns K + 1 verified tokens into the
-expected accepted tokens per step at the draft's K steps' cost; a prefix hit skips the reused blocks' prefill.
+fraction of the precision's tensor-core peak that grows with the GEMM's size, whichever is slower), attention
+(decode: the batch's KV read; prefill: causal FLOPs plus the kernel's floor per layer), the per-token element-wise
+work every rank repeats (norms, residuals), two all-reduces per layer at TP > 1 (bytes over the link plus a latency
+per peer that large messages pay) and a fixed cost per layer (launches, small kernels).
+A serving cycle of D = 1 + (output - 1) / tokens-per-step steps holds one mixed step per request (its prompt beside
+the decoding requests) and decode-only steps for the rest; beyond D requests the rest queue (`estimate`).
+Speculation turns K + 1 verified tokens into the expected accepted tokens per step at the draft's K steps' cost; a
+prefix hit skips the reused blocks' prefill.
 
-The constants (`CALIBRATION`) are fitted to NVIDIA AIConfigurator 0.12's TensorRT-LLM database for H100 SXM
-(tests/data/aiconfigurator_0.12.json, refitted with scripts/fit_perf_model.py); on other GPUs they scale with
-that GPU's bandwidth and peaks, uncalibrated. INT4 weight-only GEMMs have no AIConfigurator data on Hopper:
-they use the BF16 compute efficiency with 4-bit weight reads, an extrapolation.
+The constants (`CALIBRATION`) are fitted to NVIDIA AIConfigurator 0.12's TensorRT-LLM database for H100 SXM and H200
+(tests/data/aiconfigurator_0.12.json, refitted with scripts/fit_perf_model.py, checked on held-out points by
+benchmarks/planner_accuracy.py); on other GPUs they scale with that GPU's bandwidth and peaks, uncalibrated. INT4
+weight-only GEMMs have no AIConfigurator data on Hopper: they use the BF16 compute efficiency with 4-bit weight
+reads, an extrapolation.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pipeline.core.gpus import GPU
@@ -38,23 +40,32 @@ def kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, tp: int = 1) -> int
 
 @dataclass(frozen=True)
 class Calibration:
-    """Achieved fractions of peak and fixed costs, fitted to AIConfigurator 0.12 (H100 SXM, TensorRT-LLM)."""
+    """Achieved fractions of peak and fixed costs, fitted to AIConfigurator 0.12 (H100 SXM and H200, TensorRT-LLM)."""
 
-    hbm_efficiency: float  # achieved fraction of HBM bandwidth for weight and KV reads
+    hbm_efficiency: float  # achieved fraction of HBM bandwidth for weight and KV reads (H100; other GPUs too)
+    hbm_efficiency_h200: float  # the same on H200 (HBM3e at 4.8 TB/s reaches a smaller share)
     gemm_efficiency_fp8: float  # achieved fraction of the FP8 dense peak in prefill-sized GEMMs
     gemm_efficiency_bf16: float
-    attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak (fitted low: it also
-    # carries the prefill's costs that grow with prompt length and are not modelled apart: softmax, RoPE, norms)
-    allreduce_bw_efficiency: float  # achieved fraction of the interconnect bandwidth in the all-reduce
-    allreduce_latency_us: float  # fixed cost of one all-reduce per log2(TP) (tree/ring start-up, synchronisation)
+    gemm_half_gflop: float  # per-layer GEMM work (GFLOP, one GPU) at which GEMMs reach half their efficiency
+    context_attention_floor_us: float  # context FMHA time per layer that does not shrink with its FLOPs
+    attention_efficiency: float  # context attention FLOPs, fraction of the FMHA dtype's peak
+    allreduce_bw_factor: float  # achieved all-reduce bandwidth over the link's one-direction bandwidth (NVLink SHARP
+    # reduces in the switch, so it may exceed the ring's share)
+    allreduce_latency_us: float  # fixed cost per peer (TP - 1) of one large all-reduce (steps, synchronisation) ...
+    allreduce_latency_half_mb: float  # ... reached halfway at this message size (small ones take a low-latency path)
     layer_overhead_us: float  # launches and small kernels per layer per step
-    ttft_queue_base: float  # TTFT = one prefill x min(queue_max, base + per_prefill x prefills per cycle)
+    elementwise_passes: float  # reads + writes of a token's 16-bit hidden state per layer that TP does not split
+    ttft_queue_base: float  # TTFT = one mixed step x min(queue_max, base + per_prefill x other prompts in flight)
     ttft_queue_per_prefill: float
     ttft_queue_max: float
 
 
 CALIBRATION = Calibration(
-    hbm_efficiency=0.8672, gemm_efficiency_fp8=0.5233, gemm_efficiency_bf16=0.6431, attention_efficiency=0.7855, allreduce_bw_efficiency=0.3718, allreduce_latency_us=0.0727, layer_overhead_us=45.0456, ttft_queue_base=1.7931, ttft_queue_per_prefill=0.0494, ttft_queue_max=3.9629)
+    hbm_efficiency=0.8616, hbm_efficiency_h200=0.8336, gemm_efficiency_fp8=0.6754, gemm_efficiency_bf16=0.7853,
+    gemm_half_gflop=11.767, context_attention_floor_us=62.2936, attention_efficiency=0.4103,
+    allreduce_bw_factor=1.3583, allreduce_latency_us=4.6294, allreduce_latency_half_mb=1.4426,
+    layer_overhead_us=44.0825, elementwise_passes=22.6742, ttft_queue_base=1.8647, ttft_queue_per_prefill=0.0512,
+    ttft_queue_max=3.9803)
 
 
 @dataclass(frozen=True)
@@ -82,29 +93,37 @@ class EngineCost:
         """One engine step: `context_tokens` prompt tokens (of sequences `context_len` long) plus `decode_seqs`
         decoding sequences at mean length `decode_len`, each verifying `tokens_per_seq` tokens."""
         a, g = self.arch, self.gpu
-        bw = g.hbm_tb_s * 1e12 * cal.hbm_efficiency
+        bw = g.hbm_tb_s * 1e12 * (cal.hbm_efficiency_h200 if g.name == "h200" else cal.hbm_efficiency)
         math_fp8 = GEMM_MATH[self.precision] == "fp8" and g.has_fp8
         peak = (g.fp8_tflops if math_fp8 else g.bf16_tflops) * 1e12
         eff = cal.gemm_efficiency_fp8 if math_fp8 else cal.gemm_efficiency_bf16
         tokens = context_tokens + decode_seqs * tokens_per_seq
         logits = (1 if context_tokens else 0) + decode_seqs * tokens_per_seq
         flops = 2 * (a.active_linear_params * tokens + a.vocab_size * a.hidden_size * logits) / self.tp
-        gemm_s = max(self.weight_bytes(tokens) / bw, flops / (peak * eff))
+        # a small GEMM does not fill the GPU: efficiency rises with the work per layer, half of it at gemm_half_gflop
+        per_layer = flops / a.num_layers / 1e9
+        eff *= per_layer / (per_layer + cal.gemm_half_gflop) if per_layer else 1.0
+        gemm_s = max(self.weight_bytes(tokens) / bw, flops / (peak * eff)) if flops else 0.0
         kv_s = decode_seqs * (decode_len + tokens_per_seq) * self.kv_bytes_per_token() / bw
         attn_peak = (g.fp8_tflops if self.kv == "fp8" and g.has_fp8 else g.bf16_tflops) * 1e12
         attn_flops = 2 * context_tokens * context_len * a.num_heads * a.head_dim * a.num_layers / self.tp
         attn_s = attn_flops / (attn_peak * cal.attention_efficiency)
-        return (gemm_s + kv_s + attn_s + self._allreduce_s(cal, tokens)) * 1e3 + a.num_layers * cal.layer_overhead_us / 1e3
+        if context_tokens:  # the context FMHA kernel's own floor per layer, whatever few heads a rank holds
+            attn_s += a.num_layers * cal.context_attention_floor_us * 1e-6
+        # norms, residual adds, RoPE and activations touch every token's full hidden state on every rank: not split
+        elementwise_s = tokens * a.num_layers * cal.elementwise_passes * a.hidden_size * 2 / bw
+        return ((gemm_s + kv_s + attn_s + elementwise_s + self._allreduce_s(cal, tokens)) * 1e3
+                + a.num_layers * cal.layer_overhead_us / 1e3)
 
     def _allreduce_s(self, cal: Calibration, tokens: float) -> float:
         """Two all-reduces per layer of the step's 16-bit hidden states (ring: 2(tp-1)/tp of the message) plus
         their fixed cost."""
         if self.tp == 1:
             return 0.0
-        link = INTERCONNECT_GB_S.get(self.gpu.name, 64.0) * 1e9 * cal.allreduce_bw_efficiency
+        link = INTERCONNECT_GB_S.get(self.gpu.name, 64.0) * 1e9 * cal.allreduce_bw_factor
         message = tokens * self.arch.hidden_size * 2
-        fixed = cal.allreduce_latency_us * 1e-6 * math.log2(self.tp)
-        return 2 * self.arch.num_layers * (2 * (self.tp - 1) / self.tp * message / link + fixed)
+        latency = (self.tp - 1) * cal.allreduce_latency_us * 1e-6 * message / (message + cal.allreduce_latency_half_mb * 1e6)
+        return 2 * self.arch.num_layers * (2 * (self.tp - 1) / self.tp * message / link + latency)
 
 
 @dataclass(frozen=True)
