@@ -146,8 +146,9 @@ def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple
     q, p, lim, sp = spec.quantization, spec.parallelism, spec.limits, spec.speculation
     given_batch = "max_batch_size" in lim.model_fields_set and "max_batch_size" not in spec.limit_reasons
     gpus = capacity(spec.hardware)
-    tps = (p.tp,) if "tp" in p.model_fields_set else tuple(t for t in TP_CHOICES if t <= gpus)
-    pps = (p.pp,) if "pp" in p.model_fields_set else PP_CHOICES
+    placed = spec.placement_reason is not None  # a TP chosen by cost for want of one is searched again
+    tps = (p.tp,) if "tp" in p.model_fields_set and not placed else tuple(t for t in TP_CHOICES if t <= gpus)
+    pps = (p.pp,) if "pp" in p.model_fields_set and not placed else PP_CHOICES
     draft_name = spec.model.default_draft
     if "draft" in sp.model_fields_set:
         drafts = ((spec.draft_model.name, spec.draft_len),) if spec.draft_model else ((None, None),)

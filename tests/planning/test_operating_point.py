@@ -75,3 +75,11 @@ def test_compare_never_shows_more_gpus_with_less_throughput(precision):
     for small, large in zip(rows, rows[1:]):
         assert large.gpus > small.gpus
         assert large.output_tokens_per_s_estimate >= small.output_tokens_per_s_estimate
+
+
+def test_plan_slo_searches_every_tp_when_the_tp_was_only_chosen_by_cost():
+    from pipeline.planning.slo_search import search_space
+
+    placed = resolve_checked_spec(model="llama-70b", precision="fp8")
+    assert placed.placement_reason and search_space(placed).tps == (1, 2, 4, 8)
+    assert search_space(resolve_checked_spec(model="llama-70b", precision="fp8", tp=4)).tps == (4,)
