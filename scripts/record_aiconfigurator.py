@@ -91,7 +91,8 @@ for line in sys.stdin:
         raw = r.raw
         out = dict(status="ok", backend_version=r.backend_version, ttft_ms=round(float(r.ttft), 3),
                    tpot_ms=round(float(r.tpot), 3), tokens_per_s=round(float(raw["tokens/s"]), 2),
-                   tokens_per_s_per_gpu=round(float(raw["tokens/s/gpu"]), 2), memory_gb=round(float(raw["memory"]), 2))
+                   tokens_per_s_per_gpu=round(float(raw["tokens/s/gpu"]), 2), memory_gb=round(float(raw["memory"]), 2),
+                   kv_capacity_exceeded=r.kv_cache_warning is not None)
     except Exception as exc:
         text = str(exc)
         status = "oom" if "OOM" in text else "no_data"
