@@ -40,7 +40,7 @@ class VenvTool:
         override = os.environ.get(self.env)
         if override:
             if not Path(override).is_file():
-                raise HostError(f"{self.env}={override} is not a file; point it at a {self.executable} executable "
+                raise HostError(f"{self.env}={override} is not a file; point it at the {self.executable} executable "
                                 "or unset it")
             return override
         exe = self.venv / "bin" / self.executable
