@@ -125,9 +125,9 @@ class Aiperf:
         self.request_timeout_s = request_timeout_s
 
     @classmethod
-    def installed(cls, **kwargs: Any) -> Aiperf:
+    def installed(cls) -> Aiperf:
         """AIPerf from $PIPELINE_AIPERF or its cache venv, installed there on first use (HostError, exit 4)."""
-        return cls(AIPERF.ensure(), **kwargs)
+        return cls(AIPERF.ensure())
 
     @staticmethod
     def check(report: BenchReport, *, http_url: str | None, tokenizer_dir: str | None) -> None:
@@ -149,7 +149,7 @@ class Aiperf:
         """Every level of `workload` again through AIPerf; sets each level's `aiperf` in `report`.
 
         Raises:
-            RunError: AIPerf failed or wrote no export (its last output line quoted).
+            RunError: AIPerf failed or wrote no export (its first ERROR line quoted).
         """
         with tempfile.TemporaryDirectory(prefix="bench-aiperf-") as tmp:
             for i, (plan, stats) in enumerate(zip(workload, report.levels, strict=True)):
