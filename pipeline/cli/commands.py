@@ -25,7 +25,7 @@ from pipeline import __version__
 from pipeline.backends import PackageInputs, backend_for
 from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, triton_repo_dir
-from pipeline.core.errors import DeployError, PipelineError, ServeError, ServerFailed, SpecError
+from pipeline.core.errors import BenchError, DeployError, PipelineError, ServeError, ServerFailed, SpecError
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
 from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
@@ -56,6 +56,7 @@ def _lazy(name: str):
 
 
 aiconfigurator = _lazy("pipeline.planning.aiconfigurator")
+aiperf_lib = _lazy("pipeline.serving.aiperf")
 bench_lib = _lazy("pipeline.serving.bench")
 build_stage = _lazy("pipeline.stages.build")
 calibrate_stage = _lazy("pipeline.stages.calibrate.stage")
@@ -444,7 +445,8 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
                   no_stream=False, budget: float | None = None, json_=False, json_file=None, plot=None,
                   shared_prefix_tokens: int | None = None, shared_prefix_share: float | None = None,
                   speculation: Literal["server", "off", "both"] | None = None, dataset=None,
-                  request_rate: float | None = None, seed: int | None = None) -> None:
+                  request_rate: float | None = None, seed: int | None = None, http_url=None,
+                  second_opinion: Literal["aiperf"] | None = None) -> None:
     """Benchmark a Triton deployment: TTFT, time per token, tok/s, p50/p99, $ per 1M output tokens.
 
     The report ends with the figures an SLO is written in (P99 TTFT, P95 TPOT), the input/output token length
@@ -453,8 +455,12 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
     (or the built-in prompts), each asking for exactly its output length where the route takes `min_tokens`; the
     report's per-level `workload_sha256` names them.
 
-    Exit codes: 0 every request succeeded; 5 some request failed (report printed, then one error line);
-    2 the benchmark could not run.
+    `--second-opinion aiperf` then sends every level's requests again with NVIDIA AIPerf (its own venv, installed
+    on first use) and prints both tools' TTFT p50/p99, TPOT p50 and output tok/s side by side (`--json`: an
+    `aiperf` key per level).
+
+    Exit codes: 0 every request succeeded; 5 some request failed, or the second opinion did (report printed, then
+    one error line); 2 the benchmark could not run; 4 AIPerf could not be installed.
 
     Args:
         url: gRPC address of a running server (127.0.0.1:PORT); default: start tritonserver on the build's repo
@@ -480,16 +486,24 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         request_rate: Poisson arrivals per second in each level (the concurrency level caps requests in flight);
             default: closed loop, each client sends its next request at once
         seed: seed of the dataset sample and the Poisson arrival times (default 0)
+        http_url: HTTP address of the server at --url (127.0.0.1:PORT), for --second-opinion aiperf
+        second_opinion: aiperf: also run NVIDIA AIPerf 0.13 on the same requests, concurrency and request rate
+            (a streaming ensemble or BLS) and print both tools' figures side by side
     """
     levels = concurrency if isinstance(concurrency, str) else ",".join(concurrency or ())
+    if second_opinion not in (None, "", "aiperf"):
+        raise BenchError(f"--second-opinion {second_opinion!r}: the only second opinion is 'aiperf'; drop the "
+                         "flag for ours alone")
     if json_file:
         bench_lib.check_output_file("--json-file", json_file)
     if plot:
         bench_lib.check_plotting()
         bench_lib.check_output_file("--plot", plot)
     with contextlib.redirect_stdout(sys.stderr) if json_ else contextlib.nullcontext():  # stdout: the JSON only
+        other = aiperf_lib.Aiperf.installed() if second_opinion else None
         report = bench_lib.bench_spec(
-            spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name,
+            spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name, http_url=http_url,
+            second_opinion=other,
             concurrency=bench_lib.parse_levels(levels or "1,2,4"),
             requests_per_level=int_option("requests", requests, default=8),
             max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
@@ -503,6 +517,8 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         )
     said = sys.stderr if json_ else sys.stdout
     print(bench_lib.report_json(report) if json_ else bench_lib.format_report(report))
+    if other is not None and not json_ and any(lv.aiperf for lv in report.levels):
+        print("\n" + aiperf_lib.format_side_by_side(report))
     if json_file:
         print(f"json: {bench_lib.write_json(report, json_file)}", file=said)
     if plot:

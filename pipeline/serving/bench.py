@@ -29,10 +29,10 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.backends import backend_for
-from pipeline.core.errors import BenchError, PipelineError, RequestsFailed
+from pipeline.core.errors import BenchError, PipelineError, RequestsFailed, RunError
 from pipeline.core.gpus import gpu_price
 from pipeline.core.table import format_table
 from pipeline.serving.dataset import DatasetRequest, load_dataset
@@ -161,6 +161,7 @@ class LevelStats:
     tpot_ms_p95: float | None = None
     request_rate: float | None = None  # Poisson arrivals per second (None: closed loop, each client sends at once)
     workload_sha256: str | None = None  # the level's requests (`workload_sha256`): equal across levels and arms
+    aiperf: dict[str, Any] | None = None  # `--second-opinion aiperf`: its figures (`pipeline.serving.aiperf.AiperfLevel`)
 
 
 def summarize(
@@ -315,6 +316,7 @@ class BenchReport:
     seed: int = 0  # of the dataset sample and the arrival schedule
     model: str | None = None  # the build's model and precision (None: a server without a spec)
     precision: str | None = None
+    second_opinion_error: str | None = None  # why `--second-opinion` produced no figures (the run exits 5)
 
     @property
     def failed(self) -> int:
@@ -801,6 +803,8 @@ def run_bench(
     request_rate: float | None = None,
     seed: int = 0,
     workload: list[LevelPlan] | None = None,
+    http_url: str | None = None,
+    second_opinion: SecondOpinion | None = None,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
@@ -817,6 +821,9 @@ def run_bench(
             sent (`check_prompt_limits`).
         dataset, request_rate, seed: prompts from a dataset file and Poisson arrivals (`plan_workload`).
         workload: the levels `plan_workload` planned from these options already (default: plan them here).
+        http_url: the same server's HTTP address (for `second_opinion`).
+        second_opinion: another load generator (`pipeline.serving.aiperf.Aiperf`), checked before the first
+            request and run on every level after ours; its failure is kept in `second_opinion_error`.
 
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
@@ -835,6 +842,9 @@ def run_bench(
                          shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0,
                          request_rate=request_rate, dataset=str(dataset) if dataset is not None else None,
                          min_tokens=info.exact_lengths, seed=seed)
+    tokenizer_path = str(tokenizer_dir) if tokenizer_dir is not None else None
+    if second_opinion is not None:
+        second_opinion.check(report, http_url=http_url, tokenizer_dir=tokenizer_path)
     if warmup:
         _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
                texts=[WARMUP_PROMPT])
@@ -845,7 +855,22 @@ def run_bench(
     _run_figures(report, ok, workload, tokenizer)
     _prefix_cache_ratio(report, ok, before, after)
     _add_notes(report, ok, workload)
+    if second_opinion is not None:
+        try:
+            second_opinion.run(report, workload, http_url=http_url, tokenizer_dir=tokenizer_path,
+                               level_budget_s=level_budget_s)
+        except PipelineError as exc:
+            report.second_opinion_error = str(exc)
     return report
+
+
+class SecondOpinion(Protocol):
+    """Another load generator run on the same levels (`pipeline.serving.aiperf.Aiperf`)."""
+
+    def check(self, report: BenchReport, *, http_url: str | None, tokenizer_dir: str | None) -> None: ...
+
+    def run(self, report: BenchReport, workload: list[LevelPlan], *, http_url: str, tokenizer_dir: str,
+            level_budget_s: float) -> None: ...
 
 
 @dataclass
@@ -1122,9 +1147,11 @@ def failure_line(report: BenchReport) -> str:
 
 
 def check_failures(report: BenchReport) -> None:
-    """RequestsFailed (exit code 5) when any request of the run failed."""
+    """RequestsFailed (exit code 5) when any request of the run failed, RunError (5) when its second opinion did."""
     if report.failed:
         raise RequestsFailed(failure_line(report))
+    if report.second_opinion_error:
+        raise RunError(f"second opinion: {report.second_opinion_error}")
 
 
 def report_json(report: BenchReport) -> str:
@@ -1175,6 +1202,7 @@ def bench_spec(
     metrics_url: str | None = None,
     repo: str | Path | None = None,
     ready_timeout_s: float = 300.0,
+    http_url: str | None = None,
     **kwargs: Any,
 ) -> BenchReport:
     """Benchmark the deployment of `spec`: a running server at `url`, or start tritonserver on its repo first.
@@ -1183,12 +1211,18 @@ def bench_spec(
     and checked against its max_input_len/max_seq_len before anything is sent. The repo is `repo`, else the
     build's Triton repo located check-only (`invoke build` first). With `url` and no build here the fixed prompt
     set still runs (no token counts); the shared-prefix workload needs the tokenizer and is refused. Without `url`
-    the server is started on free 127.0.0.1 ports and stopped after.
+    the server is started on free 127.0.0.1 ports and stopped after. `http_url` is the HTTP address of the server
+    at `url` (for a `second_opinion`).
     """
     gpus = spec.parallelism.world_size
     price, source = cost_basis(spec)
     if url:
         check_local(url)
+    if http_url:
+        if not url:
+            raise BenchError("--http-url names the HTTP address of the server at --url; pass --url too, or drop both "
+                             "so that bench starts the server")
+        check_local(http_url)
     missing = None
     if repo is None:
         try:
@@ -1207,10 +1241,11 @@ def bench_spec(
     common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir,
                   workload=workload, **limits, **kwargs)
     if url:
-        report = run_bench(grpc_url=url, metrics_url=metrics_url, **common)
+        report = run_bench(grpc_url=url, metrics_url=metrics_url, http_url=http_url, **common)
     else:
         with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,
                           ready_timeout_s=ready_timeout_s) as server:
-            report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, **common)
+            report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, http_url=server.http_url,
+                               **common)
     report.model, report.precision = spec.model.name, spec.quantization.precision
     return report
