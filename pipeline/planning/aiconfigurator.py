@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-from pipeline.core.artifacts import cache_dir
 from pipeline.core.errors import HostError, RunError, SpecError
+from pipeline.core.tool_venv import VenvTool
 from pipeline.core.table import format_table
 from pipeline.planning import slo_search
 from pipeline.planning.planner import CapacityPlan
@@ -32,7 +29,6 @@ if TYPE_CHECKING:
 AIC_REQUIREMENT = "aiconfigurator==0.12.*"
 AIC_ENV = "PIPELINE_AICONFIGURATOR"
 VENV_NAME = "aiconfigurator-venv"
-INSTALL_TIMEOUT_S = 1800
 RUN_TIMEOUT_S = 300
 OUTPUT_CAP = 1 << 20  # bytes of a report we read
 
@@ -121,46 +117,12 @@ def parse_report(stdout: str, stderr: str, returncode: int) -> AicResult:
     raise RunError(f"aiconfigurator failed (exit {returncode}): {last[0].strip()[:300]}")
 
 
-def _venv_python() -> str:
-    """A Python >= 3.11 to create the venv with."""
-    if sys.version_info >= (3, 11):
-        return sys.executable
-    for name in ("python3.13", "python3.12", "python3.11"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise HostError("aiconfigurator needs Python >= 3.11 and none is on PATH; install python3.11 or set "
-                    f"{AIC_ENV}=/path/to/aiconfigurator")
+TOOL = VenvTool(requirement=AIC_REQUIREMENT, executable="aiconfigurator", env=AIC_ENV, venv_name=VENV_NAME)
 
 
 def ensure_installed(*, quiet: bool = False) -> str:
     """The aiconfigurator executable: $PIPELINE_AICONFIGURATOR, else the cache venv's (created on first use)."""
-    override = os.environ.get(AIC_ENV)
-    if override:
-        if not Path(override).is_file():
-            raise HostError(f"{AIC_ENV}={override} is not a file; point it at an aiconfigurator executable or unset it")
-        return override
-    venv = cache_dir() / VENV_NAME
-    exe, marker = venv / "bin" / "aiconfigurator", venv / "installed.ok"
-    if exe.is_file() and marker.is_file():
-        return str(exe)
-    if not quiet:
-        print(f"installing {AIC_REQUIREMENT} into {venv} (first use) ...", file=sys.stderr)
-    shutil.rmtree(venv, ignore_errors=True)
-    for argv in ([_venv_python(), "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", AIC_REQUIREMENT]):
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-            failure = None if done.returncode == 0 else ((done.stderr or done.stdout).strip().splitlines()
-                                                         or ["no output"])[-1][:300]
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            failure = str(exc)
-        if failure is not None:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise HostError(f"installing {AIC_REQUIREMENT} failed: {failure}; check network access to PyPI or set "
-                            f"{AIC_ENV}=/path/to/aiconfigurator")
-    marker.write_text(AIC_REQUIREMENT + "\n")
-    return str(exe)
+    return TOOL.ensure(quiet=quiet)
 
 
 def run_offline(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:

@@ -109,7 +109,7 @@ def test_bad_estimator_and_broken_override(monkeypatch):
 def test_failed_install_is_one_host_error_and_leaves_nothing(monkeypatch, tmp_path):
     monkeypatch.delenv(aic.AIC_ENV, raising=False)
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
-    monkeypatch.setattr(aic, "_venv_python", lambda: str(tmp_path / "no-python"))
+    monkeypatch.setattr(type(aic.TOOL), "_python", lambda self: str(tmp_path / "no-python"))
     with pytest.raises(HostError, match="installing aiconfigurator==0.12.\\* failed") as exc:
         aic.ensure_installed(quiet=True)
     assert exc.value.exit_code == 4
