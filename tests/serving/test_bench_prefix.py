@@ -56,3 +56,34 @@ def test_bls_reports_speculation_with_and_without(served, tmp_path):
     assert all(lv.ttft_ms_p50 is not None for lv in r.levels)  # the server's timestamps (non-streaming)
     assert write_json(r, tmp_path / "b.json").is_file()
     assert plot_report(r, tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sharegpt_array_with_both_arms_replays_one_workload_at_the_datasets_lengths(served, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """`invoke bench --dataset sharegpt.json --concurrency 1,2 --speculation both --json` on the BLS: one JSON
+    document on stdout; every level and arm has the same workload_sha256; every request gets its reply's length."""
+    import json
+
+    import tasks
+    from pipeline.serving.bench import tokenizer_dir_of
+    from pipeline.serving.token_count import load_tokenizer
+
+    repo, server = served
+    replies = ["The sea is large and deep.", "Blue.", "A cat sat on the warm mat by the door."]
+    convs = [{"conversations": [{"from": "human", "value": f"Question {i}: tell me more."},
+                                {"from": "gpt", "value": reply}]} for i, reply in enumerate(replies)]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(convs, indent=1))  # one JSON array, as ShareGPT is published
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    capsys.readouterr()
+    tasks.bench.body(None, model="tiny-llama", precision="fp8", target="reference", draft="auto",
+                     url=server.grpc_url, repo=str(repo), model_name="tensorrt_llm_bls", dataset=str(data),
+                     concurrency="1,2", requests="3", speculation="both", json_=True)
+    report = json.loads(capsys.readouterr().out)  # stdout holds exactly one JSON document
+    assert report["failed"] == 0 and len(report["levels"]) == 4
+    assert {(lv["concurrency"], lv["speculation"]) for lv in report["levels"]} == {
+        (c, s) for c in (1, 2) for s in ("server", "off")}
+    assert len({lv["workload_sha256"] for lv in report["levels"]}) == 1
+    tok = load_tokenizer(tokenizer_dir_of(repo))
+    asked = [len(tok.encode(r, add_special_tokens=False).ids) for r in replies]
+    assert all(lv["output_tokens"] == sum(asked) for lv in report["levels"])
