@@ -54,6 +54,8 @@ def test_the_table_is_a_real_recording_of_the_required_grid():
     for model in ("llama-8b", "llama-70b", "llama-405b"):
         for system in ("h100_sxm", "h200_sxm"):
             for gemm in ("fp8_static", "bfloat16"):
+                if (model, system, gemm) == ("llama-405b", "h100_sxm", "bfloat16"):
+                    continue  # 810 GB of weights: out of memory on 8 x 80 GB at every batch (recorded as such)
                 got = {(tp, i, o) for m, s, g, tp, i, o, _ in ok if (m, s, g) == (model, system, gemm)}
                 assert {i for _, i, _ in got} >= ({1024, 2048} if model == "llama-405b" else {1024, 2048, 8192})
                 assert {tp for tp, _, _ in got} >= ({8} if model == "llama-405b" else {4, 8})
