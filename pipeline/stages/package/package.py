@@ -7,6 +7,7 @@ Layout (`<output>/<name>/`, default output = `pipeline.core.artifacts.triton_rep
     preprocessing/   config.pbtxt, 1/model.py, tokenizer/      (python; the build's tokenizer, copied)
     tensorrt_llm/    config.pbtxt, 1/[model.py]                  (tensorrtllm backend, or python for reference)
     postprocessing/  config.pbtxt, 1/model.py, tokenizer/
+                     (every python model's 1/ also holds request_limits.py, the shared request ceilings)
     ensemble/        config.pbtxt, 1/                            (text in, text out, streaming)
     tensorrt_llm_draft/, tensorrt_llm_bls/                       (only with speculation)
     manifest.json
@@ -44,6 +45,8 @@ from pipeline.stages.package.repo_check import MAX_MEMORY_FRACTION_SUM, validate
 _TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                        "chat_template*", "*.tiktoken")
 _QUEUE = {"max_queue_delay_microseconds": 0, "max_queue_size": 0}
+# The request ceilings every Python model imports (copied beside each model.py).
+SHARED_MODULE = "request_limits.py"
 
 
 PackageResult = StageResult[RepoManifest]
@@ -252,6 +255,7 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: Backen
         python = model != "ensemble" and not (template == "tensorrt_llm" and backend.compiles)
         if python:
             shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
+            shutil.copy2(root / SHARED_MODULE, out / "1" / SHARED_MODULE)
         if model in ("preprocessing", "postprocessing"):
             (out / "tokenizer").mkdir()
             for f in _tokenizer_files(tokenizer):
