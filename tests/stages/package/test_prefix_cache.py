@@ -182,7 +182,9 @@ def test_block_pool_evicts_leaves_first(monkeypatch):
     stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     stub.Logger = types.SimpleNamespace(log_warn=print, log_info=print, log_error=print)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    path = Path(__file__).resolve().parents[3] / "pipeline" / "templates" / "triton" / "tensorrt_llm" / "1" / "model.py"
+    templates = Path(__file__).resolve().parents[3] / "pipeline" / "templates" / "triton"
+    monkeypatch.syspath_prepend(str(templates))  # request_limits.py, packaged beside model.py
+    path = templates / "tensorrt_llm" / "1" / "model.py"
     spec = importlib.util.spec_from_file_location("ref_model", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

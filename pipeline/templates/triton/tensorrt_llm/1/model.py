@@ -15,7 +15,9 @@ top_p_min/decay/reset_ids), `seed`. `streaming` (decoupled only) sends the new t
 non-streaming output holds the prompt unless `exclude_input_in_output`. `num_return_sequences` = n independent
 samples: one response per sequence with `sequence_index` when decoupled (as the C++ backend sends them), or one
 response with the n sequences on the beam axis when not. `beam_width` > 1 is refused per request, as is a
-sampling value outside the tensorrtllm backend's bounds (SAMPLING_BOUNDS).
+sampling value that is not finite or outside the tensorrtllm backend's bounds, and every count over the build's
+ceiling (request_limits.py, shared with preprocessing and the BLS: num_return_sequences <= max_batch_size, word lists,
+a finite embedding bias of vocab size, logits size).
 `draft_input_ids` (draft-target speculation) are verified in one forward pass: the accepted prefix plus one token.
 Limits as configured (`max_input_len`, `max_seq_len`): a longer prompt, prompt + output over the limit, or
 request_output_len <= 0 is an error response. Inputs that need another engine (LoRA, prompt tables, multimodal,
@@ -54,6 +56,15 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from request_limits import (
+    SAMPLING_BOUNDS,
+    Limits,
+    RequestError,
+    check_bias,
+    check_ceilings,
+    check_sampling,
+    check_word_tokens,
+)
 
 # Every exchange with the server from this model's threads (response senders, cancellation polls, custom metrics)
 # goes through this lock: Triton 2.51's Python backend can crash the server (boost::interprocess::lock_exception in
@@ -128,35 +139,6 @@ def word_list(arr):
             words.append([int(t) for t in ids[start:end]])
         start = end
     return words
-
-
-# The tensorrtllm backend's per-request sampling bounds (executor SamplingConfig checks; runtime_top_p <= 0 counts as
-# unset there): input -> (lowest, lowest allowed, highest or None, human bound).
-SAMPLING_BOUNDS = {
-    "beam_width": (1, True, None, ">= 1"),
-    "temperature": (0.0, True, None, ">= 0"),
-    "runtime_top_k": (0, True, None, ">= 0"),
-    "runtime_top_p": (0.0, False, 1.0, "in (0, 1]"),
-    "runtime_top_p_min": (0.0, True, 1.0, "in [0, 1]"),
-    "runtime_top_p_decay": (0.0, False, 1.0, "in (0, 1]"),
-    "runtime_top_p_reset_ids": (0, True, None, ">= 0"),
-    "repetition_penalty": (0.0, False, None, "> 0"),
-    "min_tokens": (0, True, None, ">= 0"),
-    "len_penalty": (0.0, True, None, ">= 0"),
-    "beam_search_diversity_rate": (0.0, True, None, ">= 0"),
-    "num_return_sequences": (1, True, None, ">= 1"),
-}
-
-
-def check_sampling(values):
-    """Raise RequestError for the first sampling value (name -> value or None) outside its SAMPLING_BOUNDS."""
-    for name, value in values.items():
-        if value is None or (name == "runtime_top_p" and float(value) <= 0):
-            continue
-        low, inclusive, high, bound = SAMPLING_BOUNDS[name]
-        value = float(value)
-        if value != value or value < low or (value == low and not inclusive) or (high is not None and value > high):
-            raise RequestError(f"{name} must be {bound}, got {value:g}; send a value {bound}")
 
 
 def load_model(path, dtype_name):
@@ -470,10 +452,6 @@ class BackendMetrics:
 
 
 # ------------------------------------------------------------------------------------------------ request state
-class RequestError(ValueError):
-    """A request the model refuses (answered with an error response, the model keeps serving)."""
-
-
 class Job:
     """One Triton request: its response sender, flags and the sequences it produces."""
 
@@ -575,6 +553,8 @@ class TritonPythonModel:
         self.exclude_input = _truthy(_param(config, "exclude_input_in_output", "false"))
         self.tokens_per_block = int(_param(config, "tokens_per_block", "32"))
         self.max_beam_width = int(_param(config, "max_beam_width", "1"))
+        self.limits = Limits.from_config(config, vocab_size=self.vocab, max_seq_len=self.max_seq_len,
+                                         max_input_len=self.max_input_len, max_beam_width=self.max_beam_width)
         pool_tokens = int(_param(config, "max_tokens_in_paged_kv_cache", "0") or 0)
         per_seq = -(-self.max_seq_len // self.tokens_per_block)
         blocks = pool_tokens // self.tokens_per_block or max(1, int(config.get("max_batch_size", 0) or 1)) * per_seq
@@ -695,14 +675,19 @@ class TritonPythonModel:
             raise RequestError(f"beam_width {beam} is not supported by the reference backend (max_beam_width 1); "
                                "send beam_width 1 or use num_return_sequences")
         n = int(scalar("num_return_sequences", 1) or 1)
+        check_ceilings(self.limits, beam_width=beam, num_return_sequences=n, request_output_len=max_new,
+                       input_len=len(prompt), min_tokens=scalar("min_tokens", None),
+                       logits=bool(scalar("return_generation_logits", False) or scalar("return_context_logits", False)))
+        for name in ("stop_words_list", "bad_words_list"):
+            row = _row(inputs[name], b, batch)
+            if row is not None:
+                check_word_tokens(name, row.size // 2, self.limits)
         draft_row = _row(inputs["draft_input_ids"], b, batch)
         draft = [int(t) for t in draft_row.reshape(-1)] if draft_row is not None else []
         bias_row = _row(inputs["embedding_bias"], b, batch)
         bias = None
         if bias_row is not None and bias_row.size:
-            if bias_row.size != self.vocab:
-                raise RequestError(f"embedding_bias has {bias_row.size} values; it needs one per vocabulary token "
-                                   f"({self.vocab})")
+            check_bias("embedding_bias", bias_row.reshape(-1).tolist(), self.limits, exact=True)
             bias = torch_tensor(bias_row.reshape(-1))
         exclude = scalar("exclude_input_in_output", None)
         end_id = scalar("end_id", None)
