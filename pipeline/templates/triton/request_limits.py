@@ -111,7 +111,8 @@ def check_ceilings(limits, *, beam_width=None, num_return_sequences=None, reques
     """
     beam = int(beam_width or 1)
     if limits.max_beam_width is not None and beam > limits.max_beam_width:
-        raise RequestError(f"beam_width {beam} is over the build's max_beam_width {limits.max_beam_width}; "
+        raise RequestError(f"beam_width {beam} is not supported: over the build's max_beam_width "
+                           f"{limits.max_beam_width}; "
                            f"send beam_width <= {limits.max_beam_width}")
     n = int(num_return_sequences or 1)
     ceiling = beam if beam > 1 else limits.max_batch_size

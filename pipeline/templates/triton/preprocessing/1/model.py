@@ -15,6 +15,8 @@ Written by pipeline.stages.package; self-contained (numpy + transformers). Per r
 Bounded work per request: a text input (prompt, stop/bad words, bias words) longer than the byte cap is refused
 before it is tokenized, then a prompt over `max_input_len` tokens. The cap is `max_input_len` x BYTES_PER_TOKEN
 (generous: text averages about 4 bytes per token), DEFAULT_MAX_INPUT_BYTES without `max_input_len`.
+Embedding-bias weights must be finite (at most one per vocabulary token) and a stop/bad word list may hold at most
+`max_input_len` token ids (request_limits.py, the ceilings shared with tensorrt_llm and the BLS).
 Image/video inputs need a multimodal build and are refused per request; the vision outputs are never produced.
 `tokenizer_dir` is resolved against this model's directory unless absolute; unset (`${...}`) parameters count as
 empty.
@@ -25,15 +27,12 @@ import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from request_limits import Limits, RequestError, check_bias, check_word_tokens
 
 MULTIMODAL_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")
 TRUE = ("true", "1", "t", "y", "yes")
 BYTES_PER_TOKEN = 32
 DEFAULT_MAX_INPUT_BYTES = 4 << 20
-
-
-class RequestError(ValueError):
-    """A request this model cannot serve; answered with an error response."""
 
 
 def _param(config, key, default=""):
@@ -98,6 +97,8 @@ class TritonPythonModel:
                 from None
         self.max_input_bytes = self.max_input_len * BYTES_PER_TOKEN if self.max_input_len > 0 \
             else DEFAULT_MAX_INPUT_BYTES
+        self.limits = Limits(max_batch_size=config.get("max_batch_size"), vocab_size=self.vocab_size,
+                             max_input_len=self.max_input_len if self.max_input_len > 0 else None)
 
     def _check_bytes(self, arr, name):
         """Refuse a text input whose rows hold more bytes than the cap (before anything tokenizes them)."""
@@ -138,7 +139,7 @@ class TritonPythonModel:
             ids[b, len(row):] = pad_id[b, 0]
         return ids, np.array([[len(row)] for row in encoded], dtype=np.int32)
 
-    def _word_list(self, arr, batch):
+    def _word_list(self, arr, batch, name):
         """Word strings [batch, n] -> [batch, 2, width]: flat token ids (0-padded) and end offsets (-1-padded)."""
         if arr is None:
             return np.empty((batch, 2, 0), dtype=np.int32)
@@ -150,6 +151,7 @@ class TritonPythonModel:
                 if ids:
                     flat += ids
                     offsets.append(len(flat))
+            check_word_tokens(name, len(flat), self.limits)
             rows.append((flat, offsets))
         width = max([1] + [len(flat) for flat, _ in rows])
         out = np.zeros((batch, 2, width), dtype=np.int32)
@@ -170,6 +172,7 @@ class TritonPythonModel:
             if len(row_words) != len(row_weights):
                 raise RequestError(f"embedding_bias_words ({len(row_words)}) and embedding_bias_weights "
                                    f"({len(row_weights)}) must have the same length")
+            check_bias("embedding_bias_weights", row_weights, self.limits)
             for word, weight in zip(row_words, row_weights):
                 for token in self.tokenizer.encode(_text(word), add_special_tokens=False):
                     bias[b, token] += float(weight)
@@ -200,8 +203,8 @@ class TritonPythonModel:
             "REQUEST_INPUT_LEN": input_len,
             "DECODER_INPUT_ID": pad_id.copy(),
             "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
-            "BAD_WORDS_IDS": self._word_list(_input(request, "BAD_WORDS_DICT"), batch),
-            "STOP_WORDS_IDS": self._word_list(_input(request, "STOP_WORDS_DICT"), batch),
+            "BAD_WORDS_IDS": self._word_list(_input(request, "BAD_WORDS_DICT"), batch, "bad_words"),
+            "STOP_WORDS_IDS": self._word_list(_input(request, "STOP_WORDS_DICT"), batch, "stop_words"),
             "EMBEDDING_BIAS": self._embedding_bias(_input(request, "EMBEDDING_BIAS_WORDS"),
                                                    _input(request, "EMBEDDING_BIAS_WEIGHTS"), batch),
             "REQUEST_OUTPUT_LEN": out_len.astype(np.int32).reshape(batch, -1),

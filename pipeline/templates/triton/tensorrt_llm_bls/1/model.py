@@ -17,7 +17,9 @@ Routes:
 Models whose config says they are not decoupled (preprocessing, postprocessing, the draft, a unary target) are
 called with a unary `exec()`; a decoupled target with `exec(decoupled=True)`, read to its final response. Empty
 word lists ([1, 2, 0]) and an empty embedding bias ([1, 0]) from preprocessing count as absent. The target's
-limits (max_input_len, max_seq_len) are checked up front; before anything is tokenized, a text_input over
+limits (max_input_len, max_seq_len, max_beam_width, max batch size) are checked up front with request_limits.py
+(the ceilings shared with preprocessing and tensorrt_llm: finite sampling values, num_return_sequences, beam_width,
+max_tokens, embedding_bias_weights); before anything is tokenized, a text_input over
 max_input_len x BYTES_PER_TOKEN bytes (DEFAULT_MAX_INPUT_BYTES when the limit is unknown) is refused. Inputs that
 need another build (images, video, decoder text, prompt tables, LoRA, guided decoding) get a per-request error, as do requests without text_input or a positive
 max_tokens. A streamed request the client cancels stops the target (a `stop` request with the same id) and ends with
@@ -45,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from request_limits import Limits, RequestError, check_bias, check_ceilings, check_sampling
 
 # Every exchange with the server (BLS exec and its responses, response senders, custom metrics) goes through this
 # lock: Triton 2.51's Python backend crashes the server (boost::interprocess::lock_exception in libtriton_python.so)
@@ -105,10 +108,6 @@ PASSED_ON = ["cum_log_probs", "output_log_probs", "context_logits", "generation_
              "num_output_tokens"]
 LLM_OUTPUTS = ["output_ids", "sequence_length"] + PASSED_ON
 BLOCK_COUNTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
-
-
-class RequestError(ValueError):
-    """A request this model cannot serve; answered with an error response."""
 
 
 class Cancelled(Exception):
@@ -188,22 +187,29 @@ def is_decoupled(repo_dir, model):
 
 
 def target_limits(repo_dir, model):
-    """(max_input_len, max_seq_len) of `model`: the reference backend's parameters, else its engine's
-    config.json (`build_config`); (None, None) when neither is readable."""
+    """The build's Limits of `model`: the reference backend's parameters (max_input_len, max_seq_len,
+    max_beam_width) and max_batch_size, else its engine's config.json (`build_config`, the vocab of
+    `pretrained_config`); every limit None when neither is readable."""
     text = _config_text(repo_dir, model)
     if text is None:
-        return None, None
+        return Limits()
     params = dict(re.findall(r'key:\s*"(\w+)"\s*value\s*:?\s*\{\s*string_value:\s*"([^"]*)"', text))
-    limits = (params.get("max_input_len", ""), params.get("max_seq_len", ""))
-    if all(v.isdigit() for v in limits):
-        return int(limits[0]), int(limits[1])
-    engine = params.get("gpt_model_path", "")
+    batch = re.search(r"^\s*max_batch_size\s*:\s*(\d+)", text, re.MULTILINE)
+    known = {key: int(params[key]) for key in ("max_input_len", "max_seq_len", "max_beam_width")
+             if params.get(key, "").isdigit()}
+    known["max_batch_size"] = int(batch.group(1)) if batch else None
+    if "max_input_len" in known and "max_seq_len" in known:
+        return Limits(**known)
     try:
-        with open(os.path.join(repo_dir, model, engine, "config.json")) as f:
-            build = json.load(f)["build_config"]
-        return int(build["max_input_len"]), int(build["max_seq_len"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return None, None
+        with open(os.path.join(repo_dir, model, params.get("gpt_model_path", ""), "config.json")) as f:
+            engine = json.load(f)
+        build = engine["build_config"]
+        return Limits(max_input_len=int(build["max_input_len"]), max_seq_len=int(build["max_seq_len"]),
+                      max_batch_size=int(build.get("max_batch_size") or 0) or known["max_batch_size"],
+                      max_beam_width=int(build.get("max_beam_width") or 1),
+                      vocab_size=int(engine.get("pretrained_config", {}).get("vocab_size") or 0) or None)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return Limits(max_batch_size=known["max_batch_size"], max_beam_width=known.get("max_beam_width"))
 
 
 def stop_position(tokens, start, stop_words):
@@ -228,7 +234,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"tensorrt_llm_bls: default_num_draft_tokens must be an integer, got {default_k!r}") from None
         repo_dir = os.path.dirname(args["model_repository"])
-        self.max_input_len, self.max_seq_len = target_limits(repo_dir, self.target)
+        self.limits = target_limits(repo_dir, self.target)
+        self.max_input_len, self.max_seq_len = self.limits.max_input_len, self.limits.max_seq_len
         self.decoupled_models = {m: is_decoupled(repo_dir, m) for m in (self.target, self.draft) if m}
         cap = _param(config, "max_batch_for_speculation", "")
         try:
@@ -356,8 +363,17 @@ class TritonPythonModel:
         }
         flags = {name: bool(_scalar(_input(request, name), False)) for name in FORWARDED if name.startswith("return_")}
         opts.update(flags)
+        check_sampling({dst: _scalar(_input(request, src)) for src, (dst, dtype) in FORWARDED.items()
+                        if dtype is np.float32 or dst in ("beam_width", "num_return_sequences", "runtime_top_k")})
+        check_sampling({"min_tokens": opts["min_tokens"]})
+        weights = _input(request, "embedding_bias_weights")
+        if weights is not None:
+            check_bias("embedding_bias_weights", weights.reshape(-1).tolist(), self.limits)
         opts["n"] = int(_scalar(_input(request, "num_return_sequences"), 1) or 1)
         opts["beam"] = int(_scalar(_input(request, "beam_width"), 1) or 1)
+        check_ceilings(self.limits, beam_width=opts["beam"], num_return_sequences=opts["n"],
+                       request_output_len=opts["max_tokens"], min_tokens=opts["min_tokens"],
+                       logits=opts["return_generation_logits"] or opts["return_context_logits"])
         self._check_route(opts)
         return opts
 
