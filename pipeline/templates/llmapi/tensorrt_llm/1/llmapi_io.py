@@ -10,9 +10,12 @@ metrics of the request.
 
 Bounded work per request: a prompt (or its stop strings) over the byte cap (`prompt_byte_limit`: the LLM's
 max_input_len, else max_seq_len, x BYTES_PER_TOKEN) is refused before anything decodes or tokenizes it; sampling
-values outside the bounds of TensorRT-LLM's SamplingParams / executor SamplingConfig are refused (`check_sampling`).
+values that are not finite (NaN/inf), outside the bounds of TensorRT-LLM's SamplingParams / executor SamplingConfig,
+or over the build's ceiling (`best_of` <= max_batch_size, `max_tokens` <= max_seq_len: `request_ceilings`) are
+refused (`check_sampling`).
 """
 
+import math
 import os
 
 import numpy as np
@@ -50,7 +53,12 @@ SAMPLING_BOUNDS = {
     "top_p": (0.0, False, 1.0, "in (0, 1]"),
     "max_tokens": (1, True, None, ">= 1"),
     "best_of": (1, True, None, ">= 1"),
+    "frequency_penalty": (None, True, None, "finite"),
+    "presence_penalty": (None, True, None, "finite"),
 }
+# SamplingParams field -> the LLM argument that is its ceiling (best_of sequences take batch slots; max_tokens fits
+# in max_seq_len).
+SAMPLING_CEILINGS = {"best_of": "max_batch_size", "max_tokens": "max_seq_len"}
 
 
 class BadRequest(Exception):
@@ -84,15 +92,36 @@ def prompt_byte_limit(llm_args: dict) -> int:
     return int(tokens) * BYTES_PER_TOKEN if tokens else DEFAULT_MAX_PROMPT_BYTES
 
 
-def check_sampling(sampling: dict) -> None:
-    """Raise BadRequest for the first sampling value outside SAMPLING_BOUNDS."""
+def request_ceilings(llm_args: dict) -> dict:
+    """SAMPLING_CEILINGS resolved from the LLM arguments (model.yaml): field -> ceiling; unknown ones left out."""
+    out = {}
+    for field, arg in SAMPLING_CEILINGS.items():
+        value = llm_args.get(arg)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[field] = value
+    return out
+
+
+def check_sampling(sampling: dict, ceilings: dict | None = None) -> None:
+    """Raise BadRequest for the first sampling value that is not finite, outside SAMPLING_BOUNDS or over its
+    ceiling (`ceilings`: field -> the build's highest value, from `request_ceilings`)."""
+    ceilings = ceilings or {}
     for name, (low, inclusive, high, bound) in SAMPLING_BOUNDS.items():
         value = sampling.get(name)
         if value is None:
             continue
-        value = float(value)
-        if value != value or value < low or (value == low and not inclusive) or (high is not None and value > high):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise BadRequest(f"sampling_param_{name} must be a number, got {value!r}; send a number") from None
+        if not math.isfinite(value):
+            raise BadRequest(f"sampling_param_{name} must be finite, got {value}; send a finite number")
+        if low is not None and (value < low or (value == low and not inclusive) or (high is not None and value > high)):
             raise BadRequest(f"sampling_param_{name} must be {bound}, got {value:g}; send a value {bound}")
+        ceiling = ceilings.get(name)
+        if ceiling is not None and value > ceiling:
+            raise BadRequest(f"sampling_param_{name} {value:g} is over the build's {SAMPLING_CEILINGS[name]} "
+                             f"{ceiling}; send sampling_param_{name} <= {ceiling}")
 
 
 def _nbytes(value) -> int:
@@ -122,9 +151,10 @@ def is_stop_request(request) -> bool:
     return bool(_scalar(request, "stop"))
 
 
-def parse_request(request, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES) -> dict:
+def parse_request(request, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES, ceilings: dict | None = None) -> dict:
     """One request -> {"prompt", "sampling" (SamplingParams kwargs), "streaming", "outputs" (flags)}; raises
-    BadRequest for a prompt or stop strings over `max_prompt_bytes` and for sampling values out of bounds."""
+    BadRequest for a prompt or stop strings over `max_prompt_bytes` and for sampling values out of bounds or over
+    `ceilings` (`request_ceilings`)."""
     text = _array(request, "text_input")
     if text is None or text.size == 0:
         raise BadRequest("text_input is missing from the request")
@@ -143,7 +173,7 @@ def parse_request(request, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES) -> 
             value = SAMPLING_DEFAULTS.get(field)
         if value is not None:
             sampling[field] = value
-    check_sampling(sampling)
+    check_sampling(sampling, ceilings)
     sampling["stop"] = [_text(s) for s in stop.reshape(-1)] if stop is not None and stop.size else None
     outputs = {flag: bool(_scalar(request, flag) or False) for flag in OUTPUT_FLAGS}
     return {"prompt": _text(text.reshape(-1)[0]), "sampling": sampling,

@@ -31,6 +31,7 @@ from llmapi_io import (
     is_stop_request,
     parse_request,
     prompt_byte_limit,
+    request_ceilings,
     read_model_yaml,
 )
 from transformers import AutoTokenizer
@@ -74,6 +75,7 @@ class TritonPythonModel:
         self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
         llm = read_model_yaml(HERE)
         self.max_prompt_bytes = prompt_byte_limit(llm)
+        self.ceilings = request_ceilings(llm)
         dtype = _DTYPES.get(_param(config, "reference_dtype", "float32"))
         if dtype is None:
             raise pb_utils.TritonModelException("reference_dtype must be float32 or float64")
@@ -110,7 +112,7 @@ class TritonPythonModel:
         if is_stop_request(request):
             self._stop(request)
             return
-        parsed = parse_request(request, self.max_prompt_bytes)
+        parsed = parse_request(request, self.max_prompt_bytes, self.ceilings)
         if parsed["streaming"] and not self.decoupled:
             raise BadRequest("Streaming is only supported in decoupled mode.")
         if int(parsed["sampling"].get("best_of", 1)) != 1:

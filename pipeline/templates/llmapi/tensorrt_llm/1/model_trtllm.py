@@ -25,6 +25,7 @@ from llmapi_io import (
     is_stop_request,
     parse_request,
     prompt_byte_limit,
+    request_ceilings,
     read_model_yaml,
 )
 
@@ -66,6 +67,7 @@ class TritonPythonModel:
         data = read_model_yaml(HERE)
         self.decoupled = bool(data["triton_config"]["decoupled"])
         self.max_prompt_bytes = prompt_byte_limit(data)
+        self.ceilings = request_ceilings(data)
         kwargs = update_llm_args_with_extra_dict({}, {k: v for k, v in data.items() if k != "triton_config"})
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -101,7 +103,7 @@ class TritonPythonModel:
             if is_stop_request(request):
                 self._stop(request, sender)
                 return
-            parsed = parse_request(request, self.max_prompt_bytes)
+            parsed = parse_request(request, self.max_prompt_bytes, self.ceilings)
             if parsed["streaming"] and not self.decoupled:
                 raise BadRequest("Streaming is only supported in decoupled mode.")
             params = self.SamplingParams(**parsed["sampling"])
