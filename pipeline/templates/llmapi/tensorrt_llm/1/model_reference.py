@@ -31,8 +31,8 @@ from llmapi_io import (
     is_stop_request,
     parse_request,
     prompt_byte_limit,
-    request_ceilings,
     read_model_yaml,
+    request_ceilings,
 )
 from transformers import AutoTokenizer
 

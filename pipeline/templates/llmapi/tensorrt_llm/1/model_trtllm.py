@@ -25,8 +25,8 @@ from llmapi_io import (
     is_stop_request,
     parse_request,
     prompt_byte_limit,
-    request_ceilings,
     read_model_yaml,
+    request_ceilings,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
