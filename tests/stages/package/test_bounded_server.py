@@ -121,6 +121,41 @@ def test_out_of_range_sampling_value_gets_one_error(served, model, name, value, 
     assert status == 400 and message in body.get("error", ""), body
 
 
+# Requests whose work or memory a field multiplies, or whose float sampling value is not finite: field values ->
+# what the error says (request_limits.py). NaN and inf travel as JSON's NaN / Infinity literals.
+HOSTILE = [
+    ({"num_return_sequences": 100_000}, "num_return_sequences 100000 is over"),
+    ({"beam_width": 100_000}, "beam_width 100000 is not supported"),
+    ({"max_tokens": 1_000_000}, ("request_output_len", "1000000", "512")),  # the tiny build's max_seq_len
+    ({"embedding_bias_words": ["fox"], "embedding_bias_weights": [float("nan")]},
+     "embedding_bias_weights must be finite"),
+    ({"embedding_bias_words": ["fox"], "embedding_bias_weights": [float("inf")]},
+     "embedding_bias_weights must be finite"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty must be finite"),
+    ({"temperature": float("inf")}, "temperature must be finite"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_hostile_requests_are_refused_at_once_and_the_next_request_answers(served, model):
+    srv, max_input_len = served
+    extra = {"num_draft_tokens": 0} if model == "tensorrt_llm_bls" else {}
+    hostile = HOSTILE + [({"stop_words": ["fox"] * (max_input_len + 1)}, "stop_words holds")]
+    expected = _greedy(srv, model)
+    for fields, message in hostile:
+        start = time.monotonic()
+        status, body = _generate(srv, model, timeout=30, **{"text_input": PROMPT, "max_tokens": 4, **fields, **extra})
+        refused_s = time.monotonic() - start
+        parts = (message,) if isinstance(message, str) else message
+        assert status == 400 and all(p in body.get("error", "") for p in parts), (fields, status, body)
+        start = time.monotonic()
+        assert _greedy(srv, model) == expected
+        assert time.monotonic() - start < 5, fields
+        assert refused_s < 5, (fields, refused_s)
+    assert _all_ready(srv)
+
+
 # ------------------------------------------------------------------------------------------------ cancel storm
 def _cancelled_stream(srv, max_tokens: int) -> int:
     """Start one streaming ensemble request, cancel it after its first response; returns responses seen."""
