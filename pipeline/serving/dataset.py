@@ -26,6 +26,8 @@ from pipeline.core.untrusted import open_regular, parse_json
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # one JSONL line
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # one prompt (either layout)
 MAX_OUTPUT_LEN = 1_048_576
+MAX_DEPTH = 1000  # JSON nesting of one array record (a ShareGPT record is 4 deep)
+_CHUNK = 4096
 _HUMAN = ("human", "user")
 _REPLY = ("gpt", "assistant", "chatgpt", "bard", "model")
 _EXAMPLE = '{"prompt": "...", "output_len": 128}'
@@ -112,20 +114,26 @@ def _jsonl(f: IO[bytes], name: str) -> Iterator[_Record | None]:
 
 
 class _RecordBudget:
-    """A file whose reads since `start()` may not pass `MAX_RECORD_BYTES` (a record ijson is still building)."""
+    """A file whose reads since `start()` may not pass `MAX_RECORD_BYTES` nor open brackets `MAX_DEPTH` deeper than
+    they close (a record ijson is still building; its cost grows with the square of the nesting). Reads are at most
+    `_CHUNK` bytes, so the depth is checked that often; brackets inside strings count too, a bound not a parse."""
 
     def __init__(self, f: IO[bytes], name: str):
-        self.f, self.name, self.used, self.number = f, name, 0, 1
+        self.f, self.name = f, name
+        self.start(1)
 
     def start(self, number: int) -> None:
-        self.used, self.number = 0, number
+        self.used, self.depth, self.number = 0, 0, number
 
     def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
+        data = self.f.read(_CHUNK if n < 0 else min(n, _CHUNK))
         self.used += len(data)
+        self.depth += data.count(b"[") + data.count(b"{") - data.count(b"]") - data.count(b"}")
+        where = f"--dataset {self.name} record {self.number}"
         if self.used > MAX_RECORD_BYTES:
-            raise BenchError(f"--dataset {self.name} record {self.number}: over the {MAX_RECORD_BYTES:,}-byte cap of "
-                             "one record; drop that record")
+            raise BenchError(f"{where}: over the {MAX_RECORD_BYTES:,}-byte cap of one record; drop that record")
+        if self.depth > MAX_DEPTH:
+            raise BenchError(f"{where}: nested over {MAX_DEPTH:,} levels deep; drop that record")
         return data
 
 
