@@ -19,6 +19,7 @@ from pipeline.core.architectures import UnsupportedArchitecture, architecture_fi
 from pipeline.core.errors import PipelineError, RegistryError
 from pipeline.core.manifests import TokenizerIdentity
 from pipeline.core.tokenizer import identity, token_count
+from pipeline.core.untrusted import parse_json, read_bytes
 
 PREFIX = "hf:"
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is not one
@@ -65,14 +66,24 @@ def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, to
     where = f"{repo_id}@{revision}"
     path = _fetch_file(repo_id, revision, "config.json", endpoint=endpoint, token=token,
                        missing=f"{where} has no config.json; it is not a transformers model repo")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise RegistryError(f"config.json of {where} is over {MAX_CONFIG_BYTES} bytes; it is not a model config")
+    return read_config(path, where=where)
+
+
+def read_config(path: Path, *, where: str) -> dict:
+    """A Hub `config.json`: a regular file of at most `MAX_CONFIG_BYTES` holding a JSON object within the limits of
+    `pipeline.core.untrusted`.
+
+    Raises:
+        RegistryError: not such a file, not JSON or not an object (one line each).
+    """
+    what, fix = f"config.json of {where}", f"it is not a model config; delete {path} and check the repo"
     try:
-        config = json.loads(path.read_bytes())
+        config = parse_json(read_bytes(path, cap=MAX_CONFIG_BYTES, what=what, fix=fix, error=RegistryError),
+                            what=what, fix=fix, error=RegistryError)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise RegistryError(f"config.json of {where} is not JSON; it is not a transformers model repo") from None
+        raise RegistryError(f"{what} is not JSON; it is not a transformers model repo") from None
     if not isinstance(config, dict):
-        raise RegistryError(f"config.json of {where} is not a JSON object")
+        raise RegistryError(f"{what} is not a JSON object")
     return config
 
 

@@ -18,8 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from pipeline.core.errors import IntegrityError
+from pipeline.core.untrusted import read_bytes
 
 MAX_LISTED = 3
+MAX_RECORD_BYTES = 16 << 20  # manifest.json, precision_search.json: a few KB (a file table of thousands of files)
 
 
 class FileRecord(BaseModel):
@@ -61,10 +63,11 @@ class Manifest(BaseModel):
         """
         path = Path(directory) / MANIFEST
         try:
-            return cls.model_validate_json(path.read_bytes())
+            return cls.model_validate_json(read_bytes(path, cap=MAX_RECORD_BYTES, what=str(path), fix="delete it",
+                                                      error=IntegrityError))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except (ValidationError, ValueError, OSError):
+        except (ValidationError, ValueError, OSError, IntegrityError):
             if not strict:
                 return None
             raise IntegrityError(
@@ -313,13 +316,14 @@ class PrecisionSearch(_Record):
         Raises:
             IntegrityError: the file is unreadable or not such a record.
         """
+        fix = "re-run `invoke build --precision auto`"
         try:
-            return cls.model_validate_json(Path(path).read_bytes())
+            return cls.model_validate_json(read_bytes(path, cap=MAX_RECORD_BYTES, what=f"precision search {path}",
+                                                      fix=fix, error=IntegrityError))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except (ValidationError, ValueError, OSError):
-            raise IntegrityError(f"{path} is corrupt or from another pipeline version; re-run `invoke build "
-                                 "--precision auto`", path=path) from None
+            raise IntegrityError(f"{path} is corrupt or from another pipeline version; {fix}", path=path) from None
 
 
 class GpuRecord(_Record):

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline.core.artifacts import engines_dir, output_root, safe_join
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, Manifest, RepoManifest, StageResult
+from pipeline.core.untrusted import read_bytes
 
 RefStage = Literal["calibrate", "compile", "package"]
 REFS_DIR = ".refs"  # hidden: never a build id (those start with a letter or digit)
@@ -106,14 +107,13 @@ def read_ref(stage: str, identity: str) -> BuildRef | None:
     """The ref of `stage` for `identity`; None when there is none.
 
     Raises:
-        PipelineError: the ref file is oversized or not a ref (the message names it and the fix).
+        PipelineError: the ref file is not a regular file, oversized or not a ref (the message names it and the
+            fix).
     """
     path = ref_path(stage, identity)
     try:
-        if path.stat().st_size > MAX_REF_BYTES:
-            raise PipelineError(f"{path} is over {MAX_REF_BYTES} bytes, not a build ref; delete it and run "
-                                "`invoke build`", path=path)
-        ref = BuildRef.model_validate_json(path.read_bytes())
+        ref = BuildRef.model_validate_json(read_bytes(path, cap=MAX_REF_BYTES, what=f"build ref {path}",
+                                                      fix="delete it and run `invoke build`"))
     except FileNotFoundError:
         return None
     except (ValidationError, ValueError):

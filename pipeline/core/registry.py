@@ -1,17 +1,13 @@
-"""Model registry: the packaged `models.yaml` plus an optional user file, loaded safely into typed entries.
-
-`load_yaml_mapping` is the one way a YAML file (registry or spec) is read: UTF-8 with or without a BOM, safe
-constructors only, duplicate keys refused, one-line errors for a missing, unreadable, binary or malformed file.
-"""
+"""Model registry: the packaged `models.yaml` plus an optional user file (read by
+`pipeline.core.untrusted.load_yaml_mapping`, at most `MAX_MODELS_FILE_BYTES`), loaded into typed entries."""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,7 +20,8 @@ from pydantic import (
 
 from pipeline.core.architectures import FAMILIES, hf_config_fields
 from pipeline.core.artifacts import SAFE_NAME
-from pipeline.core.errors import PipelineError, RegistryError
+from pipeline.core.errors import RegistryError
+from pipeline.core.untrusted import load_yaml_mapping
 
 # A Hugging Face Hub repo id, 'org/name' or 'name' (huggingface_hub's rule: no '--' or '..', at most 96 characters).
 REPO_ID = re.compile(r"^(?=.{1,96}$)[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -42,6 +39,7 @@ def check_repo_id(value: str) -> str:
     return value
 
 PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
+MAX_MODELS_FILE_BYTES = 4 << 20  # the packaged models.yaml is ~12 KB
 
 
 # Fields added for families beyond Llama: left out of a dump at their defaults, so every Llama entry (and every
@@ -223,59 +221,9 @@ class ModelEntry(BaseModel):
         return self
 
 
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """SafeLoader (libyaml's parser where PyYAML has it) that refuses a mapping with the same key twice (PyYAML keeps
-    the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml_mapping(path: str | Path, *, what: str, flag: str, error: type[PipelineError] = RegistryError,
-                      shape: str = "") -> dict[str, Any]:
-    """The top-level mapping of a YAML file; `error` with one line (naming `what` and `flag`) for anything else.
-
-    `shape` completes the "must be a YAML mapping" message (e.g. " with a top-level 'models:' mapping").
-    """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{what} {p} does not exist; pass an existing YAML file to {flag}", path=p) from None
-    except IsADirectoryError:
-        raise error(f"{what} {p} is a directory; pass a YAML file to {flag}", path=p) from None
-    except OSError as exc:
-        raise error(f"{what} {p} cannot be read ({exc.strerror}); pass a readable YAML file to {flag}",
-                    path=p) from None
-    try:
-        if b"\0" in raw:
-            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise error(f"{what} {p} is not UTF-8 text (a binary file?); pass a YAML file to {flag}", path=p) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        problem = getattr(exc, "problem", None)
-        detail = f": {problem}" if problem and "duplicate key" in problem else ""
-        raise error(f"{what} {p} is not valid YAML{where}{detail}; fix it", path=p) from None
-    if not isinstance(data, dict):
-        raise error(f"{what} {p} must be a YAML mapping{shape}", path=p)
-    return data
-
-
 def _load_file(path: Path) -> dict[str, dict]:
     shape = " with a top-level 'models:' mapping of name -> entry"
-    raw = load_yaml_mapping(path, what="models file", flag="--models-file", shape=shape)
+    raw = load_yaml_mapping(path, what="models file", flag="--models-file", cap=MAX_MODELS_FILE_BYTES, shape=shape)
     if not isinstance(raw.get("models"), dict):
         raise RegistryError(f"models file {path} must be a YAML mapping{shape}", path=path)
     return raw["models"]

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
-from pipeline.core.registry import ModelEntry, get_model, load_yaml_mapping
+from pipeline.core.registry import ModelEntry, get_model
+from pipeline.core.untrusted import load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
 
 Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
@@ -476,13 +477,14 @@ SECTIONS = {
 
 
 TOP_LEVEL = ("model", "target", "runtime", "models_file")
+MAX_SPEC_BYTES = 1 << 20  # a spec file is a few hundred bytes
 SERVING_TARGET = "serving_target"  # a spec file's section that is no build recipe (`ServingTarget`)
 
 
 def _load_spec_file(path: str | Path) -> dict[str, Any]:
     """The spec file's mapping, its scalar types checked as written (`tp: true` is not 1, `tp: "4"` not 4)."""
     p = Path(path)
-    raw = load_yaml_mapping(p, what="spec file", flag="--spec", error=SpecError,
+    raw = load_yaml_mapping(p, what="spec file", flag="--spec", cap=MAX_SPEC_BYTES, error=SpecError,
                             shape=" (model:, quantization:, parallelism:, ...)")
     unknown = set(raw) - set(SECTIONS) - set(TOP_LEVEL) - {SERVING_TARGET}
     if unknown:

@@ -10,7 +10,6 @@ fit at a batch does not fit at a larger one. The spec's intrinsic rules (`resolv
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,6 +21,7 @@ from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
 from pipeline.core.spec import SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec
 from pipeline.core.table import format_table
+from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
     DEFAULT_ACCEPTANCE, TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
@@ -447,17 +447,14 @@ def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
             another (or an unnamed) model or precision and `accept_foreign` is not set.
     """
     p = Path(path)
+    fix = "pass the file `invoke bench --json-file` wrote"
     try:
-        if p.stat().st_size > BENCH_REPORT_MAX_BYTES:
-            raise SpecError(f"--bench-report {p}: over {BENCH_REPORT_MAX_BYTES:,} bytes, not a bench report; pass "
-                            "the file `invoke bench --json-file` wrote")
-        data = json.loads(p.read_text(encoding="utf-8"))
+        raw = read_bytes(p, cap=BENCH_REPORT_MAX_BYTES, what=f"--bench-report {p}", fix=fix, error=SpecError)
+        data = parse_json(raw.decode("utf-8"), what=f"--bench-report {p}", fix=fix, error=SpecError)
     except FileNotFoundError:
-        raise SpecError(f"--bench-report {p} does not exist; pass the file `invoke bench --json-file` "
-                        "wrote") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"--bench-report {p} is not a readable JSON report ({exc.__class__.__name__}); pass the "
-                        "file `invoke bench --json-file` wrote") from None
+        raise SpecError(f"--bench-report {p} does not exist; {fix}") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise SpecError(f"--bench-report {p} is not a readable JSON report ({exc.__class__.__name__}); {fix}") from None
     if not isinstance(data, dict):
         raise SpecError(f"--bench-report {p}: expected a JSON object (`invoke bench --json-file`)")
     if not accept_foreign:

@@ -5,8 +5,10 @@ published, ~670 MB: read as a stream with `ijson`, never held whole). An object 
 "output_len": N}` (`output_len` optional) or the ShareGPT layout `{"conversations": [{"from": "human", "value":
 "..."}, {"from": "gpt", "value": "..."}, ...]}`: the first human turn with text is the prompt, the token length of
 the reply that follows it the output length (with the build's tokenizer; without one the reply sets none).
-Conversations without such a turn are left out. A record over `MAX_RECORD_BYTES` (a JSONL line) or with a prompt
-over `MAX_PROMPT_CHARS`, and a malformed record, are refused with its line or record number.
+Conversations without such a turn are left out. The file must be a regular file (`pipeline.core.untrusted`). A record
+over `MAX_RECORD_BYTES` (a JSONL line, or the bytes read while an array's record is built) or with a prompt over
+`MAX_PROMPT_CHARS`, a JSONL line nested too deeply or with an over-long integer, and a malformed record, are refused
+with its line or record number.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from pathlib import Path
 from typing import IO
 
 from pipeline.core.errors import BenchError
+from pipeline.core.untrusted import open_regular, parse_json
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # one JSONL line
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # one prompt (either layout)
 MAX_OUTPUT_LEN = 1_048_576
+MAX_DEPTH = 1000  # JSON nesting of one array record (a ShareGPT record is 4 deep)
+_CHUNK = 4096
 _HUMAN = ("human", "user")
 _REPLY = ("gpt", "assistant", "chatgpt", "bard", "model")
 _EXAMPLE = '{"prompt": "...", "output_len": 128}'
@@ -102,18 +107,44 @@ def _jsonl(f: IO[bytes], name: str) -> Iterator[_Record | None]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = parse_json(text, what=where, fix="drop that line", error=BenchError)
         except json.JSONDecodeError as exc:
             raise BenchError(f"{where}: not JSON ({exc.msg}); each line must be one object like {_EXAMPLE}") from None
         yield _record(obj, where)
+
+
+class _RecordBudget:
+    """A file whose reads since `start()` may not pass `MAX_RECORD_BYTES` nor open brackets `MAX_DEPTH` deeper than
+    they close (a record ijson is still building; its cost grows with the square of the nesting). Reads are at most
+    `_CHUNK` bytes, so the depth is checked that often; brackets inside strings count too, a bound not a parse."""
+
+    def __init__(self, f: IO[bytes], name: str):
+        self.f, self.name = f, name
+        self.start(1)
+
+    def start(self, number: int) -> None:
+        self.used, self.depth, self.number = 0, 0, number
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(_CHUNK if n < 0 else min(n, _CHUNK))
+        self.used += len(data)
+        self.depth += data.count(b"[") + data.count(b"{") - data.count(b"]") - data.count(b"}")
+        where = f"--dataset {self.name} record {self.number}"
+        if self.used > MAX_RECORD_BYTES:
+            raise BenchError(f"{where}: over the {MAX_RECORD_BYTES:,}-byte cap of one record; drop that record")
+        if self.depth > MAX_DEPTH:
+            raise BenchError(f"{where}: nested over {MAX_DEPTH:,} levels deep; drop that record")
+        return data
 
 
 def _array(f: IO[bytes], name: str) -> Iterator[_Record | None]:
     import ijson
 
     number = 0
+    budget = _RecordBudget(f, name)
     try:
-        for number, obj in enumerate(ijson.items(f, "item", use_float=True), 1):
+        for number, obj in enumerate(ijson.items(budget, "item", use_float=True), 1):
+            budget.start(number + 1)
             yield _record(obj, f"--dataset {name} record {number}")
     except ijson.JSONError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -148,7 +179,7 @@ def load_dataset(path: str | Path, *, tokenizer=None, sample: int | None = None,
     rng = random.Random(seed)
     kept: list[tuple[int, _Record]] = []
     try:
-        with p.open("rb") as f:
+        with open_regular(p, what=f"--dataset {p}", fix="pass a .jsonl or .json file", error=BenchError) as f:
             for i, rec in enumerate(_records(f, str(p))):
                 if sample is None or len(kept) < sample:
                     kept.append((i, rec))
@@ -156,8 +187,6 @@ def load_dataset(path: str | Path, *, tokenizer=None, sample: int | None = None,
                     kept[j] = (i, rec)
     except FileNotFoundError:
         raise BenchError(f"--dataset {p}: no such file") from None
-    except IsADirectoryError:
-        raise BenchError(f"--dataset {p}: is a directory; pass a .jsonl or .json file") from None
     except OSError as exc:
         raise BenchError(f"--dataset {p}: cannot be read ({exc.strerror or exc}); pass a readable file") from None
     if not kept:

@@ -94,7 +94,7 @@ def test_bad_refs_one_line(hub, ref, match):
 
 def test_oversized_or_bad_config(hub):
     hub.add_commit("x/huge", {"config.json": b"{" + b" " * (1 << 20) + b"}"})
-    with pytest.raises(RegistryError, match="over 1048576 bytes"):
+    with pytest.raises(RegistryError, match="over the 1,048,576-byte limit"):
         resolve_spec(model="hf:x/huge")
     hub.add_commit("x/notjson", {"config.json": b"\xff\xfe"})
     with pytest.raises(RegistryError, match="is not JSON"):

@@ -82,6 +82,7 @@ def test_missing_empty_oversized_and_binary_files_are_refused(tmp_path, monkeypa
     monkeypatch.setattr(ds, "MAX_RECORD_BYTES", 24)
     with pytest.raises(BenchError, match="line 2: over the 24-byte cap of one record"):
         load_dataset(_jsonl(tmp_path, '{"prompt": "short"}', '{"prompt": "more than 24 bytes"}'))
+    monkeypatch.setattr(ds, "MAX_RECORD_BYTES", 1 << 20)  # an array's record is capped too (see tests/core)
     monkeypatch.setattr(ds, "MAX_PROMPT_CHARS", 4)
     with pytest.raises(BenchError, match="record 1: a prompt of 5 characters is over the 4-character cap"):
         load_dataset(_array(tmp_path, {"prompt": "short"}))

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import CalibrationError, IntegrityError
+from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download.tinymodel import corpus_split
+
+MAX_CALIB_BYTES = 256 << 20  # read whole; a calibration set of 512 x 2048 tokens is ~4 MB of text
 
 
 @dataclass(frozen=True)
@@ -37,20 +40,19 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
     Anything else: plain text, paragraphs separated by blank lines (one per line when there are none).
 
     Raises:
-        CalibrationError: the file is missing, unreadable, malformed or holds no text (`invoke check` runs this
-            before any download).
+        CalibrationError: the file is missing, not a regular file, over `MAX_CALIB_BYTES`, unreadable, malformed or
+            holds no text (`invoke check` runs this before any download).
     """
     if path is None:
         return _bundled()[0], "bundled-corpus"
     p = Path(path).expanduser()
-    if p.is_dir():
-        raise CalibrationError(f"calibration path {p} is a directory; pass a .jsonl or text file to --calib-data")
-    if not p.is_file():
-        raise CalibrationError(
-            f"calibration file {p} does not exist; pass an existing .jsonl or text file to --calib-data"
-        )
     try:
-        raw = p.read_text(encoding="utf-8-sig")  # a UTF-8 byte-order mark is fine
+        raw = read_bytes(p, cap=MAX_CALIB_BYTES, what=f"calibration file {p}",
+                         fix="pass a .jsonl or text file to --calib-data", error=CalibrationError)
+        raw = raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it; a BOM is fine
+    except FileNotFoundError:
+        raise CalibrationError(f"calibration file {p} does not exist; pass an existing .jsonl or text file to "
+                               "--calib-data") from None
     except UnicodeDecodeError:
         raise CalibrationError(f"calibration file {p} is not UTF-8 text; convert it or pass a .jsonl file") from None
     except OSError as exc:
@@ -61,7 +63,7 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = parse_json(line, what=f"{p}:{n}", fix="fix that line", error=CalibrationError)
             except json.JSONDecodeError:
                 raise CalibrationError(f'{p}:{n}: not valid JSON; each line must be {{"text": "..."}}') from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):

@@ -37,9 +37,11 @@ from pipeline.core.artifacts import (
     stage_lock,
 )
 from pipeline.core.errors import DownloadError, IntegrityError, PipelineError
+from pipeline.core.hub_entry import read_config
 from pipeline.core.manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
 from pipeline.core.registry import Architecture, ModelEntry, check_repo_id
 from pipeline.core.tokenizer import token_count
+from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download import tinymodel
 
 # Files a later stage uses (top level of the repo only).
@@ -56,6 +58,7 @@ ALLOW_PATTERNS = (
     "chat_template.json",
 )
 MAX_WORKERS = 8
+MAX_LOCK_BYTES = 16 << 20  # models.lock.json: a few hundred bytes a model
 LOCK_FILE_NAME = "models.lock.json"
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _ATTEMPTS = 3  # fetch rounds: resume after a dropped connection / re-fetch corrupt files
@@ -74,11 +77,13 @@ def lock_file_path() -> Path:
 
 
 def read_lock(path: Path) -> dict[str, Any]:
+    fix = "fix or delete it"
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(read_bytes(path, cap=MAX_LOCK_BYTES, what=f"revision lock file {path}", fix=fix,
+                                     error=DownloadError), what=f"revision lock file {path}", fix=fix, error=DownloadError)
     except FileNotFoundError:
         return {"version": 1, "models": {}}
-    except json.JSONDecodeError:
+    except ValueError:  # not UTF-8 or not JSON
         raise DownloadError(f"revision lock file {path} is not valid JSON; fix or delete it") from None
     if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
         raise DownloadError(f"revision lock file {path} has no 'models' mapping; fix or delete it")
@@ -722,7 +727,7 @@ def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]]
 def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str, Any]], *, sha: str,
                     requested: str, where: str, refetched: Any, seconds: float) -> DownloadManifest:
     """Check the fetched config against the registry, drop everything not in `files`, write the manifest."""
-    config = json.loads((staging / "config.json").read_text())
+    config = read_config(staging / "config.json", where=where)
     check_architecture(config, entry.architecture, where=where, model=entry.name)
     check_tokenizer_size(staging, config, entry, where=where)
     shutil.rmtree(staging / ".cache", ignore_errors=True)

@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.core.errors import SpecError
-from pipeline.core.registry import load_yaml_mapping
-from pipeline.core.spec import BuildSpec
+from pipeline.core.spec import MAX_SPEC_BYTES, BuildSpec
+from pipeline.core.untrusted import load_yaml_mapping
 
 _Strict = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -95,7 +95,7 @@ class LlmApiOptions(BaseModel):
     def read(cls, path: str | Path) -> LlmApiOptions:
         """Load and validate an extra-options YAML file."""
         data = load_yaml_mapping(path, what="LLM-API options file", flag="--extra-llm-api-options",
-                                 error=SpecError)
+                                 cap=MAX_SPEC_BYTES, error=SpecError)
         return cls.from_mapping(data, what=str(path))
 
 

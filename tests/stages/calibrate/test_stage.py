@@ -74,7 +74,8 @@ def test_bad_calibration_files(tmp_path, name, body, message):
 
 
 def test_calibration_directory_is_named_as_such(tmp_path):
-    with pytest.raises(CalibrationError, match=r"is a directory; pass a \.jsonl or text file to --calib-data"):
+    with pytest.raises(CalibrationError, match=r"is a directory, not a regular file; pass a \.jsonl or text file to "
+                                               "--calib-data"):
         data.load_texts(tmp_path)
 
 

@@ -1,0 +1,112 @@
+"""Each kind of untrusted file goes through `pipeline.core.untrusted`: a FIFO, /dev/zero, a directory, JSON 100,000
+deep and a 5,000-digit integer are one line of the kind's error, without hanging or reading the device."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import BenchError, CalibrationError, PipelineError, RegistryError, SpecError
+from pipeline.core.hub_entry import read_config
+from pipeline.planning.slo_search import read_bench_terms
+from pipeline.serving.dataset import load_dataset
+from pipeline.stages.calibrate.data import load_texts
+
+ROOT = Path(__file__).resolve().parents[2]
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE_INT = "1" * 5000
+
+
+@pytest.fixture(autouse=True)
+def deadline():
+    def expire(*_):
+        raise TimeoutError("the read did not return within 5 s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(params=["fifo", "device", "directory"])
+def not_a_file(request, tmp_path) -> Path:
+    if request.param == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        return tmp_path / "fifo"
+    return Path("/dev/zero") if request.param == "device" else tmp_path
+
+
+READERS = {
+    "bench report": (lambda p: read_bench_terms(p, model="m", precision=None), SpecError),
+    "dataset": (load_dataset, BenchError),
+    "calibration data": (load_texts, CalibrationError),
+    "hub config": (lambda p: read_config(Path(p), where="org/x@main"), RegistryError),
+}
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_not_a_regular_file_is_refused(kind, not_a_file):
+    reader, error = READERS[kind]
+    with pytest.raises(error, match="not a regular file") as exc:
+        reader(not_a_file)
+    assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+
+
+@pytest.mark.parametrize("kind, name, text, needle", [
+    ("bench report", "r.json", DEEP, "nested too deeply"),
+    ("bench report", "r.json", '{"acceptance_rate": ' + HUGE_INT + "}", "more than 100 digits"),
+    ("dataset", "d.jsonl", '{"prompt": "x", "n": ' + DEEP + "}\n", "line 1 is JSON nested too deeply"),
+    ("dataset", "d.json", "[" + DEEP + "]", "record 1: nested over 1,000 levels deep"),
+    ("dataset", "d.jsonl", '{"prompt": "x", "output_len": ' + HUGE_INT + "}\n", "more than 100 digits"),
+    ("calibration data", "c.jsonl", DEEP + "\n", "nested too deeply"),
+    ("calibration data", "c.jsonl", '{"text": "a", "n": ' + HUGE_INT + "}\n", "more than 100 digits"),
+    ("hub config", "config.json", DEEP, "nested too deeply"),
+    ("hub config", "config.json", '{"hidden_size": ' + HUGE_INT + "}", "more than 100 digits"),
+])
+def test_hostile_json_is_one_line(tmp_path, kind, name, text, needle):
+    reader, error = READERS[kind]
+    (f := tmp_path / name).write_text(text)
+    with pytest.raises(error, match=needle) as exc:
+        reader(f)
+    assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_a_dataset_array_record_is_capped_while_it_is_read(tmp_path, monkeypatch):
+    import pipeline.serving.dataset as dataset
+
+    monkeypatch.setattr(dataset, "MAX_RECORD_BYTES", 1 << 16)
+    (f := tmp_path / "d.json").write_text('[{"prompt": "a"}, {"prompt": "' + "x" * (1 << 17) + '"}]')
+    with pytest.raises(BenchError, match="record 2: over the 65,536-byte cap of one record"):
+        load_dataset(f)
+
+
+def test_a_ref_that_is_a_fifo_is_refused(tmp_path, monkeypatch):
+    from pipeline.core import refs
+
+    monkeypatch.setattr(refs, "ref_path", lambda stage, identity: tmp_path / "ref.json")
+    os.mkfifo(tmp_path / "ref.json")
+    with pytest.raises(PipelineError, match="is a FIFO, not a regular file; delete it and run `invoke build`"):
+        refs.read_ref("compile", "x")
+
+
+def test_a_precision_search_record_that_is_a_device_is_refused():
+    from pipeline.core.manifests import PrecisionSearch
+
+    with pytest.raises(PipelineError, match="is a character device, not a regular file"):
+        PrecisionSearch.read(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize("args", [["--spec", "/dev/zero"], ["--model", "tiny-llama", "--models-file", "FIFO"]])
+def test_check_refuses_a_device_or_fifo_spec_in_one_line(tmp_path, args):
+    os.mkfifo(fifo := tmp_path / "models.yaml")
+    args = [str(fifo) if a == "FIFO" else a for a in args]
+    r = subprocess.run([sys.executable, "-m", "invoke", "check", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "not a regular file" in r.stderr
