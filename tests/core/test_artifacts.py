@@ -28,6 +28,7 @@ def test_atomic_dir_success_replaces(tmp_path):
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
+    (final / "manifest.json").write_text("{}")
     with atomic_dir(final) as tmp:
         (tmp / "new.txt").write_text("new")
         assert not (final / "new.txt").exists()
