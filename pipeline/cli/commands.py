@@ -63,6 +63,7 @@ calibrate_stage = _lazy("pipeline.stages.calibrate.stage")
 compile_plan = _lazy("pipeline.stages.compile.engine_plan")
 compile_preflight = _lazy("pipeline.stages.compile.preflight")
 compile_stage = _lazy("pipeline.stages.compile.stage")
+deploy_names = _lazy("pipeline.ops.deploy.names")
 deploy_render = _lazy("pipeline.ops.deploy.render")
 deploy_source = _lazy("pipeline.ops.deploy.source")
 deploy_topology = _lazy("pipeline.ops.deploy.topology")
@@ -806,8 +807,8 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
-    if release_url and not release_url.startswith(("https://", "http://")):
-        raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
+    if release_url:
+        deploy_names.check_release_url(release_url)
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
