@@ -206,11 +206,11 @@ def _protected() -> list[Path]:
 
 def check_replaceable(path: Path, *, marker: str, fix: str) -> None:
     """Refuse (exit 2) to replace an existing `path` unless it is a directory this pipeline wrote (it holds the
-    regular file `marker`) and is none of the protected directories nor a parent of one.
+    entry `marker`, not a symlink) and is none of the protected directories nor a parent of one.
 
     Args:
         path: the directory about to be replaced (nothing to check when it does not exist).
-        marker: the file that what is replacing it always writes (`manifest.json`, a deploy's `deploy.json`).
+        marker: what the writer always puts in it (`manifest.json`, a deploy's `deploy.json`).
         fix: what the user should do instead, e.g. "choose another --output".
     """
     path = Path(path)
@@ -221,7 +221,7 @@ def check_replaceable(path: Path, *, marker: str, fix: str) -> None:
         why = "is not a directory this pipeline wrote"
     elif any(real == p or real in p.parents for p in _protected()):
         why = "is the output root, a checkout, $HOME or / (or a parent of one)"
-    elif (real / marker).is_symlink() or not (real / marker).is_file():
+    elif (real / marker).is_symlink() or not (real / marker).exists():
         why = f"was not written by this pipeline (no {marker})"
     else:
         return
