@@ -75,6 +75,6 @@ def check_release_url(url: str) -> str:
         raise DeployError(f"{bad}: give an http(s) URL with a host, or --release-volume for a volume")
     if parts.username is not None or parts.password is not None:
         raise DeployError(f"{bad}: credentials in the URL would be written in clear into the deployment files; drop "
-                          "user:password@ and serve the release from a URL that needs none in it (e.g. a pre-signed, "
-                          "expiring URL) or from --release-volume")
+                          "user:password@ and put the credentials in a Kubernetes Secret (--release-secret NAME, key "
+                          "`header`) or, on Slurm, export RELEASE_AUTH_HEADER before sbatch; or use --release-volume")
     return url

@@ -46,6 +46,7 @@ class DeployOptions(BaseModel):
     pipeline_image: str | None = None
     pipeline_cmd: str = f"invoke -r {PIPELINE_HOME}"
     release_url: str | None = None
+    release_secret: str | None = None  # k8s: a Secret whose key `header` the fetch sends with release_url
     release_volume: str | None = None  # k8s: a PVC name; slurm: a directory on the cluster
     partition: str | None = None
     account: str | None = None  # Slurm only, like qos, constraint and time_limit
@@ -82,7 +83,7 @@ def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: 
     return k8s.K8sOptions(
         name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         release_file=src.release_file if src else "", release_url=o.release_url,
-        release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
+        release_secret=o.release_secret, release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
         hf_secret=o.hf_secret, output_pvc=o.output_pvc, replicas=o.replicas,
         work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
 
