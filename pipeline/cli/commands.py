@@ -63,6 +63,7 @@ calibrate_stage = _lazy("pipeline.stages.calibrate.stage")
 compile_plan = _lazy("pipeline.stages.compile.engine_plan")
 compile_preflight = _lazy("pipeline.stages.compile.preflight")
 compile_stage = _lazy("pipeline.stages.compile.stage")
+deploy_names = _lazy("pipeline.ops.deploy.names")
 deploy_render = _lazy("pipeline.ops.deploy.render")
 deploy_source = _lazy("pipeline.ops.deploy.source")
 deploy_topology = _lazy("pipeline.ops.deploy.topology")
@@ -798,7 +799,7 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
-                    partition, no_container, account=None, qos=None, constraint=None, time_=None,
+                    partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
                     serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
@@ -806,19 +807,24 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
-    if release_url and not release_url.startswith(("https://", "http://")):
-        raise DeployError(f"--release-url {release_url!r}: give an http(s) URL, or --release-volume for a volume")
+    if release_url:
+        deploy_names.check_release_url(release_url)
+    if release_secret and (platform != "k8s" or not release_url):
+        raise DeployError("--release-secret names a Kubernetes Secret; on Slurm export RELEASE_AUTH_HEADER in the shell "
+                          "that runs sbatch instead" if platform == "slurm" else
+                          "--release-secret without --release-url; give the URL or drop --release-secret")
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
-                partition=partition, account=account, qos=qos, constraint=constraint, time_limit=time_,
-                container=not no_container, serve_mode=serve_mode, replicas=replicas)
+                release_secret=release_secret, partition=partition, account=account, qos=qos, constraint=constraint,
+                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
 
 
 def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] | None = None, release=None,
-                   output=None, name=None, namespace=None, release_url=None, release_volume=None, image=None,
+                   output=None, name=None, namespace=None, release_url=None, release_volume=None,
+                   release_secret=None, image=None,
                    pipeline_image=None, pipeline_cmd=None, partition=None, account=None, qos=None, constraint=None,
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
@@ -834,7 +840,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         output: directory to write (default <output tree>/deploy/<platform>/<name>); replaced only with --force
         name: deployment name, DNS-1123 (default <model>-<precision>)
         namespace: Kubernetes namespace (default default)
-        release_url: http(s) URL the nodes fetch the release tarball from
+        release_url: http(s) URL the nodes fetch the release tarball from (no user:password@ in it)
+        release_secret: k8s: Secret whose key `header` (e.g. 'Authorization: Bearer ...') the fetch sends with
+            --release-url; Slurm: export RELEASE_AUTH_HEADER before sbatch instead
         release_volume: where the nodes find the tarball instead: a PVC name (k8s) or a shared directory (slurm)
         image: server image (default: the NGC tritonserver image of the release's TensorRT-LLM)
         pipeline_image: image with this pipeline (runs `invoke verify` and the build matrix; default derived)
@@ -864,7 +872,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
             raise DeployError("--replicas serves copies of one build; drop it with --matrix")
         return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
                               output=output, name=name, force=force, json_=json_,
-                              opts=dict(namespace=namespace, release_url=None, release_volume=None, image=image,
+                              opts=dict(namespace=namespace, release_url=None, release_volume=None,
+                                        release_secret=release_secret, image=image,
                                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
                                         partition=partition, no_container=no_container, account=account, qos=qos,
                                         constraint=constraint, time_=time_))
@@ -884,7 +893,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     else:
         src = src.model_copy(update={"spec": chosen})
     o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
-                        release_url=release_url, release_volume=release_volume, image=image,
+                        release_url=release_url, release_volume=release_volume, release_secret=release_secret,
+                        image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
                         serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))

@@ -195,13 +195,49 @@ def remove_stale_temps(final: Path) -> list[Path]:
     return removed
 
 
+def _protected() -> list[Path]:
+    """Directories never replaced, nor any parent of them: the output root, the working directory and its git
+    checkout, this pipeline's checkout, $HOME and `/`."""
+    cwd = Path.cwd().resolve()
+    checkout = next((p for p in (cwd, *cwd.parents) if (p / ".git").exists()), None)
+    dirs = [output_root(), cwd, Path(__file__).resolve().parents[2], Path.home().resolve(), Path("/")]
+    return dirs + ([checkout] if checkout else [])
+
+
+def check_replaceable(path: Path, *, marker: str, fix: str) -> None:
+    """Refuse (exit 2) to replace an existing `path` unless it is a directory this pipeline wrote (it holds the
+    entry `marker`, not a symlink) and is none of the protected directories nor a parent of one.
+
+    Args:
+        path: the directory about to be replaced (nothing to check when it does not exist).
+        marker: what the writer always puts in it (`manifest.json`, a deploy's `deploy.json`).
+        fix: what the user should do instead, e.g. "choose another --output".
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    real = path.resolve()
+    if path.is_symlink() or not path.is_dir():
+        why = "is not a directory this pipeline wrote"
+    elif any(real == p or real in p.parents for p in _protected()):
+        why = "is the output root, a checkout, $HOME or / (or a parent of one)"
+    elif (real / marker).is_symlink() or not (real / marker).exists():
+        why = f"was not written by this pipeline (no {marker})"
+    else:
+        return
+    raise PipelineError(f"{path} {why}; nothing was deleted: {fix}", path=path)
+
+
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, *, marker: str = MANIFEST,
+               fix: str = "move it away or remove it yourself, then re-run") -> Iterator[Path]:
     """Yield a fresh temporary directory next to `final`; on success it replaces `final`, on error it vanishes.
 
-    Temporaries that a killed earlier run left beside `final` are removed first.
+    An existing `final` is replaced only when `check_replaceable(final, marker=marker, fix=fix)` allows it, checked
+    before anything is written. Temporaries that a killed earlier run left beside `final` are removed first.
     """
     final = Path(final)
+    check_replaceable(final, marker=marker, fix=fix)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"

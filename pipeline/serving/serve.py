@@ -257,7 +257,7 @@ def cpu_backends_dir() -> Path:
     final = cache_dir() / "tritonserver" / f"pytriton-{_pytriton_version()}-py{py}" / "backends"
     with stage_lock(final):
         if not (final / "python" / "triton_python_backend_stub").is_file():
-            with atomic_dir(final) as tmp:
+            with atomic_dir(final, marker="python") as tmp:
                 shutil.copytree(dist / "backends" / "python", tmp / "python")
                 shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
     return final

@@ -28,6 +28,7 @@ def test_atomic_dir_success_replaces(tmp_path):
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
+    (final / "manifest.json").write_text("{}")
     with atomic_dir(final) as tmp:
         (tmp / "new.txt").write_text("new")
         assert not (final / "new.txt").exists()
@@ -167,3 +168,27 @@ def test_a_cached_rerun_removes_a_killed_run_s_temporaries(tmp_path):
         (d / "rank0.safetensors").write_bytes(b"half")
     assert Manifest.current(final, "k") is not None  # cached
     assert not dead_tmp.exists() and not dead_old.exists() and live_tmp.exists()
+
+
+def test_atomic_dir_never_replaces_a_directory_without_its_marker(tmp_path):
+    """A stage output path that holds someone else's directory (e.g. `package --output` onto it) is refused, exit 2,
+    before anything is written beside it (issue 33)."""
+    final = tmp_path / "repo"
+    final.mkdir()
+    (final / "mine.txt").write_text("keep")
+    with pytest.raises(PipelineError, match=r"repo was not written by this pipeline \(no manifest.json\)") as e:
+        with atomic_dir(final):
+            pytest.fail("nothing may be written")
+    assert e.value.exit_code == 2 and (final / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def test_atomic_dir_never_replaces_home_even_with_a_manifest(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "manifest.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(home))
+    for final in (home, tmp_path):
+        with pytest.raises(PipelineError, match="\\$HOME"), atomic_dir(final):
+            pytest.fail("nothing may be written")
+    assert (home / "manifest.json").is_file()

@@ -40,7 +40,7 @@ WORK_MARGIN = 0.05
 WORK_HEADROOM = 2 * GIB
 # The flag each user-set name comes from (errors name it).
 FLAGS = {"namespace": "--namespace", "release_pvc": "--release-volume", "output_pvc": "--matrix-output",
-         "hf_secret": "hf_secret", "server_image": "--image", "pipeline_image": "--pipeline-image"}
+         "hf_secret": "hf_secret", "release_secret": "--release-secret", "server_image": "--image", "pipeline_image": "--pipeline-image"}
 
 
 class K8sOptions(BaseModel):
@@ -51,6 +51,7 @@ class K8sOptions(BaseModel):
     pipeline_cmd: str
     release_file: str
     release_url: str | None = None
+    release_secret: str | None = None  # a Secret whose key `header` the fetch sends with release_url
     release_pvc: str | None = None
     sha256: str | None = None
     hf_secret: str = "hf-token"
@@ -63,7 +64,7 @@ class K8sOptions(BaseModel):
     def _label(cls, v: str, info: ValidationInfo) -> str:
         return names.dns1123_label(v, FLAGS[info.field_name])
 
-    @field_validator("release_pvc", "output_pvc", "hf_secret")
+    @field_validator("release_pvc", "output_pvc", "hf_secret", "release_secret")
     @classmethod
     def _subdomain(cls, v: str | None, info: ValidationInfo) -> str | None:
         return v if v is None else names.dns1123_subdomain(v, FLAGS[info.field_name])
@@ -112,6 +113,9 @@ def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[st
     env = _env(WORK=WORK, PIPELINE=o.pipeline_cmd, RELEASE_FILE=o.release_file, RELEASE_URL=o.release_url,
                RELEASE_DIR="/releases" if o.release_pvc else None, RELEASE_SHA256=o.sha256,
                COPY_KUBECTL="1" if copy_kubectl else None)
+    if o.release_secret:
+        env.append({"name": "RELEASE_AUTH_HEADER",
+                    "valueFrom": {"secretKeyRef": {"name": o.release_secret, "key": "header"}}})
     mounts = [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG}]
     if o.release_pvc:
         mounts.append({"name": "releases", "mountPath": "/releases", "readOnly": True})

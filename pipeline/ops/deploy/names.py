@@ -5,11 +5,14 @@
 - Image reference (the grammar of distribution/reference, which containerd and CRI-O parse):
   `[host[:port]/]path[:tag][@digest]`, path components lowercase `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s,
   tag `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`, digest `algorithm:hex` (32+ hex digits), name 255 characters at most.
+- Release URL: http(s) with a host, no whitespace or control characters, and no `user:password@` (it would be
+  written in clear into serving.yaml / serve.sbatch).
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 from pipeline.core.errors import DeployError
 
@@ -55,3 +58,23 @@ def image_reference(value: str, flag: str) -> str:
                           f"lowercase path, name at most {NAME_MAX} characters); "
                           "e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
     return value
+
+
+def check_release_url(url: str) -> str:
+    """`url` when it is an http(s) URL with a host and no credentials in it, else `DeployError` (exit 2); messages
+    never repeat what sits before an `@`."""
+    bad = f"--release-url {re.sub(r'//[^/]*@', '//***@', url)!r}"
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        raise DeployError(f"{bad}: holds whitespace or control characters; percent-encode them")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise DeployError(f"{bad}: not a URL ({exc}); give http(s)://host/path/release.tar") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DeployError(f"{bad}: give an http(s) URL with a host, or --release-volume for a volume")
+    if parts.username is not None or parts.password is not None:
+        raise DeployError(f"{bad}: credentials in the URL would be written in clear into the deployment files; drop "
+                          "user:password@ and put the credentials in a Kubernetes Secret (--release-secret NAME, key "
+                          "`header`) or, on Slurm, export RELEASE_AUTH_HEADER before sbatch; or use --release-volume")
+    return url

@@ -7,10 +7,7 @@ them are rendered, validated and written.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +16,7 @@ from pydantic import BaseModel
 
 from pipeline import __version__
 from pipeline.backends import backend_for
-from pipeline.core.artifacts import output_root
+from pipeline.core.artifacts import atomic_dir, output_root
 from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
@@ -37,6 +34,7 @@ from pipeline.stages.check import resolve_checked_spec
 
 Platform = Literal["k8s", "slurm"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
+MARKER = "deploy.json"  # every deployment directory holds it: only such a directory is replaced with --force
 SCRAPE_TARGETS = "prometheus-targets.json"  # Slurm: the file_sd file serve.sbatch writes into the deployment directory
 
 
@@ -48,6 +46,7 @@ class DeployOptions(BaseModel):
     pipeline_image: str | None = None
     pipeline_cmd: str = f"invoke -r {PIPELINE_HOME}"
     release_url: str | None = None
+    release_secret: str | None = None  # k8s: a Secret whose key `header` the fetch sends with release_url
     release_volume: str | None = None  # k8s: a PVC name; slurm: a directory on the cluster
     partition: str | None = None
     account: str | None = None  # Slurm only, like qos, constraint and time_limit
@@ -84,7 +83,7 @@ def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: 
     return k8s.K8sOptions(
         name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         release_file=src.release_file if src else "", release_url=o.release_url,
-        release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
+        release_secret=o.release_secret, release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
         hf_secret=o.hf_secret, output_pvc=o.output_pvc, replicas=o.replicas,
         work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
 
@@ -140,7 +139,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p,
                                                                scrape_targets=targets)}
     files |= monitoring_files(o, src, p, rt, directory)
-    files["deploy.json"] = json.dumps(_summary(src, p, server, kind, o.replicas) | {"server": rt.name},
+    files[MARKER] = json.dumps(_summary(src, p, server, kind, o.replicas) | {"server": rt.name},
                                       indent=2) + "\n"
     return files
 
@@ -207,9 +206,12 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
     if o.platform == "k8s":
         objects = k8s.matrix_job(_k8s_options(o, None, server, pipe), len(cells), gpus, scripts)
         validate_objects(objects)
-        return {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
-    opts = _slurm_options(o, directory, None, server, pipe)
-    return {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
+        files = {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
+    else:
+        opts = _slurm_options(o, directory, None, server, pipe)
+        files = {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
+    summary = {"kind": "build-matrix", "platform": o.platform, "cells": [c.summary() for c in cells]}
+    return files | {MARKER: json.dumps(summary, indent=2) + "\n"}
 
 
 def deploy_dir(output: str | None, name: str, platform: str) -> Path:
@@ -222,28 +224,18 @@ def deploy_dir(output: str | None, name: str, platform: str) -> Path:
 
 
 def write_directory(dest: Path, files: dict[str, str], *, force: bool) -> Path:
-    """Write `files` (+ an empty logs/) into `dest` atomically; an existing `dest` is replaced only with `force`."""
+    """Write `files` (+ an empty logs/) into `dest` atomically; an existing `dest` is replaced only with `force`, and
+    only when it is an earlier deployment (it holds `deploy.json`) and not the output root, a checkout, $HOME or /."""
     if dest.exists() and not force:
         raise DeployError(f"{dest} exists; pass --force to replace it or choose another --output")
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
+        with atomic_dir(dest, marker=MARKER, fix="choose another --output (a new directory, or an earlier deployment)"
+                        ) as tmp:
+            for name, text in files.items():
+                (tmp / name).write_text(text)
+                if name.endswith((".sh", ".sbatch")):
+                    (tmp / name).chmod(0o755)
+            (tmp / "logs").mkdir()
     except OSError as exc:
-        raise io_error(exc, f"writing the deployment {dest}") from None
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-            if name.endswith((".sh", ".sbatch")):
-                (tmp / name).chmod(0o755)
-        (tmp / "logs").mkdir()
-        if dest.exists():
-            old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
-            dest.rename(old)
-            tmp.rename(dest)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(dest)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise io_error(exc, f"writing the deployment {dest}") from None
     return dest

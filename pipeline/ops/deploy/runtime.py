@@ -65,7 +65,8 @@ if [ -n "${RELEASE_URL:-}" ]; then
   tarball="$work/download/$RELEASE_FILE"
   attempt=1
   until [ -f "$tarball" ] || curl --fail --location --silent --show-error --retry 5 --retry-delay 10 \\
-      --retry-connrefused --continue-at - --output "$tarball.part" "$RELEASE_URL"; do
+      --retry-connrefused --continue-at - ${RELEASE_AUTH_HEADER:+--header "$RELEASE_AUTH_HEADER"} \\
+      --output "$tarball.part" "$RELEASE_URL"; do
     if [ "$attempt" -ge "${FETCH_ATTEMPTS:-5}" ]; then
       echo "error: could not download $RELEASE_URL ($attempt attempts); check the URL and the network" >&2
       exit 5
