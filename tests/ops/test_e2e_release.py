@@ -142,7 +142,7 @@ def test_bench_against_reference_repo_on_real_tritonserver(reference_build, tmp_
     """The harness end to end on CPU: server started on the build's repo, a short sweep, table + JSON."""
     out = tmp_path / "bench.json"
     r = invoke("bench", *SPEC, "--concurrency", "1,2", "--requests", "2", "--max-tokens", "8", "--budget", "60",
-               "--json", str(out), env=reference_build["env"], timeout=600)
+               "--json-file", str(out), env=reference_build["env"], timeout=600)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "TTFT p50/p99 ms" in r.stdout and "$/1M tok" in r.stdout
     data = json.loads(out.read_text())
@@ -152,7 +152,7 @@ def test_bench_against_reference_repo_on_real_tritonserver(reference_build, tmp_
         assert lv["output_tokens"] > 0 and lv["output_tokens_per_s"] > 0
         assert 0 < lv["ttft_ms_p50"] <= lv["latency_ms_p50"]
         assert lv["cost_per_1m_output_tokens_usd"] > 0
-    assert data["streaming"] is True and data["model"] == "ensemble"
+    assert data["streaming"] is True and data["triton_model"] == "ensemble"
 
 
 def test_from_package_refuses_a_stale_checkpoint_without_recalibrating(reference_build):

@@ -245,7 +245,7 @@ def test_bench_speaks_to_the_llmapi_model(llmapi_server):
     srv, target = llmapi_server
     report = run_bench(grpc_url=srv.grpc_url, concurrency=(1, 2), requests_per_level=4, max_tokens=6,
                        tokenizer_dir=target, shared_prefix_tokens=80, shared_prefix_share=1.0, warmup=False)
-    assert report.model == "tensorrt_llm" and report.streaming and report.failed == 0
+    assert report.triton_model == "tensorrt_llm" and report.streaming and report.failed == 0
     for level in report.levels:
         assert level.requests == 4 and level.output_tokens > 0 and level.ttft_ms_p50 is not None
         assert level.acceptance_rate is not None and 0 <= level.acceptance_rate <= 1
