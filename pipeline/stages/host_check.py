@@ -21,6 +21,7 @@ from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
 from pipeline.stages.build import STAGES, locate_outputs
 from pipeline.stages.download.stage import download_model
+from pipeline.stages.package.package import SHARED_MODULE
 from pipeline.stages.resources import (
     CUDA_CONTEXT_BYTES,
     STAGE_VOLUME,
@@ -51,8 +52,11 @@ def _tokenizer_bytes(model_dir: Path) -> int:
 
 
 def repo_code_bytes() -> int:
-    """The repository's model code and config templates (a package fact, known before any download)."""
-    return sum(p.stat().st_size for p in TEMPLATES.rglob("*") if p.is_file())
+    """The repository's model code and config templates (a package fact, known before any download), with the
+    shared request module once per Python model template that `package` copies it beside."""
+    shared = TEMPLATES / SHARED_MODULE
+    copies = len(list(TEMPLATES.glob("*/1/model.py")))
+    return sum(p.stat().st_size for p in TEMPLATES.rglob("*") if p.is_file()) + (copies - 1) * shared.stat().st_size
 
 
 def size_inputs(spec: BuildSpec, *, forced: Iterable[str] = ()) -> SizeInputs:

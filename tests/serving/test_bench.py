@@ -419,7 +419,7 @@ def test_requests_ask_for_min_tokens_where_the_route_takes_it():
     (dict(request_rate="inf"), "--request-rate='inf': expected a finite number >= 0.001"),
     (dict(request_rate="-1"), "--request-rate=-1.0: must be >= 0.001"),
     (dict(dataset="/nonexistent/p.jsonl"), "--dataset /nonexistent/p.jsonl: no such file"),
-    (dict(dataset="/"), "--dataset /: is a directory"),
+    (dict(dataset="/"), "--dataset / is a directory"),
     (dict(json_file="/nonexistent/r.json"), "--json-file /nonexistent/r.json: directory /nonexistent does not exist"),
     (dict(json_file="/"), "--json-file / is a directory"),
     (dict(plot="/nonexistent/b.png"), "--plot /nonexistent/b.png: directory /nonexistent does not exist"),
