@@ -153,7 +153,6 @@ class Estimate:
     prefill_ms: float  # one request's prefill step alone (no queueing)
     decode_step_ms: float  # one decode-only step of the whole batch (target, plus the draft's K steps)
     tokens_per_target_step: float
-    active_batch: float = 0.0  # requests the engine keeps in flight; above it more requests only wait (queue)
 
 
 def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int, prefix_reused: int = 0,
@@ -195,4 +194,4 @@ def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int,
     if batch > active:  # the requests beyond the in-flight batch wait for a place (Little's law)
         ttft += (batch - active) * output_len / tokens_per_s * 1e3
     return Estimate(ttft_ms=ttft, tpot_ms=tpot, output_tokens_per_s=tokens_per_s, prefill_ms=prefill_ms,
-                    decode_step_ms=gen_ms, tokens_per_target_step=per_step, active_batch=active)
+                    decode_step_ms=gen_ms, tokens_per_target_step=per_step)
