@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.procs import pid_alive
+from pipeline.core.untrusted import read_json
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
@@ -154,23 +155,32 @@ def write_manifest(directory: Path, data: dict[str, Any]) -> Path:
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a stage directory (None when it has none), read through `pipeline.core.untrusted`."""
     path = Path(directory) / MANIFEST
     try:
-        return json.loads(path.read_text())
+        data = read_json(path, what=str(path), fix=f"the manifest is corrupt: delete {Path(directory)} and re-run the stage")
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError:
-        raise PipelineError(f"{path} is corrupt; delete {Path(directory)} and re-run the stage") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path} is corrupt; delete {Path(directory)} and re-run the stage", path=path)
+    return data
 
 
-def read_config_json(path: Path, error: type[PipelineError], *, missing: str, invalid: str) -> dict[str, Any]:
-    """A JSON object from `path`; `error(missing)` when the file is absent, `error(invalid)` when it is not JSON."""
+def read_config_json(path: Path, error: type[PipelineError], *, missing: str, fix: str) -> dict[str, Any]:
+    """A JSON object from `path`, read through `pipeline.core.untrusted` (a regular file, size and depth capped).
+
+    Raises:
+        error: `missing` when the file is absent; otherwise one line naming `path` and what is wrong, ending `fix`.
+    """
     try:
-        return json.loads(Path(path).read_text())
+        data = read_json(path, what=str(path), fix=fix, error=error)
     except FileNotFoundError:
         raise error(missing) from None
-    except json.JSONDecodeError:
-        raise error(invalid) from None
+    except OSError as exc:
+        raise error(f"{path} cannot be read ({exc.strerror or exc}); {fix}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} is not a JSON object; {fix}")
+    return data
 
 
 def is_current(directory: Path, key: str) -> bool:

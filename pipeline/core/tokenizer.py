@@ -8,10 +8,12 @@ from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifests import TokenizerIdentity
+from pipeline.core.untrusted import read_bytes, read_json
 
 TOKENIZER_DIR = "tokenizer"
 # tokenizer.json sections that decide token ids (chat templates and other tokenizer_config.json fields do not).
 ID_SECTIONS = ("model", "added_tokens", "normalizer", "pre_tokenizer")
+MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json of a 256k-token vocabulary is ~20 MB
 
 
 def find_tokenizer(*candidates: Path | None, error: type[PipelineError] = PipelineError) -> Path:
@@ -35,21 +37,19 @@ def identity(tokenizer_dir: Path) -> TokenizerIdentity:
     """The identity of the tokenizer in `tokenizer_dir` (see `TokenizerIdentity`).
 
     Raises:
-        PipelineError: no tokenizer there, or tokenizer.json is not JSON.
+        PipelineError: no tokenizer there, or tokenizer.json is not a JSON object of at most `MAX_TOKENIZER_BYTES`.
     """
     d = Path(tokenizer_dir)
     tj, sp = d / "tokenizer.json", d / "tokenizer.model"
     if tj.is_file():
-        try:
-            data = json.loads(tj.read_text(encoding="utf-8-sig"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise PipelineError(f"{tj} is not valid JSON; re-export the tokenizer", path=tj) from None
+        data = read_json(tj, what=str(tj), fix="re-export the tokenizer", cap=MAX_TOKENIZER_BYTES)
         if not isinstance(data, dict):
             raise PipelineError(f"{tj} is not a tokenizer.json object; re-export the tokenizer", path=tj)
         blob = json.dumps({k: data.get(k) for k in ID_SECTIONS}, sort_keys=True, default=str).encode()
         return TokenizerIdentity(file="tokenizer.json", sha256=hashlib.sha256(blob).hexdigest())
     if sp.is_file():
-        return TokenizerIdentity(file="tokenizer.model", sha256=hashlib.sha256(sp.read_bytes()).hexdigest())
+        raw = read_bytes(sp, cap=MAX_TOKENIZER_BYTES, what=str(sp), fix="re-export the tokenizer")
+        return TokenizerIdentity(file="tokenizer.model", sha256=hashlib.sha256(raw).hexdigest())
     raise PipelineError(f"{d} has no tokenizer.json or tokenizer.model; re-run `invoke calibrate`, which exports the "
                         "tokenizer with the checkpoint", path=d)
 
@@ -62,7 +62,22 @@ def mismatch(target: TokenizerIdentity, draft: TokenizerIdentity) -> str | None:
             "needs one shared tokenizer: choose a draft of the same family")
 
 
-MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json of a 256k-token vocabulary is ~20 MB
+def load_tokenizer_json(path: Path, *, fix: str, error: type[PipelineError] = PipelineError):
+    """A `tokenizers.Tokenizer` from a tokenizer.json read through `pipeline.core.untrusted` (a regular file of at
+    most `MAX_TOKENIZER_BYTES`).
+
+    Raises:
+        error: not such a file, or `tokenizers` cannot load it (the line names the file and ends with `fix`).
+        OSError: it cannot be opened or read (missing, permission): the caller words that.
+    """
+    from tokenizers import Tokenizer
+
+    raw = read_bytes(path, cap=MAX_TOKENIZER_BYTES, what=str(path), fix=fix, error=error)
+    try:
+        return Tokenizer.from_str(raw.decode("utf-8-sig"))
+    except Exception as exc:  # tokenizers raises plain Exception for a malformed file
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise error(f"the tokenizer {path} cannot be loaded ({reason}); {fix}", path=path) from None
 
 
 def token_count(tokenizer_dir: Path) -> int:
@@ -74,20 +89,16 @@ def token_count(tokenizer_dir: Path) -> int:
     """
     d = Path(tokenizer_dir)
     tj = d / "tokenizer.json"
+    fix = "re-fetch the model"
     try:
         if tj.is_file():
-            if tj.stat().st_size > MAX_TOKENIZER_BYTES:
-                raise PipelineError(f"{tj} is over {MAX_TOKENIZER_BYTES >> 20} MiB; not a tokenizer", path=tj)
-            from tokenizers import Tokenizer
-
-            return Tokenizer.from_file(str(tj)).get_vocab_size(with_added_tokens=True)
+            return load_tokenizer_json(tj, fix=fix).get_vocab_size(with_added_tokens=True)
         if (d / "tokenizer.model").is_file():
             from transformers import AutoTokenizer
 
             return len(AutoTokenizer.from_pretrained(str(d)))
     except PipelineError:
         raise
-    except Exception as exc:  # tokenizers / sentencepiece raise their own types for a malformed file
-        raise PipelineError(f"the tokenizer in {d} cannot be read ({type(exc).__name__}); re-fetch the model",
-                            path=d) from None
+    except Exception as exc:  # sentencepiece raises its own types for a malformed file
+        raise PipelineError(f"the tokenizer in {d} cannot be read ({type(exc).__name__}); {fix}", path=d) from None
     raise PipelineError(f"{d} has no tokenizer.json or tokenizer.model", path=d)

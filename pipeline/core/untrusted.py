@@ -94,6 +94,25 @@ def parse_json(raw: bytes | str, *, what: str, fix: str, error: type[PipelineErr
         raise error(f"{what} holds an integer of more than {MAX_INT_DIGITS} digits; {fix}") from None
 
 
+MAX_JSON_BYTES = 16 << 20  # a config.json, manifest or record; a checkpoint's index.json is ~100 KB
+
+
+def read_json(path: str | Path, *, what: str, fix: str, error: type[PipelineError] = PipelineError,
+              cap: int = MAX_JSON_BYTES) -> Any:
+    """The JSON document of a regular file of at most `cap` bytes, within `parse_json`'s limits.
+
+    Raises:
+        error: not a regular file, over `cap`, not UTF-8 JSON, too deep or too long an integer (one line naming
+            `what` and ending with `fix`).
+        OSError: it cannot be opened or read (missing, permission): the caller words that.
+    """
+    raw = read_bytes(path, cap=cap, what=what, fix=fix, error=error)
+    try:
+        return parse_json(raw.decode("utf-8-sig"), what=what, fix=fix, error=error)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise error(f"{what} is not JSON; {fix}", path=path) from None
+
+
 class _SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """SafeLoader (libyaml's parser where PyYAML has it) that refuses a mapping with the same key twice (PyYAML keeps
     the last one silently), a complex key (a list or mapping as a key) and an over-long integer."""

@@ -17,7 +17,6 @@ or SM is refused with the diff (exit 2) before tritonserver fails in an obscure 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -32,8 +31,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.core.artifacts import MANIFEST, SYMLINK, check_files
-from pipeline.core.errors import CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError, VerifyError
+from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError,
+                                  PipelineError, VerifyError)
 from pipeline.core.manifests import FileRecord, ReleaseDocument
+from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.release import RELEASE_JSON
 from pipeline.stages.compile.preflight import probe_host as compile_probe
 from pipeline.stages.package import llmapi_yaml, pbtxt
@@ -114,8 +115,8 @@ def _parse_release(raw: bytes, what: str) -> ReleaseDocument:
 def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     """A small JSON member as a dict; None when absent or not a JSON object (its hash is checked anyway)."""
     try:
-        data = json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError):
+        data = parse_json(raw, what="a release member", fix="") if raw else None
+    except (ValueError, UnicodeDecodeError, PipelineError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -214,11 +215,9 @@ def runtime_records(doc: ReleaseDocument) -> list[dict[str, Any]]:
 
 
 def _read_capped(path: Path, what: str) -> bytes:
-    size = path.stat().st_size
-    if size > MAX_METADATA_BYTES:
-        raise CorruptArtifactError(f"{what} is {size} bytes, over the {MAX_METADATA_BYTES >> 20} MiB limit for metadata; it "
-                          "is not a release or manifest written by this pipeline", path=path)
-    return path.read_bytes()
+    """A metadata file of an unpacked release or repo: a regular file of at most `MAX_METADATA_BYTES`."""
+    return read_bytes(path, cap=MAX_METADATA_BYTES, what=what, error=CorruptArtifactError,
+                      fix="it is not a release or manifest written by this pipeline")
 
 
 def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostInfo | None) -> None:
@@ -240,7 +239,8 @@ def _check_host(report: VerifyReport, records: list[dict[str, Any]], host: HostI
 
 
 def _sidecar_digest(path: Path) -> str:
-    with open(path, "rb") as f:
+    with open_regular(path, what=str(path), fix="give the .sha256 file `invoke release` wrote",
+                      error=VerifyError) as f:
         words = f.read(4096).split()
     return words[0].decode(errors="replace") if words else ""
 
@@ -308,7 +308,8 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
     small: dict[str, bytes] = {}  # manifest.json / config.json contents for the host check
     prefix = None
     try:
-        with open(path, "rb") as raw, ThreadPoolExecutor(1) as pool:
+        with open_regular(path, what=str(path), fix="pass a release .tar, an unpacked release or a Triton repo",
+                          error=VerifyError) as raw, ThreadPoolExecutor(1) as pool:
             reader = _HashingReader(raw, pool)
             with tarfile.open(fileobj=reader, mode="r|*", bufsize=_CHUNK) as tar:
                 for member in tar:
@@ -466,9 +467,12 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
 
 
 def _small_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_METADATA_BYTES:
+    if path.is_symlink():
         return None
-    return _json_object(path.read_bytes())
+    try:
+        return _json_object(read_bytes(path, cap=MAX_METADATA_BYTES, what=str(path), fix=""))
+    except (OSError, PipelineError):
+        return None
 
 
 def _engine_record_on_disk(engine_dir: Path) -> dict[str, Any]:

@@ -39,7 +39,8 @@ from pipeline.serving.dataset import DatasetRequest, load_dataset
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
 from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
-from pipeline.serving.token_count import count_output_tokens, load_tokenizer, server_count
+from pipeline.serving.token_count import (PROMPT_CHUNK_CHARS, count_output_tokens, load_tokenizer, prompt_tokens,
+                                           server_count)
 from pipeline.stages.build import locate_outputs
 from pipeline.stages.package import llmapi_yaml, pbtxt
 
@@ -968,13 +969,15 @@ def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_
                         output_lens: list[int] | None = None) -> None:
     """BenchError when a prompt (counted with the build's tokenizer, special tokens included, as preprocessing
     does) exceeds `max_input_len`, or prompt + its output length (`output_lens[i]`, else `max_tokens`) exceeds
-    `max_seq_len`. Without a tokenizer only the shared prefix itself is checked."""
+    `max_seq_len`. Without a tokenizer only the shared prefix itself is checked. A prompt far over the limits is
+    counted only until it is surely over them (`token_count.prompt_tokens`; the message says "at least")."""
     if max_input_len is not None and shared_prefix_tokens > max_input_len:
         raise BenchError(f"--shared-prefix-tokens {shared_prefix_tokens} exceeds the build's max_input_len "
                          f"{max_input_len}; lower --shared-prefix-tokens or build with a larger --max-input-len")
     if tokenizer is None or not texts or (max_input_len is None and max_seq_len is None):
         return
-    lengths = {t: len(tokenizer.encode(t).ids) for t in set(texts)}
+    limit = max(max_input_len or 0, max_seq_len or 0)
+    lengths = {t: prompt_tokens(tokenizer, t, limit=limit) for t in set(texts)}
     longest = max(lengths.values())
     if output_lens is not None and len(set(output_lens)) > 1:
         _check_dataset_lengths(texts, lengths, output_lens, max_input_len=max_input_len, max_seq_len=max_seq_len)
@@ -984,13 +987,20 @@ def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_
         fix = ("" if not shared_prefix_tokens else
                f"lower --shared-prefix-tokens to at most {shared_prefix_tokens - over} or " if shared_prefix_tokens > over
                else "lower --shared-prefix-tokens or ")
-        raise BenchError(f"the longest bench prompt is {longest} tokens with the build's tokenizer, over its "
+        raise BenchError(f"the longest bench prompt is {_at_least(lengths, longest, limit)}{longest} tokens with the "
+                         f"build's tokenizer, over its "
                          f"max_input_len {max_input_len}; {fix}build with a larger --max-input-len")
     if max_seq_len is not None and longest + max_tokens > max_seq_len:
         fix = (f"lower --max-tokens to at most {max_seq_len - longest}" if max_seq_len > longest
                else "shorten the prompts")
         raise BenchError(f"the longest bench prompt ({longest} tokens) + --max-tokens {max_tokens} exceeds the "
                          f"build's max_seq_len {max_seq_len}; {fix} or build with a larger --max-seq-len")
+
+
+def _at_least(lengths: dict[str, int], n: int, limit: int) -> str:
+    """"at least " when a prompt of `n` tokens may have been counted only up to `limit` (`prompt_tokens`)."""
+    cut = any(count == n and len(text) > PROMPT_CHUNK_CHARS for text, count in lengths.items())
+    return "at least " if cut and n > limit else ""
 
 
 def _check_dataset_lengths(texts: list[str], lengths: dict[str, int], output_lens: list[int], *,
@@ -1000,7 +1010,8 @@ def _check_dataset_lengths(texts: list[str], lengths: dict[str, int], output_len
     for i, (text, out) in enumerate(zip(texts, output_lens)):
         n = lengths[text]
         if max_input_len is not None and n > max_input_len:
-            raise BenchError(f"dataset request {i}: its prompt is {n} tokens with the build's tokenizer, over its "
+            raise BenchError(f"dataset request {i}: its prompt is {_at_least({text: n}, n, max_input_len)}{n} tokens "
+                             "with the build's tokenizer, over its "
                              f"max_input_len {max_input_len}; drop such prompts or build with a larger --max-input-len")
         if max_seq_len is not None and n + out > max_seq_len:
             raise BenchError(f"dataset request {i}: prompt {n} + output_len {out} tokens exceed the build's "

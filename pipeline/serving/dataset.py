@@ -62,6 +62,15 @@ def _prompt(value: object, where: str, what: str) -> str:
     if len(value) > MAX_PROMPT_CHARS:
         raise BenchError(f"{where}: a prompt of {len(value):,} characters is over the {MAX_PROMPT_CHARS:,}-character "
                          "cap; drop that record")
+    return _text(value, where, what)
+
+
+def _text(value: str, where: str, what: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON allows a lone surrogate escape (\ud800); no tokenizer or server does
+        raise BenchError(f"{where}: {what} holds a lone surrogate (character {exc.start}), not text; drop that "
+                         "record") from None
     return value
 
 
@@ -77,6 +86,7 @@ def _sharegpt(turns: object, where: str) -> _Record | None:
             continue
         nxt = turns[i + 1] if i + 1 < len(turns) else {}
         reply = nxt.get("value") if nxt.get("from") in _REPLY and isinstance(nxt.get("value"), str) else None
+        reply = _text(reply, where, "the reply") if reply else None
         return _Record(prompt, reply=reply or None)
     return None
 

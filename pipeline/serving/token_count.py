@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.tokenizer import load_tokenizer_json
+
 SOURCES = {
     "server": "the server's num_output_tokens/sequence_length",
     "stream": "streamed responses",
@@ -46,15 +48,43 @@ def server_count(result: Any) -> int | None:
 
 
 def load_tokenizer(tokenizer_dir: str | Path | None) -> Any:
-    """A `tokenizers.Tokenizer` from `tokenizer_dir/tokenizer.json` (None when there is none)."""
+    """A `tokenizers.Tokenizer` from `tokenizer_dir/tokenizer.json` (None when there is none).
+
+    Raises:
+        PipelineError: it is not a regular file, oversized or not a tokenizer (`core.tokenizer.load_tokenizer_json`).
+    """
     if not tokenizer_dir:
         return None
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
         return None
-    from tokenizers import Tokenizer
+    return load_tokenizer_json(path, fix="pass the build's tokenizer directory (--tokenizer-dir)")
 
-    return Tokenizer.from_file(str(path))
+
+PROMPT_CHUNK_CHARS = 65_536  # a prompt longer than this is counted a chunk at a time, up to the limit
+
+
+def prompt_tokens(tokenizer: Any, text: str, *, limit: int) -> int:
+    """Tokens of a prompt as preprocessing counts them (special tokens added), exactly when at most `limit`.
+
+    A prompt over `PROMPT_CHUNK_CHARS` characters is tokenized a chunk at a time (cut at whitespace) and counting
+    stops once it is surely over `limit` (each cut may add up to two tokens, so they are taken off): the count
+    returned is then over `limit` but only a lower bound, and the work and memory stay proportional to `limit`, not
+    to the prompt. A prompt that ends before that is tokenized whole, exactly.
+    """
+    if len(text) > PROMPT_CHUNK_CHARS:
+        counted = len(tokenizer.encode("").ids)  # the special tokens preprocessing adds
+        start = cuts = 0
+        while start < len(text):
+            end = min(len(text), start + PROMPT_CHUNK_CHARS)
+            if end < len(text):
+                space = text.rfind(" ", start + PROMPT_CHUNK_CHARS // 2, end)
+                end, cuts = (space if space > start else end), cuts + 1
+            counted += len(tokenizer.encode(text[start:end], add_special_tokens=False).ids)
+            if counted - 2 * cuts > limit:
+                return counted - 2 * cuts
+            start = end
+    return len(tokenizer.encode(text).ids)
 
 
 def count_output_tokens(*, server_counts: Sequence[int] = (), streamed: bool = False, stream_chunks: int = 0,

@@ -102,3 +102,61 @@ def test_check_refuses_a_device_or_fifo_spec_in_one_line(tmp_path, args):
                        timeout=60)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "not a regular file" in r.stderr
+
+
+def _dir_readers():
+    from pipeline.core.artifacts import read_manifest
+    from pipeline.core.errors import CompileError, DeployError, PackageError
+    from pipeline.core.tokenizer import identity
+    from pipeline.ops.deploy.source import from_release
+    from pipeline.serving.token_count import load_tokenizer
+    from pipeline.stages.calibrate.checkpoint import CheckpointError
+    from pipeline.stages.calibrate.hf_checkpoint import read_quant_config
+    from pipeline.stages.compile.checkpoint_config import read_checkpoint_config
+    from pipeline.stages.package.package import read_engine_source
+
+    return {  # kind -> (reader of a directory, the file it reads there, error)
+        "checkpoint config": (read_checkpoint_config, "config.json", CompileError),
+        "engine config": (read_engine_source, "config.json", PackageError),
+        "stage manifest": (read_manifest, "manifest.json", PipelineError),
+        "tokenizer identity": (identity, "tokenizer.json", PipelineError),
+        "bench tokenizer": (load_tokenizer, "tokenizer.json", PipelineError),
+        "ModelOpt quant config": (read_quant_config, "hf_quant_config.json", CheckpointError),
+        "release directory": (from_release, "release.json", DeployError),
+    }
+
+
+DIR_KINDS = ["checkpoint config", "engine config", "stage manifest", "tokenizer identity", "bench tokenizer",
+             "ModelOpt quant config", "release directory"]
+
+
+@pytest.mark.parametrize("kind", DIR_KINDS)
+@pytest.mark.parametrize("hostile", ["fifo", "device", "deep", "huge int"])
+def test_files_inside_a_given_directory_are_read_through_untrusted(tmp_path, kind, hostile):
+    """A checkpoint, engine, tokenizer or release directory the user points at: the JSON file in it that is a FIFO,
+    a link to /dev/zero, JSON 100,000 deep or holds a 5,000-digit integer is one line of the reader's error."""
+    reader, name, error = _dir_readers()[kind]
+    target = tmp_path / name
+    if hostile == "fifo":
+        os.mkfifo(target)
+    elif hostile == "device":
+        target.symlink_to("/dev/zero")
+    else:
+        target.write_text(DEEP if hostile == "deep" else '{"n": ' + HUGE_INT + "}")
+    if name == "tokenizer.json" and hostile in ("fifo", "device"):  # is_file() tells a tokenizer dir apart
+        pytest.skip("a tokenizer.json that is no regular file is no tokenizer: the directory has none")
+    with pytest.raises(error) as exc:
+        reader(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg and exc.value.exit_code in (2, 3)
+    assert any(s in msg for s in ("not a regular file", "nested too deeply", "more than 100 digits",
+                                  "cannot be loaded")), msg
+
+
+def test_an_hf_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
+    from pipeline.stages.calibrate.checkpoint import CheckpointError
+    from pipeline.stages.calibrate.hf_checkpoint import _tensors
+
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"w": "../../etc/passwd"}}')
+    with pytest.raises(CheckpointError, match="'weight_map' must map tensors to .safetensors files in that directory"):
+        _tensors(tmp_path)

@@ -61,6 +61,10 @@ def test_sharegpt_takes_the_first_human_turn_and_the_replys_token_length(tmp_pat
     ('{"prompt": "a", "output_len": "9"}', "line 2: output_len='9'"),
     ('{"conversations": "hi"}', "line 2: 'conversations' must be a list"),
     ('{"conversations": [{"from": "human", "value": 5}]}', "line 2: a human turn's 'value' is not a string"),
+    ('{"prompt": "a \\ud800 b"}', "line 2: 'prompt' holds a lone surrogate (character 2), not text"),
+    ('{"prompt": "\\udfff"}', "line 2: 'prompt' holds a lone surrogate (character 0)"),
+    ('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x\\ud83d"}]}',
+     "line 2: the reply holds a lone surrogate (character 1)"),
 ])
 def test_a_malformed_line_is_refused_with_its_number(tmp_path, line, needle):
     path = _jsonl(tmp_path, '{"prompt": "fine"}', line)
@@ -254,3 +258,9 @@ def test_invoke_bench_dataset_at_a_request_rate_reports_p99_ttft(tiny_models, tm
     assert report["output_len"] == length_stats(asked)
     assert sum(lv["output_tokens"] for lv in report["levels"]) == sum(asked)
     assert "acceptance_rate" in report and "prefix_cache_hit_ratio" in report
+
+
+def test_a_surrogate_pair_and_unicode_line_separators_are_text(tmp_path):
+    """A valid escaped pair is one character; U+2028 / U+0085 inside a string do not end a JSONL line."""
+    path = _jsonl(tmp_path, '{"prompt": "\\ud83d\\ude00 ok"}', '{"prompt": "a\u2028b\u0085c"}')
+    assert [r.prompt for r in load_dataset(path)] == ["\U0001F600 ok", "a\u2028b\u0085c"]

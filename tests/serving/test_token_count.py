@@ -69,3 +69,49 @@ def test_server_count_reads_num_output_tokens_else_sequence_length():
     assert server_count(Result(num_output_tokens=24, sequence_length=30)) == 24
     assert server_count(Result(sequence_length=30)) == 30
     assert server_count(Result()) is None
+
+
+class _Recording:
+    """A tokenizer that records how many characters it was asked to encode."""
+
+    def __init__(self, tok):
+        self.tok, self.chars = tok, 0
+
+    def encode(self, text, add_special_tokens=True):
+        self.chars += len(text)
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_prompt_far_over_the_limit_is_counted_only_until_it_is_surely_over(tokenizer):
+    """A 2.4 M-character prompt against a 1,000-token limit: the count is over the limit, and the tokenizer saw
+    at most a few chunks of it, never the whole prompt."""
+    from pipeline.serving.token_count import PROMPT_CHUNK_CHARS, prompt_tokens
+
+    rec = _Recording(tokenizer)
+    text = "the quick brown fox " * 120_000
+    n = prompt_tokens(rec, text, limit=1000)
+    assert 1000 < n <= len(tokenizer.encode(text).ids)
+    assert rec.chars <= 2 * PROMPT_CHUNK_CHARS < len(text) // 10
+
+
+def test_a_long_prompt_within_the_limit_is_counted_exactly(tokenizer):
+    from pipeline.serving.token_count import PROMPT_CHUNK_CHARS, prompt_tokens
+
+    text = "the quick brown fox jumps " * (3 * PROMPT_CHUNK_CHARS // 26)
+    exact = len(tokenizer.encode(text).ids)
+    assert len(text) > 2 * PROMPT_CHUNK_CHARS
+    assert prompt_tokens(tokenizer, text, limit=exact) == exact
+    assert prompt_tokens(tokenizer, text, limit=exact + 10_000) == exact
+    assert prompt_tokens(tokenizer, text, limit=exact - 1) >= exact - 1  # over the limit, counted up to it
+
+
+def test_bench_refuses_a_prompt_far_over_max_input_len_saying_at_least(tokenizer):
+    from pipeline.core.errors import BenchError
+    from pipeline.serving.bench import check_prompt_limits
+
+    rec = _Recording(tokenizer)
+    huge = "the quick brown fox " * 200_000
+    with pytest.raises(BenchError, match=r"is at least \d+ tokens with the build's tokenizer, over its "
+                                         r"max_input_len 2048"):
+        check_prompt_limits([huge, "the fox"], rec, max_tokens=16, max_input_len=2048, max_seq_len=4096)
+    assert rec.chars < len(huge) // 10

@@ -18,6 +18,7 @@ from pipeline import __version__
 from pipeline.core.errors import DeployError
 from pipeline.core.layout import LEGACY_SUFFIX, RELEASE_SUFFIX, release_file, release_name_ok
 from pipeline.core.spec import BuildSpec
+from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.deploy.images import TRTLLM_VERSION
 from pipeline.ops.release import RELEASE_JSON
 from pipeline.ops.release_verify import MAX_METADATA_BYTES
@@ -35,9 +36,11 @@ class DeploySource(BaseModel):
     origin: str  # "release" or "spec"
 
 
-def _tar_release_json(path: Path) -> bytes:
+def _tar_release_json(path: Path, fix: str) -> bytes:
+    """release.json of a release tarball (a regular file: a FIFO or device is refused before anything is read)."""
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with open_regular(path, what=f"--release {path}", fix=fix, error=DeployError) as f, \
+                tarfile.open(fileobj=f, mode="r:*") as tar:
             for member in tar:
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == RELEASE_JSON and member.isfile():
@@ -53,22 +56,29 @@ def _tar_release_json(path: Path) -> bytes:
 
 def _read_document(path: Path) -> tuple[dict, str | None]:
     """release.json and the sha256 of the tarball (from its `.sha256` sidecar; None for a directory)."""
+    fix = "give a release directory or tarball made by `invoke release`"
     if path.is_dir():
         doc_path = path / RELEASE_JSON
-        if not doc_path.is_file() or doc_path.stat().st_size > MAX_METADATA_BYTES:
-            raise DeployError(f"--release {path}: no {RELEASE_JSON} (or an oversized one); give a release directory "
-                              "or tarball made by `invoke release`")
-        raw, digest = doc_path.read_bytes(), None
-    elif path.is_file():
-        raw, digest = _tar_release_json(path), None
+        try:
+            raw = read_bytes(doc_path, cap=MAX_METADATA_BYTES, what=f"--release {doc_path}", fix=fix,
+                             error=DeployError)
+        except OSError:
+            raise DeployError(f"--release {path}: no readable {RELEASE_JSON}; {fix}") from None
+        digest = None
+    elif path.exists():
+        raw, digest = _tar_release_json(path, fix), None
         sidecar = path.with_name(path.name + ".sha256")
-        if sidecar.is_file() and sidecar.stat().st_size < 4096:
-            first = sidecar.read_text(errors="replace").split()
+        try:
+            first = read_bytes(sidecar, cap=4096, what=str(sidecar), fix=fix, error=DeployError).decode(
+                errors="replace").split()
             digest = first[0] if first and len(first[0]) == SHA256_HEX else None
+        except OSError:
+            digest = None  # no sidecar: the digest is not pinned
     else:
         raise DeployError(f"--release {path} does not exist; give a release tarball or unpacked release directory")
     try:
-        doc = json.loads(raw)
+        doc = parse_json(raw, what=f"--release {path}: {RELEASE_JSON}", fix="re-create it with `invoke release`",
+                         error=DeployError)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DeployError(f"--release {path}: {RELEASE_JSON} is not JSON ({exc}); re-create it with `invoke release`")
     if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict) or not isinstance(doc.get("name"), str):

@@ -81,7 +81,7 @@ def read_config(ckpt_dir: Path) -> dict[str, Any]:
     path = Path(ckpt_dir) / "config.json"
     cfg = read_config_json(path, CheckpointError,
                            missing=f"{path} does not exist; point at a TensorRT-LLM checkpoint directory",
-                           invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
+                           fix="re-run `invoke calibrate --force`")
     arch = cfg.get("architecture")
     if arch not in LOADABLE_ARCHITECTURES:
         raise CheckpointError(f"{path}: architecture {arch!r} is not supported; loadable: "

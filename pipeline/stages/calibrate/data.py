@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import CalibrationError, IntegrityError
+from pipeline.core.tokenizer import load_tokenizer_json
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download.tinymodel import corpus_split
 
@@ -96,21 +97,19 @@ def tokenizer_fn(model_dir: Path, *, fix: str = "replace the model's tokenizer f
         IntegrityError: the tokenizer files cannot be loaded (garbage, truncated); the line ends with `fix`.
     """
     tok_json = Path(model_dir) / "tokenizer.json"
+    if tok_json.is_file():
+        tok = load_tokenizer_json(tok_json, fix=fix, error=IntegrityError)
+        return lambda text: tok.encode(text).ids
     try:
-        if tok_json.is_file():
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(tok_json))
-            return lambda text: tok.encode(text).ids
         from transformers import AutoTokenizer
 
         auto = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # tokenizers/transformers raise plain Exception, ValueError, OSError...
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # a real I/O failure (exit 5 at the CLI)
-        where = tok_json if tok_json.is_file() else Path(model_dir)
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise IntegrityError(f"the tokenizer in {where} cannot be loaded ({reason}); {fix}", path=where) from None
+        raise IntegrityError(f"the tokenizer in {model_dir} cannot be loaded ({reason}); {fix}",
+                             path=model_dir) from None
     return lambda text: auto(text)["input_ids"]
 
 

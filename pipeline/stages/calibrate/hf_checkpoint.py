@@ -14,7 +14,7 @@ is simulated with pre-hooks, the KV cache stays in the compute dtype.
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ _RENAME = {
 }
 _KV_SCALES = ("k_scale", "v_scale")
 _ACT_KIND = {"FP8": "fp8", "W4A8_AWQ": "fp8"}
-MAX_JSON_BYTES = 16 << 20
+_SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")  # a file name in the checkpoint directory
 
 
 def read_quant_config(ckpt_dir: str | Path) -> dict[str, Any]:
@@ -53,11 +53,9 @@ def read_quant_config(ckpt_dir: str | Path) -> dict[str, Any]:
         CheckpointError: the file is missing, not JSON, too large, or names an unsupported quant_algo.
     """
     path = Path(ckpt_dir) / HF_QUANT_CONFIG
-    if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB; not a ModelOpt quant config")
     cfg = read_config_json(path, CheckpointError,
                            missing=f"{path} does not exist; point at a ModelOpt unified HF checkpoint",
-                           invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
+                           fix="re-run `invoke calibrate --force`")
     q = cfg.get("quantization") if isinstance(cfg, dict) else None
     if not isinstance(q, dict):
         raise CheckpointError(f"{path}: no 'quantization' mapping; re-export with ModelOpt 0.37")
@@ -72,7 +70,7 @@ def _hf_config(ckpt_dir: Path):
 
     path = ckpt_dir / "config.json"
     cfg = read_config_json(path, CheckpointError, missing=f"{path} does not exist; point at a HF checkpoint",
-                           invalid=f"{path} is not valid JSON; re-run `invoke calibrate --force`")
+                           fix="re-run `invoke calibrate --force`")
     if not set(cfg.get("architectures") or []) & set(LOADABLE_ARCHITECTURES):
         raise CheckpointError(f"{path}: architectures {cfg.get('architectures')} are not supported; loadable: "
                               f"{', '.join(LOADABLE_ARCHITECTURES)}")
@@ -84,7 +82,13 @@ def _tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint (one `model.safetensors` or the shards its index lists)."""
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        fix = "re-export the checkpoint (invoke build --force calibrate)"
+        weight_map = read_config_json(index, CheckpointError, missing=f"{index} is gone; {fix}", fix=fix).get(
+            "weight_map")
+        files = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+        if not files or not all(isinstance(f, str) and _SHARD.fullmatch(f) for f in files):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensors to .safetensors files in that directory; "
+                                  f"{fix}")
     else:
         files = ["model.safetensors"]
     missing = [f for f in files if not (ckpt_dir / f).is_file()]

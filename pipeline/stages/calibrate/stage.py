@@ -11,7 +11,6 @@ What ModelOpt, transformers and torch print while building goes to `engines/<bui
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import resource
@@ -25,7 +24,7 @@ from typing import Any, Literal
 
 from pipeline.backends import CheckpointFormat, checkpoint_format
 from pipeline.core.architectures import FAMILIES
-from pipeline.core.artifacts import atomic_dir, file_table, read_manifest, stage_key, stage_lock
+from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, read_manifest, stage_key, stage_lock
 from pipeline.core.errors import CalibrationError, QualityGateFailed
 from pipeline.core.layout import runtime_checkpoint_dir
 from pipeline.core.manifests import (
@@ -163,7 +162,9 @@ def check_family(spec: BuildSpec) -> None:
 
 
 def _check_architecture(src: Path, entry: ModelEntry) -> dict[str, Any]:
-    cfg = json.loads((src / "config.json").read_text())
+    path = src / "config.json"
+    cfg = read_config_json(path, CalibrationError, missing=f"{path} is gone; re-download (invoke download --force)",
+                           fix="re-download (invoke download --force)")
     archs = cfg.get("architectures") or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise CalibrationError(

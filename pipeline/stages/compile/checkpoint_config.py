@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.architectures import checkpoint_fields
+from pipeline.core.artifacts import read_config_json
 from pipeline.core.errors import CompileError
 from pipeline.core.registry import ModelEntry
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO, TRTLLM_DTYPE
@@ -66,16 +66,11 @@ def read_checkpoint_config(ckpt_dir: Path) -> CheckpointConfig:
         CompileError: the file is missing or is not a TensorRT-LLM checkpoint config.
     """
     path = Path(ckpt_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CompileError(
-            f"checkpoint config {path} does not exist; run `invoke calibrate` for this spec first "
-            "or pass --checkpoint-dir DIR of an exported TensorRT-LLM checkpoint"
-        ) from None
-    except json.JSONDecodeError:
-        raise CompileError(f"checkpoint config {path} is not valid JSON; re-export the checkpoint") from None
-    if not isinstance(config, dict) or "architecture" not in config or "mapping" not in config:
+    config = read_config_json(path, CompileError,
+                              missing=f"checkpoint config {path} does not exist; run `invoke calibrate` for this spec "
+                              "first or pass --checkpoint-dir DIR of an exported TensorRT-LLM checkpoint",
+                              fix="re-export the checkpoint")
+    if "architecture" not in config or "mapping" not in config:
         raise CompileError(
             f"{path} is not a TensorRT-LLM checkpoint config (needs 'architecture' and 'mapping'); "
             "pass the directory written by `invoke calibrate`"

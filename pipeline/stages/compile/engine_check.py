@@ -52,7 +52,7 @@ def read_engine_config(engine_dir: Path) -> dict[str, Any]:
     path = Path(engine_dir) / "config.json"
     config = read_config_json(path, CompileError,
                               missing=f"engine directory {engine_dir} has no config.json; the build did not finish",
-                              invalid=f"{path} is not valid JSON; rebuild the engine (invoke compile --force)")
+                              fix="rebuild the engine (invoke compile --force)")
     missing = [k for k in ("version", "pretrained_config", "build_config") if k not in config]
     if missing:
         raise CompileError(f"{path} lacks {', '.join(missing)}; it was not written by TensorRT-LLM's trtllm-build")

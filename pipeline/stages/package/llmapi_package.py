@@ -16,14 +16,13 @@ LLM (speculative_config), so there is no ensemble, BLS or draft model.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from pipeline.backends import Backend, backend_named
-from pipeline.core.artifacts import atomic_dir, file_table, stage_key
+from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, stage_key
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.manifests import RepoManifest
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
@@ -43,23 +42,21 @@ _CPU_FILES = ("model_reference.py", ("llmapi_io.py", "hf_reference.py"))
 def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
     """Facts of an exported HF checkpoint dir: {"quant_algo", "kv_cache_quant_algo", "architectures"}."""
     path = Path(path)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise PackageError(f"{what} {path} has no config.json; run `invoke calibrate --runtime pytorch`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{what} {path}/config.json is not JSON ({exc})") from None
+    config = read_config_json(path / "config.json", PackageError,
+                              missing=f"{what} {path} has no config.json; run `invoke calibrate --runtime pytorch`",
+                              fix="re-export it (invoke calibrate --runtime pytorch --force)")
     if not isinstance(config, dict) or not config.get("architectures"):
         raise PackageError(f"{what} {path} is not a Hugging Face checkpoint (config.json has no architectures)")
     if not list(path.glob("*.safetensors")):
         raise PackageError(f"{what} {path} holds no *.safetensors; the export did not finish")
     quant: dict[str, Any] = {}
     qfile = path / HF_QUANT_CONFIG
-    if qfile.is_file():
-        try:
-            quant = json.loads(qfile.read_text()).get("quantization", {}) or {}
-        except (json.JSONDecodeError, AttributeError) as exc:
-            raise PackageError(f"{qfile} is not a ModelOpt hf_quant_config.json ({exc})") from None
+    if qfile.exists():
+        fix = "re-export it (invoke calibrate --runtime pytorch --force)"
+        quant = read_config_json(qfile, PackageError, missing=f"{qfile} is gone; {fix}", fix=fix).get(
+            "quantization") or {}
+        if not isinstance(quant, dict):
+            raise PackageError(f"{qfile} is not a ModelOpt hf_quant_config.json (no 'quantization' mapping); {fix}")
     return {"quant_algo": quant.get("quant_algo"), "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
             "architectures": config["architectures"]}
 

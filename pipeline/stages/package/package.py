@@ -24,7 +24,6 @@ launches from such an installed copy).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends import Backend, backend_named
-from pipeline.core.artifacts import atomic_dir, check_name, file_table, stage_key, triton_repo_dir
+from pipeline.core.artifacts import atomic_dir, check_name, file_table, read_config_json, stage_key, triton_repo_dir
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.layout import repo_name
 from pipeline.core.manifests import EngineManifest, RepoManifest, StageResult, TokenizerIdentity
@@ -69,13 +68,13 @@ class LLMSource:
 def read_engine_source(engine_dir: Path) -> LLMSource:
     """Limits of a TensorRT-LLM 1.2 engine, from its own config.json (never re-typed)."""
     engine_dir = Path(engine_dir)
+    cfg = read_config_json(engine_dir / "config.json", PackageError,
+                           missing=f"engine dir {engine_dir} has no config.json; run `invoke compile` first",
+                           fix="rebuild the engine (invoke compile --force)")
     try:
-        cfg = json.loads((engine_dir / "config.json").read_text())
         build = cfg["build_config"]
         mapping = cfg["pretrained_config"].get("mapping", {})
-    except FileNotFoundError:
-        raise PackageError(f"engine dir {engine_dir} has no config.json; run `invoke compile` first") from None
-    except (KeyError, json.JSONDecodeError) as exc:
+    except (KeyError, AttributeError, TypeError) as exc:
         raise PackageError(f"{engine_dir}/config.json is not a TensorRT-LLM engine config ({exc})") from None
     world = int(mapping.get("world_size", int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))))
     missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
@@ -97,10 +96,9 @@ def read_engine_source(engine_dir: Path) -> LLMSource:
 def read_checkpoint_source(ckpt_dir: Path, spec) -> LLMSource:
     """A checkpoint served by the reference backend: TRT-LLM checkpoint (config.json + rank*.safetensors) or HF."""
     ckpt_dir = Path(ckpt_dir)
-    try:
-        cfg = json.loads((ckpt_dir / "config.json").read_text())
-    except FileNotFoundError:
-        raise PackageError(f"checkpoint dir {ckpt_dir} has no config.json; run `invoke calibrate` first") from None
+    cfg = read_config_json(ckpt_dir / "config.json", PackageError,
+                           missing=f"checkpoint dir {ckpt_dir} has no config.json; run `invoke calibrate` first",
+                           fix="re-export the checkpoint (invoke calibrate --force)")
     if "architectures" not in cfg and not list(ckpt_dir.glob("rank*.safetensors")):
         raise PackageError(f"{ckpt_dir} has no rank*.safetensors; not an exported TensorRT-LLM checkpoint")
     return LLMSource(
