@@ -239,8 +239,8 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
 
 def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, ...] | None, str]:
     """The precisions that passed a `--precision auto` build's quality gate (`--precision-search FILE`, else the
-    newest such record of this model and GPU under engines/), and where they came from; (None, "searched")
-    when there is none."""
+    newest such record of this spec's model, GPU, runtime and gate threshold under engines/), and where they came
+    from; (None, "searched") when there is none."""
     from pipeline.core.errors import IntegrityError
     from pipeline.core.manifests import PrecisionSearch
 
@@ -256,7 +256,7 @@ def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, .
             record = PrecisionSearch.read(f)
         except IntegrityError:
             continue
-        if record and record.model == spec.model.name and record.gpu == spec.hardware.gpu and record.passing:
+        if record and not record.differences(spec):
             return slo_search.passing_precisions(record, spec, f), f"passed the quality gate: {f}"
     return None, "searched"
 
