@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipeline import __version__
 from pipeline.backends import PackageInputs, backend_for
 from pipeline.cli.flags import int_option
-from pipeline.core.artifacts import engines_dir, triton_repo_dir
+from pipeline.core.artifacts import engines_dir, replace_file, triton_repo_dir
 from pipeline.core.errors import BenchError, DeployError, PipelineError, ServeError, ServerFailed, SpecError
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
 from pipeline.core.spec import BuildSpec
@@ -239,8 +238,8 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
 
 def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, ...] | None, str]:
     """The precisions that passed a `--precision auto` build's quality gate (`--precision-search FILE`, else the
-    newest such record of this model and GPU under engines/), and where they came from; (None, "searched")
-    when there is none."""
+    newest such record of this spec's model, GPU, runtime and gate threshold under engines/), and where they came
+    from; (None, "searched") when there is none."""
     from pipeline.core.errors import IntegrityError
     from pipeline.core.manifests import PrecisionSearch
 
@@ -256,7 +255,7 @@ def _passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, .
             record = PrecisionSearch.read(f)
         except IntegrityError:
             continue
-        if record and record.model == spec.model.name and record.gpu == spec.hardware.gpu and record.passing:
+        if record and not record.differences(spec):
             return slo_search.passing_precisions(record, spec, f), f"passed the quality gate: {f}"
     return None, "searched"
 
@@ -275,14 +274,13 @@ def write_pick(spec: BuildSpec, result: slo_search.SloSearch, path: str) -> Path
         raise SpecError(f"--write-spec {path}: directory {dest.parent} does not exist; create it first")
     doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
     doc["serving_target"] = slo_search.serving_target(result).model_dump(mode="json", exclude_none=True)
-    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
-    try:
-        tmp.write_text("# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False))
+    text = "# invoke plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False)
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
         check_stage.resolve_checked_spec(spec_file=tmp)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+
+    return replace_file(dest, write)
 
 
 # --- compile ---------------------------------------------------------------------------------------------------------

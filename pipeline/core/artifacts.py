@@ -14,7 +14,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,20 @@ def check_replaceable(path: Path, *, marker: str, fix: str) -> None:
     else:
         return
     raise PipelineError(f"{path} {why}; nothing was deleted: {fix}", path=path)
+
+
+def replace_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """Write the file `path` (a report the user named) through `write(tmp)` on a temporary beside it, then rename it
+    over `path`: a reader sees the old file or the whole new one, and on failure (a full disk) the temporary is gone
+    and an existing `path` untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 @contextlib.contextmanager

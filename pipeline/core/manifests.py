@@ -8,17 +8,22 @@ files still match that table (`Manifest.problems`); anything else is rebuilt, or
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from pipeline.core.errors import IntegrityError
 from pipeline.core.untrusted import read_bytes
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
 
 MAX_LISTED = 3
 MAX_RECORD_BYTES = 16 << 20  # manifest.json, precision_search.json: a few KB (a file table of thousands of files)
@@ -289,8 +294,10 @@ class PrecisionCandidate(_Record):
 class PrecisionSearch(_Record):
     """What `precision: auto` tried (in order), what each measured, which passed the gate and which it chose.
 
-    Written in the chosen build's directory (`BuildLayout.precision_search`); `passing` is the set a later search
-    (cost, SLO) may choose from without calibrating again."""
+    Written in the chosen build's directory (`BuildLayout.precision_search`) with a sha256 sidecar
+    (`precision_search.json.sha256`, as `sha256sum` writes it); `passing` is the set a later search (cost, SLO) may
+    choose from without calibrating again. A record is consistent or refused: candidates tried, a finite threshold,
+    each verdict its delta against it, `passing` exactly those that passed (in order), `chosen` the last of them."""
 
     model: str
     gpu: str
@@ -302,28 +309,85 @@ class PrecisionSearch(_Record):
     passing: list[str]  # the candidates that passed the gate, most precise first
     chosen: str  # the cheapest passing candidate
 
+    @model_validator(mode="after")
+    def _consistent(self) -> PrecisionSearch:
+        t = self.threshold_pct
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"threshold_pct {t} is not a positive finite number")
+        if not self.candidates:
+            raise ValueError("no candidates were tried")
+        for c in self.candidates:
+            if c.passed != (c.ppl_delta_pct <= t):
+                raise ValueError(f"{c.precision}: delta {c.ppl_delta_pct} % {'passed' if c.passed else 'failed'} "
+                                 f"a {t} % gate")
+        passed = [c.precision for c in self.candidates if c.passed]
+        if self.passing != passed:
+            raise ValueError(f"passing {self.passing} is not the candidates that passed {passed}")
+        if not passed or self.chosen != passed[-1]:
+            raise ValueError(f"chosen {self.chosen!r} is not the cheapest passing candidate")
+        return self
+
+    def differences(self, spec: BuildSpec) -> list[str]:
+        """How this record's model, GPU, runtime and gate threshold differ from `spec`'s ([]: it is for `spec`)."""
+        mine = {"model": self.model, "gpu": self.gpu, "runtime": self.runtime, "threshold": self.threshold_pct}
+        theirs = {"model": spec.model.name, "gpu": spec.hardware.gpu, "runtime": spec.runtime,
+                  "threshold": spec.max_ppl_delta_pct}
+        return [f"{k} {mine[k]} (this spec: {theirs[k]})" for k in mine if mine[k] != theirs[k]]
+
     def write(self, path: Path) -> Path:
-        """Write the record to `path` atomically (a reader sees the old one or this one)."""
-        tmp = Path(path).with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2) + "\n")
-        os.replace(tmp, path)
-        return Path(path)
+        """Write the record and its sha256 sidecar to `path` atomically (a reader sees the old pair or this one,
+        or a pair it refuses when a crash fell between the two renames)."""
+        path = Path(path)
+        data = (self.model_dump_json(indent=2) + "\n").encode()
+        pairs = ((path, data), (_sidecar(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()))
+        tmps = [(p.with_name(f".{p.name}.{os.getpid()}.tmp"), p, d) for p, d in pairs]
+        try:
+            for tmp, _, d in tmps:
+                tmp.write_bytes(d)
+            for tmp, final, _ in tmps:
+                os.replace(tmp, final)
+        finally:
+            for tmp, _, _ in tmps:
+                tmp.unlink(missing_ok=True)
+        return path
 
     @classmethod
     def read(cls, path: Path) -> PrecisionSearch | None:
         """The record at `path`, None when there is none.
 
         Raises:
-            IntegrityError: the file is unreadable or not such a record.
+            IntegrityError: the file or its sidecar is unreadable, they disagree, or it is no consistent record
+                (the message names the file, what is wrong and the fix).
         """
         fix = "re-run `invoke build --precision auto`"
+        what = f"precision search {path}"
         try:
-            return cls.model_validate_json(read_bytes(path, cap=MAX_RECORD_BYTES, what=f"precision search {path}",
-                                                      fix=fix, error=IntegrityError))
+            data = read_bytes(path, cap=MAX_RECORD_BYTES, what=what, fix=fix, error=IntegrityError)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except (ValidationError, ValueError, OSError):
+        except OSError:
+            raise IntegrityError(f"{path} is unreadable; {fix}", path=path) from None
+        try:
+            recorded = read_bytes(_sidecar(path), cap=1024, what=f"{what} sidecar", fix=fix,
+                                  error=IntegrityError).split(maxsplit=1)[0].decode("ascii", "replace")
+        except (OSError, IndexError):
+            raise IntegrityError(f"{what} has no readable sha256 sidecar {_sidecar(path).name}; {fix}",
+                                 path=path) from None
+        if recorded != hashlib.sha256(data).hexdigest():
+            raise IntegrityError(f"{what} differs from its sha256 sidecar (modified or truncated); {fix}", path=path)
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            why = ".".join(map(str, err["loc"])) + ": " if err["loc"] else ""
+            why += err["msg"].removeprefix("Value error, ")
+            raise IntegrityError(f"{what} is not a consistent record ({why}); {fix}", path=path) from None
+        except ValueError:
             raise IntegrityError(f"{path} is corrupt or from another pipeline version; {fix}", path=path) from None
+
+
+def _sidecar(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + ".sha256")
 
 
 class GpuRecord(_Record):

@@ -4,9 +4,11 @@
     engines/.refs/<stage>/<spec identity>.json    {"stage", "identity", "outputs": {role: {"path", "key"}}}
 
 `build` writes a stage's ref when the stage returns (built or cached); serve, bench, release, package and deploy
-follow it (`lookup`) and check the file table of what it points at. A lookup never recomputes a stage key on this
-host (no re-tokenizing of calibration data, no library versions): it answers found, stale (with the reason) or
-absent. Whether an output is still current for this host's inputs is `build`'s question: the stages recompute their
+follow it (`lookup`) and check that what it points at belongs to the spec looked up (its manifest records the same
+model, role, precision and KV dtype, or the same spec key and target for a repository) and matches its file table.
+An output path is relative, under the stage's area of the output tree (engines/ or triton_repo/), and never leaves it.
+A lookup never recomputes a stage key on this host (no re-tokenizing of calibration data, no library versions): it
+answers found, stale (with the reason) or absent. Whether an output is still current for this host's inputs is `build`'s question: the stages recompute their
 keys and rebuild what changed, then move the ref.
 """
 
@@ -14,17 +16,22 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import shutil
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.core.artifacts import engines_dir, output_root, safe_join
-from pipeline.core.errors import PipelineError
+from pipeline.core.artifacts import engines_dir, output_root, safe_join, triton_repo_dir
+from pipeline.core.errors import IntegrityError, PipelineError
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, Manifest, RepoManifest, StageResult
 from pipeline.core.untrusted import read_bytes
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
 
 RefStage = Literal["calibrate", "compile", "package"]
 REFS_DIR = ".refs"  # hidden: never a build id (those start with a letter or digit)
@@ -37,6 +44,7 @@ ROLES: dict[str, dict[str, type[Manifest]]] = {
     "compile": {"engine": EngineManifest, "draft_engine": EngineManifest},
     "package": {"triton_repo": RepoManifest},
 }
+AREAS = {"calibrate": "engines", "compile": "engines", "package": "triton_repo"}  # where a stage's outputs live
 
 
 class OutputRef(BaseModel):
@@ -82,8 +90,20 @@ def ref_path(stage: str, identity: str) -> Path:
     return engines_dir() / REFS_DIR / stage / f"{identity}.json"
 
 
-def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult | None]) -> BuildRef:
-    """Point `stage`'s ref for `identity` at `results` (role -> result; None roles are left out), atomically."""
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult | None], *,
+              say: Callable[[str], None] = _stderr) -> BuildRef:
+    """Point `stage`'s ref for `identity` at `results` (role -> result; None roles are left out), atomically.
+
+    Whatever occupies the ref's place and is not a regular file (a directory, FIFO, symlink) is replaced, as it lies
+    inside engines/.refs; `say` receives one line naming what was replaced.
+
+    Raises:
+        PipelineError: a result outside its stage's area of the output tree, or engines/.refs is a symlink.
+    """
     root = output_root()
     outputs = {}
     for role, res in results.items():
@@ -91,16 +111,39 @@ def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult 
             continue
         if role not in ROLES[stage]:
             raise PipelineError(f"{role!r} is not an output of stage {stage}; roles: {', '.join(ROLES[stage])}")
-        path = Path(res.path).resolve()
-        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-        outputs[role] = OutputRef(path=rel, key=res.manifest.key)
+        path = Path(os.path.abspath(res.path))  # lexical: engines/ may be a symlink to another disk
+        rel = PurePosixPath(path.relative_to(root).as_posix()) if path.is_relative_to(root) else None
+        if rel is None or rel.parts[:1] != (AREAS[stage],):
+            raise PipelineError(f"{stage} output {path} is outside {root / AREAS[stage]}; a build ref points only "
+                                "inside the output tree (set PIPELINE_ROOT to the tree that holds it)", path=path)
+        outputs[role] = OutputRef(path=rel.as_posix(), key=res.manifest.key)
     ref = BuildRef(stage=stage, identity=identity, outputs=outputs)
     dest = ref_path(stage, identity)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _clear(dest, say)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    tmp.write_text(ref.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, dest)
+    try:
+        tmp.write_text(ref.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
     return ref
+
+
+def _clear(dest: Path, say: Callable[[str], None]) -> None:
+    """Remove what sits at the ref path `dest` when it is not a regular file, once engines/.refs/<stage> is ours
+    (real directories, not symlinks)."""
+    if not os.path.lexists(dest) or (dest.is_file() and not dest.is_symlink()):
+        return
+    if dest.parent.is_symlink() or dest.parent.parent.is_symlink():
+        raise PipelineError(f"{dest} is not a regular file and {dest.parent} is reached through a symlink; remove "
+                            "it yourself, then re-run", path=dest)
+    kind = "symlink" if dest.is_symlink() else "directory" if dest.is_dir() else "special file"
+    if kind == "directory":
+        shutil.rmtree(dest)
+    else:
+        dest.unlink()
+    say(f"warning: replaced the {kind} at {dest} with the build ref")
 
 
 def read_ref(stage: str, identity: str) -> BuildRef | None:
@@ -124,25 +167,76 @@ def read_ref(stage: str, identity: str) -> BuildRef | None:
     return ref
 
 
-def lookup(stage: RefStage, identity: str, *, verify: bool = False) -> Lookup:
-    """Follow `stage`'s ref for `identity` and check what it points at against its manifest's file table (sizes and
-    mtimes, every sha256 with `verify`). Nothing is recomputed from this host and nothing is written."""
+def lookup(stage: RefStage, spec: BuildSpec, *, verify: bool = False) -> Lookup:
+    """Follow `stage`'s ref for `spec` and check what it points at: it belongs to `spec` (`mismatches`) and matches
+    its manifest's file table (sizes and mtimes, every sha256 with `verify`). Nothing is recomputed from this host
+    and nothing is written.
+
+    Raises:
+        IntegrityError: the ref points outside the stage's area of the output tree, or at an output built for
+            another spec (the message names the ref, the output and what differs; `invoke build` rewrites it).
+    """
+    identity = spec.identity(stage)
     ref = read_ref(stage, identity)
     if ref is None:
         return Lookup("absent", reason=f"no {stage} output recorded for this spec")
+    source = ref_path(stage, identity)
     results: dict[str, StageResult] = {}
     for role, out in ref.outputs.items():
         kind = ROLES[stage].get(role)
         if kind is None:
             return Lookup("stale", reason=f"the ref names an unknown {stage} output {role!r}")
-        path = safe_join(output_root(), out.path) if not Path(out.path).is_absolute() else Path(out.path)
+        path = _output_dir(source, stage, out.path)
         m = kind.read(path, strict=False)
         if m is None:
             return Lookup("stale", reason=f"{path} is gone or has no readable manifest", path=path)
         if m.key != out.key:
             return Lookup("stale", reason=f"{path} was rebuilt for other inputs since the ref was written", path=path)
+        differs = mismatches(role, m, spec)
+        if differs:
+            raise IntegrityError(f"build ref {source} points {role} at {path}, which was built for {'; '.join(differs)}"
+                                 "; run `invoke build` to rebuild this spec's output and rewrite the ref",
+                                 path=source, actual=differs)
         problems = m.problems(path, full=verify)
         if problems:
             return Lookup("stale", reason=f"{path} differs from its manifest", path=path, problems=tuple(problems))
         results[role] = StageResult(path, m, "cached")
     return Lookup("found", results=results)
+
+
+def _output_dir(source: Path, stage: str, recorded: str) -> Path:
+    """The directory a ref's output path names: relative, under the stage's area (engines/ or triton_repo/, not
+    engines/.refs), and still inside that area once symlinks are followed."""
+    rel = PurePosixPath(recorded)
+    area = AREAS[stage]
+    if rel.is_absolute() or ".." in rel.parts or len(rel.parts) < 2 or rel.parts[0] != area or \
+            rel.parts[1] == REFS_DIR:
+        raise IntegrityError(f"build ref {source} points at {recorded!r}, not a directory under {area}/ of the output "
+                             "tree; run `invoke build` to rewrite it", path=source, actual=recorded)
+    base = triton_repo_dir() if area == "triton_repo" else engines_dir()
+    try:
+        return safe_join(base, *rel.parts[1:])
+    except PipelineError:
+        raise IntegrityError(f"build ref {source} points at {recorded!r}, a symlink out of {base}; run `invoke "
+                             "build` to rewrite it", path=source, actual=recorded) from None
+
+
+def mismatches(role: str, m: Manifest, spec: BuildSpec) -> list[str]:
+    """How output `m` (in `role`) records other spec inputs than `spec`'s, e.g. "precision bf16 (this spec: fp8)";
+    [] when it belongs to `spec`. A checkpoint or engine may serve several specs (with or without a draft): what it
+    records is compared, not a spec hash; a repository records the whole spec's key."""
+    draft = role.startswith("draft")
+    entry = spec.draft_model if draft else spec.model
+    claims: dict[str, tuple[Any, Any]]
+    if isinstance(m, RepoManifest):
+        claims = {"spec key": (m.spec_key, spec.identity("package")), "target": (m.target, spec.target),
+                  "runtime": (m.runtime, spec.runtime)}
+    else:
+        want = {"role": "draft" if draft else "target", "model": entry.name if entry else None,
+                "precision": spec.draft_precision if draft and entry else spec.quantization.precision,
+                "kv_cache": spec.quantization.kv}
+        got = {"role": m.role, "model": m.model.name, "precision": m.recipe.precision, "kv_cache": m.recipe.kv_cache} \
+            if isinstance(m, CheckpointManifest) else \
+            {"role": m.role, "model": m.model, "precision": m.precision, "kv_cache": m.kv_cache}
+        claims = {name: (got[name], want[name]) for name in want}
+    return [f"{name} {got} (this spec: {want})" for name, (got, want) in claims.items() if got != want]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.backends import backend_for
+from pipeline.core.artifacts import replace_file
 from pipeline.core.errors import BenchError, PipelineError, RequestsFailed, RunError
 from pipeline.core.gpus import gpu_price
 from pipeline.core.table import format_table
@@ -412,10 +413,13 @@ def check_plotting() -> None:
 
 
 def check_output_file(flag: str, path: str | Path) -> Path:
-    """BenchError unless `path` can be written: not a directory, in an existing writable directory."""
+    """BenchError unless `path` can be written: a regular file or nothing yet (never a directory or a device, which
+    the atomic rename would replace), in an existing writable directory."""
     p = Path(path)
     if p.is_dir():
         raise BenchError(f"{flag} {p} is a directory; pass a file path")
+    if os.path.lexists(p) and not p.is_file():
+        raise BenchError(f"{flag} {p} is not a regular file (a device, FIFO or dangling link); pass a file path")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise BenchError(f"{flag} {p}: directory {parent} does not exist; create it first")
@@ -452,10 +456,10 @@ def plot_report(r: BenchReport, path: Path) -> Path:
         ax.legend()
     fig.suptitle(f"{r.model or r.triton_model}: throughput and TTFT vs concurrency")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return replace_file(path, lambda tmp: fig.savefig(tmp, format="png"))  # the temporary's name ends in .tmp
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1171,15 +1175,9 @@ def report_json(report: BenchReport) -> str:
 
 
 def write_json(report: BenchReport, path: Path) -> Path:
-    """Write the report's JSON to `path` atomically (a temporary file in its directory, then a rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(report_json(report) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write the report's JSON to `path` atomically (`replace_file`: nothing half-written on a full disk)."""
+    text = report_json(report) + "\n"
+    return replace_file(path, lambda tmp: tmp.write_text(text))
 
 
 def parse_levels(text: str | Iterable[int]) -> list[int]:

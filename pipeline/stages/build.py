@@ -242,7 +242,7 @@ def _locate(spec: BuildSpec, stage: str, out: BuildOutputs, verify: bool) -> Non
             run); IntegrityError (exit 3): an output differs from its manifest.
     """
     error, absent = _ABSENT[stage]
-    found = lookup(stage, spec.identity(stage), verify=verify)
+    found = lookup(stage, spec, verify=verify)
     if found.state == "found":
         for role, res in found.results.items():
             setattr(out, role, res)
@@ -395,7 +395,7 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
         oc = _ADAPTERS[stage](spec, out, options, stage in forced, **extra)
         oc.elapsed_s = round(time.perf_counter() - t0, 3)
         if stage in ROLES:
-            write_ref(stage, spec.identity(stage), {role: getattr(out, role) for role in ROLES[stage]})
+            write_ref(stage, spec.identity(stage), {role: getattr(out, role) for role in ROLES[stage]}, say=say)
         outcomes.append(oc)
         detail = f" ({oc.detail})" if oc.detail else ""
         say(f"[{i}/{n}] {stage}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")

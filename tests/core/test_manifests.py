@@ -94,3 +94,80 @@ def test_input_record_names_key_source_only_for_an_outside_directory(tmp_path):
     rec = Upstream.of_dir(staged).record()
     assert rec.key == "abc" and rec.manifest_sha256 and rec.key_source is None
     assert set(rec.model_dump(mode="json")) == {"path", "key", "manifest_sha256"}
+
+
+# --- precision search records: consistent, hashed, for the spec they are read for ---------------------------------
+
+def _search(**over) -> dict:
+    cands = [{"precision": "fp8", "kv_cache": "fp8", "ppl_delta_pct": 0.4, "passed": True, "build_id": "b-fp8"},
+             {"precision": "int4_awq", "kv_cache": "fp8", "ppl_delta_pct": 3.0, "passed": False, "build_id": "b-int4"}]
+    return {"model": "tiny-llama", "gpu": "h100-sxm", "runtime": "engine", "threshold_pct": 1.0, "candidates": cands,
+            "refused": {}, "not_tried": [], "passing": ["fp8"], "chosen": "fp8", **over}
+
+
+def _write_raw(path, record: dict) -> None:
+    """A record written by hand, with a sidecar that matches it (what a hand edit plus `sha256sum` leaves)."""
+    import hashlib
+
+    data = json.dumps(record).encode()
+    path.write_bytes(data)
+    path.with_name(path.name + ".sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {path.name}\n")
+
+
+def test_a_precision_search_record_round_trips_with_its_sha256_sidecar(tmp_path):
+    from pipeline.core.manifests import PrecisionSearch
+
+    path = tmp_path / "precision_search.json"
+    PrecisionSearch.model_validate(_search()).write(path)
+    import hashlib
+    assert (tmp_path / "precision_search.json.sha256").read_text().split() == [
+        hashlib.sha256(path.read_bytes()).hexdigest(), "precision_search.json"]
+    assert PrecisionSearch.read(path).passing == ["fp8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precision_search.json", "precision_search.json.sha256"]
+    assert PrecisionSearch.read(tmp_path / "absent.json") is None
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"candidates": [], "passing": [], "chosen": "bf16"}, "no candidates were tried"),
+    ({"passing": ["bf16"], "chosen": "bf16"}, r"passing \['bf16'\] is not the candidates that passed \['fp8'\]"),
+    ({"threshold_pct": float("nan")}, "threshold_pct nan is not a positive finite number"),
+    ({"chosen": "int4_awq"}, "chosen 'int4_awq' is not the cheapest passing candidate"),
+    ({"threshold_pct": 5.0}, r"int4_awq: delta 3.0 % failed a 5.0 % gate"),
+])
+def test_an_inconsistent_precision_search_record_is_refused_with_exit_3(tmp_path, over, why):
+    from pipeline.core.errors import IntegrityError
+    from pipeline.core.manifests import PrecisionSearch
+
+    path = tmp_path / "precision_search.json"
+    _write_raw(path, _search(**over))  # json writes NaN as `NaN`, which the reader parses
+    with pytest.raises(IntegrityError, match=f"precision search {path} is not a consistent record .*{why}.*; re-run "
+                                             "`invoke build --precision auto`") as err:
+        PrecisionSearch.read(path)
+    assert err.value.exit_code == 3
+    with pytest.raises(ValidationError):  # and never written
+        PrecisionSearch.model_validate(_search(**over))
+
+
+def test_a_precision_search_record_that_differs_from_its_sidecar_or_has_none_is_refused(tmp_path):
+    from pipeline.core.errors import IntegrityError
+    from pipeline.core.manifests import PrecisionSearch
+
+    path = tmp_path / "precision_search.json"
+    PrecisionSearch.model_validate(_search()).write(path)
+    path.write_text(path.read_text().replace('"fp8"', '"bf16"'))  # a hand edit, sidecar untouched
+    with pytest.raises(IntegrityError, match="differs from its sha256 sidecar"):
+        PrecisionSearch.read(path)
+    (tmp_path / "precision_search.json.sha256").unlink()
+    with pytest.raises(IntegrityError, match="has no readable sha256 sidecar precision_search.json.sha256; re-run"):
+        PrecisionSearch.read(path)
+
+
+def test_a_precision_search_record_names_how_it_differs_from_a_spec():
+    from pipeline.core.manifests import PrecisionSearch
+    from pipeline.core.spec import resolve_spec
+
+    record = PrecisionSearch.model_validate(_search())
+    spec = resolve_spec(model="tiny-llama", precision="fp8", gpu="h100-sxm", max_ppl_delta_pct=1.0)
+    assert record.differences(spec) == []
+    other = resolve_spec(model="tiny-llama", precision="fp8", gpu="h200", max_ppl_delta_pct=2.0)
+    assert record.differences(other) == ["gpu h100-sxm (this spec: h200)", "threshold 1.0 (this spec: 2.0)"]

@@ -18,37 +18,40 @@ from pipeline.core.refs import lookup, read_ref, ref_path, write_ref
 from pipeline.core.spec import resolve_spec
 
 IDENT = "ab" * 32
+SPEC = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
 
 
-def _repo(root: Path, name: str, key: str) -> StageResult:
+def _repo(root: Path, name: str, key: str, spec_key: str = SPEC.identity("package"),
+          target: str = "reference") -> StageResult:
     repo = root / "triton_repo" / name
     (repo / "ensemble" / "1").mkdir(parents=True)
     (repo / "ensemble" / "config.pbtxt").write_text('name: "ensemble"\n')
-    m = RepoManifest(key=key, target="reference", build_id="b", spec="ok", models=["ensemble"], sources={},
-                     gpt_model_path={}, world_size=1, kv_cache_reuse=True, files=file_table(repo))
+    m = RepoManifest(key=key, target=target, build_id="b", spec="ok", spec_key=spec_key, models=["ensemble"],
+                     sources={}, gpt_model_path={}, world_size=1, kv_cache_reuse=True, files=file_table(repo))
     m.write(repo)
     return StageResult(repo, m, "built")
 
 
 def test_a_ref_is_found_stale_or_absent_and_never_written_by_a_lookup(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
-    assert lookup("package", IDENT).state == "absent"
+    ident = SPEC.identity("package")
+    assert lookup("package", SPEC).state == "absent"
     res = _repo(tmp_path, "r1", "k1")
-    ref = write_ref("package", IDENT, {"triton_repo": res})
+    ref = write_ref("package", ident, {"triton_repo": res})
     assert ref.outputs["triton_repo"].path == "triton_repo/r1"  # relative: the output tree may move
-    assert json.loads(ref_path("package", IDENT).read_text())["outputs"]["triton_repo"]["key"] == "k1"
-    found = lookup("package", IDENT)
+    assert json.loads(ref_path("package", ident).read_text())["outputs"]["triton_repo"]["key"] == "k1"
+    found = lookup("package", SPEC)
     assert found.state == "found" and found.results["triton_repo"].path == res.path
     assert found.results["triton_repo"].status == "cached"
     (res.path / "ensemble" / "config.pbtxt").write_text('name: "changed"\n')
-    stale = lookup("package", IDENT)
+    stale = lookup("package", SPEC)
     assert stale.state == "stale" and "differs from its manifest" in stale.reason
     assert any("config.pbtxt" in p for p in stale.problems)
     _repo(tmp_path, "r2", "k2").manifest.write(res.path)  # another build's manifest now lives there
-    assert "rebuilt for other inputs" in lookup("package", IDENT).reason
+    assert "rebuilt for other inputs" in lookup("package", SPEC).reason
     shutil.rmtree(res.path)
-    assert "is gone" in lookup("package", IDENT).reason
-    assert sorted(p.name for p in (tmp_path / "engines" / ".refs" / "package").iterdir()) == [f"{IDENT}.json"]
+    assert "is gone" in lookup("package", SPEC).reason
+    assert sorted(p.name for p in (tmp_path / "engines" / ".refs" / "package").iterdir()) == [f"{ident}.json"]
 
 
 def test_bad_refs_and_identities_are_refused_with_one_line(tmp_path, monkeypatch):
@@ -66,6 +69,89 @@ def test_bad_refs_and_identities_are_refused_with_one_line(tmp_path, monkeypatch
         "path": "x", "key": "k"}}}))
     with pytest.raises(PipelineError, match="the ref of another stage or spec"):
         read_ref("calibrate", IDENT)
+
+
+def _point(stage: str, ident: str, path: str, key: str) -> None:
+    """Edit a ref by hand: its output now names `path` and `key`."""
+    role = {"calibrate": "checkpoint", "compile": "engine", "package": "triton_repo"}[stage]
+    ref_path(stage, ident).parent.mkdir(parents=True, exist_ok=True)
+    ref_path(stage, ident).write_text(json.dumps({"stage": stage, "identity": ident, "outputs": {
+        role: {"path": path, "key": key}}}))
+
+
+def test_a_ref_edited_to_point_at_another_specs_repository_is_refused_with_exit_3(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    bf16 = resolve_spec(model="tiny-llama", precision="bf16", target="reference")
+    other = _repo(tmp_path, "bf16", "k-bf16", spec_key=bf16.identity("package"))
+    assert lookup("package", bf16).state == "absent"
+    write_ref("package", bf16.identity("package"), {"triton_repo": other})
+    assert lookup("package", bf16).state == "found"
+    _point("package", SPEC.identity("package"), "triton_repo/bf16", "k-bf16")  # fp8's ref -> bf16's repository
+    with pytest.raises(IntegrityError) as err:
+        lookup("package", SPEC)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and str(ref_path("package", SPEC.identity("package"))) in msg
+    assert str(other.path) in msg and f"spec key {bf16.identity('package')} (this spec: " in msg
+    assert "run `invoke build`" in msg and "target" not in msg  # only what differs is named
+    trtllm = _repo(tmp_path, "trt", "k-trt", target="trtllm")
+    _point("package", SPEC.identity("package"), "triton_repo/trt", trtllm.manifest.key)
+    with pytest.raises(IntegrityError, match=r"target trtllm \(this spec: reference\)"):
+        lookup("package", SPEC)
+
+
+@pytest.mark.parametrize("recorded", ["/etc", "triton_repo/../engines/x", "engines/x", "triton_repo", "../x",
+                                      "triton_repo/link"])
+def test_a_ref_path_outside_its_stage_area_is_refused_with_exit_3(tmp_path, monkeypatch, recorded):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    outside = _repo(tmp_path / "elsewhere", "r", "k")  # a real repository, outside the output tree
+    (tmp_path / "triton_repo").mkdir(exist_ok=True)
+    (tmp_path / "triton_repo" / "link").symlink_to(outside.path)
+    _point("package", SPEC.identity("package"), str(outside.path) if recorded == "/etc" else recorded, "k")
+    with pytest.raises(IntegrityError, match="run `invoke build` to rewrite it") as err:
+        lookup("package", SPEC)
+    assert err.value.exit_code == 3
+
+
+def test_write_ref_keeps_paths_relative_and_refuses_an_output_outside_the_tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    outside = _repo(tmp_path, "r", "k")  # tmp_path/triton_repo/r: outside PIPELINE_ROOT
+    with pytest.raises(PipelineError, match="is outside .*out/triton_repo; a build ref points only inside"):
+        write_ref("package", IDENT, {"triton_repo": outside})
+    assert not ref_path("package", IDENT).exists()
+    disk = tmp_path / "disk"  # triton_repo/ a symlink to another disk: the ref stays relative and is followed
+    disk.mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "triton_repo").symlink_to(disk, target_is_directory=True)
+    res = _repo(tmp_path / "out", "r", "k")
+    assert write_ref("package", SPEC.identity("package"), {"triton_repo": res}).outputs["triton_repo"].path == \
+        "triton_repo/r"
+    assert lookup("package", SPEC).state == "found"
+
+
+def test_write_ref_replaces_a_directory_in_its_place_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    res = _repo(tmp_path, "r1", "k1")
+    ident = SPEC.identity("package")
+    (ref_path("package", ident) / "junk").mkdir(parents=True)
+    with pytest.raises(PipelineError, match="is a directory, not a regular file; delete it and run `invoke build`"):
+        lookup("package", SPEC)
+    said = []
+    write_ref("package", ident, {"triton_repo": res}, say=said.append)
+    assert said == [f"warning: replaced the directory at {ref_path('package', ident)} with the build ref"]
+    assert lookup("package", SPEC).state == "found"
+    assert [p.name for p in ref_path("package", ident).parent.iterdir()] == [f"{ident}.json"]  # no temp left
+
+
+def test_write_ref_leaves_a_symlinked_refs_directory_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    res = _repo(tmp_path / "out", "r1", "k1")
+    theirs = tmp_path / "theirs"
+    (theirs / f"{IDENT}.json").mkdir(parents=True)
+    (tmp_path / "out" / "engines" / ".refs").mkdir(parents=True)
+    (tmp_path / "out" / "engines" / ".refs" / "package").symlink_to(theirs, target_is_directory=True)
+    with pytest.raises(PipelineError, match="reached through a symlink; remove it yourself"):
+        write_ref("package", IDENT, {"triton_repo": res})
+    assert (theirs / f"{IDENT}.json").is_dir()
 
 
 # --- the user stories: one real (CPU) build of tiny-llama fp8 for the reference target ---------------------------
@@ -157,3 +243,39 @@ def test_a_standalone_package_points_the_ref_that_serve_follows(built, capsys):
     res = package_command(spec)  # `invoke package`: finds the checkpoint through its ref, then records its own
     assert res.status == "cached" and locate_outputs(spec).triton_repo.path == res.path
     assert "current (no-op)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_ref_edited_to_a_bf16_checkpoint_is_refused_by_package_and_release_and_build_repairs_it(built):
+    from pipeline.cli.commands import package_command
+    from pipeline.core.manifests import CheckpointManifest
+    from pipeline.ops.release import release
+    from pipeline.stages.build import build, locate_outputs
+
+    spec, root = built["spec"], built["root"] / "out"
+    ckpt = built["report"].outputs.checkpoint.path
+    other = root / "engines" / "tiny-llama-bf16-0123456789ab" / "checkpoint"  # another build's checkpoint
+    shutil.copytree(ckpt, other)
+    m = CheckpointManifest.read(other)
+    m.key, m.build_id = "k-bf16", "tiny-llama-bf16-0123456789ab"
+    m.recipe = m.recipe.model_copy(update={"precision": "bf16", "kv_cache": "bf16"})
+    m.write(other)
+    ident = spec.identity("calibrate")
+    _point("calibrate", ident, "engines/tiny-llama-bf16-0123456789ab/checkpoint", "k-bf16")
+    for reader in (lambda: package_command(spec), lambda: release(spec, output=str(root / "rel"))):
+        with pytest.raises(IntegrityError, match=r"precision bf16 \(this spec: fp8\); kv_cache bf16 \(this spec: "
+                                                 r"fp8\); run `invoke build`") as err:
+            reader()
+        assert err.value.exit_code == 3 and str(ref_path("calibrate", ident)) in str(err.value)
+    assert not (root / "rel").exists() or not any((root / "rel").iterdir())
+    said = []
+    again = build(spec, progress=said.append)  # build repairs: the stages find their own outputs, the ref moves
+    assert again.noop and again.outputs.checkpoint.path == ckpt
+    assert locate_outputs(spec).checkpoint.path == ckpt
+    shutil.rmtree(other)
+    ref_path("calibrate", ident).unlink()
+    ref_path("calibrate", ident).mkdir()  # a directory where the ref belongs
+    said.clear()
+    assert build(spec, progress=said.append).noop
+    assert f"warning: replaced the directory at {ref_path('calibrate', ident)} with the build ref" in said
+    assert locate_outputs(spec).checkpoint.path == ckpt

@@ -216,8 +216,8 @@ def test_text_report_prints_pick_front_and_losses(capsys):
 def _precision_record(path, *, model="llama-70b", gpu="h100-sxm", passing=("fp8",)):
     from pipeline.core.manifests import PrecisionCandidate, PrecisionSearch
 
-    cands = [PrecisionCandidate(precision=p, kv_cache="fp8", ppl_delta_pct=0.3, passed=p in passing, build_id=f"b-{p}")
-             for p in ("fp8", "int4_awq")]
+    cands = [PrecisionCandidate(precision=p, kv_cache="fp8", ppl_delta_pct=0.3 if p in passing else 3.0,
+                                passed=p in passing, build_id=f"b-{p}") for p in ("fp8", "int4_awq")]
     PrecisionSearch(model=model, gpu=gpu, runtime="engine", threshold_pct=1.0, candidates=cands, refused={},
                     not_tried=[], passing=list(passing), chosen=passing[-1] if passing else "fp8").write(path)
     return path

@@ -129,6 +129,43 @@ def test_report_table_json_and_plot(tmp_path, monkeypatch):
         plot_report(r, tmp_path / "c.png")
 
 
+def test_a_report_on_a_full_disk_leaves_the_old_report_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    from matplotlib.figure import Figure
+
+    r = BenchReport("127.0.0.1:1", "ensemble", True, 8, 1, 1, 3.5, levels=[summarize(1, [RequestSample(
+        ok=True, latency_s=0.5, ttft_s=0.05, output_tokens=8)], 0.5, gpus=1, price_per_gpu_hour=3.5)])
+    (tmp_path / "b.json").write_text("old report\n")
+    (tmp_path / "b.png").write_text("old plot\n")
+    real_write_text, real_savefig = pathlib.Path.write_text, Figure.savefig
+
+    def full(path, *args, **kwargs):
+        real_write_text(pathlib.Path(path), "{half")  # some bytes reach the disk, then it is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: full(self))
+    with pytest.raises(OSError, match="No space left"):
+        write_json(r, tmp_path / "b.json")
+    monkeypatch.setattr(pathlib.Path, "write_text", real_write_text)
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **k: full(path))
+    with pytest.raises(OSError, match="No space left"):
+        plot_report(r, tmp_path / "b.png")
+    monkeypatch.setattr(Figure, "savefig", real_savefig)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.png"]
+    assert (tmp_path / "b.json").read_text() == "old report\n" and (tmp_path / "b.png").read_text() == "old plot\n"
+
+
+@pytest.mark.parametrize("dest, why", [("/dev/full", "is not a regular file"), ("DIR", "is a directory"),
+                                       ("DIR/no/b.json", "directory .* does not exist; create it first")])
+def test_a_report_destination_is_checked_before_the_run(tmp_path, dest, why):
+    from pipeline.serving.bench import check_output_file
+
+    with pytest.raises(BenchError, match=f"--json-file .*{why}"):
+        check_output_file("--json-file", dest.replace("DIR", str(tmp_path)))
+
+
 def test_stream_token_count_from_server_counts():
     from pipeline.serving.token_count import stream_token_count
 
