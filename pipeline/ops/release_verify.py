@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pipeline.core.artifacts import MANIFEST, SYMLINK, check_files
 from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError,
                                   PipelineError, VerifyError)
-from pipeline.core.manifests import FileRecord, ReleaseDocument
+from pipeline.core.manifests import CheckpointManifest, EngineManifest, FileRecord, ReleaseDocument
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.release import RELEASE_JSON
 from pipeline.stages.compile.preflight import probe_host as compile_probe
@@ -437,15 +437,17 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
             rec = engine_record(_json_object(small.get(f"{d}/{MANIFEST}")), _json_object(small.get(f"{d}/config.json")))
             records.append({"path": d, **rec})
         records += runtime_records(doc)
+        foreign = _foreign_outputs(doc, {arc: _json_object(small.get(f"{arc}/{MANIFEST}")) for arc in doc.components})
     elif (path / RELEASE_JSON).is_file():
         report = VerifyReport(path, "release")
         doc = _verify_unpacked(path, report)
+        foreign = _foreign_outputs(doc, {arc: _small_json(path / arc / MANIFEST) for arc in doc.components})
         report.files_checked = len(doc.files)
         for d in _engines_in_release(doc):
             records.append({"path": d, **_engine_record_on_disk(path / d)})
         records += runtime_records(doc)
     else:
-        report = _verify_manifest_tree(path, records)
+        report, foreign = _verify_manifest_tree(path, records), []
     report.engines = records
     if report.mismatches:
         shown = "; ".join(report.mismatches[:MAX_LISTED])
@@ -455,6 +457,10 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
             "the artifact is corrupt or modified, re-download or rebuild it",
             report,
         )
+    if foreign:
+        raise CorruptArtifactError(
+            f"{path}: {'; '.join(foreign[:MAX_LISTED])}: packed from another build's output than the release's spec; "
+            "rebuild (invoke build) and release again", path=path)
     if check_host:
         _check_host(report, records, host)
         if report.host_diff:
@@ -464,6 +470,35 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
                 report,
             )
     return report
+
+
+_STAGE_MANIFESTS = {"calibrate": CheckpointManifest, "compile": EngineManifest}
+
+
+def _foreign_outputs(doc: ReleaseDocument, manifests: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Each checkpoint or engine of the release (arc dir -> its manifest) that records another model, precision or
+    KV dtype than the spec in release.json (`refs.mismatches`), e.g. "engines/x/checkpoint: precision bf16 (this
+    spec: fp8)". A release without a spec this pipeline reads (older formats) is not compared."""
+    from pipeline.core.refs import mismatches
+    from pipeline.core.spec import BuildSpec
+
+    try:  # read back as `deploy` does: only non-default values count as given
+        recorded = BuildSpec.model_validate((doc.model_extra or {}).get("spec"))
+        spec = BuildSpec.model_validate(recorded.model_dump(mode="json", exclude_defaults=True))
+    except ValidationError:
+        return []
+    out = []
+    for arc, data in sorted(manifests.items()):
+        kind = _STAGE_MANIFESTS.get((data or {}).get("stage"))
+        if kind is None:
+            continue
+        try:
+            m = kind.model_validate(data)
+        except ValidationError:
+            continue  # its bytes are checked against release.json; its fields are not ours to judge here
+        role = ("draft_" if m.role == "draft" else "") + ("checkpoint" if kind is CheckpointManifest else "engine")
+        out += [f"{arc}: {d}" for d in mismatches(role, m, spec)]
+    return out
 
 
 def _small_json(path: Path) -> dict[str, Any] | None:

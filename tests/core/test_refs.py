@@ -279,3 +279,42 @@ def test_a_ref_edited_to_a_bf16_checkpoint_is_refused_by_package_and_release_and
     assert build(spec, progress=said.append).noop
     assert f"warning: replaced the directory at {ref_path('calibrate', ident)} with the build ref" in said
     assert locate_outputs(spec).checkpoint.path == ckpt
+
+
+@pytest.mark.slow
+def test_verify_refuses_a_release_packed_from_another_builds_checkpoint(built, tmp_path):
+    """A release whose file table is consistent but whose checkpoint records bf16 under an fp8 spec (what a
+    mis-pointed ref packed before refs were checked): verify exits 3 naming the checkpoint and what differs,
+    unpacked and as a tarball."""
+    import hashlib
+    import json
+    import tarfile
+
+    from pipeline.core.artifacts import MANIFEST
+    from pipeline.core.manifests import CheckpointManifest
+    from pipeline.ops.release import release
+    from pipeline.ops.release_verify import verify
+
+    rel = release(built["spec"], output=str(tmp_path / "rel"))
+    with tarfile.open(rel.tarball) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    top = next((tmp_path / "x").iterdir())
+    assert verify(top, check_host=False).files_checked
+    doc = json.loads((top / "release.json").read_text())
+    arc = next(a for a in doc["components"] if a.endswith("/checkpoint"))
+    m = CheckpointManifest.read(top / arc)
+    m.recipe = m.recipe.model_copy(update={"precision": "bf16", "kv_cache": "bf16"})
+    m.write(top / arc)
+    data = (top / arc / MANIFEST).read_bytes()
+    doc["files"][f"{arc}/{MANIFEST}"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (top / "release.json").write_text(json.dumps(doc))
+    tampered = tmp_path / "t.tar"
+    with tarfile.open(tampered, "w") as tar:
+        tar.add(top / "release.json", f"{top.name}/release.json")
+        for rel_path in sorted(doc["files"]):
+            tar.add(top / rel_path, f"{top.name}/{rel_path}")
+    for target in (top, tampered):
+        with pytest.raises(IntegrityError, match=rf"{arc}: precision bf16 \(this spec: fp8\); {arc}: kv_cache bf16 "
+                                                 r"\(this spec: fp8\): packed from another build's output") as err:
+            verify(target, check_host=False)
+        assert err.value.exit_code == 3
