@@ -156,12 +156,21 @@ def trtllm_config_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
     (dense Qwen2/Qwen3: no MoE, no multimodal types). Empty for the Llama-class families: LLaMAConfig's own fields
     are what the manual exporter writes.
 
+    Its numbers are taken as `registry.hub_architecture` checked them (`rope_theta`, `tie_word_embeddings`);
+    `seq_length` and `use_logn_attn` are checked here.
+
     Raises:
         UnsupportedArchitecture: the config's class is not one of the families.
+        UnusableConfigField: `seq_length` is not a positive integer or `use_logn_attn` not a boolean.
     """
     fam = _family_of(hf_config)
     if not fam.qwen_type:
         return {}
+    seq_length, logn = _or(hf_config.get("seq_length"), 8192), _or(hf_config.get("use_logn_attn"), False)
+    if not _count(seq_length):
+        raise UnusableConfigField(f"config.json field 'seq_length'={seq_length!r}: expected a positive integer")
+    if not isinstance(logn, bool):
+        raise UnusableConfigField(f"config.json field 'use_logn_attn'={logn!r}: expected true or false")
     return {
         "qwen_type": hf_config.get("model_type", fam.qwen_type),
         "attn_bias": fam.attn_bias,  # qwen3: False, every other qwen_type: True
@@ -169,8 +178,8 @@ def trtllm_config_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
         "rotary_base": float(hf_config.get("rope_theta", 100000.0)),
         "rotary_scaling": hf_config.get("rope_scaling"),
         "disable_weight_only_quant_plugin": False,
-        "use_logn_attn": bool(hf_config.get("use_logn_attn", False)),
-        "seq_length": int(hf_config.get("seq_length", 8192)),
+        "use_logn_attn": logn,
+        "seq_length": seq_length,
         "moe": {"num_experts": 0, "top_k": 0, "normalization_mode": 0},  # MoeConfig(0, 0, NONE)
         "moe_intermediate_size": 0,
         "moe_shared_expert_intermediate_size": 0,

@@ -209,6 +209,13 @@ def test_download_check_compares_family_and_experts():
         check_architecture({**cfg, "architectures": ["MistralForCausalLM"]}, mixtral, where="w", model="mixtral-8x7b")
     with pytest.raises(DownloadError, match="'GPT2LMHeadModel'.* is not supported"):
         check_architecture({**cfg, "architectures": ["GPT2LMHeadModel"]}, mixtral, where="w", model="mixtral-8x7b")
+    for key, value in (("num_attention_heads", 0), ("hidden_size", 1e30), ("rope_theta", float("nan")),
+                       ("num_local_experts", True)):
+        with pytest.raises(DownloadError, match=f"^w: config.json field '{key}'=.*; check the repo/revision$"):
+            check_architecture({**cfg, key: value}, mixtral, where="w", model="mixtral-8x7b")
+    qwen = registry.get_model("qwen2.5-7b").architecture
+    with pytest.raises(DownloadError, match="^w: config.json field 'seq_length'='8k': expected a positive integer"):
+        check_architecture({**QWEN25_7B_CONFIG, "seq_length": "8k"}, qwen, where="w", model="qwen2.5-7b")
 
 
 def _tokenizer_json(extra: str = "") -> bytes:

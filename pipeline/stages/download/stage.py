@@ -25,7 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from pipeline.core.architectures import HF_KEYS, UnsupportedArchitecture, UnusableConfigField
+from pipeline.core.architectures import HF_KEYS, UnsupportedArchitecture, UnusableConfigField, trtllm_config_fields
 from pipeline.core.artifacts import (
     MANIFEST,
     cache_dir,
@@ -122,6 +122,7 @@ def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str
         raise DownloadError(f"{where}: config.json has no 'architectures'; this is not a causal-LM checkpoint")
     try:
         got = hub_architecture(config)
+        trtllm_config_fields(config)  # the numbers calibration's export reads too
     except UnusableConfigField as exc:
         raise DownloadError(f"{where}: {exc}; check the repo/revision") from None
     except UnsupportedArchitecture as exc:
