@@ -891,6 +891,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
     replicas = int_option("replicas", replicas, maximum=MAX_REPLICAS)
+    max_nodes = int_option("max_nodes", max_nodes, maximum=MAX_NODES)
     if matrix:
         if replicas is not None:
             raise DeployError("--replicas serves copies of one build; drop it with --matrix")
@@ -909,7 +910,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
     explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
     chosen, placement = deploy_topology.choose(src.spec, explicit=explicit,
-                                               max_nodes=int_option("max_nodes", max_nodes, maximum=MAX_NODES))
+                                               max_nodes=max_nodes)
     if chosen.limit_reasons:  # limits the memory model chose follow the topology deploy chose
         chosen = choose_limits(chosen)
     if src.origin == "spec":
