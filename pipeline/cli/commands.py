@@ -26,7 +26,15 @@ from pipeline.cli.flags import int_option
 from pipeline.core.artifacts import engines_dir, replace_file, triton_repo_dir
 from pipeline.core.errors import BenchError, DeployError, PipelineError, ServeError, ServerFailed, SpecError
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS, release_file
-from pipeline.core.spec import BuildSpec
+from pipeline.core.registry import MAX_DRAFT_LEN
+from pipeline.core.spec import (
+    MAX_NODES,
+    MAX_RATE,
+    MAX_REPLICAS,
+    MAX_REQUEST_TOKENS,
+    MAX_SLO_MS,
+    BuildSpec,
+)
 from pipeline.core.table import format_table
 from pipeline.planning import planner
 from pipeline.planning.limits_choice import choose_limits, limit_lines, limits_record
@@ -84,6 +92,10 @@ smoke_lib = _lazy("pipeline.serving.smoke")
 slo_search = _lazy("pipeline.planning.slo_search")
 check_stage = _lazy("pipeline.stages.check")
 
+MAX_SECONDS = 86_400.0  # a timeout or a time budget: a day
+MAX_SEED = 2**32 - 1
+MAX_PORT = 65_535
+
 
 
 Stage = Literal["check", "download", "calibrate", "compile", "package"]  # pipeline.stages.build.STAGES
@@ -118,6 +130,11 @@ def check_command(spec: BuildSpec, *, skip_host_check=False) -> None:
 def resources_section(spec: BuildSpec):
     """The disk per stage and calibration memory of `spec` (`plan`'s resources; nothing on disk is consulted)."""
     return resources_lib.plan_resources(spec, resources_lib.SizeInputs(repo_code_bytes=host_fit.repo_code_bytes()))
+
+
+def _tokens_option(name: str, value: Any) -> int | None:
+    """A token count option (--input-len, --output-len, --max-tokens): an integer within 1..`MAX_REQUEST_TOKENS`."""
+    return int_option(name, value, maximum=MAX_REQUEST_TOKENS)
 
 
 def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None, json_=False,
@@ -169,7 +186,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
                                    precision_search)) or accept_foreign_bench_report:
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
                         "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
-    lengths = dict(input_len=int_option("input_len", input_len), output_len=int_option("output_len", output_len))
+    lengths = dict(input_len=_tokens_option("input_len", input_len),
+                   output_len=_tokens_option("output_len", output_len))
     terms = dict(acceptance=int_option("acceptance", acceptance, default=planner.DEFAULT_ACCEPTANCE, kind=float,
                                        minimum=0.0, maximum=1.0),
                  prefix_hit_ratio=int_option("prefix_hit", prefix_hit, default=0.0, kind=float, minimum=0.0,
@@ -207,17 +225,22 @@ def plan_slo(spec: BuildSpec, *, input_len, output_len, json_: bool, acceptance,
     """`plan --slo`: the search (pipeline.planning.slo_search) over `spec`, printed; the pick written as a spec."""
     if ttft_ms is None or tpot_ms is None:
         raise SpecError("plan --slo needs --ttft-ms and --tpot-ms (the SLO to meet)")
+    goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, maximum=MAX_SLO_MS, kind=float),
+                          int_option("tpot_ms", tpot_ms, minimum=1e-9, maximum=MAX_SLO_MS, kind=float))
+    rate = int_option("rate", rate, minimum=1e-9, maximum=MAX_RATE, kind=float)
+    acceptance = int_option("acceptance", acceptance, minimum=0.0, maximum=1.0, kind=float)
+    prefix_share = int_option("prefix_share", prefix_share, minimum=0.0, maximum=1.0, kind=float)
+    lengths = planner.request_lengths(spec, _tokens_option("input_len", input_len),
+                                      _tokens_option("output_len", output_len))
     fixed = spec.quantization.precision if "precision" in spec.quantization.model_fields_set else None
     measured = slo_search.read_bench_terms(bench_report, model=spec.model.name, precision=fixed,
                                            accept_foreign=bool(accept_foreign_bench_report)) if bench_report else {}
-    lengths = planner.request_lengths(spec, int_option("input_len", input_len), int_option("output_len", output_len))
-    terms = dict(acceptance=int_option("acceptance", acceptance, minimum=0.0, maximum=1.0, kind=float,
-                                       default=measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)),
-                 prefix_share=int_option("prefix_share", prefix_share, minimum=0.0, maximum=1.0, kind=float,
-                                         default=measured.get("prefix_share", 0.0)))
-    traffic = slo_search.Traffic(*lengths, rate=int_option("rate", rate, minimum=1e-9, kind=float), **terms)
-    goal = slo_search.Slo(int_option("ttft_ms", ttft_ms, minimum=1e-9, kind=float),
-                          int_option("tpot_ms", tpot_ms, minimum=1e-9, kind=float))
+    if acceptance is None:
+        acceptance = measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)
+    if prefix_share is None:
+        prefix_share = measured.get("prefix_share", 0.0)
+    terms = dict(acceptance=acceptance, prefix_share=prefix_share)
+    traffic = slo_search.Traffic(*lengths, rate=rate, **terms)
     passing, source = _passing_precisions(spec, precision_search)
     quality = quality_records.quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=check_stage.resolve_checked_spec, precisions=passing,
@@ -493,6 +516,19 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
     if second_opinion not in (None, "", "aiperf"):
         raise BenchError(f"--second-opinion {second_opinion!r}: the only second opinion is 'aiperf'; drop the "
                          "flag for ours alone")
+    options = dict(  # every number checked before any file, install or server
+        concurrency=bench_lib.parse_levels(levels or "1,2,4"),
+        requests_per_level=int_option("requests", requests, default=8, maximum=bench_lib.MAX_REQUESTS),
+        max_tokens=int_option("max_tokens", max_tokens, default=32, maximum=MAX_REQUEST_TOKENS),
+        level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1, maximum=MAX_SECONDS),
+        shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0,
+                                        maximum=MAX_REQUEST_TOKENS),
+        shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
+                                       minimum=0.0, maximum=1.0),
+        request_rate=int_option("request_rate", request_rate, kind=float, minimum=0.001,
+                                maximum=bench_lib.MAX_REQUEST_RATE),
+        seed=int_option("seed", seed, default=0, minimum=0, maximum=MAX_SEED),
+    )
     if json_file:
         bench_lib.check_output_file("--json-file", json_file)
     if plot:
@@ -502,18 +538,8 @@ def bench_command(spec: BuildSpec, *, url=None, metrics_url=None, repo=None, mod
         other = aiperf_lib.Aiperf.installed() if second_opinion else None
         report = bench_lib.bench_spec(
             spec, url=url, metrics_url=metrics_url, repo=repo, model=model_name, http_url=http_url,
-            second_opinion=other,
-            concurrency=bench_lib.parse_levels(levels or "1,2,4"),
-            requests_per_level=int_option("requests", requests, default=8),
-            max_tokens=int_option("max_tokens", max_tokens, default=32), stream=False if no_stream else None,
-            level_budget_s=int_option("budget", budget, default=60.0, kind=float, minimum=0.1),
-            shared_prefix_tokens=int_option("shared_prefix_tokens", shared_prefix_tokens, default=0, minimum=0),
-            shared_prefix_share=int_option("shared_prefix_share", shared_prefix_share, default=1.0, kind=float,
-                                           minimum=0.0),
-            speculation=speculation or "server", dataset=dataset,
-            request_rate=int_option("request_rate", request_rate, kind=float, minimum=0.001),
-            seed=int_option("seed", seed, default=0, minimum=0),
-        )
+            second_opinion=other, stream=False if no_stream else None, speculation=speculation or "server",
+            dataset=dataset, **options)
     said = sys.stderr if json_ else sys.stdout
     print(bench_lib.report_json(report) if json_ else bench_lib.format_report(report))
     if other is not None and not json_ and any(lv.aiperf for lv in report.levels):
@@ -663,17 +689,17 @@ def serve_command(spec: BuildSpec | None, *, repo=None, http_port: int | None = 
     if (mode or "triton") not in SERVE_MODES:
         raise SpecError(f"--mode {mode!r}: use one of {', '.join(SERVE_MODES)}")
     if mode == "trtllm-serve":
-        return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000),
+        return _serve_trtllm(spec, port=int_option("http_port", http_port, default=8000, maximum=MAX_PORT),
                              host=host or "127.0.0.1", print_only=bool(print_only))
-    host = serve_lib.check_host(host or "127.0.0.1")
-    given = {name: int_option(f"{name}_port", value) for name, value in
+    given = {name: int_option(f"{name}_port", value, maximum=MAX_PORT) for name, value in
              (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port))}
-    offset = int_option("port_offset", port_offset, minimum=0, default=0)
+    offset = int_option("port_offset", port_offset, minimum=0, default=0, maximum=MAX_PORT - 8002)
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1, maximum=MAX_SECONDS)
+    host = serve_lib.check_host(host or "127.0.0.1")
     ports = serve_lib.serve_ports(host=host, offset=offset, given=given, check_free=not print_only)
     if print_only:
         endpoints = launch_plan.Endpoints(host, ports["http"], ports["grpc"], ports["metrics"])
         return _print_launch_plan(spec, repo, endpoints)
-    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
     path = _repo_for(spec, repo)
     server = serve_lib.TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
                                     metrics_port=ports["metrics"], ready_timeout_s=timeout,
@@ -774,9 +800,9 @@ def smoke_command(spec: BuildSpec | None, *, repo=None, http_url=None, grpc_url=
         num_draft_tokens: draft tokens per step for the BLS route (default: the repo's K)
         ready_timeout: seconds to wait for readiness (default 300)
     """
-    max_tokens = int_option("max_tokens", max_tokens, default=24)
-    num_draft_tokens = int_option("num_draft_tokens", num_draft_tokens)
-    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1)
+    max_tokens = int_option("max_tokens", max_tokens, default=24, maximum=MAX_REQUEST_TOKENS)
+    num_draft_tokens = int_option("num_draft_tokens", num_draft_tokens, maximum=MAX_DRAFT_LEN)
+    timeout = int_option("ready_timeout", ready_timeout, default=300.0, kind=float, minimum=0.1, maximum=MAX_SECONDS)
     path = None if (http_url and grpc_url and not repo) else _repo_for(spec, repo)
     results = smoke_lib.run_smoke(path, http_url=http_url, grpc_url=grpc_url, prompt=prompt or smoke_lib.DEFAULT_PROMPT,
                                   max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, ready_timeout_s=timeout)
@@ -864,7 +890,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
-    replicas = int_option("replicas", replicas)
+    replicas = int_option("replicas", replicas, maximum=MAX_REPLICAS)
+    max_nodes = int_option("max_nodes", max_nodes, maximum=MAX_NODES)
     if matrix:
         if replicas is not None:
             raise DeployError("--replicas serves copies of one build; drop it with --matrix")
@@ -883,7 +910,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
     explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
     chosen, placement = deploy_topology.choose(src.spec, explicit=explicit,
-                                               max_nodes=int_option("max_nodes", max_nodes))
+                                               max_nodes=max_nodes)
     if chosen.limit_reasons:  # limits the memory model chose follow the topology deploy chose
         chosen = choose_limits(chosen)
     if src.origin == "spec":

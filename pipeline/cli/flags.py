@@ -120,24 +120,26 @@ def spec_from_flags(values: dict[str, Any]):
     return resolve_checked_spec(spec_file=values.get("spec"), models_file=values.get("models_file"), **overrides)
 
 
-def int_option(name: str, value: Any, *, minimum: float = 1, maximum: float | None = None, default: Any = None,
+def int_option(name: str, value: Any, *, maximum: float, minimum: float = 1, default: Any = None,
                kind: type = int) -> Any:
     """A task's own numeric option (invoke hands over strings): None gives `default`; a value that is not a finite
-    number within `minimum`..`maximum` raises `SpecError`."""
+    number within `minimum`..`maximum` (every option has a finite bound) raises `SpecError`."""
     if value is None or value == "":
         return default
     flag = "--" + name.replace("_", "-")
     what = "an integer" if kind is int else "a number"
+    given = repr(value) if len(repr(value)) <= 40 else repr(value)[:30] + "...(long)"
     try:
         number = kind(value)
-    except (TypeError, ValueError, OverflowError):
-        raise SpecError(f"{flag}={value!r}: expected {what} >= {minimum:g}") from None
+    except (TypeError, ValueError, OverflowError):  # int() refuses over 4,300 digits with a ValueError
+        raise SpecError(f"{flag}={given}: expected {what} >= {minimum:g}") from None
     if not math.isfinite(number):  # NaN passes every comparison, inf every minimum
-        raise SpecError(f"{flag}={value!r}: expected a finite number >= {minimum:g}")
+        raise SpecError(f"{flag}={given}: expected a finite number >= {minimum:g}")
     if number < minimum:
         raise SpecError(f"{flag}={number}: must be >= {minimum:g}")
-    if maximum is not None and number > maximum:
-        raise SpecError(f"{flag}={number}: must be within {minimum:g}..{maximum:g}")
+    if number > maximum:
+        most = f"{maximum:g}" if isinstance(maximum, float) else maximum
+        raise SpecError(f"{flag}={given if len(str(number)) > 40 else number}: must be within {minimum:g}..{most}")
     return number
 
 

@@ -156,12 +156,21 @@ def trtllm_config_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
     (dense Qwen2/Qwen3: no MoE, no multimodal types). Empty for the Llama-class families: LLaMAConfig's own fields
     are what the manual exporter writes.
 
+    Its numbers are taken as `registry.hub_architecture` checked them (`rope_theta`, `tie_word_embeddings`);
+    `seq_length` and `use_logn_attn` are checked here.
+
     Raises:
         UnsupportedArchitecture: the config's class is not one of the families.
+        UnusableConfigField: `seq_length` is not a positive integer or `use_logn_attn` not a boolean.
     """
     fam = _family_of(hf_config)
     if not fam.qwen_type:
         return {}
+    seq_length, logn = _or(hf_config.get("seq_length"), 8192), _or(hf_config.get("use_logn_attn"), False)
+    if not _count(seq_length):
+        raise UnusableConfigField(f"config.json field 'seq_length'={seq_length!r}: expected a positive integer")
+    if not isinstance(logn, bool):
+        raise UnusableConfigField(f"config.json field 'use_logn_attn'={logn!r}: expected true or false")
     return {
         "qwen_type": hf_config.get("model_type", fam.qwen_type),
         "attn_bias": fam.attn_bias,  # qwen3: False, every other qwen_type: True
@@ -169,8 +178,8 @@ def trtllm_config_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
         "rotary_base": float(hf_config.get("rope_theta", 100000.0)),
         "rotary_scaling": hf_config.get("rope_scaling"),
         "disable_weight_only_quant_plugin": False,
-        "use_logn_attn": bool(hf_config.get("use_logn_attn", False)),
-        "seq_length": int(hf_config.get("seq_length", 8192)),
+        "use_logn_attn": logn,
+        "seq_length": seq_length,
         "moe": {"num_experts": 0, "top_k": 0, "normalization_mode": 0},  # MoeConfig(0, 0, NONE)
         "moe_intermediate_size": 0,
         "moe_shared_expert_intermediate_size": 0,
@@ -213,37 +222,57 @@ class UnsupportedArchitecture(ValueError):
     """A config.json whose class or fields no family here covers."""
 
 
-def _effective_sliding_window(config: dict[str, Any]) -> int | None:
+class UnusableConfigField(UnsupportedArchitecture):
+    """A config.json number is missing, of the wrong type or out of range (the message names the field)."""
+
+
+# `registry.Architecture` field -> its transformers `config.json` key, where the two differ.
+HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+           "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"}
+
+
+def _count(value: Any) -> bool:
+    """Whether `value` is a JSON integer above 0 (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _effective_sliding_window(config: dict[str, Any]) -> Any:
     """The attention window the model really uses: Qwen configs carry `sliding_window` with
-    `use_sliding_window: false` (off); Mistral/Mixtral use it whenever it is set (null on v0.3 / Mixtral)."""
-    window = config.get("sliding_window")
-    if config.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
+    `use_sliding_window: false` (off); Mistral/Mixtral use it whenever it is set (null on v0.3 / Mixtral); a window
+    that covers every position is none. Anything else is passed on as written, for `Architecture` to judge."""
+    window, positions = config.get("sliding_window"), config.get("max_position_embeddings")
+    if config.get("use_sliding_window") is False or window is None:
         return None
-    return window if window < int(config.get("max_position_embeddings") or 0) else None
+    return None if _count(window) and _count(positions) and window >= positions else window
 
 
 def architecture_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """`registry.Architecture` fields from a Hub `config.json` (transformers 4.57 names).
+    """`registry.Architecture` fields from a Hub `config.json` (transformers 4.57 names and defaults), the values as
+    written: `registry.hub_architecture` checks their types and ranges (and derives an absent `head_dim`).
 
     Raises:
-        UnsupportedArchitecture: the class is not one of the families, or a required number is missing.
+        UnsupportedArchitecture: the class is not one of the families.
+        UnusableConfigField: a required number is missing.
     """
     fam = _family_of(config)
     try:
-        heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+        heads, hidden = config["num_attention_heads"], config["hidden_size"]
         out: dict[str, Any] = {
-            "family": fam.name, "num_layers": int(config["num_hidden_layers"]), "hidden_size": hidden,
-            "num_heads": heads, "num_kv_heads": int(config.get("num_key_value_heads") or heads),
-            "head_dim": int(config.get("head_dim") or hidden // heads),
-            "intermediate_size": int(config["intermediate_size"]), "vocab_size": int(config["vocab_size"]),
-            "max_position_embeddings": int(config["max_position_embeddings"]),
-            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
-            "rope_theta": float(config.get("rope_theta", 10000.0)),
-            "sliding_window": _effective_sliding_window(config),
+            "family": fam.name, "num_layers": config["num_hidden_layers"], "hidden_size": hidden,
+            "num_heads": heads, "num_kv_heads": _or(config.get("num_key_value_heads"), heads),
+            "intermediate_size": config["intermediate_size"], "vocab_size": config["vocab_size"],
+            "max_position_embeddings": config["max_position_embeddings"],
+            "tie_word_embeddings": _or(config.get("tie_word_embeddings"), False),
+            "rope_theta": _or(config.get("rope_theta"), 10000.0),
+            "head_dim": config.get("head_dim"), "sliding_window": _effective_sliding_window(config),
         }
         if fam.moe:
-            out.update(num_experts=int(config["num_local_experts"]),
-                       experts_per_token=int(config["num_experts_per_tok"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UnsupportedArchitecture(f"{fam.hf_architecture} config.json lacks a usable {exc}") from None
+            out.update(num_experts=config["num_local_experts"], experts_per_token=config["num_experts_per_tok"])
+    except KeyError as exc:
+        raise UnusableConfigField(f"{fam.hf_architecture} config.json lacks a usable {exc}") from None
     return out
+
+
+def _or(value: Any, default: Any) -> Any:
+    """`value`, or `default` where the config leaves it out or null (transformers' defaults)."""
+    return default if value is None else value

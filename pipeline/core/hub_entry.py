@@ -2,9 +2,10 @@
 
 The file is fetched with huggingface_hub's `hf_hub_download` (into `$PIPELINE_CACHE/hub-configs`, so a second run and
 `HF_HUB_OFFLINE=1` reuse it), size-capped, parsed, and turned into architecture numbers by the family adapters
-(`pipeline.core.architectures.architecture_fields`), which refuse a class no family covers. Gated repos take the
-token the download stage takes (`HF_TOKEN` or `hf auth login`); it is never logged. A draft pair with an `hf:` model
-compares the two repos' `tokenizer.json` (fetched alone the same way) instead of a declared tokenizer family.
+(`pipeline.core.registry.hub_architecture`), which refuse a class no family covers and a number of the wrong type or
+out of range. Gated repos take the token the download stage takes (`HF_TOKEN` or `hf auth login`); it is never
+logged. A draft pair with an `hf:` model compares the two repos' `tokenizer.json` (fetched alone the same way)
+instead of a declared tokenizer family.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.architectures import UnsupportedArchitecture, architecture_fields
+from pipeline.core.architectures import UnsupportedArchitecture, UnusableConfigField
 from pipeline.core.errors import PipelineError, RegistryError
 from pipeline.core.manifests import TokenizerIdentity
 from pipeline.core.tokenizer import identity, token_count
@@ -55,18 +56,6 @@ def entry_name(repo_id: str) -> str:
 def _cache_dir() -> Path:
     root = os.environ.get("PIPELINE_CACHE") or str(Path.home() / ".cache" / "trtllm-pipeline")
     return Path(root) / "hub-configs"
-
-
-def fetch_config(repo_id: str, revision: str, *, endpoint: str | None = None, token: str | None = None) -> dict:
-    """The repo's `config.json` at `revision`, fetched alone.
-
-    Raises:
-        RegistryError: unreachable, missing, gated without access, too large or not JSON (one line each).
-    """
-    where = f"{repo_id}@{revision}"
-    path = _fetch_file(repo_id, revision, "config.json", endpoint=endpoint, token=token,
-                       missing=f"{where} has no config.json; it is not a transformers model repo")
-    return read_config(path, where=where)
 
 
 def read_config(path: Path, *, where: str) -> dict:
@@ -173,10 +162,18 @@ def hub_entry_fields(ref: str, *, endpoint: str | None = None, token: str | None
         RegistryError: the ref, the fetch or the architecture is unusable (the message names the supported
             architectures when the class is the problem).
     """
+    from pipeline.core.registry import hub_architecture
+
     repo_id, revision = parse_ref(ref)
-    config = fetch_config(repo_id, revision, endpoint=endpoint, token=token)
+    where = f"{repo_id}@{revision}"
+    path = _fetch_file(repo_id, revision, "config.json", endpoint=endpoint, token=token,
+                       missing=f"{where} has no config.json; it is not a transformers model repo")
+    config = read_config(path, where=where)
     try:
-        arch = architecture_fields(config)
+        arch = hub_architecture(config)
+    except UnusableConfigField as exc:
+        raise RegistryError(f"--model {ref}: {exc}; check the repo, or delete the cached copy {path} if it is "
+                            "stale") from None
     except UnsupportedArchitecture as exc:
         raise RegistryError(f"--model {ref}: {exc}") from None
     return {"name": entry_name(repo_id), "repo_id": repo_id, "revision": revision, "source": "hub",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,7 +18,13 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.architectures import FAMILIES, hf_config_fields
+from pipeline.core.architectures import (
+    FAMILIES,
+    HF_KEYS,
+    UnusableConfigField,
+    architecture_fields,
+    hf_config_fields,
+)
 from pipeline.core.artifacts import SAFE_NAME
 from pipeline.core.errors import RegistryError
 from pipeline.core.untrusted import load_yaml_mapping
@@ -47,26 +53,61 @@ MAX_MODELS_FILE_BYTES = 4 << 20  # the packaged models.yaml is ~12 KB
 _FAMILY_DEFAULTS = {"family": "llama", "num_experts": 0, "experts_per_token": 0, "sliding_window": None}
 
 
+# Upper bounds of the architecture numbers: generous but finite, each far above every open model (Llama 3.1 405B:
+# 126 layers, hidden 16384, 128 heads, FFN 53248; vocab up to ~262k (Gemma 3); max positions up to ~10M (Llama 4
+# Scout); experts up to 384 (Kimi K2)), so a typo or a corrupt config.json is refused instead of planned.
+MAX_LAYERS = 1024
+MAX_HIDDEN = 1 << 17
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_INTERMEDIATE = 1 << 20
+MAX_VOCAB = 1 << 22
+MAX_POSITIONS = 1 << 27
+MAX_EXPERTS = 4096
+MAX_ROPE_THETA = 1e12  # the largest in use is ~1e8
+MAX_DRAFT_LEN = 64  # draft tokens per step: 4-10 in common use (examples/draft_target_model/README.md)
+MAX_BATCH = 1 << 16  # engine max batch size: TensorRT-LLM builds in practice use <= 2048
+
+
+def _count(value: Any, most: int) -> bool:
+    """Whether `value` is an integer (not a bool) within 1..`most`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most
+
+
 class Architecture(BaseModel):
     """Architecture numbers of a decoder of one family (`pipeline.core.architectures`), cross-checked against the
-    downloaded config.json."""
+    downloaded config.json; every count is within the `MAX_*` bounds above, `rope_theta` a finite positive number."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     family: Literal["llama", "mistral", "mixtral", "qwen2", "qwen3"] = "llama"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)  # per expert for MoE families
-    vocab_size: int = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: int = Field(gt=0, le=MAX_HIDDEN)
+    num_heads: int = Field(gt=0, le=MAX_HEADS)
+    num_kv_heads: int = Field(gt=0, le=MAX_HEADS)
+    head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
+    intermediate_size: int = Field(gt=0, le=MAX_INTERMEDIATE)  # per expert for MoE families
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB)
+    max_position_embeddings: int = Field(gt=0, le=MAX_POSITIONS)
     tie_word_embeddings: bool = False
-    rope_theta: float = 10000.0
-    num_experts: int = Field(0, ge=0)  # MoE: experts per layer (HF num_local_experts)
-    experts_per_token: int = Field(0, ge=0)  # MoE: top-k (HF num_experts_per_tok)
-    sliding_window: int | None = Field(None, gt=0)  # attention window, when the model uses one
+    rope_theta: float = Field(10000.0, gt=0, le=MAX_ROPE_THETA)
+    num_experts: int = Field(0, ge=0, le=MAX_EXPERTS)  # MoE: experts per layer (HF num_local_experts)
+    experts_per_token: int = Field(0, ge=0, le=MAX_EXPERTS)  # MoE: top-k (HF num_experts_per_tok)
+    sliding_window: int | None = Field(None, gt=0, le=MAX_POSITIONS)  # attention window, when the model uses one
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_head_dim(cls, data: Any) -> Any:
+        """No head_dim (or null): hidden_size / num_heads, transformers' default, once both are counts in range;
+        hidden_size must then be a multiple of num_heads."""
+        if not isinstance(data, dict) or data.get("head_dim") is not None:
+            return data
+        hidden, heads = data.get("hidden_size"), data.get("num_heads")
+        if not (_count(hidden, MAX_HIDDEN) and _count(heads, MAX_HEADS)):
+            return data  # the fields' own errors name them
+        if hidden % heads:
+            raise ValueError(f"hidden_size {hidden} is not a multiple of num_heads {heads} and no head_dim is given")
+        return {**data, "head_dim": hidden // heads}
 
     @model_validator(mode="after")
     def _heads(self) -> Architecture:
@@ -78,6 +119,9 @@ class Architecture(BaseModel):
                              "experts_per_token (both or neither, tensorrt_llm/layers/moe.py MoeConfig.validate)")
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"experts_per_token {self.experts_per_token} exceeds num_experts {self.num_experts}")
+        if self.sliding_window is not None and self.sliding_window > self.max_position_embeddings:
+            raise ValueError(f"sliding_window {self.sliding_window} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}")
         return self
 
     @model_serializer(mode="wrap")
@@ -150,24 +194,45 @@ class Architecture(BaseModel):
         return self.total_params - self.linear_params + self.active_linear_params
 
 
+def hub_architecture(config: dict) -> Architecture:
+    """The `Architecture` of a Hub `config.json`, its numbers taken as written: a JSON integer for every count (no
+    bool, float or string), a finite positive number for `rope_theta`, each within the `MAX_*` bounds.
+
+    Raises:
+        UnsupportedArchitecture: the class is not one of the families.
+        UnusableConfigField: a number is missing, of the wrong type or out of range (one line naming the config.json
+            field and the value).
+    """
+    try:
+        return Architecture.model_validate(architecture_fields(config), strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a cross-field rule
+            raise UnusableConfigField(f"config.json: {msg}") from None
+        key = HF_KEYS.get(str(err["loc"][0]), str(err["loc"][0]))
+        given = "" if err["type"] == "missing" else f"={err['input']!r}"[:60]
+        raise UnusableConfigField(f"config.json field '{key}'{given}: {msg}") from None
+
+
 class ModelLimits(BaseModel):
-    """Per-model default engine limits."""
+    """Per-model default engine limits (bounded as the spec's `EngineLimits` are)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_batch_size: int = Field(default=64, gt=0)
-    max_input_len: int = Field(default=2048, gt=0)
-    max_seq_len: int = Field(default=4096, gt=0)
+    max_batch_size: int = Field(default=64, gt=0, le=MAX_BATCH)
+    max_input_len: int = Field(default=2048, gt=0, le=MAX_POSITIONS)
+    max_seq_len: int = Field(default=4096, gt=0, le=MAX_POSITIONS)
 
 
 class CalibrationDefaults(BaseModel):
     """Per-model calibration defaults (TRT-LLM's quantize script uses 512 samples of 512 tokens)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    calib_size: int = Field(default=512, gt=0)
-    calib_seq_len: int = Field(default=512, gt=0)
-    max_ppl_delta_pct: float = Field(default=1.0, gt=0)
+    calib_size: int = Field(default=512, gt=0, le=1_000_000)
+    calib_seq_len: int = Field(default=512, gt=0, le=1_048_576)
+    max_ppl_delta_pct: float = Field(default=1.0, gt=0, le=1000)
 
 
 class ModelEntry(BaseModel):
@@ -183,10 +248,10 @@ class ModelEntry(BaseModel):
     tokenizer_family: str
     # the tokenizer's own length where the embedding is padded past it (Qwen2.5 7B+ pad to 152064, the small ones
     # to 151936): draft and target must agree on it instead of on vocab_size
-    tokenizer_size: int | None = Field(None, gt=0)
+    tokenizer_size: int | None = Field(None, gt=0, le=MAX_VOCAB)
     architecture: Architecture
     default_draft: str | None = None
-    default_draft_len: int = 5
+    default_draft_len: int = Field(5, ge=1, le=MAX_DRAFT_LEN)
     limits: ModelLimits = ModelLimits()
     calibration: CalibrationDefaults = CalibrationDefaults()
 
@@ -243,7 +308,8 @@ def _load(user_file: str | None) -> dict[str, ModelEntry]:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
-            raise RegistryError(f"model {name!r}: field '{loc}': {err['msg']}; fix the registry entry") from None
+            msg = err["msg"].removeprefix("Value error, ")
+            raise RegistryError(f"model {name!r}: field '{loc}': {msg}; fix the registry entry") from None
     for entry in out.values():
         if entry.default_draft and entry.default_draft not in out:
             raise RegistryError(f"model '{entry.name}': default_draft '{entry.default_draft}' is not in the registry")

@@ -10,13 +10,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
-from pipeline.core.registry import ModelEntry, get_model
+from pipeline.core.registry import MAX_BATCH, MAX_DRAFT_LEN, MAX_POSITIONS, ModelEntry, get_model
 from pipeline.core.untrusted import load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
 
@@ -29,6 +29,12 @@ AUTO = "auto"  # `precision: auto`: `build` calibrates the AutoPrecision candida
 
 # No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
 _Strict = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+# Finite upper bounds, each far beyond any real use (the CLI's own options share them).
+MAX_REQUEST_TOKENS = 1_048_576  # prompt or output tokens of one request
+MAX_SLO_MS = 3_600_000.0  # a TTFT/TPOT target: an hour
+MAX_RATE = 1_000_000.0  # requests per second
+MAX_NODES = 256
+MAX_REPLICAS = 10_000
 
 
 def _sha256(data: Any) -> str:
@@ -68,7 +74,7 @@ class QuantizationSpec(_Section):
                                    description="calibration samples (default: per model, 512)")
     calib_seq_len: int | None = Field(None, gt=0, le=1_048_576, description="calibration max sequence length")
     calib_batch_size: int = Field(1, gt=0, le=4096, description="calibration batch size")
-    calib_seed: int = Field(0, description="seed of the calibration sample selection")
+    calib_seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the calibration sample selection")
     awq_block_size: Literal[64, 128] = Field(128, description="INT4/W4A8 AWQ group size")
     max_ppl_delta_pct: float | None = Field(None, gt=0, le=1000, description="quality gate: max perplexity increase, %")
     quality_gate: bool = Field(True, description="fail calibration when the quality gate trips")
@@ -120,14 +126,18 @@ class EngineLimits(_Section):
     model_config = _Strict
 
     max_batch_size: int | None = Field(
-        None, gt=0, description="engine max batch size (default: what the memory model fits, at most 2048; "
+        None, gt=0, le=MAX_BATCH,
+        description="engine max batch size (default: what the memory model fits, at most 2048; "
         "`check` says why)")
-    max_input_len: int | None = Field(None, gt=0, description="max prompt tokens (default: per model)")
+    max_input_len: int | None = Field(None, gt=0, le=MAX_POSITIONS,
+                                      description="max prompt tokens (default: per model)")
     max_seq_len: int | None = Field(
-        None, gt=0, description="max prompt+output tokens, >= max_input_len (default: per model)"
+        None, gt=0, le=MAX_POSITIONS, description="max prompt+output tokens, >= max_input_len (default: per model)"
     )
-    max_num_tokens: int | None = Field(None, gt=0, description="max tokens per engine step (default: derived)")
-    opt_num_tokens: int | None = Field(None, gt=0, description="optimal tokens per step (no multiple_profiles)")
+    max_num_tokens: int | None = Field(None, gt=0, le=MAX_POSITIONS,
+                                       description="max tokens per engine step (default: derived)")
+    opt_num_tokens: int | None = Field(None, gt=0, le=MAX_POSITIONS,
+                                       description="optimal tokens per step (no multiple_profiles)")
     tokens_per_block: Literal[8, 16, 32, 64, 128] = Field(32, description="paged KV-cache tokens per block")
     multiple_profiles: bool = Field(True, description="build several TensorRT optimization profiles")
     context_fmha: bool = Field(True, description="fused attention in the context phase")
@@ -146,17 +156,19 @@ class SpeculationSpec(_Section):
 
     draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
     draft_len: int | None = Field(
-        None, description="draft tokens per step K >= 1 (default: registry's; 4-6 typical, > 8 warns)"
+        None, le=MAX_DRAFT_LEN, description="draft tokens per step K >= 1 (default: registry's; 4-6 typical, > 8 warns)"
     )
     draft_precision: Precision | None = Field(None, description="draft precision (default: the target's)")
     max_batch_for_speculation: int = Field(
-        8, gt=0, description="batch up to which speculation pays: warn above it; the draft engine's default max batch"
+        8, gt=0, le=MAX_BATCH,
+        description="batch up to which speculation pays: warn above it; the draft engine's default max batch"
     )
     draft_tp: int = Field(1, ge=1, le=64, description="tensor-parallel size of the draft engine (pp is 1)")
     draft_max_batch_size: int | None = Field(
-        None, gt=0, description="draft engine max batch (default: min(max_batch_for_speculation, max_batch_size))"
+        None, gt=0, le=MAX_BATCH,
+        description="draft engine max batch (default: min(max_batch_for_speculation, max_batch_size))"
     )
-    draft_gpu_device_ids: list[int] | None = Field(
+    draft_gpu_device_ids: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
         None, description="GPUs of the draft engine, one per draft TP rank (default: the target's first draft_tp)"
     )
 
@@ -173,7 +185,7 @@ class ServingSpec(_Section):
         None, gt=0, le=1, description="KV pool share of free GPU memory (default 0.9; 0.7 with a draft)"
     )
     draft_kv_cache_free_gpu_mem_fraction: float = Field(0.2, gt=0, le=1, description="the draft's KV share")
-    max_tokens_in_paged_kv_cache: int | None = Field(None, gt=0, description="cap on KV-cache tokens")
+    max_tokens_in_paged_kv_cache: int | None = Field(None, gt=0, le=1 << 40, description="cap on KV-cache tokens")
     enable_kv_cache_reuse: bool = Field(True, description="prefix caching (needs paged context FMHA)")
     enable_chunked_context: bool = Field(True, description="chunked prefill (needs paged context FMHA)")
     decoupled: bool | None = Field(
@@ -207,7 +219,7 @@ class HardwareSpec(_Section):
 
     gpu: GPUName = Field("h100-sxm", description="target GPU")
     gpu_count: int = Field(8, ge=1, le=1024, description="GPUs on one host")
-    nodes: int = Field(1, ge=1, le=256, description="nodes the ranks may span: TP within a node, PP across nodes")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="nodes the ranks may span: TP within a node, PP across nodes")
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="GPUs per node (default: gpu_count)")
     tp_across_nodes: bool = Field(False, description="allow a TP group to span nodes (all-reduce over the network)")
     gpu_price_per_hour: float | None = Field(
@@ -222,11 +234,11 @@ class PlannedTraffic(BaseModel):
 
     model_config = _Strict
 
-    input_len: int = Field(gt=0, le=1_048_576, description="prompt tokens per request")
-    output_len: int = Field(gt=0, le=1_048_576, description="output tokens per request")
+    input_len: int = Field(gt=0, le=MAX_REQUEST_TOKENS, description="prompt tokens per request")
+    output_len: int = Field(gt=0, le=MAX_REQUEST_TOKENS, description="output tokens per request")
     prefix_share: float = Field(0.0, ge=0, le=1, description="share of each prompt a cached prefix covers, 0..1")
     acceptance: float | None = Field(None, ge=0, le=1, description="draft acceptance rate (default: the planner's)")
-    rate: float | None = Field(None, gt=0, le=1_000_000,
+    rate: float | None = Field(None, gt=0, le=MAX_RATE,
                                description="requests per second to serve (default: one replica, fully loaded)")
 
 
@@ -235,10 +247,10 @@ class PlannedEstimate(BaseModel):
 
     model_config = _Strict
 
-    ttft_ms: float = Field(gt=0, description="estimated time to first token, ms")
-    tpot_ms: float = Field(gt=0, description="estimated time per output token, ms")
-    tokens_per_s: float = Field(gt=0, description="output tokens per second of one replica, fully loaded")
-    cost_per_1m_output_tokens_usd: float = Field(gt=0, description="$ per 1M output tokens at the traffic")
+    ttft_ms: float = Field(gt=0, le=MAX_SLO_MS, description="estimated time to first token, ms")
+    tpot_ms: float = Field(gt=0, le=MAX_SLO_MS, description="estimated time per output token, ms")
+    tokens_per_s: float = Field(gt=0, le=1e9, description="output tokens per second of one replica, fully loaded")
+    cost_per_1m_output_tokens_usd: float = Field(gt=0, le=1e9, description="$ per 1M output tokens at the traffic")
 
 
 class ServingTarget(BaseModel):
@@ -247,9 +259,9 @@ class ServingTarget(BaseModel):
 
     model_config = _Strict
 
-    replicas: int = Field(1, ge=1, le=10_000, description="serving replicas (each tp x pp GPUs)")
-    ttft_ms: float = Field(gt=0, description="SLO: time to first token, ms")
-    tpot_ms: float = Field(gt=0, description="SLO: time per output token, ms")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="serving replicas (each tp x pp GPUs)")
+    ttft_ms: float = Field(gt=0, le=MAX_SLO_MS, description="SLO: time to first token, ms")
+    tpot_ms: float = Field(gt=0, le=MAX_SLO_MS, description="SLO: time per output token, ms")
     traffic: PlannedTraffic
     estimate: PlannedEstimate | None = None
 
@@ -506,7 +518,7 @@ def _load_spec_file(path: str | Path) -> dict[str, Any]:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in (section, *err["loc"]))
-            given = "" if err["type"] == "missing" else f"={err.get('input')!r}"
+            given = "" if err["type"] == "missing" else f"={_shown(err.get('input'))}"
             raise SpecError(f"spec file {p}: {loc}{given}: {err['msg']}") from None
     return raw
 
@@ -518,11 +530,16 @@ def _field_section(name: str) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to about 40 characters (a 5,000-digit flag value stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + "...(long)"
+
+
 def _pydantic_error(exc: ValidationError) -> SpecError:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    value = err.get("input")
-    return SpecError(f"{loc}={value!r}: {err['msg']}")
+    return SpecError(f"{loc}={_shown(err.get('input'))}: {err['msg']}")
 
 
 def resolve_spec(

@@ -983,7 +983,7 @@ def check_prompt_limits(texts: list[str], tokenizer, *, max_tokens: int, shared_
     limit = max(max_input_len or 0, max_seq_len or 0)
     lengths = {t: prompt_tokens(tokenizer, t, limit=limit) for t in set(texts)}
     longest = max(lengths.values())
-    if output_lens is not None and len(set(output_lens)) > 1:
+    if output_lens is not None and set(output_lens) != {max_tokens}:  # a dataset's own lengths, even all alike
         _check_dataset_lengths(texts, lengths, output_lens, max_input_len=max_input_len, max_seq_len=max_seq_len)
         return
     if max_input_len is not None and longest > max_input_len:
@@ -1187,7 +1187,8 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
     try:
         levels = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise BenchError(f"--concurrency {text!r}: expected comma-separated integers like 1,2,4,8") from None
+        shown = repr(text) if len(text) <= 40 else repr(text[:30]) + "...(long)"
+        raise BenchError(f"--concurrency {shown}: expected comma-separated integers like 1,2,4,8") from None
     if not levels or min(levels) < 1:
         raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
     _check_cap(levels)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -126,6 +128,51 @@ def test_task_numeric_options_fail_with_one_line():
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.strip().splitlines() == [f"error: {r.stderr.strip().removeprefix('error: ')}"]
         assert msg in r.stderr and "Traceback" not in r.stderr
+
+
+HUGE = "9" * 5000  # over Python's 4,300-digit int() limit
+
+
+@pytest.mark.parametrize("task, base, flag, values", [
+    ("plan", {"model": "tiny-llama"}, "input_len", ("nan", "0", "-1", "1.5", "2000000", HUGE)),
+    ("plan", {"model": "tiny-llama"}, "output_len", ("inf", "0", "2000000", HUGE)),
+    ("plan", {"model": "tiny-llama"}, "acceptance", ("nan", "inf", "-inf", "-0.1", "1.01", "1e300")),
+    ("plan", {"model": "tiny-llama"}, "prefix_hit", ("nan", "inf", "-1", "2", HUGE)),
+    ("plan", {"model": "tiny-llama", "slo": True, "tpot_ms": "40"}, "ttft_ms",
+     ("nan", "inf", "-inf", "-1", "0", "1e300", HUGE)),
+    ("plan", {"model": "tiny-llama", "slo": True, "ttft_ms": "400"}, "tpot_ms", ("nan", "inf", "0", "1e300")),
+    ("plan", {"model": "tiny-llama", "slo": True, "ttft_ms": "400", "tpot_ms": "40"}, "rate",
+     ("nan", "inf", "-1", "0", "1e300")),
+    ("plan", {"model": "tiny-llama", "slo": True, "ttft_ms": "400", "tpot_ms": "40"}, "prefix_share",
+     ("nan", "-1", "1.5")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "requests", ("nan", "0", "-3", "1000000", HUGE)),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "max_tokens", ("inf", "0", "2000000")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "budget", ("nan", "inf", "0", "-1", "1e300")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "shared_prefix_tokens", ("-1", "2000000")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "shared_prefix_share", ("nan", "-0.5", "1.5")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "request_rate", ("nan", "inf", "0", "1e300")),
+    ("bench", {"model": "tiny-llama", "url": "127.0.0.1:1"}, "seed", ("-1", "1.5", str(2**64))),
+    ("serve", {"repo": "r"}, "http_port", ("0", "-1", "65536", HUGE)),
+    ("serve", {"repo": "r"}, "port_offset", ("-1", "60000")),
+    ("serve", {"repo": "r"}, "ready_timeout", ("nan", "inf", "0", "1e300")),
+    ("smoke", {"repo": "r"}, "max_tokens", ("nan", "0", "2000000")),
+    ("smoke", {"repo": "r"}, "num_draft_tokens", ("0", "65")),
+    ("smoke", {"repo": "r"}, "ready_timeout", ("nan", "-inf", "1e300")),
+    ("deploy", {"platform": "k8s", "model": "tiny-llama"}, "replicas", ("0", "-1", "10001", HUGE)),
+    ("deploy", {"platform": "k8s", "model": "tiny-llama"}, "max_nodes", ("0", "257")),
+])
+def test_every_numeric_option_refuses_non_finite_and_out_of_range_values(task, base, flag, values, capsys):
+    """Each task's own numbers: NaN, infinities, negatives, 0 where a count or duration must be positive, absurdly
+    large values and integers too long for int(): exit 2 with one short line naming the flag, before any work."""
+    import tasks
+
+    for value in values:
+        with pytest.raises(SystemExit) as done:
+            getattr(tasks, task).body(None, **base, **{flag: value})
+        err = capsys.readouterr().err
+        assert done.value.code == 2, (flag, value, err)
+        assert err.startswith(f"error: --{flag.replace('_', '-')}=") and err.count("\n") == 1, err
+        assert len(err) < 200, err
 
 
 def test_plan_slo_writes_a_spec_check_accepts_within_5_s_of_cpu(tmp_path):

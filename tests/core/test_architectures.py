@@ -193,6 +193,16 @@ def test_trtllm_config_fields_per_family():
         trtllm_config_fields({"architectures": ["GPT2LMHeadModel"]})
 
 
+@pytest.mark.parametrize("key,value", [("seq_length", 0), ("seq_length", -1), ("seq_length", 32.5),
+                                       ("seq_length", True), ("seq_length", "8192"), ("use_logn_attn", "false"),
+                                       ("use_logn_attn", 1)])
+def test_trtllm_config_fields_take_numbers_as_written(key, value):
+    from pipeline.core.architectures import UnusableConfigField, trtllm_config_fields
+
+    with pytest.raises(UnusableConfigField, match=f"config.json field '{key}'={value!r}: expected"):
+        trtllm_config_fields({**QWEN25_7B_CONFIG, key: value})
+
+
 # --- transformers config.json -> architecture numbers -------------------------------------------------------------
 QWEN25_7B_CONFIG = {  # Qwen/Qwen2.5-7B-Instruct config.json
     "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584, "intermediate_size": 18944,
@@ -217,6 +227,14 @@ def test_sliding_window_only_where_used():
     assert architecture_fields(QWEN25_7B_CONFIG)["sliding_window"] is None  # use_sliding_window: false
     mistral_v01 = {**get_model("mistral-7b").architecture.hf_config(), "sliding_window": 4096}
     assert architecture_fields(mistral_v01)["sliding_window"] == 4096
+
+
+def test_architecture_fields_pass_values_as_written():
+    """No int()/float()/bool() coercion: 32.5 heads, a "false" string or 0 kv heads reach the type checks as given."""
+    fields = architecture_fields({**QWEN25_7B_CONFIG, "num_attention_heads": 32.5, "num_key_value_heads": 0,
+                                  "tie_word_embeddings": "false", "rope_theta": float("nan")})
+    assert (fields["num_heads"], fields["num_kv_heads"], fields["tie_word_embeddings"]) == (32.5, 0, "false")
+    assert fields["rope_theta"] != fields["rope_theta"] and fields["head_dim"] is None
 
 
 def test_unsupported_architecture_named():

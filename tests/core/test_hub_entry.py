@@ -101,10 +101,84 @@ def test_oversized_or_bad_config(hub):
         resolve_spec(model="hf:x/notjson")
 
 
+@pytest.mark.parametrize("key,value,match", [
+    ("num_attention_heads", 0, "field 'num_attention_heads'=0: Input should be greater than 0"),
+    ("num_attention_heads", -28, "field 'num_attention_heads'=-28: Input should be greater than 0"),
+    ("num_attention_heads", 28.5, "field 'num_attention_heads'=28.5: Input should be a valid integer"),
+    ("num_attention_heads", True, "field 'num_attention_heads'=True: Input should be a valid integer"),
+    ("num_attention_heads", "28", "field 'num_attention_heads'='28': Input should be a valid integer"),
+    ("num_attention_heads", 2048, "field 'num_attention_heads'=2048: Input should be less than or equal to 1024"),
+    ("num_key_value_heads", 0, "field 'num_key_value_heads'=0: Input should be greater than 0"),
+    ("num_key_value_heads", 5, "num_heads 28 is not a multiple of num_kv_heads 5"),
+    ("hidden_size", 1e30, r"field 'hidden_size'=1e\+30: Input should be a valid integer"),
+    ("hidden_size", 10**50, "field 'hidden_size'=1000.*: Input should be less than or equal to 131072"),
+    ("hidden_size", 3585, "hidden_size 3585 is not a multiple of num_heads 28 and no head_dim is given"),
+    ("num_hidden_layers", None, "field 'num_hidden_layers'=None: Input should be a valid integer"),
+    ("vocab_size", 10**9, "field 'vocab_size'=1000000000: Input should be less than or equal to 4194304"),
+    ("max_position_embeddings", 2**40, "field 'max_position_embeddings'=.*less than or equal to 134217728"),
+    ("rope_theta", float("nan"), "field 'rope_theta'=nan: Input should be a finite number"),
+    ("rope_theta", float("inf"), "field 'rope_theta'=inf: Input should be a finite number"),
+    ("rope_theta", -1.0, "field 'rope_theta'=-1.0: Input should be greater than 0"),
+    ("rope_theta", "1e6", "field 'rope_theta'='1e6': Input should be a valid number"),
+    ("tie_word_embeddings", "false", "field 'tie_word_embeddings'='false': Input should be a valid boolean"),
+    ("head_dim", 0, "field 'head_dim'=0: Input should be greater than 0"),
+])
+def test_config_numbers_are_type_and_range_checked(hub, key, value, match):
+    """Each number of config.json is taken as written (a JSON integer for a count, a finite positive rope_theta),
+    within the registry's bounds: one line naming the field, the cached file and the repo."""
+    hub.add_commit("x/bad", {"config.json": json.dumps({**QWEN25_7B_CONFIG, key: value}).encode()})
+    with pytest.raises(RegistryError, match=f"^--model hf:x/bad: config.json.*{match}") as info:
+        resolve_spec(model="hf:x/bad")
+    assert "\n" not in str(info.value)
+    assert "check the repo, or delete the cached copy " in str(info.value) and "config.json if it is stale" in \
+        str(info.value)
+
+
+def test_config_sliding_window_and_experts_checked(hub):
+    base = registry.get_model("mistral-7b").architecture.hf_config()
+    for window, match in ((True, "field 'sliding_window'=True: Input should be a valid integer"),
+                          (0, "field 'sliding_window'=0: Input should be greater than 0"),
+                          ("4096", "field 'sliding_window'='4096': Input should be a valid integer")):
+        registry._hub_entry.cache_clear()
+        hub.add_commit("x/window", {"config.json": json.dumps({**base, "sliding_window": window}).encode()})
+        with pytest.raises(RegistryError, match=match):
+            resolve_spec(model="hf:x/window")
+    mixtral = registry.get_model("mixtral-8x7b").architecture.hf_config()
+    hub.add_commit("x/moe", {"config.json": json.dumps({**mixtral, "num_experts_per_tok": 9}).encode()})
+    with pytest.raises(RegistryError, match="experts_per_token 9 exceeds num_experts 8"):
+        resolve_spec(model="hf:x/moe")
+
+
+def test_config_with_absent_head_dim_derives_it(hub):
+    assert "head_dim" not in QWEN25_7B_CONFIG
+    hub.add_commit("x/nohd", {"config.json": json.dumps({**QWEN25_7B_CONFIG, "head_dim": None}).encode()})
+    assert resolve_spec(model="hf:x/nohd").model.architecture.head_dim == 3584 // 28
+
+
 def test_names():
     assert parse_ref("hf:Qwen/Qwen3-8B") == ("Qwen/Qwen3-8B", "main")
     assert parse_ref("hf:Qwen/Qwen3-8B@abc123") == ("Qwen/Qwen3-8B", "abc123")
     assert entry_name("Qwen/Qwen3-8B") == "hf-Qwen--Qwen3-8B"
+
+
+def test_invoke_plan_with_a_bad_cached_config_fails_alike_every_run(tmp_path):
+    """0 heads: exit 2 with one line (no ZeroDivisionError), and the same line again from the cached copy offline."""
+    env = {"PATH": "/usr/bin:/bin", "PIPELINE_ROOT": str(tmp_path), "PIPELINE_CACHE": str(tmp_path / "c"),
+           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    cmd = [sys.executable, "-m", "invoke", "plan", "--model", "hf:x/zero-heads"]
+    with LocalHub() as h:
+        config = json.dumps({**QWEN25_7B_CONFIG, "num_attention_heads": 0}).encode()
+        h.add_commit("x/zero-heads", {"config.json": config})
+        first = subprocess.run(cmd, cwd=ROOT, env={**env, "HF_ENDPOINT": h.endpoint}, capture_output=True,
+                               text=True, timeout=120)
+    again = subprocess.run(cmd, cwd=ROOT, env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                           timeout=120)
+    for r in (first, again):
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(
+            "error: --model hf:x/zero-heads: config.json field 'num_attention_heads'=0: Input should be greater than "
+            f"0; check the repo, or delete the cached copy {tmp_path / 'c'}"), r.stderr
+    assert again.stderr == first.stderr
 
 
 @pytest.mark.slow
@@ -135,6 +209,13 @@ def test_download_check_compares_family_and_experts():
         check_architecture({**cfg, "architectures": ["MistralForCausalLM"]}, mixtral, where="w", model="mixtral-8x7b")
     with pytest.raises(DownloadError, match="'GPT2LMHeadModel'.* is not supported"):
         check_architecture({**cfg, "architectures": ["GPT2LMHeadModel"]}, mixtral, where="w", model="mixtral-8x7b")
+    for key, value in (("num_attention_heads", 0), ("hidden_size", 1e30), ("rope_theta", float("nan")),
+                       ("num_local_experts", True)):
+        with pytest.raises(DownloadError, match=f"^w: config.json field '{key}'=.*; check the repo/revision$"):
+            check_architecture({**cfg, key: value}, mixtral, where="w", model="mixtral-8x7b")
+    qwen = registry.get_model("qwen2.5-7b").architecture
+    with pytest.raises(DownloadError, match="^w: config.json field 'seq_length'='8k': expected a positive integer"):
+        check_architecture({**QWEN25_7B_CONFIG, "seq_length": "8k"}, qwen, where="w", model="qwen2.5-7b")
 
 
 def _tokenizer_json(extra: str = "") -> bytes:

@@ -118,6 +118,51 @@ def test_check_refuses_the_repo_ids_download_refuses(tmp_path, repo_id):
         _repo_dir(repo_id)
 
 
+_FIELDS = {"num_layers": "1", "hidden_size": "8", "num_heads": "2", "num_kv_heads": "2", "head_dim": "4",
+           "intermediate_size": "8", "vocab_size": "8", "max_position_embeddings": "8"}
+
+
+@pytest.mark.parametrize("changes, extra, match", [
+    ({"num_layers": "0"}, "", "'architecture.num_layers': Input should be greater than 0"),
+    ({"num_layers": "-1"}, "", "'architecture.num_layers': Input should be greater than 0"),
+    ({"num_layers": "32.5"}, "", "'architecture.num_layers': Input should be a valid integer"),
+    ({"num_layers": "true"}, "", "'architecture.num_layers': Input should be a valid integer"),
+    ({"num_layers": '"32"'}, "", "'architecture.num_layers': Input should be a valid integer"),
+    ({"num_layers": "2000"}, "", "'architecture.num_layers': Input should be less than or equal to 1024"),
+    ({"hidden_size": "1.0e+30"}, "", "'architecture.hidden_size': Input should be a valid integer"),
+    ({"num_heads": "4096", "num_kv_heads": "4096"}, "", "'architecture.num_heads': Input should be less than"),
+    ({"vocab_size": str(10**9)}, "", "'architecture.vocab_size': Input should be less than or equal to 4194304"),
+    ({"rope_theta": ".nan"}, "", "'architecture.rope_theta': Input should be a finite number"),
+    ({"rope_theta": ".inf"}, "", "'architecture.rope_theta': Input should be a finite number"),
+    ({"rope_theta": "-1.0"}, "", "'architecture.rope_theta': Input should be greater than 0"),
+    ({"rope_theta": "1.0e+13"}, "", "'architecture.rope_theta': Input should be less than or equal to"),
+    ({"sliding_window": "16"}, "", "'architecture': sliding_window 16 exceeds max_position_embeddings 8"),
+    ({"head_dim": None, "hidden_size": "9"}, "", "'architecture': hidden_size 9 is not a multiple of num_heads 2"),
+    ({}, ", calibration: {max_ppl_delta_pct: .inf}", "'calibration.max_ppl_delta_pct': Input should be a finite"),
+    ({}, ", calibration: {max_ppl_delta_pct: .nan}", "'calibration.max_ppl_delta_pct': Input should be a finite"),
+    ({}, ", default_draft_len: 0", "'default_draft_len': Input should be greater than or equal to 1"),
+    ({}, ", default_draft_len: 1000", "'default_draft_len': Input should be less than or equal to 64"),
+    ({}, ", limits: {max_batch_size: 1000000}", "'limits.max_batch_size': Input should be less than or equal"),
+    ({}, ", tokenizer_size: -1", "'tokenizer_size': Input should be greater than 0"),
+])
+def test_models_file_numbers_typed_and_bounded(tmp_path, changes, extra, match):
+    """Every registry number is a YAML integer (a finite float: rope_theta, the gate) within generous bounds."""
+    fields = {**_FIELDS, **changes}
+    arch = ", ".join(f"{k}: {v}" for k, v in fields.items() if v is not None)
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"models:\n  x: {{repo_id: a/b, tokenizer_family: t, architecture: {{{arch}}}{extra}}}\n")
+    with pytest.raises(RegistryError, match=f"^model 'x': field {match}") as err:
+        load_registry(f)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+
+
+def test_models_file_head_dim_defaults_to_hidden_over_heads(tmp_path):
+    f = tmp_path / "m.yaml"
+    arch = ", ".join(f"{k}: {v}" for k, v in _FIELDS.items() if k != "head_dim")
+    f.write_text(f"models:\n  x: {{repo_id: a/b, tokenizer_family: t, architecture: {{{arch}}}}}\n")
+    assert load_registry(f)["x"].architecture.head_dim == 4
+
+
 def test_missing_models_file(tmp_path):
     with pytest.raises(RegistryError, match="does not exist"):
         load_registry(tmp_path / "nope.yaml")

@@ -118,6 +118,13 @@ def test_serving_target_loads_and_changes_no_identity(tmp_path):
     (("traffic", "input_len"), None, "serving_target.traffic.input_len: Field required"),
     (("estimate", "cost_per_1m_output_tokens_usd"), float("nan"), "cost_per_1m_output_tokens_usd=nan"),
     (("estimate", "speed"), 1, "serving_target.estimate.speed=1: Extra inputs are not permitted"),
+    (("ttft_ms",), 1e300, "serving_target.ttft_ms=1e+300: Input should be less than or equal to 3600000"),
+    (("tpot_ms",), True, "serving_target.tpot_ms=True: Input should be a valid number"),
+    (("replicas",), 10**6, "serving_target.replicas=1000000: Input should be less than or equal to 10000"),
+    (("traffic", "rate"), 1e300, "serving_target.traffic.rate=1e+300: Input should be less than or equal to"),
+    (("traffic", "output_len"), 10**7, "serving_target.traffic.output_len=10000000: Input should be less than"),
+    (("estimate", "tokens_per_s"), 1e300, "serving_target.estimate.tokens_per_s=1e+300: Input should be less"),
+    (("estimate", "ttft_ms"), float("-inf"), "serving_target.estimate.ttft_ms=-inf: Input should be a finite"),
 ])
 def test_bad_serving_target_is_one_line(tmp_path, path, value, needle):
     import copy
@@ -132,3 +139,30 @@ def test_bad_serving_target_is_one_line(tmp_path, path, value, needle):
         where[path[-1]] = value
     with pytest.raises(SpecError, match=re.escape(needle)):
         resolve_spec(spec_file=_spec_file(tmp_path, target))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("limits: {max_batch_size: 100000000}", "limits.max_batch_size=100000000: Input should be less than or equal"),
+    ("limits: {max_seq_len: .inf}", "limits.max_seq_len=inf: Input should be a valid integer"),
+    ("limits: {max_num_tokens: 1.0e+30}", "limits.max_num_tokens=1e+30: Input should be a valid integer"),
+    ("quantization: {calib_seed: -1}", "quantization.calib_seed=-1: Input should be greater than or equal to 0"),
+    ("quantization: {max_ppl_delta_pct: .nan}", "quantization.max_ppl_delta_pct=nan: Input should be a finite"),
+    ("speculation: {draft_len: 1000}", "speculation.draft_len=1000: Input should be less than or equal to 64"),
+    ("speculation: {draft_gpu_device_ids: [-1]}", "speculation.draft_gpu_device_ids.0=-1: Input should be greater"),
+    ("serving: {max_tokens_in_paged_kv_cache: " + "9" * 20 + "}", "serving.max_tokens_in_paged_kv_cache=99999"),
+    ("hardware: {gpu_price_per_hour: .inf}", "hardware.gpu_price_per_hour=inf: Input should be a finite number"),
+    ("parallelism: {tp: " + "9" * 5000 + "}", "is not valid YAML (line 2): integer of more than 100 digits"),
+    ("? [a, b]\n: 1", "is not valid YAML (line 2): complex key"),
+])
+def test_spec_file_numbers_are_finite_and_bounded(tmp_path, text, needle):
+    path = tmp_path / "spec.yaml"
+    path.write_text("model: tiny-llama\n" + text + "\n")
+    with pytest.raises(SpecError, match=re.escape(needle)) as err:
+        resolve_spec(spec_file=path)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_flag_value_of_thousands_of_digits_is_one_short_line():
+    with pytest.raises(SpecError, match=r"^parallelism\.tp='9{29}\.\.\.\(long\): ") as err:
+        resolve_spec(model="tiny-llama", tp="9" * 5000)
+    assert len(str(err.value)) < 200

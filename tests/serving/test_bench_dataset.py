@@ -65,6 +65,9 @@ def test_sharegpt_takes_the_first_human_turn_and_the_replys_token_length(tmp_pat
     ('{"prompt": "\\udfff"}', "line 2: 'prompt' holds a lone surrogate (character 0)"),
     ('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x\\ud83d"}]}',
      "line 2: the reply holds a lone surrogate (character 1)"),
+    ('{"prompt": "a", "output_len": 1e3}', "line 2: output_len=1000.0: expected an integer"),
+    ('{"prompt": "a", "output_len": true}', "line 2: output_len=True: expected an integer"),
+    ('{"prompt": "a", "output_len": ' + "9" * 5000 + "}", "line 2 holds an integer of more than 100 digits"),
 ])
 def test_a_malformed_line_is_refused_with_its_number(tmp_path, line, needle):
     path = _jsonl(tmp_path, '{"prompt": "fine"}', line)
@@ -181,6 +184,25 @@ def test_shared_prefix_levels_share_a_hash_and_keep_their_cold_prefixes_cold():
     plans = plan_workload(concurrency=[1, 2], requests_per_level=4, shared_prefix_tokens=8, shared_prefix_share=0.5)
     assert plans[0].workload_sha256 == plans[1].workload_sha256
     assert [t for t in plans[0].texts if t in plans[1].texts] == plans[0].texts[1::2]  # the shared ones only
+
+
+def test_sharegpt_replies_that_are_not_strings_set_no_length(tmp_path):
+    """A reply whose value is a number, a list or null is no text to count: the request keeps no output length."""
+    for value in (5, ["a"], None, {"x": 1}):
+        conv = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": value}]}
+        path = _jsonl(tmp_path, json.dumps(conv))
+        assert load_dataset(path, tokenizer=_WordTokenizer()) == [DatasetRequest("hi", None)]
+
+
+def test_dataset_lengths_are_checked_when_every_request_asks_the_same(tmp_path):
+    """All requests with one output_len (not --max-tokens): still each prompt + its output_len within max_seq_len."""
+    path = _jsonl(tmp_path, '{"prompt": "a b", "output_len": 4094}', '{"prompt": "c", "output_len": 4094}')
+    with pytest.raises(BenchError, match="dataset request 0: prompt 3 \\+ output_len 4094 tokens exceed the build's "
+                                         "max_seq_len 4096"):
+        plan_workload(concurrency=[1], requests_per_level=2, max_tokens=32, dataset=path, tokenizer=_WordTokenizer(),
+                      max_input_len=2048, max_seq_len=4096)
+    fits = _jsonl(tmp_path, '{"prompt": "a b", "output_len": 4093}', name="fits.jsonl")
+    plan_workload(concurrency=[1], requests_per_level=1, dataset=fits, tokenizer=_WordTokenizer(), max_seq_len=4096)
 
 
 def test_dataset_options_are_checked_before_anything_is_sent(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from pipeline.core.architectures import UnsupportedArchitecture, architecture_fields
+from pipeline.core.architectures import HF_KEYS, UnsupportedArchitecture, UnusableConfigField, trtllm_config_fields
 from pipeline.core.artifacts import (
     MANIFEST,
     cache_dir,
@@ -39,7 +39,7 @@ from pipeline.core.artifacts import (
 from pipeline.core.errors import DownloadError, IntegrityError, PipelineError
 from pipeline.core.hub_entry import read_config
 from pipeline.core.manifests import DownloadManifest, GeneratedManifest, StageResult, integrity_error
-from pipeline.core.registry import Architecture, ModelEntry, check_repo_id
+from pipeline.core.registry import Architecture, ModelEntry, check_repo_id, hub_architecture
 from pipeline.core.tokenizer import token_count
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download import tinymodel
@@ -116,36 +116,29 @@ def write_lock(path: Path, entry: ModelEntry, revision: str, sha: str) -> None:
 
 
 def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str, model: str) -> None:
-    """Raise `DownloadError` when a downloaded config.json disagrees with the registry's architecture numbers."""
+    """Raise `DownloadError` when a downloaded config.json is unusable (`registry.hub_architecture`: a class no
+    family covers, a number of the wrong type or out of range) or disagrees with the registry's architecture."""
     if not config.get("architectures"):
         raise DownloadError(f"{where}: config.json has no 'architectures'; this is not a causal-LM checkpoint")
-    heads = config.get("num_attention_heads")
-    expected = {
-        "num_hidden_layers": (arch.num_layers, config.get("num_hidden_layers")),
-        "hidden_size": (arch.hidden_size, config.get("hidden_size")),
-        "num_attention_heads": (arch.num_heads, heads),
-        "num_key_value_heads": (arch.num_kv_heads, config.get("num_key_value_heads", heads)),
-        "head_dim": (arch.head_dim, config.get("head_dim") or (config.get("hidden_size", 0) // (heads or 1))),
-        "intermediate_size": (arch.intermediate_size, config.get("intermediate_size")),
-        "vocab_size": (arch.vocab_size, config.get("vocab_size")),
-        "max_position_embeddings": (arch.max_position_embeddings, config.get("max_position_embeddings")),
-        "tie_word_embeddings": (arch.tie_word_embeddings, bool(config.get("tie_word_embeddings", False))),
-        "rope_theta": (arch.rope_theta, float(config.get("rope_theta", 10000.0))),
-    }
-    for key, (want, got) in expected.items():
-        if want != got:
-            raise DownloadError(
-                f"{where}: config.json {key}={got} does not match the registry's {want} for model '{model}'; "
-                "fix the registry entry (or --models-file) or the repo/revision"
-            )
     try:
-        fields = architecture_fields(config)
+        got = hub_architecture(config)
+        trtllm_config_fields(config)  # the numbers calibration's export reads too
+    except UnusableConfigField as exc:
+        raise DownloadError(f"{where}: {exc}; check the repo/revision") from None
     except UnsupportedArchitecture as exc:
         raise DownloadError(f"{where}: {exc}; this pipeline builds only those families") from None
-    for key in ("family", "num_experts", "experts_per_token"):
-        if fields.get(key, 0) != getattr(arch, key):
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                  "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta"):
+        want, found = getattr(arch, field), getattr(got, field)
+        if want != found:
             raise DownloadError(
-                f"{where}: config.json gives {key}={fields.get(key, 0)} but the registry says {getattr(arch, key)} "
+                f"{where}: config.json {HF_KEYS.get(field, field)}={found} does not match the registry's {want} for "
+                f"model '{model}'; fix the registry entry (or --models-file) or the repo/revision"
+            )
+    for key in ("family", "num_experts", "experts_per_token"):
+        if getattr(got, key) != getattr(arch, key):
+            raise DownloadError(
+                f"{where}: config.json gives {key}={getattr(got, key)} but the registry says {getattr(arch, key)} "
                 f"for model '{model}'; fix the registry entry (or --models-file) or the repo/revision"
             )
 
