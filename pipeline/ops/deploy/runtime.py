@@ -23,7 +23,7 @@ from pipeline.backends import backend_for
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
-from pipeline.ops.deploy.stub_watch import STUB_WATCH
+from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
 from pipeline.planning.placement import Placement
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
@@ -48,6 +48,7 @@ class Runtime:
     gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
     ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
+    ready_script: str = ""  # /bin/sh readiness check run in the serving container (Kubernetes exec probe); "": HTTP
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -150,7 +151,7 @@ def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     plan = engine_launch_plan(spec, p)
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
-                   ranks_launched=plan.ranks_launched)
+                   ranks_launched=plan.ranks_launched, ready_script=ready_script(HTTP_PORT))
 
 
 def _shell_word(arg: str) -> str:
