@@ -4,7 +4,8 @@ Serving: one node -> Deployment; several -> LeaderWorkerSet (`leaderworkerset.x-
 `RecreateGroupOnPodRestart`), whose leader mpiruns every rank over the group's pods (kubectl exec: a Role for
 pods/exec). Both get a Service on the runtime's ports (engine: HTTP 8000, gRPC 8001, metrics 8002; pytorch: the
 OpenAI HTTP port 8000), a ConfigMap with the scripts, GPU limits,
-/dev/shm, probes on the runtime's health endpoints and an init container that fetches and verifies the release on
+/dev/shm, probes on the runtime's health endpoints (the engine runtime's readiness probe runs `ready.sh`: Triton's
+ready endpoint plus its Python stubs alive, see `pipeline.ops.deploy.stub_watch`) and an init container that fetches and verifies the release on
 the node. The node-local WORK volume is an emptyDir with a `sizeLimit`, and the containers that use it request and
 limit the same `ephemeral-storage`, sized from the plan's release bytes (`work_bytes`), so the scheduler places the
 pod on a node with that much disk instead of the kubelet evicting it mid-unpack. The one-node Deployment uses the
@@ -123,8 +124,22 @@ def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[st
             "env": env, "resources": _resources(o, gpus), "volumeMounts": mounts}
 
 
+READY_SCRIPT = "ready.sh"  # the ConfigMap's readiness check, for a runtime that has one (Runtime.ready_script)
+# The exec readiness probe: every 5 s, out of the Service after two failures (a dead stub: within 10 s; the watchdog
+# stops the server within STUB_WATCH_SECONDS plus its stop grace).
+READY_PERIOD_S, READY_FAILURES, READY_TIMEOUT_S = 5, 2, 5
+
+
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": HTTP_PORT}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def _readiness(rt: Runtime) -> dict[str, Any]:
+    """The runtime's readiness check (exec) when it has one, else its HTTP ready path."""
+    if not rt.ready_script:
+        return _probe(rt.ready_path, 10, 3)
+    return {"exec": {"command": ["/bin/sh", f"{CONFIG}/{READY_SCRIPT}"]}, "periodSeconds": READY_PERIOD_S,
+            "failureThreshold": READY_FAILURES, "timeoutSeconds": READY_TIMEOUT_S}
 
 
 def _server_container(o: K8sOptions, rt: Runtime | None, gpus: int, command: list[str],
@@ -138,8 +153,8 @@ def _server_container(o: K8sOptions, rt: Runtime | None, gpus: int, command: lis
     if rt is not None:  # the pod that serves the endpoints
         c["ports"] = [{"name": n, "containerPort": port} for n, port in rt.ports]
         c["startupProbe"] = _probe(rt.ready_path, 10, 360)  # engines of a large model load for many minutes
-        c["readinessProbe"] = _probe(rt.ready_path, 10, 3)
-        c["livenessProbe"] = _probe(rt.live_path, 30, 3)
+        c["readinessProbe"] = _readiness(rt)
+        c["livenessProbe"] = _probe(rt.live_path, 30, 3)  # a hung server; a dead stub: the watchdog exits
     return c
 
 

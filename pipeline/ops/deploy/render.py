@@ -129,6 +129,8 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if o.platform == "k8s":
         if p.multi_node:
             scripts |= {"launch-leader.sh": leader_script(), "kubexec.sh": kubexec_script()}
+        if rt.ready_script:
+            scripts[k8s.READY_SCRIPT] = rt.ready_script
         objects = k8s.serving_objects(_k8s_options(o, src, server, pipe), rt, p, scripts)
         validate_objects(objects)
         kind = "LeaderWorkerSet" if p.multi_node else "Deployment"

@@ -23,10 +23,11 @@ from pipeline.backends import backend_for
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
-from pipeline.ops.deploy.stub_watch import STUB_WATCH
+from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
 from pipeline.planning.placement import Placement
 from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
+from pipeline.serving.serve import SERVER_STACK_BYTES
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 METRICS_PORT_NAME = "metrics"  # the container port Prometheus scrapes (monitoring.scrape)
@@ -48,6 +49,7 @@ class Runtime:
     gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
     ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
+    ready_script: str = ""  # /bin/sh readiness check run in the serving container (Kubernetes exec probe); "": HTTP
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -126,9 +128,20 @@ def _plan_word(arg: str) -> str:
     return '"$repo"'.join(shlex.quote(part) if part else "" for part in arg.split(REPO_WORD))
 
 
+# tritonserver's threads get SERVER_STACK_BYTES stacks on every rank, as `serve` gives them (see serve.py): the soft
+# RLIMIT_STACK raised to it in KiB, capped by the hard limit, never lowered.
+STACK_LIMIT = f"""\
+stack_kib={SERVER_STACK_BYTES // 1024}
+hard_kib=$(ulimit -H -s)
+[ "$hard_kib" = unlimited ] || [ "$hard_kib" -ge "$stack_kib" ] || stack_kib=$hard_kib
+soft_kib=$(ulimit -S -s)
+[ "$soft_kib" = unlimited ] || [ "$soft_kib" -ge "$stack_kib" ] || ulimit -S -s "$stack_kib"
+"""
+
+
 def _engine_rank_script(plan: LaunchPlan) -> str:
-    """/bin/sh: the plan's env, then the argv of this process's rank (MPI or Slurm rank; 0 for one process). Rank 0
-    holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`)."""
+    """/bin/sh: the plan's env and STACK_LIMIT, then the argv of this process's rank (MPI or Slurm rank; 0 for one
+    process). Rank 0 holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`)."""
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
     cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
                     f"{' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
@@ -138,7 +151,7 @@ def _engine_rank_script(plan: LaunchPlan) -> str:
 set -eu
 rank="${{OMPI_COMM_WORLD_RANK:-${{SLURM_PROCID:-0}}}}"
 repo=$(cat "${{WORK:-/work}}/REPO")
-{STUB_WATCH}{env}case "$rank" in
+{STUB_WATCH}{STACK_LIMIT}{env}case "$rank" in
 {cases}  *) echo "error: rank $rank is outside the {plan.processes} process(es) of this launch plan" >&2; exit 2 ;;
 esac
 """
@@ -150,7 +163,7 @@ def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     plan = engine_launch_plan(spec, p)
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
-                   ranks_launched=plan.ranks_launched)
+                   ranks_launched=plan.ranks_launched, ready_script=ready_script(HTTP_PORT))
 
 
 def _shell_word(arg: str) -> str:

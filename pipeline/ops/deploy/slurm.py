@@ -179,9 +179,10 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: 
     head = _header(o, o.name, lines, o.time_limit)
     node_step = [f"--nodes={p.nodes}", "--ntasks-per-node=1"]
     fetch = _srun(o, o.pipeline_image, mounts, node_step)
+    # --kill-on-bad-exit: a rank that fails (rank 0's stub watchdog exits 5) ends the whole step, and the job fails
     ranks = _srun(o, o.pipeline_image if rt.pipeline_image else o.server_image, mounts,
                   [*(["--mpi=pmix"] if rt.ranks_launched else []), f"--nodes={p.nodes}",
-                   f"--ntasks-per-node={per_node}"])
+                   f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1"])
     ports = " / ".join(f"{name} {port}" for name, port in rt.ports)
     layout = (f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "
               "TP groups stay within a node") if rt.gpus else f"# {rt.name} runtime: one CPU process, no GPUs"

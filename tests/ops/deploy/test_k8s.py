@@ -36,8 +36,10 @@ def test_bf16_is_a_leader_worker_set_of_two_nodes(tmp_path):
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "8"
     env = {e["name"]: e.get("value") for e in server["env"]}
     assert env["WORLD_SIZE"] == "16" and env["RANKS_PER_NODE"] == "8"
-    assert server["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert server["readinessProbe"]["exec"]["command"] == ["/bin/sh", "/config/ready.sh"]  # the leader serves
     assert server["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    worker = tmpl["workerTemplate"]["spec"]["containers"][0]
+    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(worker)
     assert server["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
     init = leader["initContainers"][0]
     assert init["command"][-1].endswith("fetch-verify.sh")
@@ -320,3 +322,28 @@ def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
                                                  "letters, digits and '-', starting and ending with a letter or "
                                                  "digit); e.g. inference")
     assert "Traceback" not in r.stderr and not (tmp_path / "deploy").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])  # Deployment, LeaderWorkerSet leader
+def test_engine_readiness_runs_the_stub_check_and_triton_ready(tmp_path, precision):
+    from pipeline.ops.deploy.stub_watch import STUB_WATCH
+
+    _, by_kind, _ = _deploy(tmp_path, precision)
+    server = next(_pods(list(by_kind.values())))["containers"][0]  # the Deployment's pod or the LWS leader
+    ready = server["readinessProbe"]
+    assert ready == {"exec": {"command": ["/bin/sh", "/config/ready.sh"]}, "periodSeconds": 5,
+                     "failureThreshold": 2, "timeoutSeconds": 5}
+    assert ready["timeoutSeconds"] <= ready["periodSeconds"]
+    assert server["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"  # loading: Triton's own endpoint
+    assert server["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    script = by_kind["ConfigMap"]["data"]["ready.sh"]
+    assert STUB_WATCH in script and script.index("\nstubs_ready\n") < script.index("\nexec curl ")
+    assert script.rstrip().endswith("--output /dev/null http://127.0.0.1:8000/v2/health/ready")
+    assert "serve_watched 8000 " in by_kind["ConfigMap"]["data"]["rank.sh"]  # the watchdog that writes the record
+
+
+def test_trtllm_serve_readiness_stays_on_its_health_route(tmp_path):
+    _, by_kind, _ = _deploy(tmp_path, "fp8", serve_mode="trtllm-serve")
+    (pod,) = _pods(list(by_kind.values()))
+    assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "ready.sh" not in by_kind["ConfigMap"]["data"]

@@ -265,3 +265,26 @@ def test_each_replica_of_an_array_writes_its_own_prometheus_target(tmp_path, mon
     scrape = yaml.safe_load((d / "prometheus-scrape.yml").read_text())
     assert scrape["scrape_configs"][0]["file_sd_configs"] == [{"files": [str(d / "prometheus-targets-*.json")]}]
     _no_pwned(tmp_path)
+
+
+RANK_FAILS = f"""#!{sys.executable}
+import sys
+sys.exit(5 if sys.argv[-1].endswith("rank.sh") else 0)  # rank 0's stub watchdog stopped the server
+"""
+
+
+def test_a_rank_exiting_5_ends_the_step_and_fails_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
+    d = _render(tmp_path, output="serve", name="llama-405b-bf16")
+    rank_line = (d / "serve.sbatch").read_text().splitlines()[-1]
+    assert rank_line.startswith("srun --mpi=pmix ") and "--kill-on-bad-exit=1" in shlex.split(rank_line)
+    assert re.search(r"^  0\) serve_watched 8000 ", (d / "rank.sh").read_text(), re.M)  # the watchdog's exit 5
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(RANK_FAILS)
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w")}
+    res = subprocess.run(["bash", str(d / "serve.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 5, res.stderr  # the job ends failed, with the rank's status
+    assert not (d / "prometheus-targets.json").exists()  # and stops being scraped
