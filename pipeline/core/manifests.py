@@ -482,15 +482,21 @@ class ReleaseFile(BaseModel):
 
 
 class ReleaseDocument(BaseModel):
-    """`release.json`: the release's metadata and the sha256 of every file it holds (never empty)."""
+    """`release.json`: the release's metadata and the sha256 of every file it holds (never empty).
+
+    Format 2 also records the tarball's directory entries and its files packed 0755, so the tarball is a function of
+    this document and its sha256 pins the whole release; format 1 (earlier releases) was pinned by the tarball's own.
+    """
 
     model_config = ConfigDict(extra="allow")
 
-    format: Literal[1]
+    format: Literal[1, 2]
     name: str = Field(min_length=1)
     version: str | None = None
     components: dict[str, list[str]] = {}
     files: dict[str, ReleaseFile] = Field(min_length=1)
+    dirs: list[str] = []
+    executable: list[str] = []
 
     def canonical(self) -> bytes:
         """The deterministic bytes of release.json (sorted keys, no timestamps)."""

@@ -2,13 +2,16 @@
 
 Hashes: every file listed in `release.json` (or in a stage `manifest.json` file table) must be present with the
 recorded sha256, and the table must be complete: an extra file or model directory, a symlink, or a listed path
-outside the tree fails verification (exit 3). A tarball is read once, as a stream, never extracted: its own sha256
-(against the `.sha256` sidecar and a pinned digest) and every member's are computed in that pass; `release.json` must
-be its first file, and each member's type (regular files and directories only), mode (no setuid/setgid or
-world-writable bit) and declared size are checked against it before the member's bytes are read, so a member that
-declares more than the record holds is refused at once. Only the small metadata members are read into memory, each
-capped at `MAX_METADATA_BYTES`. Compressed (`.tar.gz`) releases of earlier versions verify the same way. A malformed
-`release.json` or manifest fails with one line.
+outside the tree fails verification (exit 3). A tarball is read once, as a stream, never extracted, and each byte is
+hashed once: every member's sha256 is computed in that pass, and the release's identity (the `.sha256` sidecar, a
+pinned digest) is release.json's sha256, every header, padding byte and the end of the archive being compared with
+the canonical tarball of that release.json before the bytes that follow are read. `release.json` must be its first
+file, and each member's type (regular files and directories only), mode (no setuid/setgid or world-writable bit) and
+declared size are checked against it before the member's bytes are read, so a member that declares more than the
+record holds is refused at once. Only the small metadata members are read into memory, each capped at
+`MAX_METADATA_BYTES`. Earlier (format-1) releases, whose sidecar pins the tarball's own sha256, and their compressed
+(`.tar.gz`) forms verify as before: the tarball is hashed in the same pass. A malformed `release.json` or manifest
+fails with one line.
 Host: engines only run with the TensorRT-LLM/TensorRT
 version that built them, on the GPU architecture they were built for, so a serving host with a different toolchain
 or SM is refused with the diff (exit 2) before tritonserver fails in an obscure way.
@@ -35,13 +38,14 @@ from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostM
                                   PipelineError, VerifyError)
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, FileRecord, ReleaseDocument
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
-from pipeline.ops.release import RELEASE_JSON
+from pipeline.ops.release import RELEASE_JSON, tar_end, tar_header, tar_members
 from pipeline.stages.compile.preflight import probe_host as compile_probe
 from pipeline.stages.package import llmapi_yaml, pbtxt
 
 _CHUNK = 4 << 20
 MAX_LISTED = 20
 MAX_METADATA_BYTES = 16 << 20  # release.json, manifest.json, config.json: read into memory, so capped
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")  # gzip, bzip2, xz: what tarfile's "r|*" also opens
 __all__ = ["HashMismatchError", "HostInfo", "HostMismatchError", "VerifyReport", "probe_serving_host", "verify"]
 
 
@@ -245,32 +249,107 @@ def _sidecar_digest(path: Path) -> str:
     return words[0].decode(errors="replace") if words else ""
 
 
-class _HashingReader:
-    """Read-through wrapper over the tarball: its sha256 is computed on a worker thread while tarfile parses and the
-    members are hashed (one pass over the file; at most `_AHEAD` chunks wait to be hashed)."""
+class _Tap:
+    """Read-through wrapper over the tarball, for one pass: while `sha` is set, every byte is hashed on a worker thread
+    (a format-1 release, pinned by the tarball's sha256; at most `_AHEAD` chunks wait); the bytes at or past `skip`
+    are kept until taken (headers, padding and end of a format-2 release, compared with their canonical form)."""
 
     _AHEAD = 4
 
     def __init__(self, raw, pool: ThreadPoolExecutor):
         self._raw, self._pool = raw, pool
-        self._sha = hashlib.sha256()
+        self.sha: Any = hashlib.sha256()
         self._pending: deque[Future] = deque()
+        self.pos = 0  # bytes read
+        self.skip = 0  # bytes before this offset are not kept (a member's contents: hashed as that member)
+        self._kept = bytearray()  # the bytes read from offset `skip` on, less those taken
 
     def read(self, n: int = -1) -> bytes:
         b = self._raw.read(n)
         if b:
-            if len(self._pending) >= self._AHEAD:
-                self._pending.popleft().result()
-            self._pending.append(self._pool.submit(self._sha.update, b))
+            if self.sha is not None:
+                if len(self._pending) >= self._AHEAD:
+                    self._pending.popleft().result()
+                self._pending.append(self._pool.submit(self.sha.update, b))
+            self._kept += memoryview(b)[max(self.skip - self.pos, 0):]
+            self.pos += len(b)
         return b
 
+    def take(self, n: int) -> bytes:
+        """The next `n` kept bytes (fewer where not read yet); the kept bytes then start at `skip` + `n`."""
+        out = bytes(self._kept[:n])
+        del self._kept[:n]
+        self.skip += len(out)
+        return out
+
+    def read_kept(self, n: int) -> None:
+        """Read on until `n` bytes are kept or the file ends (once tarfile is done with it)."""
+        while len(self._kept) < n and self.read(_CHUNK):
+            pass
+
+    def skip_to(self, offset: int) -> None:
+        """Keep no byte before `offset` (from the last taken one: what lies between is a member's contents)."""
+        del self._kept[:offset - self.skip]
+        self.skip = offset
+
     def hexdigest(self) -> str:
-        """The sha256 of the whole file (what tarfile did not read, e.g. the end-of-archive padding, is read now)."""
+        """The sha256 of the whole file, read to its end (while hashing)."""
+        self.skip = 1 << 62  # keep nothing more
+        self._kept.clear()
         while self.read(_CHUNK):
             pass
         while self._pending:
             self._pending.popleft().result()
-        return self._sha.hexdigest()
+        return self.sha.hexdigest()
+
+    def stop_hashing(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+        self.sha = None
+
+
+class _Layout:
+    """Checks that a format-2 tarball is byte for byte the canonical tarball of its release.json (`tar_members`):
+    every header, padding and the end-of-archive, each before the member's contents are read. The tarball is then a
+    function of release.json, so release.json's sha256 pins it whole."""
+
+    def __init__(self, tap: _Tap, document: bytes, doc: ReleaseDocument):
+        self._tap, self._members = tap, tar_members(document, doc)
+        self._at = 0  # the next member, once broken: None (a mismatch is reported once)
+        self._pad = 0  # zero bytes owed by the previous member's contents
+
+    def member(self, rel: str) -> str | None:
+        """The problem with the next member's header (None: canonical). Its contents are skipped by the tap."""
+        if self._at is None:
+            return None
+        if self._at == len(self._members):
+            return self._broken(f"{rel}: not in the release")
+        info = self._members[self._at]
+        want = bytes(self._pad) + tar_header(info)
+        if self._tap.take(len(want)) != want:
+            return self._broken(f"{rel}: header differs from the one `invoke release` writes (expected {info.name} "
+                                "next)")
+        self._at += 1
+        self._tap.skip_to(self._tap.skip + info.size)
+        self._pad = -info.size % 512
+        return None
+
+    def _broken(self, problem: str) -> str:
+        self._at = None
+        self._tap.skip_to(1 << 62)  # nothing more to compare: keep no byte
+        return problem
+
+    def end(self) -> str | None:
+        """The problem with what follows the last member (None: exactly the end-of-archive `invoke release` writes)."""
+        if self._at is None:
+            return None
+        if self._at < len(self._members):
+            return f"{self._members[self._at].name}: missing (the tarball ends before it)"
+        want = bytes(self._pad) + tar_end(self._tap.skip + self._pad)
+        self._tap.read_kept(len(want) + 1)
+        if self._tap.take(len(want) + 1) != want:
+            return "the end of the archive differs from the one `invoke release` writes (trailing or missing bytes)"
+        return None
 
 
 def _member_problem(member: tarfile.TarInfo, rel: str) -> str | None:
@@ -291,9 +370,10 @@ def _member_problem(member: tarfile.TarInfo, rel: str) -> str | None:
 
 def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
                     ) -> tuple[ReleaseDocument, dict[str, str], dict[str, bytes]]:
-    """One streaming pass: the tarball's own sha256 (against its `.sha256` sidecar and `sha256`), every member's
-    type, mode and declared size against release.json (the first file member) before its bytes are read, and every
-    member's sha256.
+    """One streaming pass: every member's type, mode and declared size against release.json (the first file member)
+    before its bytes are read, and every member's sha256. The pins (the `.sha256` sidecar, `sha256`) are checked
+    against release.json's sha256 (format 2: the tarball must then be its canonical tarball, `_Layout`) or, for an
+    earlier format-1 release, against the tarball's own sha256, computed in the same pass.
 
     Raises:
         CorruptArtifactError: unreadable, release.json missing, late or oversized, or members that declare more
@@ -303,6 +383,8 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
     pinned = [(sha_file.name, _sidecar_digest(sha_file))] if sha_file.is_file() else []
     pinned += [("--sha256", sha256)] if sha256 else []
     doc: ReleaseDocument | None = None
+    identity = ""  # what the pins are compared with: release.json's sha256 (format 2) or the tarball's (format 1)
+    layout: _Layout | None = None
     budget = 0  # bytes release.json records: what the file members may declare in total
     hashes: dict[str, str] = {}
     small: dict[str, bytes] = {}  # manifest.json / config.json contents for the host check
@@ -310,13 +392,16 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
     try:
         with open_regular(path, what=str(path), fix="pass a release .tar, an unpacked release or a Triton repo",
                           error=VerifyError) as raw, ThreadPoolExecutor(1) as pool:
-            reader = _HashingReader(raw, pool)
-            with tarfile.open(fileobj=reader, mode="r|*", bufsize=_CHUNK) as tar:
+            compressed = os.pread(raw.fileno(), 6, 0).startswith(_COMPRESSED)
+            tap = _Tap(raw, pool)
+            with tarfile.open(fileobj=tap, mode="r|*", bufsize=_CHUNK) as tar:
                 for member in tar:
                     name = member.name
                     if prefix is None:
                         prefix = name.split("/", 1)[0]
                     rel = name[len(prefix) + 1 :] if name.startswith(prefix + "/") else name
+                    if layout is not None and (problem := layout.member(rel)):
+                        report.mismatches.append(problem)
                     if not name.startswith(prefix + "/") and name != prefix:
                         report.mismatches.append(f"{name}: outside the release directory {prefix}/")
                         continue
@@ -329,8 +414,22 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
                     if member.isdir():
                         continue
                     if doc is None:
-                        doc = _release_member(path, tar, member, rel)
+                        raw_doc = _release_member(path, tar, member, rel)
+                        doc = _parse_release(raw_doc, f"{path}: {RELEASE_JSON}")
                         budget = sum(rec.size for rec in doc.files.values())
+                        if doc.format == 1:
+                            tap.skip_to(1 << 62)  # pinned by the tarball's sha256: no layout to compare
+                            continue
+                        identity = hashlib.sha256(raw_doc).hexdigest()
+                        tap.stop_hashing()
+                        if compressed:
+                            raise CorruptArtifactError(
+                                f"{path}: a compressed format-{doc.format} release; `invoke release` writes an "
+                                "uncompressed .tar (re-download that)", path=path)
+                        layout = _Layout(tap, raw_doc, doc)
+                        for head in (doc.name, rel):  # the release directory and release.json, read already
+                            if problem := layout.member(head):
+                                report.mismatches.append(problem)
                         continue
                     if rel == RELEASE_JSON:
                         report.mismatches.append(f"{rel}: a second {RELEASE_JSON}")
@@ -349,22 +448,25 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
                     hashes[rel], data = _hash_member(tar, member, keep)
                     if keep:
                         small[rel] = data
-            got = reader.hexdigest()
+            if layout is not None and (problem := layout.end()):
+                report.mismatches.append(problem)
+            identity = identity or tap.hexdigest()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise CorruptArtifactError(f"{path} is not a readable release tarball ({exc}); re-download or rebuild it") from None
     if doc is None:
         raise VerifyError(f"{path} has no {RELEASE_JSON}; it is not a release made by `invoke release`")
-    for what, want in pinned:
-        if want != got:
-            report.mismatches.append(f"{path.name}: sha256 {got[:12]}… != {what} {want[:12]}…")
+    what = f"{RELEASE_JSON} sha256" if layout is not None else "sha256"
+    for source, want in pinned:
+        if want != identity:
+            report.mismatches.append(f"{path.name}: {what} {identity[:12]}… != {source} {want[:12]}…")
     return doc, hashes, small
 
 
-def _release_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str) -> ReleaseDocument:
-    """release.json, which must be the tarball's first file (the table that bounds what follows).
+def _release_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str) -> bytes:
+    """The bytes of release.json, which must be the tarball's first file (the table that bounds what follows).
 
     Raises:
-        VerifyError: another file comes first (exit 2); CorruptArtifactError: oversized or malformed (exit 3).
+        VerifyError: another file comes first (exit 2); CorruptArtifactError: oversized (exit 3).
     """
     if rel != RELEASE_JSON:
         raise VerifyError(f"{path} has no {RELEASE_JSON} as its first file ({rel} comes first); it is not a release "
@@ -373,7 +475,7 @@ def _release_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, r
         raise CorruptArtifactError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
                                    f"{MAX_METADATA_BYTES >> 20} MiB limit; it is not a release made by "
                                    "`invoke release`", path=path)
-    return _parse_release(tar.extractfile(member).read(), f"{path}: {RELEASE_JSON}")
+    return tar.extractfile(member).read()
 
 
 def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: bool) -> tuple[str, bytes]:
@@ -410,7 +512,8 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     """Verify a release tarball, an unpacked release dir, a Triton repo with manifests, or one stage output dir.
 
     Args:
-        sha256: a tarball's expected sha256 (e.g. pinned by `deploy`), checked in the same pass as its members.
+        sha256: the release's identity as its `.sha256` file holds it (pinned by `deploy`): release.json's sha256, or
+            an earlier (format-1) release's tarball sha256; checked in the same pass as the members.
         host: the serving host's toolchain/GPU; probed (compile stage probe, package metadata, nvidia-smi) if None.
         check_host: refuse engines built for another toolchain/GPU than `host`.
 
@@ -425,8 +528,8 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     if not path.exists():
         raise VerifyError(f"{path} does not exist; pass a release .tar, an unpacked release or a Triton repo")
     if sha256 is not None and (not path.is_file() or not re.fullmatch(r"[0-9a-f]{64}", sha256)):
-        raise VerifyError(f"--sha256 {sha256!r}: give the 64 lowercase hex digits of a release tarball's sha256 "
-                          "(its .sha256 file), with a tarball path")
+        raise VerifyError(f"--sha256 {sha256!r}: give the 64 lowercase hex digits of a release's .sha256 file "
+                          "(its release.json's sha256), with a tarball path")
     records: list[dict[str, Any]] = []
     if path.is_file():
         report = VerifyReport(path, "tarball")

@@ -30,8 +30,12 @@ def test_two_releases_from_same_fabricated_inputs_have_identical_sha256(tmp_path
     b = pack_release(name="rel", components=comps, metadata=meta, output_dir=tmp_path / "b")
     assert a.sha256 == b.sha256
     assert a.tarball.read_bytes() == b.tarball.read_bytes()
-    assert hashlib.sha256(a.tarball.read_bytes()).hexdigest() == a.sha256
-    assert a.sha256_file.read_text() == f"{a.sha256}  rel.tar\n"
+    with tarfile.open(a.tarball) as tar:  # the identity: release.json's sha256, which lists every member's
+        assert hashlib.sha256(tar.extractfile(f"rel/{RELEASE_JSON}").read()).hexdigest() == a.sha256
+    assert a.sha256_file.read_text() == f"{a.sha256}  rel/{RELEASE_JSON}\n"
+    (tmp_path / "x").mkdir()  # the sidecar checks an unpacked release with `sha256sum -c`
+    subprocess.run(["tar", "-xf", str(a.tarball), "-C", str(tmp_path / "x")], check=True)
+    subprocess.run(["sha256sum", "--check", "--quiet", str(a.sha256_file)], cwd=tmp_path / "x", check=True)
 
 
 def test_tarball_entries_are_normalised_and_sorted(tmp_path):
@@ -67,7 +71,12 @@ def test_release_json_lists_sha256_of_every_file_including_manifests(tmp_path):
     assert "triton_repo/tiny-llama-fp8-0123456789ab/manifest.json" in doc["files"]
     for rel, content in files.items():
         assert doc["files"][rel] == {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content)}
-    assert doc["format"] == 1 and doc["version"] == "9" and doc["name"] == "rel"
+    assert doc["format"] == 2 and doc["version"] == "9" and doc["name"] == "rel"
+    with tarfile.open(r.tarball) as tar:  # the layout is recorded too: the tarball is a function of release.json
+        members = tar.getmembers()
+    assert doc["dirs"] == sorted(m.name[len("rel/"):] for m in members[1:] if m.isdir())
+    assert doc["executable"] == sorted(m.name[len("rel/"):] for m in members if m.isfile() and m.mode == 0o755)
+    assert "triton_repo/tiny-llama-fp8-0123456789ab/preprocessing/1/model.py" in doc["executable"]
 
 
 def test_missing_component_is_refused_without_partial_tarball(tmp_path):
@@ -98,13 +107,14 @@ def test_gnu_tar_lists_and_unpacks_the_release_byte_for_byte(tmp_path):
 
 
 def test_large_files_cross_copy_chunks_and_hash_as_packed(tmp_path, monkeypatch):
-    """Files of several copy chunks (and not a multiple of one) keep their bytes, and the sidecar hashes the file."""
+    """Files of several copy chunks (and not a multiple of one) keep their bytes and are hashed as packed."""
     monkeypatch.setattr("pipeline.ops.release.COPY_CHUNK", 4096)
     comps = fabricate_build(tmp_path / "out")
     ckpt = next(src for arc, src in comps.items() if arc.endswith("/checkpoint"))
     (ckpt / "rank1.safetensors").write_bytes(os.urandom(3 * 4096 + 100))
     r = pack_release(name="rel", components=comps, metadata={}, output_dir=tmp_path / "r")
-    assert hashlib.sha256(r.tarball.read_bytes()).hexdigest() == r.sha256
+    rel = next(rel for rel in r.document["files"] if rel.endswith("rank1.safetensors"))
+    assert r.document["files"][rel]["sha256"] == hashlib.sha256((ckpt / "rank1.safetensors").read_bytes()).hexdigest()
     with tarfile.open(r.tarball) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("rank1.safetensors"))
         assert tar.extractfile(member).read() == (ckpt / "rank1.safetensors").read_bytes()
@@ -189,4 +199,4 @@ def test_next_release_removes_a_killed_release_s_partial_tarball(tmp_path):
     r = pack_release(name="rel", components=comps, metadata={}, output_dir=out)
     assert not dead.exists() and not dead_sidecar.exists() and live.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(["rel.tar", "rel.tar.sha256", live.name])
-    assert r.sha256_file.read_text() == f"{r.sha256}  rel.tar\n"
+    assert r.sha256_file.read_text() == f"{r.sha256}  rel/{RELEASE_JSON}\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from pipeline.core.artifacts import file_table, write_manifest
 from pipeline.core.errors import CorruptArtifactError, PipelineError, VerifyError
 from pipeline.ops.release import pack_release
 from pipeline.ops.release_verify import HashMismatchError, HostInfo, HostMismatchError, verify
-from tests.support.release_fixtures import fabricate_build
+from tests.support.release_fixtures import fabricate_build, format1_release
 
 MATCHING_HOST = HostInfo(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", sm=90)
 
@@ -95,32 +96,109 @@ def test_partly_known_host_checks_what_it_has_and_notes_the_rest(fabricated_rele
 
 
 def test_sha256_sidecar_mismatch_is_reported(fabricated_release):
-    fabricated_release.sha256_file.write_text("0" * 64 + "  rel.tar\n")
-    with pytest.raises(HashMismatchError, match="rel.tar: sha256 .* != rel.tar.sha256 000000000000"):
+    fabricated_release.sha256_file.write_text("0" * 64 + "  rel/release.json\n")
+    with pytest.raises(HashMismatchError, match="rel.tar: release.json sha256 .* != rel.tar.sha256 000000000000"):
         verify(fabricated_release.tarball, host=MATCHING_HOST)
 
 
 def test_pinned_sha256_is_checked_in_the_same_pass(fabricated_release):
     assert verify(fabricated_release.tarball, host=MATCHING_HOST, sha256=fabricated_release.sha256).ok
-    with pytest.raises(HashMismatchError, match="rel.tar: sha256 .* != --sha256 ababababab"):
+    with pytest.raises(HashMismatchError, match="rel.tar: release.json sha256 .* != --sha256 ababababab"):
         verify(fabricated_release.tarball, host=MATCHING_HOST, sha256="ab" * 32)
     with pytest.raises(VerifyError, match="--sha256 'ABC': give the 64 lowercase hex digits") as err:
         verify(fabricated_release.tarball, host=MATCHING_HOST, sha256="ABC")
     assert err.value.exit_code == 2
 
 
-def test_gzip_release_of_an_earlier_version_still_verifies(fabricated_release, tmp_path):
-    old = tmp_path / "rel.tar.gz"
-    old.write_bytes(gzip.compress(fabricated_release.tarball.read_bytes(), mtime=0))
-    assert verify(old, host=MATCHING_HOST).ok
-    with tarfile.open(fabricated_release.tarball) as tar:
-        offset = next(m.offset_data for m in tar.getmembers() if m.name.endswith("rank0.engine"))
-    _flip_byte(fabricated_release.tarball, offset + 10)  # inside a member: that member's hash, and the tarball's
+def _offset(tarball, suffix: str, data: bool = True) -> int:
+    with tarfile.open(tarball) as tar:
+        m = next(m for m in tar.getmembers() if m.name.endswith(suffix))
+    return m.offset_data if data else m.offset
+
+
+def test_a_changed_member_fails_its_own_hash_and_release_json_still_pins_the_rest(fabricated_release):
+    _flip_byte(fabricated_release.tarball, _offset(fabricated_release.tarball, "rank0.engine") + 10)
     with pytest.raises(HashMismatchError) as err:
-        verify(fabricated_release.tarball, host=MATCHING_HOST)
+        verify(fabricated_release.tarball, host=MATCHING_HOST, sha256=fabricated_release.sha256)
     problems = err.value.report.mismatches
-    assert len(problems) == 2 and problems[0].startswith("rel.tar: sha256")
+    assert len(problems) == 1 and "rank0.engine: sha256" in problems[0] and err.value.exit_code == 3
+
+
+def test_a_changed_release_json_fails_the_pin(fabricated_release):
+    """release.json edited to match tampered files (same size): its sha256 is the identity the sidecar pins."""
+    at = _offset(fabricated_release.tarball, "rel/release.json")
+    raw = fabricated_release.tarball.read_bytes()
+    i = raw.index(b'"version": "1"', at)
+    _flip_byte(fabricated_release.tarball, i + len('"version": "'))  # "1" -> "0"
+    with pytest.raises(HashMismatchError, match="release.json sha256 .* != rel.tar.sha256"):
+        verify(fabricated_release.tarball, host=MATCHING_HOST)
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("mode", "model.py: header differs from the one `invoke release` writes"),
+    ("mtime", "config.pbtxt: header differs"),
+    ("padding", "header differs"),
+    ("trailing", "the end of the archive differs"),
+    ("cut", "the end of the archive differs"),
+])
+def test_every_byte_outside_the_members_is_the_canonical_one(fabricated_release, where, needle):
+    """The tarball is a function of release.json: a header, padding or end that differs is exit 3, so the pin on
+    release.json pins the whole tarball (what tar unpacks is exactly what was verified)."""
+    tarball = fabricated_release.tarball
+    raw = bytearray(tarball.read_bytes())
+    if where in ("mode", "mtime"):  # a valid header (its checksum redone) that tarfile reads as a plain member
+        at = _offset(tarball, "preprocessing/1/model.py" if where == "mode" else "ensemble/config.pbtxt", data=False)
+        raw[at + (100 + 6 if where == "mode" else 136)] = ord("4" if where == "mode" else "2")  # 0755->0754; mtime
+        raw[at + 148:at + 156] = b" " * 8
+        raw[at + 148:at + 156] = b"%06o\0 " % sum(raw[at:at + 512])
+    elif where == "padding":  # the zero bytes after a member's contents
+        with tarfile.open(tarball) as tar:
+            m = next(m for m in tar.getmembers() if m.isfile() and m.size % 512)
+        raw[m.offset_data + m.size] = ord("x")
+    elif where == "trailing":
+        raw += b"\0" * 512 + b"x"
+    else:
+        del raw[-512:]
+    tarball.write_bytes(bytes(raw))
+    with pytest.raises(HashMismatchError) as err:
+        verify(tarball, host=MATCHING_HOST)
+    assert err.value.exit_code == 3 and needle in str(err.value)
+
+
+def test_a_compressed_format_2_release_is_refused(fabricated_release, tmp_path):
+    gz = tmp_path / "rel.tar.gz"
+    gz.write_bytes(gzip.compress(fabricated_release.tarball.read_bytes(), mtime=0))
+    with pytest.raises(CorruptArtifactError, match="a compressed format-2 release; `invoke release` writes an "
+                                                   "uncompressed .tar") as err:
+        verify(gz, host=MATCHING_HOST)
+    assert err.value.exit_code == 3
+
+
+def test_an_earlier_tarball_pinned_release_still_verifies(fabricated_release, tmp_path):
+    (tmp_path / "old").mkdir()
+    old = format1_release(fabricated_release.tarball, tmp_path / "old" / "rel.tar")
+    pinned = hashlib.sha256(old.read_bytes()).hexdigest()
+    assert old.with_name("rel.tar.sha256").read_text().split()[0] == pinned
+    assert verify(old, host=MATCHING_HOST, sha256=pinned).ok
+    with pytest.raises(HashMismatchError, match=r"rel.tar: sha256 .* != --sha256 000000000000"):
+        verify(old, host=MATCHING_HOST, sha256="0" * 64)
+    _flip_byte(old, _offset(old, "rank0.engine") + 10)  # inside a member: that member's hash, and the tarball's
+    with pytest.raises(HashMismatchError) as err:
+        verify(old, host=MATCHING_HOST)
+    problems = err.value.report.mismatches
+    assert len(problems) == 2 and problems[0].startswith("rel.tar: sha256 ") and "!= rel.tar.sha256" in problems[0]
     assert problems[1].startswith("engines/") and "rank0.engine: sha256" in problems[1]
+
+
+def test_gzip_release_of_an_earlier_version_still_verifies(fabricated_release, tmp_path):
+    old = format1_release(fabricated_release.tarball, tmp_path / "rel.tar")
+    gz = tmp_path / "rel.tar.gz"
+    gz.write_bytes(gzip.compress(old.read_bytes(), mtime=0))
+    pinned = hashlib.sha256(gz.read_bytes()).hexdigest()
+    (tmp_path / "rel.tar.gz.sha256").write_text(f"{pinned}  rel.tar.gz\n")
+    assert verify(gz, host=MATCHING_HOST, sha256=pinned).ok
+    with pytest.raises(HashMismatchError, match=r"rel.tar.gz: sha256 .* != --sha256 ababababab"):
+        verify(gz, host=MATCHING_HOST, sha256="ab" * 32)
 
 
 @pytest.mark.parametrize("relative", [True, False])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 from pipeline.core.artifacts import file_table, write_manifest
@@ -37,3 +40,21 @@ def fabricate_build(root: Path, *, engine: bool = True) -> dict[str, Path]:
     write_manifest(repo, {"key": "k-repo", "files": file_table(repo)})
     comps[f"triton_repo/{build.name}"] = repo
     return comps
+
+
+def format1_release(tarball: Path, dest: Path) -> Path:
+    """An earlier (format-1) release of the same files as the format-2 `tarball`: no recorded layout, packed by
+    tarfile, its `.sha256` sidecar pinning the tarball's own sha256 as releases before format 2 did."""
+    with tarfile.open(tarball) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    head, (meta, raw) = members[0], members[1]
+    doc = {k: v for k, v in json.loads(raw).items() if k not in ("dirs", "executable")} | {"format": 1}
+    document = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    meta.size = len(document)
+    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(head[0])
+        tar.addfile(meta, io.BytesIO(document))
+        for m, data in members[2:]:
+            tar.addfile(m, io.BytesIO(data) if data is not None else None)
+    dest.with_name(dest.name + ".sha256").write_text(f"{hashlib.sha256(dest.read_bytes()).hexdigest()}  {dest.name}\n")
+    return dest

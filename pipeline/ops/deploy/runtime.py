@@ -53,7 +53,8 @@ class Runtime:
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
-# the tarball in one read (its sha256 against the pinned one, every member's type, mode, size and sha256, and the
+# the tarball in one read (release.json's sha256 against the pinned one, every header against the canonical tarball of
+# that release.json, every member's type, mode, size and sha256, and the
 # engine's TensorRT-LLM/GPU, or a pytorch release's TensorRT-LLM, against this host: exit 4 on a mismatch), unpack,
 # install the repo. The tarball is verified rather than the unpacked tree: tar then only ever unpacks a checked
 # archive, and a 68 GB release is read twice (verify, tar) instead of three times (sha256sum, tar, verify).

@@ -31,7 +31,7 @@ class DeploySource(BaseModel):
 
     spec: BuildSpec
     release_file: str  # the tarball's file name (what the init step fetches)
-    sha256: str | None = None  # pinned when known (from the release's .sha256)
+    sha256: str | None = None  # pinned when known (the release's .sha256: release.json's, or a format-1 tarball's)
     trtllm_version: str  # the engines' toolchain, the TensorRT-LLM a pytorch release is for, or the pipeline's
     origin: str  # "release" or "spec"
 
@@ -55,7 +55,7 @@ def _tar_release_json(path: Path, fix: str) -> bytes:
 
 
 def _read_document(path: Path) -> tuple[dict, str | None]:
-    """release.json and the sha256 of the tarball (from its `.sha256` sidecar; None for a directory)."""
+    """release.json and the release's pinned digest (its `.sha256` sidecar; None for a directory)."""
     fix = "give a release directory or tarball made by `invoke release`"
     if path.is_dir():
         doc_path = path / RELEASE_JSON
