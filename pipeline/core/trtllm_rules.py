@@ -119,10 +119,10 @@ def paged_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = Tr
 # |                                   |                                           | other architectures; fp8-quant.  |
 # |                                   |                                           | md: 70B TP4 H100 +12.9 % tok/s,  |
 # |                                   |                                           | TTFT 97 -> 82 ms (with UB)       |
-# | --user_buffer                     | enable iff reduce_fusion and quant FP8    | build(): off without             |
-# |                                   |                                           | reduce_fusion; plugin.py help:   |
-# |                                   |                                           | "only supported for the FP8      |
-# |                                   |                                           | LLAMA model"                     |
+# | --user_buffer                     | enable iff reduce_fusion and quant FP8,   | build(): off without             |
+# |                                   | except for spawned ranks (draft-target    | reduce_fusion; plugin.py help:   |
+# |                                   | runs in orchestrator mode)                | "only supported for the FP8      |
+# |                                   |                                           | LLAMA model"; see user_buffer()  |
 # | --use_fused_mlp                   | enable (the default, stated explicitly)   | perf-best-practices.md           |
 # |                                   |                                           | "Horizontal fusion in Gated-MLP" |
 # | --gemm_swiglu_plugin              | fp8 for FP8 models >= 30B on SM 90 at     | perf-best-practices.md "GEMM +   |
@@ -158,9 +158,19 @@ def reduce_fusion(architecture: str, tp: int) -> bool:
     return tp > 1 and architecture in REDUCE_FUSION_ARCHITECTURES
 
 
-def user_buffer(precision: str, architecture: str, tp: int) -> bool:
-    """`--user_buffer enable`: needs reduce_fusion (build()) and is supported for FP8 Llama only (plugin.py)."""
-    return reduce_fusion(architecture, tp) and QUANT_ALGO[precision] == "FP8" and architecture == "LlamaForCausalLM"
+def user_buffer(precision: str, architecture: str, tp: int, *, spawned_ranks: bool = False) -> bool:
+    """`--user_buffer enable`: needs reduce_fusion (build()) and is supported for FP8 Llama only (plugin.py).
+
+    Off when the engine's ranks are spawned by the Triton backend's orchestrator (`spawned_ranks`: draft-target,
+    whose launch is `--multi-model`, FACTS §11) — a combination upstream never shows. The user-buffer communicator
+    is built on MPI_COMM_WORLD with the rank and size of the engine's WorldConfig
+    (cpp/tensorrt_llm/kernels/userbuffers/userbuffers-host.cpp `create_communicator_grouped2` @ 2a9abd95:
+    `MPI_Comm_dup(MPI_COMM_WORLD, ...)`, multicast handles broadcast over it), i.e. it assumes the engine's ranks are
+    the whole MPI world, as under mpirun; upstream measures it only that way (fp8-quantization.md, 70B TP4). Our
+    rule (only proven combinations): the orchestrator `MPI_Comm_spawn`s each model's ranks, so keep it off there.
+    """
+    return (not spawned_ranks and reduce_fusion(architecture, tp) and QUANT_ALGO[precision] == "FP8"
+            and architecture == "LlamaForCausalLM")
 
 
 def fp8_gemm_plugins(precision: str, *, max_batch_size: int, sm: int, total_params: float) -> dict[str, str]:

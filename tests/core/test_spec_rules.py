@@ -303,8 +303,18 @@ def test_pytorch_runtime_refuses_int8_kv():
            enable_chunked_context=False)
 
 
-def test_w4a8_fp8_kv_keeps_paged_context_on_engine_but_not_on_pytorch():
-    resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp8")
+def test_w4a8_awq_engines_only_with_fp16_activations():
+    """Upstream builds W4A8-AWQ engines with fp16 activations only; ours would be bf16: refused, exit 2."""
+    from pipeline.core.errors import SpecError as Err
+
+    msg = reject(r"quantization: target precision=w4a8_awq with bf16 activations: upstream builds W4A8-AWQ engines "
+                 r"only with fp16 activations", model="llama-8b", precision="w4a8_awq", kv_cache="fp8")
+    assert "--qformat w4a8_awq" in msg and "--runtime pytorch" in msg and Err.exit_code == 2
+    reject(r"draft precision=w4a8_awq with bf16", model="llama-70b", precision="fp8", tp=4, draft="llama-1b",
+           draft_precision="w4a8_awq")
+
+
+def test_w4a8_fp8_kv_paged_context_on_pytorch():
     reject(r"w4a8_awq with an FP8 KV cache has no FP8 attention on the PyTorch backend", model="llama-8b",
            precision="w4a8_awq", kv_cache="fp8", runtime="pytorch")
     resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp8", runtime="pytorch",

@@ -17,7 +17,8 @@ them (sources in pipeline/stages/compile/flags.py and the decision table in pipe
   forced on, with a non-FP8 KV cache forced off; paged context FMHA is dropped for INT8 KV and for FP8 KV with
   other quant_algos (`pipeline.core.trtllm_rules`, shared with the validator).
 - `--reduce_fusion enable` for Llama at TP > 1 and `--user_buffer enable` with it for FP8 (build() drops both
-  otherwise); `--gemm_plugin` per precision (FP8: disabled); the FP8 GEMM/SwiGLU plugins per batch and model size
+  otherwise), except in a draft-target pair, whose ranks the orchestrator spawns (`trtllm_rules.user_buffer`);
+  `--gemm_plugin` per precision (FP8: disabled); the FP8 GEMM/SwiGLU plugins per batch and model size
   (`trtllm_rules.fp8_gemm_plugins`); `--use_fused_mlp enable` stated explicitly.
 - trtllm-build always builds a strongly typed network (`strongly_typed: True` in build.py), not only for FP8.
 """
@@ -317,7 +318,9 @@ def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, 
         "--use_fused_mlp": "enable",
         **fp8_plugins,
         "--reduce_fusion": _ed(reduce_fusion(ckpt.architecture, ckpt.tp)),
-        "--user_buffer": _ed(user_buffer(precision, ckpt.architecture, ckpt.tp)),
+        # a draft-target repository runs in orchestrator mode: the backend spawns each engine's ranks
+        "--user_buffer": _ed(user_buffer(precision, ckpt.architecture, ckpt.tp,
+                                         spawned_ranks=spec.draft_model is not None)),
     }
 
 

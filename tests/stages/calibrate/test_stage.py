@@ -40,9 +40,10 @@ COMBOS = _allowed_combos()
 
 # --- calibration data --------------------------------------------------------------------------------------------
 def test_combos_cover_every_precision_and_kv():
-    assert {p for p, _ in COMBOS} == set(PRECISIONS)
+    # W4A8-AWQ engines are refused (bf16 activations; upstream builds them with fp16 only: spec_rules)
+    assert {p for p, _ in COMBOS} == set(PRECISIONS) - {"w4a8_awq"}
     assert ("fp16", "bf16") not in COMBOS and ("fp8", "fp16") not in COMBOS
-    assert len(COMBOS) == 18
+    assert len(COMBOS) == 15
 
 
 def test_jsonl_and_plain_text(tmp_path):

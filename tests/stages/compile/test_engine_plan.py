@@ -111,7 +111,9 @@ def test_draft_engine_has_its_own_tp_batch_and_workers(tmp_path):
     assert d.options["--reduce_fusion"] == "disable" and d.options["--user_buffer"] == "disable"
     assert d.options["--max_num_tokens"] == "8192"  # min(8192, 8 x 8197)
     assert d.expected_build_config["max_batch_size"] == 8
-    assert t.options["--reduce_fusion"] == "enable" and t.options["--user_buffer"] == "enable"
+    # orchestrator mode spawns the target's ranks: reduce fusion stays, user buffers do not (trtllm_rules.user_buffer)
+    assert t.options["--reduce_fusion"] == "enable" and t.options["--user_buffer"] == "disable"
+    assert t.expected_build_config["plugin_config"]["user_buffer"] is False
 
 
 def test_draft_tp2_and_batch_from_the_spec(tmp_path):
@@ -119,8 +121,8 @@ def test_draft_tp2_and_batch_from_the_spec(tmp_path):
                         draft_max_batch_size=2, max_batch_size=8)
     d = _plan(tmp_path, spec, tp=4).draft
     assert (d.tp, d.options["--workers"], d.options["--max_batch_size"]) == (2, "2", "2")
-    # the draft at TP 2 is a Llama at TP > 1: build() keeps reduce fusion (FP8: user buffers too)
-    assert d.options["--reduce_fusion"] == "enable" and d.options["--user_buffer"] == "enable"
+    # the draft at TP 2 is a Llama at TP > 1: build() keeps reduce fusion; its ranks are spawned: no user buffers
+    assert d.options["--reduce_fusion"] == "enable" and d.options["--user_buffer"] == "disable"
     # batch 2 <= 4: the low-latency FP8 GEMM plugins
     assert d.options["--low_latency_gemm_plugin"] == "fp8"
     assert d.rank_files == ["rank0.engine", "rank1.engine"]
@@ -154,7 +156,6 @@ def test_tiny_llama_fp8_with_tiny_draft(tmp_path):
     ({"precision": "fp8", "tp": 1}, "disable", "disable"),  # build() drops reduce_fusion at tp_size == 1
     ({"precision": "fp8", "tp": 2}, "enable", "enable"),
     ({"precision": "fp8", "tp": 1, "pp": 2}, "disable", "disable"),  # PP alone has no TP all-reduce
-    ({"precision": "w4a8_awq", "tp": 4}, "enable", "disable"),  # user buffers: FP8 Llama only (plugin.py)
     ({"precision": "int8_sq", "kv_cache": "bf16", "tp": 2}, "enable", "disable"),
     ({"precision": "bf16", "tp": 8}, "enable", "disable"),
 ])
@@ -185,7 +186,6 @@ def test_reduce_fusion_follows_the_checkpoint_architecture(tmp_path):
     ({"model": "llama-8b"}, "disable", "disable"),  # 8B at batch 128: the default fused-MLP path
     ({"model": "llama-8b", "max_batch_size": 1}, "disable", "fp8"),
     ({"model": "llama-70b", "tp": 4, "gpu": "l40s", "gpu_count": 8}, "disable", "disable"),  # SwiGLU: Hopper only
-    ({"model": "llama-70b", "precision": "w4a8_awq", "tp": 4, "max_batch_size": 2}, "disable", "disable"),
 ])
 def test_fp8_gemm_plugin_decisions(tmp_path, kw, swiglu, low_latency):
     spec = resolve_spec(**({"precision": "fp8"} | kw))
