@@ -51,34 +51,24 @@ def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
         )
 
 
-def _check_w4a8_activations(spec: BuildSpec) -> None:
-    """Engine path: W4A8-AWQ only as upstream builds it, with fp16 activations.
-
-    Every W4A8-AWQ engine recipe of NVIDIA/TensorRT-LLM's model READMEs (read with the code-search tools: EXAONE,
-    HyperCLOVAX, Falcon-180B, Qwen1.5-72B "AWQ W4A8(FP8)") quantizes with `examples/quantization/quantize.py
-    --dtype float16 --qformat w4a8_awq`, then builds with `--gemm_plugin float16`/`auto`; none uses bf16
-    activations. Our compute dtype is bf16 for every quantized precision, so the engine path refuses W4A8-AWQ (a
-    rule of ours: only proven combinations; FACTS.md's precision notes name no bf16 W4A8 engine either).
-    """
-    if not backend_for(spec).compiles:
-        return
-    q = spec.quantization
-    roles = [("target", q.precision)] + ([("draft", spec.draft_precision)] if spec.draft_model else [])
-    for role, precision in roles:
-        if precision == "w4a8_awq" and q.compute_dtype != "fp16":
-            raise SpecError(
-                f"quantization: {role} precision=w4a8_awq with {q.compute_dtype} activations: upstream builds W4A8-AWQ "
-                "engines only with fp16 activations (TensorRT-LLM's model READMEs: quantize.py --dtype float16 "
-                "--qformat w4a8_awq); use --precision fp8 or int4_awq, or --runtime pytorch"
-            )
-
-
 def _check_kv(spec: BuildSpec) -> None:
+    """An unquantized (16-bit) KV cache is stored in the compute dtype of each model that uses it (the target's and
+    the draft's: fp16 for fp16 and w4a8_awq, else bf16, `trtllm_rules.COMPUTE_DTYPE`)."""
     q = spec.quantization
-    if q.kv in ("bf16", "fp16") and q.kv != q.compute_dtype:
+    if q.kv not in ("bf16", "fp16"):
+        return
+    target = spec.compute_dtype_of("target")
+    draft = spec.compute_dtype_of("draft") if spec.draft_model else target
+    if draft != target:
         raise SpecError(
-            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses the compute dtype {q.compute_dtype}; "
-            f"use --kv-cache {q.compute_dtype}, fp8 or int8"
+            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses each model's compute dtype, here {target} "
+            f"for the target (precision={q.precision}) and {draft} for the draft (precision={spec.draft_precision}); "
+            "use --kv-cache fp8 or int8, or a draft precision with the target's compute dtype"
+        )
+    if q.kv != target:
+        raise SpecError(
+            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses the compute dtype {target}; "
+            f"use --kv-cache {target}, fp8 or int8"
         )
 
 
@@ -379,7 +369,6 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     _check_moe(spec)
     _check_sliding_window(spec, warnings)
     _check_hardware(spec, warnings)
-    _check_w4a8_activations(spec)
     _check_draft(spec, warnings)
     _check_paged_context(spec)
     _check_speculation_kv_reuse(spec)

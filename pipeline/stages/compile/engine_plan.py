@@ -298,7 +298,7 @@ def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, 
     """KV cache layout, plugins, attention kernels and fusions for this precision, dtype, architecture and TP."""
     q, lim = spec.quantization, spec.limits
     dtype = ckpt.dtype
-    gemm = gemm_plugin(precision, q.compute_dtype)
+    gemm = gemm_plugin(precision)  # 16-bit GEMMs in this model's compute dtype (W4A8-AWQ: float16, as upstream)
     if gemm in ("bfloat16", "float16") and gemm != dtype:
         gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
     fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
@@ -331,11 +331,12 @@ def _checkpoint(spec: BuildSpec, ckpt_dir: Path, model: ModelEntry, *, role: str
     if allow_derived and not (Path(ckpt_dir) / "config.json").exists():
         return derived_checkpoint_config(
             ckpt_dir, model, precision=precision, kv_cache=spec.quantization.kv,
-            compute_dtype=spec.quantization.compute_dtype, tp=tp, pp=pp,
+            compute_dtype=spec.compute_dtype_of(role), tp=tp, pp=pp,
             awq_block_size=spec.quantization.awq_block_size,
         )
     ckpt = read_checkpoint_config(ckpt_dir)
-    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=tp, pp=pp)
+    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=tp, pp=pp,
+                       compute_dtype=spec.compute_dtype_of(role))
     return ckpt
 
 

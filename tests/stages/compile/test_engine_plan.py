@@ -156,6 +156,7 @@ def test_tiny_llama_fp8_with_tiny_draft(tmp_path):
     ({"precision": "fp8", "tp": 1}, "disable", "disable"),  # build() drops reduce_fusion at tp_size == 1
     ({"precision": "fp8", "tp": 2}, "enable", "enable"),
     ({"precision": "fp8", "tp": 1, "pp": 2}, "disable", "disable"),  # PP alone has no TP all-reduce
+    ({"precision": "w4a8_awq", "tp": 4}, "enable", "disable"),  # user buffers: FP8 Llama only (plugin.py)
     ({"precision": "int8_sq", "kv_cache": "bf16", "tp": 2}, "enable", "disable"),
     ({"precision": "bf16", "tp": 8}, "enable", "disable"),
 ])
@@ -186,6 +187,7 @@ def test_reduce_fusion_follows_the_checkpoint_architecture(tmp_path):
     ({"model": "llama-8b"}, "disable", "disable"),  # 8B at batch 128: the default fused-MLP path
     ({"model": "llama-8b", "max_batch_size": 1}, "disable", "fp8"),
     ({"model": "llama-70b", "tp": 4, "gpu": "l40s", "gpu_count": 8}, "disable", "disable"),  # SwiGLU: Hopper only
+    ({"model": "llama-70b", "precision": "w4a8_awq", "tp": 4, "max_batch_size": 2}, "disable", "disable"),
 ])
 def test_fp8_gemm_plugin_decisions(tmp_path, kw, swiglu, low_latency):
     spec = resolve_spec(**({"precision": "fp8"} | kw))
@@ -217,6 +219,33 @@ def test_fp16_recipe_uses_float16_plugins(tmp_path):
     assert t.options["--gemm_plugin"] == "float16" and t.options["--gpt_attention_plugin"] == "float16"
     # without multiple profiles the plan passes opt_num_tokens explicitly (build() would default it)
     assert t.options["--multiple_profiles"] == "disable" and t.options["--opt_num_tokens"] == "128"
+
+
+def test_w4a8_awq_builds_with_float16_activations_as_upstream(tmp_path):
+    """Upstream's W4A8-AWQ recipes: quantize.py --dtype float16, then --gemm_plugin float16/auto."""
+    spec = resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4)
+    t = _plan(tmp_path, spec, tp=4).target
+    assert t.options["--gemm_plugin"] == "float16" and t.options["--gpt_attention_plugin"] == "float16"
+    assert t.expected_build_config["plugin_config"]["gemm_plugin"] == "float16"
+    assert t.options["--use_fp8_context_fmha"] == "enable"  # the KV stays FP8
+    # the dry run's derived checkpoint states what calibrate exports: dtype float16
+    d = plan_compile(spec, checkpoint_dir=tmp_path / "none", output_dir=tmp_path / "d", allow_derived=True).target
+    assert d.options["--gemm_plugin"] == "float16" and d.options["--gpt_attention_plugin"] == "float16"
+    # a draft in W4A8-AWQ is built in float16 while an FP8 target stays bfloat16
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_precision="w4a8_awq")
+    p = _plan(tmp_path / "pair", spec, tp=4)
+    assert p.target.options["--gpt_attention_plugin"] == "bfloat16"
+    assert (p.draft.options["--gemm_plugin"], p.draft.options["--gpt_attention_plugin"]) == ("float16", "float16")
+
+
+def test_checkpoint_in_another_compute_dtype_is_refused(tmp_path):
+    """A W4A8-AWQ checkpoint exported in bfloat16 would build bf16 activations upstream never ships: refused."""
+    spec = resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4)
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-ckpt", precision="w4a8_awq", kv_cache="fp8", tp=4,
+                                       dtype="bfloat16")
+    with pytest.raises(CompileError, match=r"has dtype=bfloat16, but w4a8_awq computes in float16; re-run `invoke "
+                                           r"calibrate`"):
+        plan_compile(spec, checkpoint_dir=ckpt, output_dir=tmp_path / "e")
 
 
 def test_speculative_floor_raises_only_the_targets_max_num_tokens(tmp_path):

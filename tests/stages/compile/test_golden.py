@@ -30,6 +30,7 @@ CASES: dict[str, dict] = {
                                               draft_len=5),
     "llama8b-fp8-draft-llama1b-batch4": dict(model="llama-8b", precision="fp8", draft="llama-1b", max_batch_size=4),
     "llama70b-int4awq": dict(model="llama-70b", precision="int4_awq"),
+    "llama70b-w4a8awq-tp4": dict(model="llama-70b", precision="w4a8_awq", tp=4),
     "llama8b-int8sq": dict(model="llama-8b", precision="int8_sq"),
     "llama70b-bf16-tp8": dict(model="llama-70b", precision="bf16", tp=8),
 }
@@ -60,6 +61,10 @@ DECISIONS: dict[str, dict[str, dict[str, str]]] = {
         "--gemm_plugin": "bfloat16", "--use_fp8_context_fmha": "disable", "--use_paged_context_fmha": "enable",
         "--reduce_fusion": "disable", "--user_buffer": "disable", "--gemm_swiglu_plugin": "disable",
         "--workers": "1"}},
+    "llama70b-w4a8awq-tp4": {"target": {  # fp16 activations, as upstream's W4A8-AWQ recipes
+        "--gemm_plugin": "float16", "--gpt_attention_plugin": "float16", "--use_fp8_context_fmha": "enable",
+        "--reduce_fusion": "enable", "--user_buffer": "disable", "--low_latency_gemm_plugin": "disable",
+        "--workers": "4"}},
     "llama8b-int8sq": {"target": {
         "--gemm_plugin": "bfloat16", "--use_fp8_context_fmha": "disable", "--reduce_fusion": "disable",
         "--max_batch_size": "128"}},
