@@ -103,6 +103,7 @@ def compute_dtype(precision: str) -> str:
     """The compute (activation) dtype of a precision: "fp16" for fp16 and w4a8_awq, else "bf16" (`COMPUTE_DTYPE`)."""
     return COMPUTE_DTYPE[precision]
 
+
 # precision -> --gemm_plugin. The GEMM plugin covers non-quantized GEMMs only (except FP8, which has its own FP8
 # GEMM plugin); INT4/W4A8-AWQ and INT8-SQ GEMMs get their quantized plugins automatically from the checkpoint's
 # quant_algo (builder.py build(): weight_only_groupwise_quant_matmul_plugin / smooth-quant plugins), so those
