@@ -122,3 +122,27 @@ def test_engines_serve_like_the_reference(roots, draft):
     engine_text = results[0].text
     assert engine_text.strip()
     assert engine_text == _reference_text(args), "engine greedy text differs from the CPU reference backend"
+
+
+def test_llmapi_yaml_loads_in_tensorrt_llm(tmp_path):
+    """The LLM-API YAML we write (draft-target), read by TensorRT-LLM's own YAML path: `update_llm_args_with_extra_dict`
+    (DecodingBaseConfig.from_dict for speculative_config) then `TorchLlmArgs` (strict, extra="forbid"). Skipped,
+    never passed, where TensorRT-LLM is missing (module skip above)."""
+    import yaml
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+    from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
+
+    from pipeline.stages.package.llmapi_options import llm_api_options
+
+    model, draft = tmp_path / "model", tmp_path / "draft"
+    model.mkdir()
+    draft.mkdir()
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch")
+    extra = yaml.safe_load(llm_api_options(spec, draft_dir=draft).to_yaml())
+    merged = update_llm_args_with_extra_dict({"model": str(model)}, extra)
+    args = TorchLlmArgs(**merged)
+    sc = args.speculative_config
+    assert type(sc).__name__ == "DraftTargetDecodingConfig"
+    assert (sc.max_draft_len, str(sc.speculative_model)) == (spec.draft_len, str(draft))
+    assert sc.max_concurrency == spec.speculation.max_batch_for_speculation
+    assert args.kv_cache_config.enable_block_reuse is spec.serving.enable_kv_cache_reuse

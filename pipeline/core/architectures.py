@@ -86,7 +86,8 @@ _16BIT = frozenset({"bf16", "fp16"})
 
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (
-        # precision.md: LLaMA FP8, W8A8 SQ, W4A16 AWQ (W4A8 AWQ: this pipeline's tested Llama recipe);
+        # precision.md: LLaMA FP8, W8A8 SQ, W4A16 AWQ (W4A8 AWQ: this pipeline's tested Llama recipe, built with
+        # fp16 activations as upstream's W4A8-AWQ recipes: trtllm_rules.COMPUTE_DTYPE);
         # quantization.md: LLaMA / LLaMA-v2 / LLaMA 3 rows FP8, W4A8 AWQ, W4A16 AWQ.
         Family("llama", "LlamaForCausalLM", "llama", "LLaMAForCausalLM", "llama",
                engine=Support(ALL_PRECISIONS, SOURCES["engine_quant"] + ": LLaMA row"),

@@ -19,6 +19,7 @@ from pipeline.core.gpus import GPUS
 from pipeline.core.registry import MAX_BATCH, MAX_DRAFT_LEN, MAX_POSITIONS, ModelEntry, get_model
 from pipeline.core.untrusted import load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
+from pipeline.core.trtllm_rules import compute_dtype as precision_compute_dtype
 
 Precision = Literal["bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "int8_sq"]
 KVCache = Literal["fp8", "int8", "bf16", "fp16"]
@@ -81,7 +82,9 @@ class QuantizationSpec(_Section):
 
     @property
     def compute_dtype(self) -> str:
-        return "fp16" if self.precision == "fp16" else "bf16"
+        """The target's 16-bit activation dtype: fp16 for fp16 and w4a8_awq (upstream's W4A8-AWQ recipes), else bf16
+        (`pipeline.core.trtllm_rules.COMPUTE_DTYPE`, which cites the sources)."""
+        return precision_compute_dtype(self.precision)
 
     @property
     def kv(self) -> str:
@@ -344,6 +347,11 @@ class BuildSpec(BaseModel):
     @property
     def draft_precision(self) -> str:
         return self.speculation.draft_precision or self.quantization.precision
+
+    def compute_dtype_of(self, role: str) -> str:
+        """The compute dtype of the target's or the draft's precision (each model is calibrated, exported and built
+        in its own precision's dtype: `trtllm_rules.COMPUTE_DTYPE`)."""
+        return precision_compute_dtype(self.draft_precision if role == "draft" else self.quantization.precision)
 
     @property
     def base_max_num_tokens(self) -> int:

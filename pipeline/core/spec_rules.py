@@ -52,11 +52,23 @@ def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
 
 
 def _check_kv(spec: BuildSpec) -> None:
+    """An unquantized (16-bit) KV cache is stored in the compute dtype of each model that uses it (the target's and
+    the draft's: fp16 for fp16 and w4a8_awq, else bf16, `trtllm_rules.COMPUTE_DTYPE`)."""
     q = spec.quantization
-    if q.kv in ("bf16", "fp16") and q.kv != q.compute_dtype:
+    if q.kv not in ("bf16", "fp16"):
+        return
+    target = spec.compute_dtype_of("target")
+    draft = spec.compute_dtype_of("draft") if spec.draft_model else target
+    if draft != target:
         raise SpecError(
-            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses the compute dtype {q.compute_dtype}; "
-            f"use --kv-cache {q.compute_dtype}, fp8 or int8"
+            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses each model's compute dtype, here {target} "
+            f"for the target (precision={q.precision}) and {draft} for the draft (precision={spec.draft_precision}); "
+            "use --kv-cache fp8 or int8, or a draft precision with the target's compute dtype"
+        )
+    if q.kv != target:
+        raise SpecError(
+            f"quantization.kv_cache={q.kv}: an unquantized KV cache uses the compute dtype {target}; "
+            f"use --kv-cache {target}, fp8 or int8"
         )
 
 

@@ -79,6 +79,31 @@ TRTLLM_VERSION = "1.2.1"  # the pinned release: the last one with trtllm-build
 # compute dtype of the spec -> TensorRT-LLM dtype string written in the checkpoint config.json ("dtype").
 TRTLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
 
+# precision -> compute dtype (the 16-bit activations: calibration/export dtype, the checkpoint's `dtype`, the
+# 16-bit GEMM and attention plugins, an unquantized KV cache). One compute dtype per precision, for both runtimes:
+# - bf16 for every quantized precision but W4A8-AWQ, and for bf16 itself; fp16 for fp16.
+# - W4A8-AWQ: fp16, as upstream builds it. Every W4A8-AWQ engine recipe of NVIDIA/TensorRT-LLM's model READMEs
+#   (read with the code-search tools: EXAONE, HyperCLOVAX, Falcon-180B, Qwen1.5-72B "AWQ W4A8(FP8)") quantizes with
+#   `examples/quantization/quantize.py --dtype float16 --qformat w4a8_awq`, then builds with
+#   `--gemm_plugin float16`/`auto`; none uses bf16 activations. The PyTorch runtime's W4A8-AWQ uses fp16 too
+#   (one compute dtype per precision: the Hugging Face export's `dtype` is float16; upstream's PyTorch-backend
+#   W4A8 linear test, `test_w4a8_linear`, parametrizes `dtype` with torch.float16 only), so a W4A8-AWQ checkpoint
+#   has the same activations on either runtime (a rule of ours: only proven combinations).
+COMPUTE_DTYPE: dict[str, str] = {
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "bf16",
+    "int4_awq": "bf16",
+    "w4a8_awq": "fp16",
+    "int8_sq": "bf16",
+}
+
+
+def compute_dtype(precision: str) -> str:
+    """The compute (activation) dtype of a precision: "fp16" for fp16 and w4a8_awq, else "bf16" (`COMPUTE_DTYPE`)."""
+    return COMPUTE_DTYPE[precision]
+
+
 # precision -> --gemm_plugin. The GEMM plugin covers non-quantized GEMMs only (except FP8, which has its own FP8
 # GEMM plugin); INT4/W4A8-AWQ and INT8-SQ GEMMs get their quantized plugins automatically from the checkpoint's
 # quant_algo (builder.py build(): weight_only_groupwise_quant_matmul_plugin / smooth-quant plugins), so those
@@ -92,15 +117,16 @@ GEMM_PLUGIN: dict[str, str] = {
     "fp16": "float16",
     "fp8": "disable",
     "int4_awq": "bfloat16",
-    "w4a8_awq": "bfloat16",
+    "w4a8_awq": "float16",  # its compute dtype (COMPUTE_DTYPE): upstream's `--gemm_plugin float16`/`auto`
     "int8_sq": "bfloat16",
 }
 
 
-def gemm_plugin(precision: str, compute_dtype: str = "bf16") -> str:
-    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype; FP8: disabled)."""
+def gemm_plugin(precision: str, dtype: str | None = None) -> str:
+    """`--gemm_plugin` value for a precision (16-bit recipes follow the compute dtype, by default the precision's
+    own `compute_dtype`; FP8: disabled)."""
     value = GEMM_PLUGIN[precision]
-    return TRTLLM_DTYPE[compute_dtype] if value in TRTLLM_DTYPE.values() else value
+    return TRTLLM_DTYPE[dtype or compute_dtype(precision)] if value in TRTLLM_DTYPE.values() else value
 
 
 def paged_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = True) -> bool:
@@ -119,10 +145,10 @@ def paged_context_fmha(precision: str, kv_cache: str, *, context_fmha: bool = Tr
 # |                                   |                                           | other architectures; fp8-quant.  |
 # |                                   |                                           | md: 70B TP4 H100 +12.9 % tok/s,  |
 # |                                   |                                           | TTFT 97 -> 82 ms (with UB)       |
-# | --user_buffer                     | enable iff reduce_fusion and quant FP8    | build(): off without             |
-# |                                   |                                           | reduce_fusion; plugin.py help:   |
-# |                                   |                                           | "only supported for the FP8      |
-# |                                   |                                           | LLAMA model"                     |
+# | --user_buffer                     | enable iff reduce_fusion and quant FP8,   | build(): off without             |
+# |                                   | except for spawned ranks (draft-target    | reduce_fusion; plugin.py help:   |
+# |                                   | runs in orchestrator mode)                | "only supported for the FP8      |
+# |                                   |                                           | LLAMA model"; see user_buffer()  |
 # | --use_fused_mlp                   | enable (the default, stated explicitly)   | perf-best-practices.md           |
 # |                                   |                                           | "Horizontal fusion in Gated-MLP" |
 # | --gemm_swiglu_plugin              | fp8 for FP8 models >= 30B on SM 90 at     | perf-best-practices.md "GEMM +   |
@@ -158,9 +184,19 @@ def reduce_fusion(architecture: str, tp: int) -> bool:
     return tp > 1 and architecture in REDUCE_FUSION_ARCHITECTURES
 
 
-def user_buffer(precision: str, architecture: str, tp: int) -> bool:
-    """`--user_buffer enable`: needs reduce_fusion (build()) and is supported for FP8 Llama only (plugin.py)."""
-    return reduce_fusion(architecture, tp) and QUANT_ALGO[precision] == "FP8" and architecture == "LlamaForCausalLM"
+def user_buffer(precision: str, architecture: str, tp: int, *, spawned_ranks: bool = False) -> bool:
+    """`--user_buffer enable`: needs reduce_fusion (build()) and is supported for FP8 Llama only (plugin.py).
+
+    Off when the engine's ranks are spawned by the Triton backend's orchestrator (`spawned_ranks`: draft-target,
+    whose launch is `--multi-model`, FACTS §11) — a combination upstream never shows. The user-buffer communicator
+    is built on MPI_COMM_WORLD with the rank and size of the engine's WorldConfig
+    (cpp/tensorrt_llm/kernels/userbuffers/userbuffers-host.cpp `create_communicator_grouped2` @ 2a9abd95:
+    `MPI_Comm_dup(MPI_COMM_WORLD, ...)`, multicast handles broadcast over it), i.e. it assumes the engine's ranks are
+    the whole MPI world, as under mpirun; upstream measures it only that way (fp8-quantization.md, 70B TP4). Our
+    rule (only proven combinations): the orchestrator `MPI_Comm_spawn`s each model's ranks, so keep it off there.
+    """
+    return (not spawned_ranks and reduce_fusion(architecture, tp) and QUANT_ALGO[precision] == "FP8"
+            and architecture == "LlamaForCausalLM")
 
 
 def fp8_gemm_plugins(precision: str, *, max_batch_size: int, sm: int, total_params: float) -> dict[str, str]:

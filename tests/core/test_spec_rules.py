@@ -303,6 +303,36 @@ def test_pytorch_runtime_refuses_int8_kv():
            enable_chunked_context=False)
 
 
+def test_w4a8_awq_computes_in_fp16_for_target_and_draft_on_both_runtimes():
+    """W4A8-AWQ is built as upstream's recipes (quantize.py --dtype float16 --qformat w4a8_awq): fp16 activations."""
+    for runtime in ("engine", "pytorch"):
+        no_fmha = {"enable_kv_cache_reuse": False, "enable_chunked_context": False} if runtime == "pytorch" else {}
+        spec = resolve_spec(model="llama-8b", precision="w4a8_awq", runtime=runtime, **no_fmha)
+        assert spec.quantization.compute_dtype == "fp16" and spec.compute_dtype_of("target") == "fp16"
+        assert spec.quantization.kv == "fp8"  # the KV default stays FP8
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_precision="w4a8_awq")
+    assert (spec.compute_dtype_of("target"), spec.compute_dtype_of("draft")) == ("bf16", "fp16")
+    spec = resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4, draft="llama-1b")
+    assert (spec.compute_dtype_of("target"), spec.compute_dtype_of("draft")) == ("fp16", "fp16")
+    for precision in ("bf16", "fp8", "int4_awq", "int8_sq"):
+        assert resolve_spec(model="llama-8b", precision=precision, kv_cache="fp8" if precision == "fp8" else None,
+                            **({} if precision == "fp8" else {"enable_kv_cache_reuse": False,
+                                                             "enable_chunked_context": False})
+                            ).quantization.compute_dtype == "bf16"
+
+
+def test_w4a8_awq_unquantized_kv_is_fp16():
+    """`_check_kv` compares a 16-bit KV with the compute dtype: fp16 for W4A8-AWQ, for the target and the draft."""
+    off = {"enable_kv_cache_reuse": False, "enable_chunked_context": False}
+    reject(r"kv_cache=bf16: an unquantized KV cache uses the compute dtype fp16; use --kv-cache fp16", model="llama-8b",
+           precision="w4a8_awq", kv_cache="bf16", **off)
+    assert resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp16", **off).quantization.kv == "fp16"
+    msg = reject(r"kv_cache=bf16: an unquantized KV cache uses each model's compute dtype, here bf16 for the target "
+                 r"\(precision=bf16\) and fp16 for the draft \(precision=w4a8_awq\)", model="llama-70b",
+                 precision="bf16", tp=4, draft="llama-1b", draft_precision="w4a8_awq")
+    assert "use --kv-cache fp8 or int8" in msg
+
+
 def test_w4a8_fp8_kv_keeps_paged_context_on_engine_but_not_on_pytorch():
     resolve_spec(model="llama-8b", precision="w4a8_awq", kv_cache="fp8")
     reject(r"w4a8_awq with an FP8 KV cache has no FP8 attention on the PyTorch backend", model="llama-8b",

@@ -74,6 +74,7 @@ def test_cases_outside_its_data_are_no_data(kw, missing):
 def test_plan_with_no_data_prints_one_line_without_installing(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
     monkeypatch.setattr(aic, "ensure_installed", lambda **_: pytest.fail("must not install for a no-data case"))
+    # a W4A8-AWQ engine (fp16 activations, as upstream's recipes): AIConfigurator has no W4A8 GEMM mode
     plan_command(resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4), estimator="aiconfigurator")
     out = capsys.readouterr().out
     assert ("aiconfigurator: no estimate: AIConfigurator has no data for precision 'w4a8_awq'"

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO
+from pipeline.core.trtllm_rules import KV_QUANT_ALGO, QUANT_ALGO, TRTLLM_DTYPE, compute_dtype
 
 FABRICATED_NOTE = "FABRICATED by the test suite: not a real TensorRT-LLM artifact\n"
 
@@ -24,15 +24,16 @@ def fabricated_tokenizer(vocab_size: int, *, variant: str = "shared") -> dict[st
 
 def write_fabricated_checkpoint(
     directory: Path, *, precision: str, kv_cache: str, tp: int = 1, pp: int = 1, vocab_size: int = 128256,
-    dtype: str = "bfloat16", tokenizer_variant: str = "shared", tokenizer_extra: dict | None = None,
+    dtype: str | None = None, tokenizer_variant: str = "shared", tokenizer_extra: dict | None = None,
     manifest_key: str | None = "fabricated-checkpoint-key",
 ) -> Path:
-    """Write a FABRICATED checkpoint dir: config.json (+ tokenizer/, manifest.json); no weights at all."""
+    """Write a FABRICATED checkpoint dir: config.json (+ tokenizer/, manifest.json); no weights at all. `dtype`
+    defaults to the precision's compute dtype (what calibrate exports)."""
     directory = Path(directory)
     (directory / "tokenizer").mkdir(parents=True, exist_ok=True)
     config = {
         "architecture": "LlamaForCausalLM",
-        "dtype": dtype,
+        "dtype": dtype or TRTLLM_DTYPE[compute_dtype(precision)],
         "vocab_size": vocab_size,
         "quantization": {"quant_algo": QUANT_ALGO[precision], "kv_cache_quant_algo": KV_QUANT_ALGO[kv_cache]},
         "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},

@@ -41,7 +41,7 @@ from pipeline.core.safetensors_file import check_safetensors_dir
 from pipeline.core.spec import BuildSpec
 from pipeline.core.stage_log import progress, stage_log
 from pipeline.core.tokenizer import identity
-from pipeline.core.trtllm_rules import KV_QUANT_ALGO
+from pipeline.core.trtllm_rules import KV_QUANT_ALGO, TRTLLM_DTYPE, compute_dtype
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate import data, quality, recipes
 from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES as SUPPORTED_ARCHITECTURES
@@ -114,7 +114,8 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
         seed=q.calib_seed,
         threshold=q.max_ppl_delta_pct or entry.calibration.max_ppl_delta_pct,
         enforce=q.quality_gate,
-        export_dtype="float16" if precision == "fp16" else "bfloat16",
+        # the precision's compute dtype (W4A8-AWQ: float16, as upstream's `quantize.py --dtype float16`)
+        export_dtype=TRTLLM_DTYPE[compute_dtype(precision)],
         runtime=spec.runtime,
     )
 

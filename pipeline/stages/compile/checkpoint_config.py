@@ -107,9 +107,11 @@ def derived_checkpoint_config(
 
 
 def check_matches_spec(
-    ckpt: CheckpointConfig, model: ModelEntry, *, role: str, precision: str, kv_cache: str, tp: int, pp: int
+    ckpt: CheckpointConfig, model: ModelEntry, *, role: str, precision: str, kv_cache: str, tp: int, pp: int,
+    compute_dtype: str | None = None,
 ) -> None:
-    """The checkpoint must be what the spec asks for: quantization, KV dtype, TP×PP mapping, vocabulary.
+    """The checkpoint must be what the spec asks for: quantization, KV dtype, compute dtype (when given: the
+    precision's, `trtllm_rules.COMPUTE_DTYPE`), TP×PP mapping, vocabulary.
 
     Raises:
         CompileError: naming the first field that differs and how to fix it.
@@ -125,6 +127,11 @@ def check_matches_spec(
         raise CompileError(
             f"{where} has kv_cache_quant_algo={ckpt.kv_cache_quant_algo}, but the spec asks for kv_cache={kv_cache} "
             f"({want_kv}); re-run `invoke calibrate` with this spec"
+        )
+    if compute_dtype is not None and ckpt.dtype != TRTLLM_DTYPE[compute_dtype]:
+        raise CompileError(
+            f"{where} has dtype={ckpt.dtype}, but {precision} computes in {TRTLLM_DTYPE[compute_dtype]}; "
+            "re-run `invoke calibrate` with this spec"
         )
     if (ckpt.tp, ckpt.pp) != (tp, pp) or ckpt.world_size != tp * pp:
         raise CompileError(

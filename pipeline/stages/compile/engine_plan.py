@@ -17,7 +17,8 @@ them (sources in pipeline/stages/compile/flags.py and the decision table in pipe
   forced on, with a non-FP8 KV cache forced off; paged context FMHA is dropped for INT8 KV and for FP8 KV with
   other quant_algos (`pipeline.core.trtllm_rules`, shared with the validator).
 - `--reduce_fusion enable` for Llama at TP > 1 and `--user_buffer enable` with it for FP8 (build() drops both
-  otherwise); `--gemm_plugin` per precision (FP8: disabled); the FP8 GEMM/SwiGLU plugins per batch and model size
+  otherwise), except in a draft-target pair, whose ranks the orchestrator spawns (`trtllm_rules.user_buffer`);
+  `--gemm_plugin` per precision (FP8: disabled); the FP8 GEMM/SwiGLU plugins per batch and model size
   (`trtllm_rules.fp8_gemm_plugins`); `--use_fused_mlp enable` stated explicitly.
 - trtllm-build always builds a strongly typed network (`strongly_typed: True` in build.py), not only for FP8.
 """
@@ -297,7 +298,7 @@ def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, 
     """KV cache layout, plugins, attention kernels and fusions for this precision, dtype, architecture and TP."""
     q, lim = spec.quantization, spec.limits
     dtype = ckpt.dtype
-    gemm = gemm_plugin(precision, q.compute_dtype)
+    gemm = gemm_plugin(precision)  # 16-bit GEMMs in this model's compute dtype (W4A8-AWQ: float16, as upstream)
     if gemm in ("bfloat16", "float16") and gemm != dtype:
         gemm = dtype  # 16-bit GEMMs run in the checkpoint dtype
     fp8_plugins = fp8_gemm_plugins(precision, max_batch_size=batch, sm=GPUS[spec.hardware.gpu].sm,
@@ -317,7 +318,9 @@ def _kernel_options(spec: BuildSpec, ckpt: CheckpointConfig, model: ModelEntry, 
         "--use_fused_mlp": "enable",
         **fp8_plugins,
         "--reduce_fusion": _ed(reduce_fusion(ckpt.architecture, ckpt.tp)),
-        "--user_buffer": _ed(user_buffer(precision, ckpt.architecture, ckpt.tp)),
+        # a draft-target repository runs in orchestrator mode: the backend spawns each engine's ranks
+        "--user_buffer": _ed(user_buffer(precision, ckpt.architecture, ckpt.tp,
+                                         spawned_ranks=spec.draft_model is not None)),
     }
 
 
@@ -328,11 +331,12 @@ def _checkpoint(spec: BuildSpec, ckpt_dir: Path, model: ModelEntry, *, role: str
     if allow_derived and not (Path(ckpt_dir) / "config.json").exists():
         return derived_checkpoint_config(
             ckpt_dir, model, precision=precision, kv_cache=spec.quantization.kv,
-            compute_dtype=spec.quantization.compute_dtype, tp=tp, pp=pp,
+            compute_dtype=spec.compute_dtype_of(role), tp=tp, pp=pp,
             awq_block_size=spec.quantization.awq_block_size,
         )
     ckpt = read_checkpoint_config(ckpt_dir)
-    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=tp, pp=pp)
+    check_matches_spec(ckpt, model, role=role, precision=precision, kv_cache=spec.quantization.kv, tp=tp, pp=pp,
+                       compute_dtype=spec.compute_dtype_of(role))
     return ckpt
 
 

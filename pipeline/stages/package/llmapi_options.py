@@ -40,16 +40,31 @@ class KvCacheConfig(BaseModel):
     free_gpu_memory_fraction: float = Field(0.9, gt=0, le=1, description="share of free GPU memory for the KV pool")
 
 
-class DraftTargetConfig(BaseModel):
-    """`speculative_config` for two-model draft-target speculation (1.2.1 `DraftTargetDecodingConfig`).
+# The speculative-config spellings of TensorRT-LLM 1.2.x, read from `tensorrt_llm/llmapi/llm_args.py` as rendered
+# in the 1.2.0 documentation (gh-pages `1.2.0/_modules/tensorrt_llm/llmapi/llm_args.html`, generated from commit
+# dbdb13b; transcribed in ../shared/upstream-trtllm-1.2/llm_args_fields.md — no .py copy of a 1.2.x tag is stored
+# in the code index, and 1.2.1 is the patch release of that line):
+# - a YAML/dict `speculative_config` goes through `DecodingBaseConfig.from_dict` (via
+#   `llm_utils.update_llm_args_with_extra_dict`), whose dispatch table has exactly these `decoding_type` keys; any
+#   other raises "Invalid decoding type". Draft-target is "DraftTarget" there; the class's own
+#   `decoding_type: ClassVar[str] = "Draft_Target"` is not an input (the YAML spelling "Draft_Target" arrives later,
+#   with a `Literal` field per class, and is refused by 1.2.x).
+# - the draft model: field `speculative_model`, `validation_alias=AliasChoices("speculative_model",
+#   "speculative_model_dir")` — both input names are accepted; we write `speculative_model_dir`, which 1.1's field
+#   of that name and every 1.2.x alias take.
+FROM_DICT_DECODING_TYPES = ("MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
+                            "UserProvided", "AUTO")
+DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
+SPECULATIVE_MODEL_INPUT_NAMES = ("speculative_model", "speculative_model_dir")
 
-    Later releases rename fields: `decoding_type` becomes "Draft_Target" and `speculative_model_dir` becomes
-    `speculative_model` (1.3+); 1.2.1's `from_dict` refuses "Draft_Target".
-    """
+
+class DraftTargetConfig(BaseModel):
+    """`speculative_config` for two-model draft-target speculation (1.2.1 `DraftTargetDecodingConfig`), in the
+    spellings of the table above."""
 
     model_config = _Strict
 
-    decoding_type: Literal["DraftTarget"] = "DraftTarget"
+    decoding_type: Literal["DraftTarget"] = DRAFT_TARGET_DECODING_TYPE
     max_draft_len: int = Field(..., ge=1, description="draft tokens proposed per step (K)")
     speculative_model_dir: str = Field(..., min_length=1, description="the draft's Hugging Face checkpoint")
     max_concurrency: int | None = Field(

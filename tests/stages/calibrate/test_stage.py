@@ -42,6 +42,8 @@ COMBOS = _allowed_combos()
 def test_combos_cover_every_precision_and_kv():
     assert {p for p, _ in COMBOS} == set(PRECISIONS)
     assert ("fp16", "bf16") not in COMBOS and ("fp8", "fp16") not in COMBOS
+    # W4A8-AWQ computes in fp16 (upstream's recipes: quantize.py --dtype float16): its 16-bit KV is fp16
+    assert ("w4a8_awq", "bf16") not in COMBOS and ("w4a8_awq", "fp16") in COMBOS
     assert len(COMBOS) == 18
 
 
@@ -130,10 +132,14 @@ def test_pack_is_seeded_and_fingerprinted():
 
 
 # --- every precision x KV the validator allows --------------------------------------------------------------------
+# the export dtype: fp16 for fp16 and W4A8-AWQ (upstream's quantize.py --dtype float16 --qformat w4a8_awq)
+_HALF = {p: torch.float16 if p in ("fp16", "w4a8_awq") else torch.bfloat16 for p in PRECISIONS}
+
+
 def _expect_linear(w: dict, prefix: str, precision: str, out_f: int, in_f: int, block: int = 128) -> None:
     wt = w[f"{prefix}.weight"]
     if precision in ("bf16", "fp16"):
-        assert wt.dtype == (torch.float16 if precision == "fp16" else torch.bfloat16) and wt.shape == (out_f, in_f)
+        assert wt.dtype == _HALF[precision] and wt.shape == (out_f, in_f)
         assert f"{prefix}.weights_scaling_factor" not in w
         return
     wsf = w[f"{prefix}.weights_scaling_factor"]
@@ -168,7 +174,7 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     )
     cfg = json.loads((ck / "config.json").read_text())
     assert cfg["architecture"] == "LlamaForCausalLM"
-    assert cfg["dtype"] == ("float16" if precision == "fp16" else "bfloat16")
+    assert cfg["dtype"] == ("float16" if _HALF[precision] == torch.float16 else "bfloat16")
     assert cfg["quantization"]["quant_algo"] == QUANT_ALGO[precision]
     assert cfg["quantization"]["kv_cache_quant_algo"] == KV_QUANT_ALGO[kv]
     assert cfg["mapping"] == {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
@@ -195,7 +201,7 @@ def test_precision_kv_matrix(tiny_models, precision, kv):
     else:
         assert f"{pre}.attention.kv_cache_scaling_factor" not in w
     last = load_file(str(ck / f"rank{tp * pp - 1}.safetensors"))
-    assert last["lm_head.weight"].dtype == (torch.float16 if precision == "fp16" else torch.bfloat16)
+    assert last["lm_head.weight"].dtype == _HALF[precision]
     assert (ck / "tokenizer" / "tokenizer.json").is_file()
     m = res.manifest
     assert m.key and m.roundtrip.passed

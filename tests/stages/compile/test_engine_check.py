@@ -90,7 +90,7 @@ def test_verify_lists_build_config_differences(tmp_path, pair):
     msg = str(info.value)
     assert "build_config.max_seq_len: planned 516, engine has 520" in msg
     assert "build_config.plugin_config.use_paged_context_fmha: planned True, engine has False" in msg
-    assert "build_config.max_draft_len: planned 4, missing in engine" in msg
+    assert "build_config.max_draft_len: planned 4, engine has nothing (default 0)" in msg
     assert "\n" not in msg
 
 
@@ -99,6 +99,69 @@ def test_verify_accepts_enum_spellings(tmp_path, pair):
     bc["speculative_decoding_mode"] = "SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL"
     eng = write_fabricated_engine(tmp_path / "fabricated-engine", pair.target, build_config=bc)
     verify_engine_dir(eng, pair.target, trtllm_version="1.2.1")
+
+
+def _as_written(plan, form: str) -> dict:
+    """The plan's build_config in the spelling one TensorRT-LLM BuildConfig serializer writes (see engine_check.py's
+    sources): "dataclass" = builder.py @ 008b2b8d BuildConfig.to_dict (kv_cache_type enum name, IntFlag as int);
+    "pydantic" = model_dump(mode="json") with the str-Enum KVCacheType (kv_cache_type.py @ 18836202: value "paged")
+    and PluginConfig as validated from trtllm-build's "enable"/"disable" strings (plugin.py @ c20322ff), paged_kv_cache
+    left None; "bindings" = the C++ KVCacheType ordinal (modelConfig.h @ 012f8ad2) and the IntFlag member name."""
+    bc = json.loads(json.dumps(plan.expected_build_config))
+    pc = bc["plugin_config"]
+    pc["dtype"] = pc["gpt_attention_plugin"]
+    if form == "dataclass":
+        bc["kv_cache_type"] = "PAGED"
+    elif form == "pydantic":
+        bc["kv_cache_type"] = "paged"
+        pc["paged_kv_cache"] = None
+        pc["gpt_attention_plugin"] = "auto"  # stored as given; PluginConfig.__getattribute__ reads it as dtype
+    else:
+        bc["kv_cache_type"] = 1
+        bc["speculative_decoding_mode"] = "DRAFT_TOKENS_EXTERNAL" if plan.draft_len else "NONE"
+        for key, value in pc.items():
+            if isinstance(value, bool):
+                pc[key] = "enable" if value else "disable"
+            elif value is None:
+                pc[key] = "disable"
+    if not plan.draft_len:  # BuildConfig.from_dict defaults: max_draft_len 0, mode NONE
+        del bc["max_draft_len"], bc["speculative_decoding_mode"]
+    return bc
+
+
+@pytest.mark.parametrize("form", ["dataclass", "pydantic", "bindings"])
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_verify_accepts_every_serialized_form(tmp_path, pair, form, role):
+    plan = getattr(pair, role)
+    eng = write_fabricated_engine(tmp_path / "fabricated-engine", plan, build_config=_as_written(plan, form))
+    config = json.loads((eng / "config.json").read_text())
+    config["build_config"] = _as_written(plan, form)  # keep the form's own kv_cache_type spelling
+    (eng / "config.json").write_text(json.dumps(config))
+    verify_engine_dir(eng, plan, trtllm_version="1.2.1")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"kv_cache_type": "CONTINUOUS"}, "build_config.kv_cache_type: planned 'paged', engine has 'CONTINUOUS'"),
+    ({"kv_cache_type": 0}, "build_config.kv_cache_type: planned 'paged', engine has 0"),
+    ({"kv_cache_type": None, "paged_kv_cache": False}, "build_config.kv_cache_type: planned 'paged', engine has None"),
+    ({"speculative_decoding_mode": "NONE"}, "build_config.speculative_decoding_mode: planned 2, engine has 'NONE'"),
+    ({"user_buffer": "enable"}, "build_config.plugin_config.user_buffer: planned False, engine has 'enable'"),
+    ({"gpt_attention_plugin": "auto", "dtype": "float16"},
+     "build_config.plugin_config.gpt_attention_plugin: planned 'bfloat16', engine has 'auto'"),
+    ({"gemm_plugin": "auto"}, "build_config.plugin_config.gemm_plugin: planned None, engine has 'auto'"),
+])
+def test_verify_rejects_differences_of_meaning(tmp_path, pair, change, expected):
+    bc = _as_written(pair.target, "pydantic")
+    for key, value in change.items():
+        (bc if key in bc else bc["plugin_config"])[key] = value
+    eng = write_fabricated_engine(tmp_path / "fabricated-engine", pair.target)
+    config = json.loads((eng / "config.json").read_text())
+    config["build_config"] = bc
+    (eng / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CompileError) as info:
+        verify_engine_dir(eng, pair.target, trtllm_version="1.2.1")
+    assert expected in str(info.value)
+    assert str(info.value).count("build_config.") == 1
 
 
 def test_verify_needs_config_json(tmp_path, pair):

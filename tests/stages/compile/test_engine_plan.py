@@ -111,7 +111,9 @@ def test_draft_engine_has_its_own_tp_batch_and_workers(tmp_path):
     assert d.options["--reduce_fusion"] == "disable" and d.options["--user_buffer"] == "disable"
     assert d.options["--max_num_tokens"] == "8192"  # min(8192, 8 x 8197)
     assert d.expected_build_config["max_batch_size"] == 8
-    assert t.options["--reduce_fusion"] == "enable" and t.options["--user_buffer"] == "enable"
+    # orchestrator mode spawns the target's ranks: reduce fusion stays, user buffers do not (trtllm_rules.user_buffer)
+    assert t.options["--reduce_fusion"] == "enable" and t.options["--user_buffer"] == "disable"
+    assert t.expected_build_config["plugin_config"]["user_buffer"] is False
 
 
 def test_draft_tp2_and_batch_from_the_spec(tmp_path):
@@ -119,8 +121,8 @@ def test_draft_tp2_and_batch_from_the_spec(tmp_path):
                         draft_max_batch_size=2, max_batch_size=8)
     d = _plan(tmp_path, spec, tp=4).draft
     assert (d.tp, d.options["--workers"], d.options["--max_batch_size"]) == (2, "2", "2")
-    # the draft at TP 2 is a Llama at TP > 1: build() keeps reduce fusion (FP8: user buffers too)
-    assert d.options["--reduce_fusion"] == "enable" and d.options["--user_buffer"] == "enable"
+    # the draft at TP 2 is a Llama at TP > 1: build() keeps reduce fusion; its ranks are spawned: no user buffers
+    assert d.options["--reduce_fusion"] == "enable" and d.options["--user_buffer"] == "disable"
     # batch 2 <= 4: the low-latency FP8 GEMM plugins
     assert d.options["--low_latency_gemm_plugin"] == "fp8"
     assert d.rank_files == ["rank0.engine", "rank1.engine"]
@@ -217,6 +219,33 @@ def test_fp16_recipe_uses_float16_plugins(tmp_path):
     assert t.options["--gemm_plugin"] == "float16" and t.options["--gpt_attention_plugin"] == "float16"
     # without multiple profiles the plan passes opt_num_tokens explicitly (build() would default it)
     assert t.options["--multiple_profiles"] == "disable" and t.options["--opt_num_tokens"] == "128"
+
+
+def test_w4a8_awq_builds_with_float16_activations_as_upstream(tmp_path):
+    """Upstream's W4A8-AWQ recipes: quantize.py --dtype float16, then --gemm_plugin float16/auto."""
+    spec = resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4)
+    t = _plan(tmp_path, spec, tp=4).target
+    assert t.options["--gemm_plugin"] == "float16" and t.options["--gpt_attention_plugin"] == "float16"
+    assert t.expected_build_config["plugin_config"]["gemm_plugin"] == "float16"
+    assert t.options["--use_fp8_context_fmha"] == "enable"  # the KV stays FP8
+    # the dry run's derived checkpoint states what calibrate exports: dtype float16
+    d = plan_compile(spec, checkpoint_dir=tmp_path / "none", output_dir=tmp_path / "d", allow_derived=True).target
+    assert d.options["--gemm_plugin"] == "float16" and d.options["--gpt_attention_plugin"] == "float16"
+    # a draft in W4A8-AWQ is built in float16 while an FP8 target stays bfloat16
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", draft_precision="w4a8_awq")
+    p = _plan(tmp_path / "pair", spec, tp=4)
+    assert p.target.options["--gpt_attention_plugin"] == "bfloat16"
+    assert (p.draft.options["--gemm_plugin"], p.draft.options["--gpt_attention_plugin"]) == ("float16", "float16")
+
+
+def test_checkpoint_in_another_compute_dtype_is_refused(tmp_path):
+    """A W4A8-AWQ checkpoint exported in bfloat16 would build bf16 activations upstream never ships: refused."""
+    spec = resolve_spec(model="llama-70b", precision="w4a8_awq", tp=4)
+    ckpt = write_fabricated_checkpoint(tmp_path / "fabricated-ckpt", precision="w4a8_awq", kv_cache="fp8", tp=4,
+                                       dtype="bfloat16")
+    with pytest.raises(CompileError, match=r"has dtype=bfloat16, but w4a8_awq computes in float16; re-run `invoke "
+                                           r"calibrate`"):
+        plan_compile(spec, checkpoint_dir=ckpt, output_dir=tmp_path / "e")
 
 
 def test_speculative_floor_raises_only_the_targets_max_num_tokens(tmp_path):

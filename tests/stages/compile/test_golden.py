@@ -43,7 +43,7 @@ DECISIONS: dict[str, dict[str, dict[str, str]]] = {
         "--use_fp8_context_fmha": "enable", "--use_paged_context_fmha": "enable", "--multiple_profiles": "enable",
         "--workers": "4", "--max_batch_size": "64", "--max_draft_len": "0"}},
     "llama70b-fp8-tp4-draft-llama1b-k5": {
-        "target": {"--reduce_fusion": "enable", "--user_buffer": "enable", "--workers": "4",
+        "target": {"--reduce_fusion": "enable", "--user_buffer": "disable", "--workers": "4",
                    "--max_batch_size": "64", "--speculative_decoding_mode": "draft_tokens_external",
                    "--max_draft_len": "5", "--max_seq_len": "8192", "--max_num_tokens": "8192",
                    "--gemm_swiglu_plugin": "fp8"},
@@ -61,9 +61,10 @@ DECISIONS: dict[str, dict[str, dict[str, str]]] = {
         "--gemm_plugin": "bfloat16", "--use_fp8_context_fmha": "disable", "--use_paged_context_fmha": "enable",
         "--reduce_fusion": "disable", "--user_buffer": "disable", "--gemm_swiglu_plugin": "disable",
         "--workers": "1"}},
-    "llama70b-w4a8awq-tp4": {"target": {
-        "--gemm_plugin": "bfloat16", "--use_fp8_context_fmha": "enable", "--reduce_fusion": "enable",
-        "--user_buffer": "disable", "--low_latency_gemm_plugin": "disable", "--workers": "4"}},
+    "llama70b-w4a8awq-tp4": {"target": {  # fp16 activations, as upstream's W4A8-AWQ recipes
+        "--gemm_plugin": "float16", "--gpt_attention_plugin": "float16", "--use_fp8_context_fmha": "enable",
+        "--reduce_fusion": "enable", "--user_buffer": "disable", "--low_latency_gemm_plugin": "disable",
+        "--workers": "4"}},
     "llama8b-int8sq": {"target": {
         "--gemm_plugin": "bfloat16", "--use_fp8_context_fmha": "disable", "--reduce_fusion": "disable",
         "--max_batch_size": "128"}},

@@ -55,6 +55,24 @@ def test_yaml_round_trip(tmp_path):
     assert LlmApiOptions.read(f) == opts
 
 
+def test_speculative_spellings_are_those_1_2_from_dict_takes():
+    """The written keys/values against the table read from 1.2's llm_args.py (llmapi_options.py cites it)."""
+    from pipeline.stages.package.llmapi_options import (
+        DRAFT_TARGET_DECODING_TYPE,
+        FROM_DICT_DECODING_TYPES,
+        SPECULATIVE_MODEL_INPUT_NAMES,
+        DraftTargetConfig,
+    )
+
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    written = yaml.safe_load(llm_api_options(spec, draft_dir="draft").to_yaml())["speculative_config"]
+    assert written["decoding_type"] == DRAFT_TARGET_DECODING_TYPE == "DraftTarget"
+    assert written["decoding_type"] in FROM_DICT_DECODING_TYPES and "Draft_Target" not in FROM_DICT_DECODING_TYPES
+    model_keys = [k for k in written if k.startswith("speculative_model")]
+    assert model_keys == ["speculative_model_dir"] and set(model_keys) <= set(SPECULATIVE_MODEL_INPUT_NAMES)
+    assert set(written) <= set(DraftTargetConfig.model_fields)
+
+
 @pytest.mark.parametrize("patch, match", [
     ({"max_batch_size": 0}, r"max_batch_size=0"),
     ({"enable_chunked_prefil": True}, r"enable_chunked_prefil=True: Extra inputs are not permitted"),
