@@ -3,12 +3,13 @@
 #   docker build -t trtllm-pipeline:0.1.0-26.04-trtllm-python-py3 .
 # Another Triton release: --build-arg TRITON_VERSION=yy.mm and tag it trtllm-pipeline:0.1.0-<yy.mm>-trtllm-python-py3.
 #
-# Which tag carries TensorRT-LLM 1.2.1: triton-inference-server/tensorrtllm_backend branch r26.04 (and r26.05-r26.07),
-# dockerfile/Dockerfile.triton.trt_llm_backend, pins TENSORRTLLM_REPO_TAG=release/1.2.1, TENSORRTLLM_VER=1.2.1,
-# TRT_VER=10.14.1.48 on the base nvcr.io/nvidia/tritonserver:25.12-py3-min; r26.03 still pinned 1.2.0rc8, and
-# Triton's compatibility matrix lists 25.12-trtllm-python-py3 with TensorRT-LLM 1.1.0 / TensorRT 10.13.3.9.
-# So the first NGC release image with TensorRT-LLM 1.2.1 is 26.04-trtllm-python-py3 (Python 3.12, CUDA 13).
-# The check below fails the build if the tag ever ships another TensorRT-LLM (engines are version-locked).
+# Which tag carries TensorRT-LLM 1.2.1: 26.04-trtllm-python-py3, UNVERIFIED from NVIDIA's own pages. Searched: Triton's
+# compatibility matrix (docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/
+# compatibility.html, container trtllm-python-py3) stops at 25.12 = TensorRT-LLM 1.1.0; the release notes
+# release-notes/rel-26-04.html (CUDA 13.2.1) as read list no component versions; tensorrtllm_backend's
+# dockerfile/Dockerfile.triton.trt_llm_backend is readable only at its 25.04/25.06 bases (an earlier note here cited
+# its r26.04 branch pinning TENSORRTLLM_REPO_TAG=release/1.2.1). Only users' notes name "Triton 26.04 = v2.68.0 ...
+# TRT-LLM 1.2.1". The check below fails the build if the tag ships another TensorRT-LLM (engines are version-locked).
 ARG TRITON_VERSION=26.04
 FROM nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-trtllm-python-py3
 

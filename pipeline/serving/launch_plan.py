@@ -7,18 +7,26 @@ the platform starts (each one's exact `tritonserver` argv, rank 0 first) and the
 | mode | repository | processes | env |
 |---|---|---|---|
 | single | one `tensorrt_llm`, TP×PP = 1 | 1 | |
-| leader | one `tensorrt_llm`, TP×PP = N > 1 | N: rank 0 serves the endpoints and every model, ranks >= 1 load only `tensorrt_llm` (endpoints off) | |
-| orchestrator | draft + target (two `tensorrtllm` models) | 1: the backend spawns each model's ranks on its `gpu_device_ids` | TRTLLM_ORCHESTRATOR(_SPAWN_PROCESSES)=1 |
-| llmapi | runtime-pytorch, GPU | 1: the LLM spawns its TP/PP workers | |
+| leader | one `tensorrt_llm`, TP×PP = N > 1 | N under MPI: rank 0 serves the endpoints and every model, ranks >= 1 load only `tensorrt_llm` (endpoints off) | |
+| orchestrator | draft + target (two `tensorrtllm` models) | 1, under `mpirun -n 1`: the backend MPI_Comm_spawns each model's ranks on its `gpu_device_ids` | TRTLLM_ORCHESTRATOR(_SPAWN_PROCESSES)=1 |
+| llmapi | runtime-pytorch, GPU, TP×PP = N | N = 1: one process (the LLM spawns its workers); N > 1: N under MPI, each `trtllm-llmapi-launch tritonserver ...` (rank 0 runs the server, the others TensorRT-LLM's MPI workers) | |
 | cpu-reference | Python-backend reference | 1 (nvidia-pytriton's tritonserver) | |
 
 Upstream sources (read in the code index, never copied):
-- tensorrtllm_backend `scripts/launch_triton_server.py` (TensorRT-LLM 1.2 `triton_backend/scripts/`): `get_cmd` runs
-  `mpirun -n 1 tritonserver ... :` once per rank, ranks != 0 with `--model-control-mode=explicit
-  --load-model=<tensorrt_llm_model_name>`, each with `--backend-config=python,shm-region-prefix-name=prefix{i}_`;
-  `__main__` with `--multi-model` asserts ORCHESTRATOR_ASSERT below and sets the orchestrator env;
+- TensorRT-LLM `triton_backend/scripts/launch_triton_server.py` (commits 0b06796b and 0a2e2c1f in the index; the same
+  argv; tensorrtllm_backend's `scripts/launch_triton_server.py` is that launcher): `get_cmd` starts `mpirun
+  --allow-run-as-root [--oversubscribe]` and, per rank i, `-n 1 [trtllm-llmapi-launch] tritonserver
+  --model-repository=R [--exit-timeout-secs=T] <ports> ... --disable-auto-complete-config
+  --backend-config=python,shm-region-prefix-name=prefix{i}_ :`, ranks != 0 with `--model-control-mode=explicit
+  --load-model=<tensorrt_llm_model_name>`; MPI stays on (`use_mpi`) unless `--no-mpi`, also for `--multi-model` at
+  world size 1. `__main__` with `--multi-model` asserts ORCHESTRATOR_ASSERT below and sets the orchestrator env;
   `add_multi_model_config` (Triton > 24.06, spawn on) adds `--pinned-memory-pool-byte-size=0
-  --enable-peer-access=false` and `--cuda-memory-pool-byte-size={j}:0` for every GPU j.
+  --enable-peer-access=false` and `--cuda-memory-pool-byte-size={j}:0` for every GPU j. `--trtllm_llmapi_launch`
+  is how TensorRT-LLM's own Triton test (`tests/integration/defs/triton_server/test_triton_llm.py`) starts the
+  `llmapi` model at TP 4 (`--no-mpi` at TP 1). tests/data/launch_triton_server_get_cmd.json records get_cmd's output
+  for the layouts tests/serving/test_launch_plan.py compares with ours, flag by flag.
+- TensorRT-LLM `tensorrt_llm/llmapi/trtllm-llmapi-launch`: rank 0 runs the command (the server) beside the MGMN
+  leader, ranks >= 1 run `tensorrt_llm.llmapi.mgmn_worker_node` (their command is not run).
 - TensorRT-LLM `cpp/tensorrt_llm/executor/executorImpl.cpp`: `initializeOrchestrator` checks "When using the
   orchestrator mode and isOrchestrator is true, expect MPI worldSize to be 1." and `MPI_Comm_spawn`s tp*pp*cp
   workers from `MPI_COMM_SELF`; `initializeWorkers` checks "When specifying deviceIds, deviceIds (%lu) * numNodes (%u)
@@ -27,8 +35,9 @@ Upstream sources (read in the code index, never copied):
 - tensorrtllm_backend `docs/llama_multi_instance.md`: "If `MPI_Comm_Spawn` is used, it is not possible to distribute
   the model across multiple nodes." Leader mode runs under mpirun/srun across nodes.
 
-Orchestrator mode keeps spawning on (upstream's default): one process for every platform and no `participant_ids`
-in the configs. `--disable-spawn-processes` would need participant ids (rank 0 the orchestrator, then each model's
+Our argv adds, to the launcher's, the endpoint addresses, `--log-verbose`, and endpoints off on leader ranks >= 1
+(their backend never serves; upstream leaves them on the same ports). Orchestrator mode keeps spawning on
+(upstream's default): one MPI process for every platform and no `participant_ids` in the configs. `--disable-spawn-processes` would need participant ids (rank 0 the orchestrator, then each model's
 ranks: world size 1 + draft TP + target TP×PP) and an MPI world started by the platform; it buys fast logits only.
 """
 
@@ -41,6 +50,7 @@ from typing import Literal
 
 from pipeline.backends import backend_for, backend_named
 from pipeline.core.errors import PipelineError, ServeError
+from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH
 
 Mode = Literal["single", "leader", "orchestrator", "llmapi", "cpu-reference"]
 MODES: tuple[str, ...] = ("single", "leader", "orchestrator", "llmapi", "cpu-reference")
@@ -53,18 +63,20 @@ UPSTREAM: dict[str, str] = {
     "leader": "tensorrtllm_backend scripts/launch_triton_server.py get_cmd: mpirun -n 1 tritonserver ... : per rank; "
               "ranks != 0 --model-control-mode=explicit --load-model=tensorrt_llm, shm-region-prefix-name=prefix{i}_",
     "orchestrator": "tensorrtllm_backend scripts/launch_triton_server.py --multi-model: assert world_size == 1, "
-                    f"'{ORCHESTRATOR_ASSERT}'; TRTLLM_ORCHESTRATOR=1, TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1; "
-                    "add_multi_model_config memory-pool flags; executorImpl.cpp initializeOrchestrator "
-                    "MPI_Comm_spawn on this node",
-    "llmapi": "TensorRT-LLM LLM API Triton model (tensorrt_llm.LLM in model.py): one tritonserver, the LLM spawns its "
-              "TP/PP workers",
+                    f"'{ORCHESTRATOR_ASSERT}'; mpirun -n 1 tritonserver ... :; TRTLLM_ORCHESTRATOR=1, "
+                    "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1; add_multi_model_config memory-pool flags; "
+                    "executorImpl.cpp initializeOrchestrator MPI_Comm_spawn on this node",
+    "llmapi": "TensorRT-LLM LLM API Triton model (tensorrt_llm.LLM in model.py): TP*PP 1, one tritonserver "
+              "(launch_triton_server.py --no-mpi); more, launch_triton_server.py --trtllm_llmapi_launch: "
+              "mpirun -n 1 trtllm-llmapi-launch tritonserver ... : per rank",
     "cpu-reference": "FACTS §5: the nvidia-pytriton tritonserver 2.51 with the Python backend",
 }
 
 
 @dataclass(frozen=True)
 class EngineModel:
-    """One `tensorrtllm`-backend model: its TP×PP ranks and the GPUs its `gpu_device_ids` names (empty: unset)."""
+    """One TensorRT-LLM Triton model (`tensorrtllm` backend, or the LLM-API model): its TP×PP ranks and the GPUs its
+    `gpu_device_ids` names (empty: unset)."""
 
     name: str
     world_size: int
@@ -89,13 +101,15 @@ class Endpoints:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The processes a platform starts for one repository: `ranks[i]` is process i's exact tritonserver argv."""
+    """The processes a platform starts for one repository: `ranks[i]` is process i's exact argv (tritonserver, or
+    trtllm-llmapi-launch before it); `mpi`: they run under MPI (upstream get_cmd's `use_mpi`)."""
 
     mode: Mode
     ranks: tuple[tuple[str, ...], ...]
     env: dict[str, str] = field(default_factory=dict)  # added to the server's environment (orchestrator vars)
     nodes: int = 1
     source: str = ""
+    mpi: bool = False
 
     @property
     def processes(self) -> int:
@@ -106,14 +120,26 @@ class LaunchPlan:
         """The platform starts world-size processes (mpirun/srun); otherwise one process."""
         return self.processes > 1
 
-    def local_argv(self, mpirun: str = "mpirun") -> list[str]:
-        """One command line that starts every process on this host (`mpirun -n 1 ... : -n 1 ...` for leader mode)."""
-        if not self.ranks_launched:
+    @property
+    def own_mpirun(self) -> bool:
+        """One process that runs under an `mpirun -n 1` of its own (orchestrator mode: MPI_Comm_spawn needs an MPI
+        runtime that can spawn), started by the platform as a plain process."""
+        return self.mpi and not self.ranks_launched
+
+    def local_argv(self, mpirun: str = "mpirun", *, oversubscribe: bool = False) -> list[str]:
+        """One command line that starts every process on this host: get_cmd's `mpirun --allow-run-as-root
+        [--oversubscribe] -n 1 ... : -n 1 ...` when the plan runs under MPI (without its trailing `:`)."""
+        if not self.mpi:
             return list(self.ranks[0])
-        argv = [mpirun, "--allow-run-as-root"]
+        argv = [mpirun, "--allow-run-as-root", *(["--oversubscribe"] if oversubscribe else [])]
         for i, rank in enumerate(self.ranks):
             argv += [*([":"] if i else []), "-n", "1", *rank]
         return argv
+
+    def process_argv(self, rank: int, *, oversubscribe: bool = False) -> list[str]:
+        """What process `rank` runs when the platform starts the processes (deploy): its rank argv (the platform's
+        MPI launcher starts world-size ones), or for an `own_mpirun` plan the whole `mpirun -n 1 ...` line."""
+        return self.local_argv(oversubscribe=oversubscribe) if self.own_mpirun else list(self.ranks[rank])
 
     def format(self) -> str:
         """The plan as shell lines (env, then the command), with the mode and its upstream source as comments."""
@@ -125,13 +151,15 @@ class LaunchPlan:
 
     def as_dict(self) -> dict:
         return {"mode": self.mode, "processes": self.processes, "nodes": self.nodes, "env": dict(self.env),
-                "ranks": [list(r) for r in self.ranks], "source": self.source}
+                "ranks": [list(r) for r in self.ranks], "mpi": self.mpi, "source": self.source}
 
 
 # ------------------------------------------------------------------------------------------------- shapes
 def shape_from_spec(spec) -> RepoShape:
     """The repository `package` makes from `spec` (no file read): its kind and TensorRT-LLM models."""
     kind = backend_for(spec).repo_kind
+    if kind == "llmapi":
+        return RepoShape(kind, (EngineModel(TARGET_MODEL, spec.parallelism.world_size),))
     if kind != "engine":
         return RepoShape(kind)
     if spec.draft_model is None:
@@ -160,8 +188,8 @@ def shape_from_repo(repo: Path, *, world_size: int | None = None,
                     error: type[PipelineError] = ServeError) -> RepoShape:
     """The kind and TensorRT-LLM models of the repository at `repo` (its manifest and config.pbtxt files).
 
-    `world_size` overrides the manifest's for `tensorrt_llm`; another engine model's world size is the length of
-    its `gpu_device_ids` (1 when unset).
+    `world_size` overrides the manifest's for `tensorrt_llm` (and the LLM-API model); another engine model's world
+    size is the length of its `gpu_device_ids` (1 when unset).
     """
     from pipeline.core.manifests import RepoManifest
     from pipeline.stages.package import pbtxt
@@ -169,7 +197,7 @@ def shape_from_repo(repo: Path, *, world_size: int | None = None,
     manifest = RepoManifest.read(repo, strict=False)
     backend = backend_named(manifest.runtime, manifest.target) if manifest is not None else None
     if backend is not None and backend.llmapi:
-        return RepoShape(backend.repo_kind)
+        return RepoShape(backend.repo_kind, (EngineModel(TARGET_MODEL, world_size or manifest.world_size),))
     models = []
     for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):
         cfg = pbtxt.read(cfg_path)
@@ -203,7 +231,7 @@ def _common(repo: str, ep: Endpoints, shm: str, log_verbose: int, exit_timeout_s
 
 
 def _worker(binary: str, repo: str, model: str, shm: str, log_verbose: int, exit_timeout_s: int) -> tuple[str, ...]:
-    """Leader mode, rank >= 1: only the TensorRT-LLM model, no endpoints."""
+    """Rank >= 1 (leader mode, LLM-API ranks): only the TensorRT-LLM model, no endpoints."""
     return (binary, f"--model-repository={repo}", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
             "--model-control-mode=explicit", f"--load-model={model}",
             f"--backend-config=python,shm-region-prefix-name={shm}",
@@ -252,24 +280,27 @@ def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoint
         error: the error class for layouts upstream cannot launch (ServeError / DeployError, exit 2).
 
     Raises:
-        `error`: a draft-target repository whose target spans nodes or whose GPU ids the backend refuses; an LLM-API
-            repository across nodes.
+        `error`: a draft-target repository whose target spans nodes or whose GPU ids the backend refuses.
     """
     common = _common(repo, endpoints, rank_shm_prefix(shm_prefix, 0), log_verbose, exit_timeout_s)
     if shape.kind == "reference":
         return LaunchPlan("cpu-reference", ((binary, *common, *extra_args),), source=UPSTREAM["cpu-reference"])
-    if shape.kind == "llmapi":
-        if nodes > 1:
-            raise error("the LLM-API Triton model runs in one tritonserver on one node (the LLM spawns its workers "
-                        "there); lower --tp/--pp to fit one node, or deploy --runtime pytorch (trtllm-serve per rank)")
-        return LaunchPlan("llmapi", ((binary, *common, "--disable-auto-complete-config"),), source=UPSTREAM["llmapi"])
     models = shape.engine_models
+    if shape.kind == "llmapi":
+        world = models[0].world_size if models else 1
+        first = (binary, *common, "--disable-auto-complete-config")
+        if world <= 1:
+            return LaunchPlan("llmapi", (first,), source=UPSTREAM["llmapi"])
+        ranks = [(LLMAPI_LAUNCH, *first)] + [
+            (LLMAPI_LAUNCH, *_worker(binary, repo, models[0].name, rank_shm_prefix(shm_prefix, r), log_verbose,
+                                     exit_timeout_s)) for r in range(1, world)]
+        return LaunchPlan("llmapi", tuple(ranks), nodes=nodes, source=UPSTREAM["llmapi"], mpi=True)
     if len(models) > 1:
         gpus = _check_orchestrator(models, nodes, gpus_per_node, error)
         pools = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
                  *(f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus))]
         argv = (binary, *common, *pools, "--disable-auto-complete-config")
-        return LaunchPlan("orchestrator", (argv,), dict(ORCHESTRATOR_ENV), 1, UPSTREAM["orchestrator"])
+        return LaunchPlan("orchestrator", (argv,), dict(ORCHESTRATOR_ENV), 1, UPSTREAM["orchestrator"], mpi=True)
     world = models[0].world_size if models else 1
     first = (binary, *common, "--disable-auto-complete-config")
     if world <= 1:
@@ -277,4 +308,4 @@ def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoint
     name = models[0].name
     ranks = [first] + [_worker(binary, repo, name, rank_shm_prefix(shm_prefix, r), log_verbose, exit_timeout_s)
                        for r in range(1, world)]
-    return LaunchPlan("leader", tuple(ranks), nodes=nodes, source=UPSTREAM["leader"])
+    return LaunchPlan("leader", tuple(ranks), nodes=nodes, source=UPSTREAM["leader"], mpi=True)

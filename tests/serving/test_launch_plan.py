@@ -3,6 +3,7 @@ Slurm starting the same processes for each layout."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -86,6 +87,78 @@ def test_layout_table(layout, shape, host, mode, processes, orchestrator):
         assert plan.env == {} and not any("memory-pool" in a for a in first)
 
 
+# ------------------------------------------------------------------------------ our argv == the launcher's get_cmd
+GET_CMD = json.loads((Path(__file__).parents[1] / "data" / "launch_triton_server_get_cmd.json").read_text())
+# What our argv changes in the launcher's, per segment: rank 0 binds its endpoints to an address and sets the log
+# level; ranks >= 1 turn the endpoints off instead of repeating rank 0's ports (their backend never serves).
+RANK0_ADDED = {"--http-address", "--grpc-address", "--metrics-address", "--log-verbose"}
+WORKER_ADDED = {"--allow-http", "--allow-grpc", "--allow-metrics", "--log-verbose"}
+WORKER_DROPPED = {"--http-port", "--grpc-port", "--metrics-port"}
+
+
+def _get_cmd(case: str) -> list[str]:
+    return next(c["argv"] for c in GET_CMD["cases"] if c["case"] == case)
+
+
+def _segments(argv: list[str]) -> tuple[list[str], list[tuple[list[str], dict[str, set[str]]]]]:
+    """The mpirun options, then each `-n 1 PROGRAM... --flag=value ...` segment as (programs, flag -> values)."""
+    start = argv.index("-n")
+    words = " ".join(argv[start:]).split(" : ")
+    segments = []
+    for text in filter(None, (w.strip(" :") for w in words)):
+        tokens = text.split()
+        assert tokens[:2] == ["-n", "1"], text
+        programs = [t for t in tokens[2:] if not t.startswith("--")]
+        flags: dict[str, set[str]] = {}
+        for t in tokens[2 + len(programs):]:
+            name, _, value = t.partition("=")
+            flags.setdefault(name, set()).add(value)
+        segments.append((programs, flags))
+    return argv[:start], segments
+
+
+def _assert_as_launched(ours: list[str], case: str) -> None:
+    """`ours` starts what get_cmd starts, field by field: the mpirun options, the segments, each segment's programs
+    and every flag's values, but for the documented RANK0_ADDED / WORKER_ADDED / WORKER_DROPPED."""
+    up_mpi, up = _segments(_get_cmd(case))
+    our_mpi, mine = _segments(ours)
+    assert our_mpi == up_mpi and len(mine) == len(up)
+    for i, ((up_prog, up_flags), (our_prog, our_flags)) in enumerate(zip(up, mine)):
+        assert our_prog == up_prog, i
+        added, dropped = (RANK0_ADDED, set()) if i == 0 else (WORKER_ADDED, WORKER_DROPPED)
+        assert set(our_flags) - set(up_flags) == added and set(up_flags) - set(our_flags) == dropped, i
+        for name in set(up_flags) - dropped:
+            assert our_flags[name] == up_flags[name], (i, name)
+
+
+def test_leader_tp4_is_launched_as_get_cmd_launches_it():
+    _assert_as_launched(_plan(_engine(EngineModel(TARGET, 4)), exit_timeout_s=10).local_argv(), "leader tp4")
+
+
+def test_orchestrator_tp4_target_and_draft_is_launched_as_get_cmd_launches_it():
+    shape = _engine(EngineModel(TARGET, 4, (0, 1, 2, 3)), EngineModel(DRAFT, 1, (0,)))
+    plan = _plan(shape, gpus_per_node=4, exit_timeout_s=10)
+    assert plan.processes == 1 and plan.own_mpirun and plan.env == ORCHESTRATOR_ENV
+    _assert_as_launched(plan.local_argv(), "orchestrator tp4 target + draft")  # serve
+    _assert_as_launched(plan.process_argv(0, oversubscribe=True),  # deploy's rank.sh
+                        "orchestrator tp4 target + draft, --oversubscribe")
+
+
+def test_llmapi_tp2_is_launched_as_get_cmd_trtllm_llmapi_launch_launches_it():
+    plan = _plan(RepoShape("llmapi", (EngineModel(TARGET, 2),)), exit_timeout_s=10)
+    assert (plan.mode, plan.processes, plan.ranks_launched) == ("llmapi", 2, True)
+    _assert_as_launched(plan.local_argv(), "llmapi tp2")
+    assert [r[0] for r in plan.ranks] == ["trtllm-llmapi-launch"] * 2
+
+
+def test_the_comparison_fails_on_a_changed_flag():
+    argv = _plan(_engine(EngineModel(TARGET, 4)), exit_timeout_s=10).local_argv()
+    for bad in ([a.replace("prefix2_", "prefix9_") for a in argv], [a for a in argv if a != "--model-control-mode=explicit"],
+                [a.replace("--allow-run-as-root", "--oversubscribe") for a in argv]):
+        with pytest.raises(AssertionError):
+            _assert_as_launched(bad, "leader tp4")
+
+
 def test_leader_local_argv_is_one_mpirun_with_a_segment_per_rank():
     plan = _plan(_engine(EngineModel(TARGET, 4)))
     argv = plan.local_argv("mpirun")
@@ -116,11 +189,12 @@ def test_orchestrator_gpu_ids_the_executor_refuses():
         _plan(_engine(target4, EngineModel(DRAFT, 1, (4,))), gpus_per_node=4)
 
 
-def test_llmapi_and_reference_are_one_process():
-    llm = _plan(RepoShape("llmapi"))
-    assert (llm.mode, llm.processes, llm.env) == ("llmapi", 1, {})
-    with pytest.raises(DeployError, match="one node"):
-        _plan(RepoShape("llmapi"), nodes=2, error=DeployError)
+def test_llmapi_tp1_and_reference_are_one_process_without_mpi():
+    llm = _plan(RepoShape("llmapi", (EngineModel(TARGET, 1),)))
+    assert (llm.mode, llm.processes, llm.env, llm.mpi) == ("llmapi", 1, {}, False)
+    assert llm.local_argv() == list(llm.ranks[0]) and llm.ranks[0][0] == "tritonserver"  # launcher's --no-mpi
+    assert shape_from_spec(resolve_spec(model="llama-70b", precision="fp8", tp=2, runtime="pytorch")) == \
+        RepoShape("llmapi", (EngineModel(TARGET, 2),))
     ref = _plan(RepoShape("reference"), extra_args=("--backend-directory=/b",))
     assert ref.mode == "cpu-reference" and ref.ranks[0][-1] == "--backend-directory=/b"
 
@@ -171,8 +245,9 @@ def _serve_processes(spec, tmp_path, monkeypatch) -> tuple[list[list[str]], dict
                               host="0.0.0.0", binary="/opt/tritonserver/bin/tritonserver",
                               world_size=spec.parallelism.world_size)
     argv = cmd.argv
-    if Path(argv[0]).name == "mpirun":
-        ranks = [s.split()[2:] for s in " ".join(argv[2:]).split(" : ")]
+    if Path(argv[0]).name == "mpirun":  # leader and orchestrator mode: one mpirun, a `-n 1 ...` segment per process
+        assert argv[1:argv.index("-n")] == ["--allow-run-as-root"]
+        ranks = [s.split()[2:] for s in " ".join(argv[argv.index("-n"):]).split(" : ")]
     else:
         ranks = [argv]
     norm = [[("tritonserver" if a == "/opt/tritonserver/bin/tritonserver" else a.replace(str(repo.resolve()), "R"))
@@ -188,6 +263,11 @@ def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
     ranks = [shlex.split(m.group(2).replace('"$repo"', "R"))
              for m in re.finditer(r"^  (\d+)\) (?:exec|serve_watched 8000) (.*) ;;$", text, re.M)]
     env = dict(m.groups() for m in re.finditer(r"^export (\w+)=(\S+)$", text, re.M))
+    if env == ORCHESTRATOR_ENV:  # the one process is its own mpirun -n 1 (launch_triton_server.py --oversubscribe)
+        assert len(ranks) == 1 and ranks[0][:5] == ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "1"]
+        ranks = [ranks[0][5:]]
+    else:
+        assert not any(r[0] == "mpirun" for r in ranks)  # the platform starts the ranks
     return ranks, env
 
 
@@ -240,7 +320,10 @@ def test_draft_target_with_tp4_target_is_one_orchestrator_process_everywhere(tmp
     assert "--cuda-memory-pool-byte-size=3:0" in served[0]
     sbatch = (tmp_path / "s" / "serve.sbatch")
     _slurm_processes(spec, tmp_path / "s")
-    assert "--mpi=pmix" not in sbatch.read_text()  # one process: the backend spawns the ranks
+    text = sbatch.read_text()
+    # one task, no PMI from Slurm: its own mpirun -n 1 runs tritonserver, from which the backend spawns the ranks
+    assert "--mpi=pmix" not in text and re.search(r"^srun --mpi=none --nodes=1 --ntasks-per-node=1 .*rank\.sh$", text,
+                                                  re.M)
 
 
 def test_multi_node_draft_target_deploy_is_refused(out_env, tmp_path):
@@ -261,7 +344,9 @@ def test_serve_print_only_needs_only_the_spec(out_env, capsys):
     assert plan.mode == "orchestrator" and "# mode orchestrator: 1 process(es)" in text
     assert "export TRTLLM_ORCHESTRATOR=1\nexport TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1\n" in text
     command = shlex.split(text.strip().splitlines()[-1])
-    assert command == list(plan.ranks[0]) and "--http-port=8010" in command and "--http-address=0.0.0.0" in command
+    assert command[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"]  # launch_triton_server.py keeps MPI on
+    assert command[4:] == list(plan.ranks[0]) and "--http-port=8010" in command and "--http-address=0.0.0.0" in command
+    assert "--disable-auto-complete-config" in command
     repo = next(a for a in command if a.startswith("--model-repository=")).split("=", 1)[1]
     assert Path(repo).parent == out_env / "out" / "triton_repo" and "<build-id>" in repo  # not built yet
     leader = serve_command(resolve_spec(**SPECS["leader tp4"]), print_only=True)
@@ -287,18 +372,21 @@ def test_rank_script_execs_the_plan_argv_of_its_rank(layout, tmp_path, out_env):
     bindir.mkdir()
     work.mkdir()
     (work / "REPO").write_text("/srv/repo with space\n")
-    stand_in = bindir / "tritonserver"
-    stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                        "print(json.dumps([sys.argv[1:], {k: v for k, v in os.environ.items() "
-                        "if k.startswith('TRTLLM_')}]))\n")
-    stand_in.chmod(0o755)
+    for program in ("tritonserver", "mpirun"):  # stand-ins: the program's name, its argv and the TRTLLM_ env
+        stand_in = bindir / program
+        stand_in.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                            "print(json.dumps([[os.path.basename(sys.argv[0]), *sys.argv[1:]], "
+                            "{k: v for k, v in os.environ.items() if k.startswith('TRTLLM_')}]))\n")
+        stand_in.chmod(0o755)
     plan = engine_launch_plan(spec, place(spec.parallelism.tp, spec.parallelism.pp, spec.hardware))
     for rank in range(plan.processes):
         env = {"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work), "SLURM_PROCID": str(rank)}
         out = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], env=env, capture_output=True, text=True,
                              check=True, timeout=60).stdout
         argv, got_env = json.loads(out)
-        assert argv == [a.replace(REPO_WORD, "/srv/repo with space") for a in plan.ranks[rank][1:]]
+        assert argv == [a.replace(REPO_WORD, "/srv/repo with space")
+                        for a in plan.process_argv(rank, oversubscribe=True)]
+        assert argv[0] == ("mpirun" if plan.mode == "orchestrator" else "tritonserver")
         assert got_env == plan.env
     beyond = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], capture_output=True, text=True,
                             env={"PATH": f"{bindir}:{os.environ['PATH']}", "WORK": str(work),

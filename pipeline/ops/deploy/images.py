@@ -4,10 +4,11 @@ NGC publishes `nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3` monthly, e
 Sources of the table (TensorRT-LLM version -> Triton release):
 - 1.0.0 -> 25.10, 1.1.0 -> 25.12: Triton's release compatibility matrix, container trtllm-python-py3
   (docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/compatibility.html).
-- 1.2.0 -> 26.03, 1.2.1 -> 26.04: users' deployment notes in the code index (TensorRT-LLM 1.2.0 run from
-  "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3"; "Triton 26.04 = v2.68.0 ... TRT-LLM 1.2.1"); 25.12 and 26.02
-  still ship 1.1.0. The matrix page in the index stops at 25.12: check the NGC page before relying on these two,
-  or pin the image yourself with `--image`.
+- 1.2.0 -> 26.03, 1.2.1 -> 26.04: UNVERIFIED from NVIDIA's own pages (the Dockerfile comment lists what was
+  searched: the matrix stops at 25.12, the rel-26-04 release notes as read list no versions); users' deployment notes
+  in the code index say so (TensorRT-LLM 1.2.0 run from "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3";
+  "Triton 26.04 = v2.68.0 ... TRT-LLM 1.2.1"). The Dockerfile's build fails on another TensorRT-LLM; check the NGC
+  page before relying on these two, or pin the image yourself with `--image`.
 
 Ours, `trtllm-pipeline:<pipeline version>-<server tag>` (DEFAULT_PIPELINE_IMAGE for the default server image, the name
 README's `docker build -t` gives it), is the Dockerfile's build FROM the server image: kubectl, and this repository

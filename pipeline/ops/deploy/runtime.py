@@ -4,7 +4,8 @@ A `Runtime` is the slot a serving stack fills: the per-rank program, its health 
 node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository as its
 launch plan says (`pipeline.serving.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
 HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode (draft-target), one
-process that spawns each model's ranks; or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
+process, `mpirun --allow-run-as-root --oversubscribe -n 1 tritonserver ...`, whose backend spawns each model's ranks;
+or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
 release's Hugging Face checkpoint: the argv of `pipeline.serving.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
 ... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
@@ -50,6 +51,7 @@ class Runtime:
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
     ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
     ready_script: str = ""  # /bin/sh readiness check run in the serving container (Kubernetes exec probe); "": HTTP
+    own_mpirun: bool = False  # the one process is an `mpirun -n 1` of its own (orchestrator): no PMI from the platform
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -142,10 +144,16 @@ soft_kib=$(ulimit -S -s)
 
 def _engine_rank_script(plan: LaunchPlan) -> str:
     """/bin/sh: the plan's env and STACK_LIMIT, then the argv of this process's rank (MPI or Slurm rank; 0 for one
-    process). Rank 0 holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`)."""
+    process). Rank 0 holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`).
+
+    Orchestrator mode runs launch_triton_server.py's `mpirun --allow-run-as-root --oversubscribe -n 1 tritonserver
+    ...` (its `--oversubscribe` option, "mainly for SLURM MPI usecases"): under Slurm that mpirun takes its slots from
+    the job, one task, and the backend's MPI_Comm_spawn of every model's ranks needs more than that.
+    """
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
     cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
-                    f"{' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
+                    f"{' '.join(_plan_word(a) for a in plan.process_argv(i, oversubscribe=True))} ;;\n"
+                    for i in range(plan.processes))
     return f"""#!/bin/sh
 # The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
 # upstream: {plan.source}
@@ -160,11 +168,13 @@ esac
 
 def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     """tritonserver over the release's repository as its launch plan says: leader mode -> the platform starts
-    world-size ranks; single / orchestrator -> one process (the orchestrator spawns each model's ranks)."""
+    world-size ranks; single -> one process; orchestrator -> one process, its own `mpirun -n 1` (the backend spawns
+    each model's ranks from it)."""
     plan = engine_launch_plan(spec, p)
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
-                   ranks_launched=plan.ranks_launched, ready_script=ready_script(HTTP_PORT))
+                   ranks_launched=plan.ranks_launched, ready_script=ready_script(HTTP_PORT),
+                   own_mpirun=plan.own_mpirun)
 
 
 def _shell_word(arg: str) -> str:

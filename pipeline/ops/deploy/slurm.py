@@ -1,5 +1,10 @@
 """Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=pmix`, world size = TP × PP; several
-replicas: a job array, one job per replica) and a job array for the build matrix. Containers run through
+replicas: a job array, one job per replica) and a job array for the build matrix. Orchestrator mode (draft-target)
+is one task, `srun --mpi=none`, that runs the image's Open MPI `mpirun -n 1 tritonserver` as
+launch_triton_server.py does: the backend then MPI_Comm_spawns each model's ranks through that mpirun's runtime,
+which implements spawning; a task srun starts with `--mpi=pmix` would need Slurm's PMIx server to spawn
+(PMIx_Spawn), which we do not rely on (untried on a cluster here), and `--mpi=none` keeps Slurm's PMI variables away
+from that mpirun. Containers run through
 pyxis/enroot (`srun --container-image`, images in pyxis' `registry#image` form); `container=False` runs the same
 scripts on the hosts (the pipeline and tritonserver installed there).
 
@@ -181,7 +186,8 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: 
     fetch = _srun(o, o.pipeline_image, mounts, node_step)
     # --kill-on-bad-exit: a rank that fails (rank 0's stub watchdog exits 5) ends the whole step, and the job fails
     ranks = _srun(o, o.pipeline_image if rt.pipeline_image else o.server_image, mounts,
-                  [*(["--mpi=pmix"] if rt.ranks_launched else []), f"--nodes={p.nodes}",
+                  [*(["--mpi=pmix"] if rt.ranks_launched else ["--mpi=none"] if rt.own_mpirun else []),
+                   f"--nodes={p.nodes}",
                    f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1"])
     ports = " / ".join(f"{name} {port}" for name, port in rt.ports)
     layout = (f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "

@@ -14,7 +14,9 @@ engine pod's readiness probe (`ready_script`) runs it, so Kubernetes takes the p
 rather than after the watchdog's stop.
 
 A stub is `triton_python_backend_stub MODEL.py SHM SIZE GROWTH PARENT_PID LIB IPC INSTANCE ...` (its argv as
-python_backend's stub launcher writes it); PARENT_PID picks this server's stubs.
+python_backend's stub launcher writes it); PARENT_PID picks this server's stubs: the watched process or one of its
+descendants, since rank 0 may start tritonserver below a launcher (`mpirun -n 1` in orchestrator mode,
+`trtllm-llmapi-launch` for LLM-API ranks).
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ STATE_FILE = "stub-watch"  # under $WORK (STUB_STATE overrides): the server pid,
 STUB_WATCH = f"""\
 # tritonserver stays ready when a Python-backend stub dies and fails every request to that model:
 # serve_watched stops it (exit 5) once a stub it started after loading is gone, so the platform restarts the rank.
-stubs_of() {{  # instance names of the live Python-backend stubs whose parent is process $1
+tree_of() {{  # process $1 and its descendants, as " pid pid ... "
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '{{ r = $0; sub(/.*\\) /, "", r); split(r, f, " ");
+    parent[$1] = f[2] }} END {{ tree[root] = 1; do {{ grown = 0; for (p in parent) if (!(p in tree) &&
+    (parent[p] in tree)) {{ tree[p] = 1; grown = 1 }} }} while (grown); printf " "; for (p in tree) printf "%s ", p }}'
+}}
+stubs_of() {{  # instance names of the live Python-backend stubs whose parent is process $1 or a descendant of it
+  stubs_tree=$(tree_of "$1")
   grep -las triton_python_backend_stub /proc/[0-9]*/cmdline | while read -r f; do
-    tr '\\000' '\\n' < "$f" 2>/dev/null | awk -v parent="$1" \\
-      'NR == 1 && !/triton_python_backend_stub$/ {{exit}} NR == 6 && $0 != parent {{exit}} NR == 9 {{print; exit}}'
+    tr '\\000' '\\n' < "$f" 2>/dev/null | awk -v tree="$stubs_tree" \\
+      'NR == 1 && !/triton_python_backend_stub$/ {{exit}} NR == 6 && !index(tree, " " $0 " ") {{exit}} NR == 9 {{print; exit}}'
   done
 }}
 listening() {{  # a socket of this network namespace listens on TCP port $1

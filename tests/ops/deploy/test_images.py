@@ -205,3 +205,16 @@ def test_kubectl_is_installed_only_with_its_pinned_sha256(tmp_path):
                                                             "KUBECTL_SHA256_ARM64": FAKE_SHA256})
     assert result.returncode == 0, result.stderr
     assert dest.stat().st_mode & 0o777 == 0o755 and "Client Version: fake" in result.stdout
+
+
+def test_readme_dockerfile_and_images_name_one_tag_for_1_2_1_and_its_status():
+    """The tag the deploy defaults pick for TensorRT-LLM 1.2.1 is the one README and the Dockerfile state, each
+    saying that no NVIDIA page read confirms it."""
+    release = images.NGC_TRITON_RELEASE["1.2.1"]
+    assert images.ngc_image("1.2.1") == f"nvcr.io/nvidia/tritonserver:{release}-trtllm-python-py3"
+    assert f"Which tag carries TensorRT-LLM 1.2.1: {release}-trtllm-python-py3, UNVERIFIED" in DOCKERFILE.read_text()
+    assert _args()["TRITON_VERSION"] == release
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"(NGC `tritonserver:{release}-trtllm-python-py3`" in readme
+    assert f"that {release} ships 1.2.1 is UNVERIFIED" in readme
+    assert f"1.2.1 -> {release}: UNVERIFIED" in " ".join(images.__doc__.split())

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
-from tests.serving.test_serve_hygiene import _echo_repo
+from tests.serving.test_serve_hygiene import FAKE_MPIRUN, _echo_repo
 
 WATCH_S = 1
 
@@ -54,9 +55,10 @@ def _wait(pred, timeout_s: float, what: str):
 
 
 @pytest.fixture
-def watched(tmp_path, monkeypatch):
+def watched(tmp_path, monkeypatch, request):
     """`serve_watched PORT tritonserver ...` (the CPU server on an echo model) as rank.sh runs it, its stub record
-    in tmp_path/work; yields (rank process, server pid, http port)."""
+    in tmp_path/work; yields (rank process, server pid, http port). Parametrized "mpirun": the server runs below an
+    mpirun stand-in (`mpirun -n 1 tritonserver ...`, orchestrator mode), so its stubs' parent is not the watched pid."""
     from pipeline.serving.serve import build_command, free_ports, launch_repo, process_tree
 
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
@@ -65,10 +67,14 @@ def watched(tmp_path, monkeypatch):
     cmd = build_command(launch, http_port=http, grpc_port=grpc, metrics_port=metrics,
                         shm_prefix=f"tripipe-{os.getpid()}-watch-")
     script = STUB_WATCH + 'serve_watched "$PORT" "$@"\n'
+    argv = cmd.argv
+    if getattr(request, "param", "direct") == "mpirun":
+        (tmp_path / "mpirun").write_text(FAKE_MPIRUN)
+        argv = [sys.executable, str(tmp_path / "mpirun"), "--allow-run-as-root", "-n", "1", *argv]
     (tmp_path / "work").mkdir()
     env = {**cmd.env, "PORT": str(http), "STUB_WATCH_SECONDS": str(WATCH_S), "STUB_STOP_GRACE_SECONDS": "30",
            "WORK": str(tmp_path / "work")}
-    rank = subprocess.Popen(["/bin/sh", "-c", f"set -eu\n{script}", "rank.sh", *cmd.argv], env=env,
+    rank = subprocess.Popen(["/bin/sh", "-c", f"set -eu\n{script}", "rank.sh", *argv], env=env,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         server = _wait(lambda: next((p for p in process_tree(rank.pid)
@@ -84,6 +90,7 @@ def watched(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("watched", ["direct", "mpirun"], indirect=True)
 def test_a_killed_stub_stops_the_watched_server_with_exit_5(watched):
     rank, server, http = watched
     stubs = _wait(lambda: _stubs(server), 30, "the echo stub")
