@@ -68,11 +68,12 @@ def _absent(rel: str) -> Callable[[Path], str]:
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE_INT = "1" + "0" * 5000
-SPEC = "model: tiny-llama\nprecision: fp8\ntarget: reference\n"
+SPEC = "model: tiny-llama\ntarget: reference\n"
 _victims = _both(_write("out/engines/keep.txt", "x"), _write("out/triton_repo/keep.txt", "x"),
                  _write("out/releases/keep.txt", "x"), _write("other/notes.txt", "mine"))
 _BENCH_BUILT = ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--dataset"]
-_DEPLOY = ["deploy", "--platform", "k8s", "--model", "tiny-llama", "--precision", "fp8", "--target", "reference"]
+_DEPLOY = ["deploy", "--platform", "k8s", "--model", "llama-8b", "--precision", "fp8", "--release-volume", "releases",
+           "--pipeline-image", "registry.example.com/trtllm-pipeline:1"]
 
 
 def _not_run(tmp: Path) -> str:
@@ -111,8 +112,8 @@ def _edited_ref(tmp: Path) -> None:
         doc = json.loads(ref.read_text())
         ckpt = Path(os.environ["PIPELINE_ROOT"]) / doc["outputs"]["checkpoint"]["path"]
         man = json.loads((ckpt / "manifest.json").read_text())
-        by_prec[json.dumps(man.get("spec", {}).get("quantization", {}).get("precision"))] = (ref, doc)
-    fp8, bf16 = by_prec.get('"fp8"'), by_prec.get('"bf16"')
+        by_prec[man["recipe"]["precision"]] = (ref, doc)
+    fp8, bf16 = by_prec.get("fp8"), by_prec.get("bf16")
     if not (fp8 and bf16):
         raise SystemExit(f"probe setup: need fp8 and bf16 calibrate refs in {refs}, found {sorted(by_prec)}")
     (tmp / "saved_ref").write_text(fp8[0].read_text())
@@ -128,72 +129,77 @@ def _restore_ref(tmp: Path) -> str:
 CASES: list[Case] = [
     # --- data loss
     Case("data loss", "deploy --output $PIPELINE_ROOT --force", [*_DEPLOY, "--output", "{tmp}/out", "--force"],
-         (2,), _victims, _survives("out/engines/keep.txt", "out/triton_repo/keep.txt", "out/releases/keep.txt")),
+         (2,), _victims, _survives("out/engines/keep.txt", "out/triton_repo/keep.txt", "out/releases/keep.txt"),
+         needle="nothing was deleted"),
     Case("data loss", "deploy --output <dir of other files> --force", [*_DEPLOY, "--output", "{tmp}/other", "--force"],
-         (2,), _victims, _survives("other/notes.txt")),
-    Case("data loss", "deploy --output / --force", [*_DEPLOY, "--output", "/", "--force"], (2,)),
+         (2,), _victims, _survives("other/notes.txt"), needle="nothing was deleted"),
+    Case("data loss", "deploy --output / --force", [*_DEPLOY, "--output", "/", "--force"], (2,),
+         needle="nothing was deleted"),
     Case("data loss", "deploy --output $HOME --force", [*_DEPLOY, "--output", os.path.expanduser("~"), "--force"],
-         (2,)),
+         (2,), needle="nothing was deleted"),
     # --- unbounded reads
-    Case("bounded reads", "check --spec /dev/zero", ["check", "--spec", "/dev/zero"], (2,)),
-    Case("bounded reads", "check --spec FIFO", ["check", "--spec", "{fifo}"], (2,)),
-    Case("bounded reads", "check --models-file FIFO", ["check", *TINY, "--models-file", "{fifo}"], (2,)),
+    Case("bounded reads", "check --spec /dev/zero", ["check", "--spec", "/dev/zero"], (2,), needle='character device'),
+    Case("bounded reads", "check --spec FIFO", ["check", "--spec", "{fifo}"], (2,), needle='FIFO'),
+    Case("bounded reads", "check --models-file FIFO", ["check", *TINY, "--models-file", "{fifo}"], (2,), needle='FIFO'),
     Case("bounded reads", "check --calib-data /dev/zero", ["check", *TINY, "--precision", "fp8", "--calib-data",
-                                                           "/dev/zero"], (2,)),
+                                                           "/dev/zero"], (2,), needle='character device'),
     Case("bounded reads", "bench --dataset /dev/zero", ["bench", *TINY, "--precision", "fp8", "--url",
-                                                        "127.0.0.1:9", "--dataset", "/dev/zero"], (2,)),
+                                                        "127.0.0.1:9", "--dataset", "/dev/zero"], (2,), needle='character device'),
     Case("bounded reads", "bench --dataset FIFO", ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9",
-                                                   "--dataset", "{fifo}"], (2,)),
+                                                   "--dataset", "{fifo}"], (2,), needle='FIFO'),
     Case("bounded reads", "plan --slo --bench-report FIFO", ["plan", "--model", "llama-8b", "--slo", "--ttft-ms",
                                                             "500", "--tpot-ms", "50", "--bench-report", "{fifo}"],
-         (2,)),
+         (2,), needle='FIFO'),
     Case("bounded reads", "plan --slo --precision-search /dev/zero",
          ["plan", "--model", "llama-8b", "--slo", "--ttft-ms", "500", "--tpot-ms", "50", "--precision-search",
-          "/dev/zero"], (2, 3)),
+          "/dev/zero"], (2, 3), needle='character device'),
     Case("bounded reads", "deploy --release FIFO", ["deploy", "--platform", "k8s", "--release", "{fifo}", "--output",
-                                                    "{tmp}/d"], (2,)),
-    Case("bounded reads", "verify /dev/zero", ["verify", "/dev/zero"], (2,)),
+                                                    "{tmp}/d"], (2,), needle='FIFO'),
+    Case("bounded reads", "verify /dev/zero", ["verify", "/dev/zero"], (2,), needle='neither release.json'),
     # --- tracebacks on bad input
     Case("tracebacks", "--bench-report nested 100,000 deep", ["plan", "--model", "llama-8b", "--slo", "--ttft-ms",
                                                                "500", "--tpot-ms", "50", "--bench-report",
-                                                               "{tmp}/deep.json"], (2,), _write("deep.json", DEEP)),
+                                                               "{tmp}/deep.json"], (2,), _write("deep.json", DEEP), needle='nested too deeply'),
     Case("tracebacks", "dataset line nested 100,000 deep", ["bench", *TINY, "--precision", "fp8", "--url",
                                                              "127.0.0.1:9", "--dataset", "{tmp}/deep.jsonl"], (2,),
-         _write("deep.jsonl", DEEP + "\n")),
+         _write("deep.jsonl", DEEP + "\n"), needle='nested over'),
     Case("tracebacks", "--calib-data nested 100,000 deep", ["check", *TINY, "--precision", "fp8", "--calib-data",
                                                              "{tmp}/deep.jsonl"], (2,),
-         _write("deep.jsonl", '{"text": ' + DEEP + "}\n")),
+         _write("deep.jsonl", '{"text": ' + DEEP + "}\n"), needle='nested too deeply'),
     Case("tracebacks", "spec with a 5,000-digit integer", ["check", "--spec", "{tmp}/s.yaml"], (2,),
-         _write("s.yaml", SPEC + f"max_batch_size: {HUGE_INT}\n")),
+         _write("s.yaml", SPEC + f"max_batch_size: {HUGE_INT}\n"), needle='more than 100 digits'),
     Case("tracebacks", "--bench-report with a 5,000-digit integer",
          ["plan", "--model", "llama-8b", "--slo", "--ttft-ms", "500", "--tpot-ms", "50", "--bench-report",
-          "{tmp}/int.json"], (2,), _write("int.json", '{"levels": [' + HUGE_INT + "]}")),
+          "{tmp}/int.json"], (2,), _write("int.json", '{"levels": [' + HUGE_INT + "]}"), needle='more than 100 digits'),
     Case("tracebacks", "bench --request-rate nan", ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9",
-                                                    "--request-rate", "nan"], (2,)),
+                                                    "--request-rate", "nan"], (2,), needle='--request-rate'),
     Case("tracebacks", "bench --request-rate inf", ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9",
-                                                    "--request-rate", "inf"], (2,)),
+                                                    "--request-rate", "inf"], (2,), needle='--request-rate'),
     Case("tracebacks", "ShareGPT reply not a string",
          ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--dataset", "{tmp}/sg.json"], (2, 5),
          _write("sg.json", json.dumps([{"conversations": [{"from": "human", "value": "hi"},
-                                                          {"from": "gpt", "value": {"x": 1}}]}]))),
+                                                          {"from": "gpt", "value": {"x": 1}}]}])),
+         needle="no ready Triton server"),
     Case("tracebacks", "lone surrogate in a prompt",
          ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--dataset", "{tmp}/sur.jsonl"], (2, 5),
-         _write("sur.jsonl", '{"prompt": "a \\ud800 b"}\n')),
+         _write("sur.jsonl", '{"prompt": "a \\ud800 b"}\n'), needle='lone surrogate'),
     Case("tracebacks", "YAML complex key", ["check", "--spec", "{tmp}/ck.yaml"], (2,),
-         _write("ck.yaml", SPEC + "? [a, b]\n: 1\n")),
+         _write("ck.yaml", SPEC + "? [a, b]\n: 1\n"), needle='complex key'),
     Case("tracebacks", "models file: 0 attention heads",
          ["check", "--model", "m0", "--precision", "fp8", "--skip-host-check", "--models-file", "{tmp}/m.yaml"], (2,),
-         _write("m.yaml", "models:\n  m0:\n    repo_id: org/m0\n    architecture: {num_layers: 2, hidden_size: 64, "
+         _write("m.yaml", "models:\n  m0:\n    repo_id: org/m0\n    tokenizer_family: llama3\n"
+                          "    architecture: {num_layers: 2, hidden_size: 64, "
                           "num_heads: 0, num_kv_heads: 1, head_dim: 16, intermediate_size: 128, vocab_size: 256, "
-                          "max_position_embeddings: 512}\n")),
+                          "max_position_embeddings: 512}\n"), needle='num_heads'),
     # --- validation gaps
     Case("validation", "plan --slo --ttft-ms nan", ["plan", "--model", "llama-8b", "--slo", "--ttft-ms", "nan",
-                                                    "--tpot-ms", "50"], (2,)),
+                                                    "--tpot-ms", "50"], (2,), needle='--ttft-ms'),
     Case("validation", "plan --slo --tpot-ms inf", ["plan", "--model", "llama-8b", "--slo", "--ttft-ms", "500",
-                                                    "--tpot-ms", "inf"], (2,)),
-    Case("validation", "plan --gpu-price -1", ["plan", "--model", "llama-8b", "--gpu-price", "-1"], (2,)),
+                                                    "--tpot-ms", "inf"], (2,), needle='--tpot-ms'),
+    Case("validation", "plan --gpu-price -1", ["plan", "--model", "llama-8b", "--gpu-price", "-1"], (2,), needle='gpu_price'),
     Case("validation", "spec max_ppl_delta_pct: .nan", ["check", "--spec", "{tmp}/n.yaml", "--skip-host-check"], (2,),
-         _write("n.yaml", SPEC + "quantization:\n  max_ppl_delta_pct: .nan\n")),
+         _write("n.yaml", SPEC + "quantization:\n  precision: fp8\n  max_ppl_delta_pct: .nan\n"),
+         needle="max_ppl_delta_pct"),
     Case("validation", "JSONL with U+2028 inside a string (valid)",
          ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--dataset", "{tmp}/ls.jsonl",
           "--requests", "1", "--concurrency", "1"], (2,),
@@ -201,32 +207,33 @@ CASES: list[Case] = [
     # --- secrets
     Case("secrets", "--release-url with credentials (k8s)",
          [*_DEPLOY, "--output", "{tmp}/dk", "--release-url", "https://user:hunter2@example.com/r.tar"], (2,),
-         after=_absent("dk")),
+         after=_absent("dk"), needle='credentials'),
     Case("secrets", "--release-url not http(s) (k8s)",
          [*_DEPLOY, "--output", "{tmp}/dk2", "--release-url", "file:///etc/passwd"], (2,), after=_absent("dk2")),
-    # --- the second probe's classes (issue 22), re-run
+    # --- the second probe's classes (issue 22, needle='http(s)'), re-run
     Case("earlier probe", "slurm --partition 'x;touch pwned' (quoted or refused)",
          ["deploy", "--platform", "slurm", "--model", "tiny-llama", "--precision", "fp8", "--target", "reference",
           "--output", "{tmp}/ds", "--release-volume", "/shared/rel", "--partition", "x;touch {tmp}/pwned"], (0, 2),
-         after=_not_run),
+         after=_not_run, needle='--partition'),
     Case("earlier probe", "release.json naming the release ../../PWNED",
          ["deploy", "--platform", "k8s", "--release", "{tmp}/rel", "--output", "{tmp}/dr"], (2,),
          _traversing_release, after=_absent("dr"), needle="not a safe file name"),
     Case("earlier probe", "verify a tarball with a setuid member", ["verify", "{tmp}/suid.tar"], (3,),
          _suid_tar, needle="setuid"),
     Case("earlier probe", "bench --concurrency 3000 --requests 2",
-         ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--concurrency", "5000", "--requests", "2"],
-         (2,)),
-    Case("earlier probe", "an unknown flag (invoke's parser)", ["check", "--no-such-flag"], (2,)),
+         ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9", "--concurrency", "3000", "--requests", "2"],
+         (2,), needle="no ready Triton server"),
+    Case("earlier probe", "an unknown flag (invoke's parser)", ["check", "--no-such-flag"], (2,), needle='unknown flag'),
     Case("earlier probe", "k8s --namespace Bad_Name", [*_DEPLOY, "--output", "{tmp}/dn", "--namespace", "Bad_Name"],
-         (2,), after=_absent("dn")),
+         (2,), after=_absent("dn"), needle="--namespace"),
     Case("earlier probe", "--model hf:../../etc", ["check", "--model", "hf:../../etc", "--precision", "fp8"], (2,)),
-    # --- integrity (need a build)
+    # --- integrity (need a build, needle='not a Hub repo id')
     Case("integrity", "fp8 calibrate ref edited to the bf16 checkpoint: package",
-         ["package", *TINY, "--precision", "fp8", "--force"], (3,), _edited_ref, _restore_ref, needs_build=True),
+         ["package", *TINY, "--precision", "fp8", "--force"], (3,), _edited_ref, _restore_ref, needs_build=True,
+         needle="this spec: fp8"),
     Case("integrity", "fp8 calibrate ref edited to the bf16 checkpoint: release",
-         ["release", *TINY, "--precision", "fp8", "--output", "{tmp}/rel"], (3,), _edited_ref, _restore_ref,
-         needs_build=True),
+         ["release", *TINY, "--precision", "fp8", "--output", "{tmp}/rel"], (3,), _edited_ref,
+         lambda tmp: _restore_ref(tmp) or _absent("rel")(tmp), needs_build=True, needle="this spec: fp8"),
     Case("bounded reads", "bench: one 192 MB prompt", [*_BENCH_BUILT, "{tmp}/big.jsonl"], (2,),
          lambda tmp: (tmp / "big.jsonl").write_bytes(b'{"prompt": "' + b"word " * ((192 << 20) // 5) + b'"}\n'),
          needs_build=True, needle="cap"),
@@ -239,7 +246,8 @@ CASES: list[Case] = [
          _write("same.jsonl", '{"prompt": "hi", "output_len": 100000}\n' * 3), needs_build=True,
          needle="max_seq_len"),
     Case("integrity", "bench --json-file /dev/full", ["bench", *TINY, "--precision", "fp8", "--url", "127.0.0.1:9",
-                                                      "--json-file", "/dev/full"], (2, 5), needs_build=True),
+                                                      "--json-file", "/dev/full"], (2, 5), needs_build=True,
+         needle="not a regular file"),
 ]
 
 
@@ -297,14 +305,15 @@ def main() -> int:
             code, secs, rss, err = _run(argv, env, args.timeout)
             problem = case.after(tmp)
             tb = "Traceback" in err
-            last = (err.strip().splitlines() or [""])[-1][:160]
-            problem = problem or (f"message lacks {case.needle!r}" if case.needle not in last else "")
+            whole = (err.strip().splitlines() or [""])[-1]
+            last = whole[:160]
+            problem = problem or (f"message lacks {case.needle!r}" if case.needle not in whole else "")
             ok = code in case.expect and secs < LIMIT_S and rss < LIMIT_RSS_MIB and not tb and not problem
             failed += not ok
             print(f"| {i} | {case.group} | {case.name} | {'/'.join(map(str, case.expect))} | {code} | {secs:.1f} | "
                   f"{rss} | {'yes' if tb else 'no'} | {'yes' if ok else 'NO: ' + (problem or last)} |")
             if not ok or args.verbose:
-                print(f"    stderr: {last}", file=sys.stderr)
+                print(f"    {i}: {whole}", file=sys.stderr)
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{len(cases) - failed}/{len(cases)} inputs hold (exit as documented, < {LIMIT_S:g} s, "
           f"< {LIMIT_RSS_MIB} MiB, no traceback, nothing deleted or half-written)")
