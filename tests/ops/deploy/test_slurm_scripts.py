@@ -43,7 +43,7 @@ def _run_with_stub_srun(script: Path, tmp_path: Path) -> list[dict]:
     (bin_dir / "srun").write_text(RECORD)
     (bin_dir / "srun").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_LOG": str(log), "SLURM_JOB_ID": "7",
-           "WORK": str(tmp_path / "work")}
+           "TRTLLM_DEPLOY_TMP": str(tmp_path / "tmp")}
     res = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in log.read_text().splitlines()]
@@ -136,9 +136,12 @@ def test_injection_values_stay_data_when_the_scripts_run(tmp_path, monkeypatch):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert f'#SBATCH --output="{d}/logs/%x-%j.out"' in script.read_text()
     records = _run_with_stub_srun(script, tmp_path)
-    assert [r["argv"][-1] for r in records] == [str(tmp_path / "work"), f"{d}/fetch-verify.sh", f"{d}/rank.sh"]
+    work = tmp_path / "tmp" / "trtllm-deploy-7"
+    assert [r["argv"][-1] for r in records] == [str(work), f"{d}/fetch-verify.sh", f"{d}/rank.sh", str(work)]
+    assert records[-1]["argv"][-3:] == ["rm", "-rf", str(work)]  # the exit trap, on every node
+    assert all(f"--task-epilog={d}/remove-work.sh" in r["argv"] for r in records[1:3])
     mounts = [a for a in records[1]["argv"] if a.startswith("--container-mounts=")]
-    assert mounts == [f"--container-mounts={tmp_path / 'work'}:{tmp_path / 'work'},{d}:{d},{release}:{release}"]
+    assert mounts == [f"--container-mounts={work}:{work},{d}:{d},{release}:{release}"]
     assert {r["release_dir"] for r in records} == {str(release)}
     _no_pwned(tmp_path)
 
@@ -210,7 +213,7 @@ def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path, **extra: st
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "METRICS_PORT"}
-    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w"),
+    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "TRTLLM_DEPLOY_TMP": str(tmp_path / "w"),
             "TARGETS": str(targets), "TARGETS_SEEN": str(tmp_path / "seen.json"), **extra}
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
@@ -233,16 +236,18 @@ def test_serve_script_writes_the_prometheus_target_while_serving_and_removes_it(
 
 def test_scrape_target_job_name_stays_data_and_the_reference_port_follows_the_env(tmp_path):
     from pipeline.ops.deploy.runtime import runtime_for
-    from pipeline.ops.deploy.slurm import SlurmOptions, _scrape_target_lines
+    from pipeline.ops.deploy.slurm import SlurmOptions, _cleanup_lines, _scrape_target_lines
     from pipeline.planning.placement import place
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     name = 'x";touch pwned;"'
-    o = SlurmOptions(name=name, directory=str(tmp_path), server_image="s", pipeline_image="p", pipeline_cmd="invoke")
+    o = SlurmOptions(name=name, directory=str(tmp_path), server_image="s", pipeline_image="p", pipeline_cmd="invoke",
+                     keep_work=True)
     targets = tmp_path / f"t {EVIL}.json"
     lines = _scrape_target_lines(o, runtime_for(spec, "t", placement=place(1, 1, spec.hardware), platform="slurm"), str(targets))
     script = tmp_path / "s.sh"
-    script.write_text("\n".join(["set -euo pipefail", *lines, 'cp "$targets" "$TARGETS_SEEN"']) + "\n")
+    script.write_text("\n".join(["set -euo pipefail", *_cleanup_lines(o, []), *lines, 'cp "$targets" "$TARGETS_SEEN"'])
+                      + "\n")
     res = _run_with_fake_node(script, tmp_path, targets, METRICS_PORT="18002")  # the reference rank.sh's port
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "seen.json").read_text()) == [{"targets": ["gpu-node-17:18002"],
@@ -283,7 +288,7 @@ def test_a_rank_exiting_5_ends_the_step_and_fails_the_job(tmp_path, monkeypatch)
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(RANK_FAILS)
     (bin_dir / "srun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "TRTLLM_DEPLOY_TMP": str(tmp_path / "w")}
     res = subprocess.run(["bash", str(d / "serve.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 5, res.stderr  # the job ends failed, with the rank's status
