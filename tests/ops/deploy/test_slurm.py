@@ -102,7 +102,8 @@ def test_multi_node_serve_script_passes_test_only(slurm, tmp_path):
                    output=str(tmp_path / "serve"))
     script = (tmp_path / "serve" / "serve.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
-    assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 --container-image=" in script
+    assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 --task-epilog=" in script
+    assert "#SBATCH --exclusive" not in script and "#SBATCH --cpus-per-task=4" in script  # 32 of 112 cores
     res = subprocess.run(["sbatch", "--test-only", str(tmp_path / "serve" / "serve.sbatch")], env=slurm.env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "gpu[1-2]" in res.stderr, res.stderr
