@@ -96,6 +96,17 @@ def _releases(directory: Path) -> dict[str, dict]:
     return out
 
 
+def _test_only(script: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """`sbatch --test-only script`, retried while the gpu nodes are still unknown to a fresh controller."""
+    deadline = time.monotonic() + 120
+    while True:
+        res = subprocess.run(["sbatch", "--test-only", str(script)], env=env, cwd=cwd, capture_output=True, text=True,
+                             timeout=60)
+        if res.returncode == 0 or "not available" not in res.stderr or time.monotonic() > deadline:
+            return res
+        time.sleep(2)
+
+
 def test_multi_node_serve_script_passes_test_only(slurm, tmp_path):
     spec = resolve_spec(model="llama-405b", precision="bf16")
     deploy_command(spec, platform="slurm", release_volume="/shared/releases", partition="gpu",
@@ -104,8 +115,7 @@ def test_multi_node_serve_script_passes_test_only(slurm, tmp_path):
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
     assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 --task-epilog=" in script
     assert "#SBATCH --exclusive" not in script and "#SBATCH --cpus-per-task=4" in script  # 32 of 112 cores
-    res = subprocess.run(["sbatch", "--test-only", str(tmp_path / "serve" / "serve.sbatch")], env=slurm.env,
-                         capture_output=True, text=True, timeout=60)
+    res = _test_only(tmp_path / "serve" / "serve.sbatch", slurm.env, tmp_path)
     assert res.returncode == 0 and "gpu[1-2]" in res.stderr, res.stderr
     # three pipeline stages need three nodes: the controller refuses what this cluster cannot hold
     spec3 = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=3, nodes=3)
@@ -124,13 +134,7 @@ def test_hostile_paths_and_slurm_flags_pass_test_only(slurm, tmp_path):
     out = tmp_path / "serve x;touch pwned"
     deploy_command(spec, platform="slurm", release_volume=str(tmp_path / "rel eases"), partition="gpu",
                    output=str(out), time_="1-00:00:00", account="proj-1", qos="normal")
-    deadline = time.monotonic() + 120  # the gpu nodes start unknown to a fresh controller
-    while time.monotonic() < deadline:
-        res = subprocess.run(["sbatch", "--test-only", str(out / "serve.sbatch")], env=slurm.env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
-        if res.returncode == 0 or "not available" not in res.stderr:
-            break
-        time.sleep(2)
+    res = _test_only(out / "serve.sbatch", slurm.env, tmp_path)
     assert res.returncode == 0 and "gpu[1-2]" in res.stderr, res.stderr
     assert not list(tmp_path.rglob("pwned*"))
 
