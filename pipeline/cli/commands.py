@@ -824,10 +824,12 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1, exclusive=False, mpi=None, keep_work=False
+                    ) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
-    slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
+    slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_,
+                  "--exclusive": exclusive, "--mpi": mpi, "--keep-work": keep_work}
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
@@ -840,7 +842,8 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 release_secret=release_secret, partition=partition, account=account, qos=qos, constraint=constraint,
-                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas)
+                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas,
+                exclusive=bool(exclusive), mpi=mpi or "pmix", keep_work=bool(keep_work))
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -853,7 +856,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
                    json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
-                   replicas: int | None = None) -> dict[str, Any]:
+                   replicas: int | None = None, release_version=None, exclusive=False,
+                   mpi: Literal["pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none"] | None = None,
+                   keep_work=False) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
@@ -887,14 +892,22 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
             /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
         replicas: serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the
             spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)
+        release_version: the `release --version` of the spec's release the nodes fetch (default: the pipeline's
+            version); a --release-volume directory on this host must hold that file
+        exclusive: Slurm: whole nodes (#SBATCH --exclusive); default: only the placement's GPUs per node
+        mpi: Slurm: srun --mpi of the serving ranks (default pmix)
+        keep_work: Slurm: leave the node-local work directory (the unpacked release) when the job ends
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
     replicas = int_option("replicas", replicas, maximum=MAX_REPLICAS)
     max_nodes = int_option("max_nodes", max_nodes, maximum=MAX_NODES)
     if matrix:
-        if replicas is not None:
-            raise DeployError("--replicas serves copies of one build; drop it with --matrix")
+        serving = {"--replicas": replicas is not None, "--release-version": release_version,
+                   "--exclusive": exclusive, "--mpi": mpi, "--keep-work": keep_work}
+        if any(serving.values()):
+            given = ", ".join(flag for flag, value in serving.items() if value)
+            raise DeployError(f"{given}: serving options; drop them with --matrix")
         return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
                               output=output, name=name, force=force, json_=json_,
                               opts=dict(namespace=namespace, release_url=None, release_volume=None,
@@ -903,9 +916,11 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                                         partition=partition, no_container=no_container, account=account, qos=qos,
                                         constraint=constraint, time_=time_))
     if release:
+        if release_version:
+            raise DeployError("--release-version names a spec's release; --release reads its own name, drop one")
         src = deploy_source.from_release(release)
     elif spec is not None:
-        src = deploy_source.from_spec(spec)
+        src = deploy_source.from_spec(spec, release_version or __version__)
     else:
         raise DeployError("give --release PATH (a release) or the spec (--model ... / --spec FILE)")
     explicit = src.origin == "release" or bool({"tp", "pp"} & src.spec.parallelism.model_fields_set)
@@ -914,7 +929,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     if chosen.limit_reasons:  # limits the memory model chose follow the topology deploy chose
         chosen = choose_limits(chosen)
     if src.origin == "spec":
-        src = deploy_source.from_spec(chosen)
+        src = deploy_source.from_spec(chosen, release_version or __version__)
     else:
         src = src.model_copy(update={"spec": chosen})
     o = _deploy_options(platform, name or deploy_render.default_name(chosen), namespace=namespace,
@@ -922,7 +937,10 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
-                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))
+                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas),
+                        exclusive=exclusive, mpi=mpi, keep_work=keep_work)
+    if platform == "slurm" and release_volume and not release_url:
+        deploy_source.check_released(release_volume, src)
     dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))
@@ -933,8 +951,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         print(json.dumps(summary, indent=2))
     else:
         copies = f"{o.replicas} replicas x " if o.replicas > 1 else ""
-        print(f"ok: {dest}: {summary['kind']}, {copies}{placement.nodes} node(s) x {placement.ranks_per_node} GPUs "
-              f"(tp={placement.tp}, pp={placement.pp}, {placement.world_size} ranks), image {summary['image']}")
+        shape = (f"{placement.nodes} node(s) x {placement.ranks_per_node} GPUs (tp={placement.tp}, pp={placement.pp}, "
+                 f"{placement.world_size} ranks)") if summary["gpus"] else f"one CPU process ({summary['server']})"
+        print(f"ok: {dest}: {summary['kind']}, {copies}{shape}, image {summary['image']}")
     return summary
 
 

@@ -37,6 +37,12 @@ state.
 Measured on a 506 M-parameter llama-1b-shaped model (benchmarks/calibrate_memory.py): peak RSS 7.68 GiB, estimate
 7.82 GiB.
 
+Host RAM to serve, per node (`serving_host_bytes`, Slurm's `--mem`): each GPU rank reads its share of the released
+weights (engines, or the checkpoint for runtime pytorch: release bytes / world size) into host memory while it loads,
+beside SERVE_RANK_BASE_BYTES of process (CUDA context, TensorRT-LLM runtime, MPI; rank 0 also Triton and the Python
+tokenizer models). The CPU reference server is one process: the release's checkpoint read, the model in its
+reference dtype (float32; float64 for generated tiny models) and PROCESS_BASE_BYTES.
+
 CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per token over the calibration tokens
 (AWQ: AWQ_PASSES over its capped sample) and the quality/round-trip evaluations, at CPU_FLOPS_PER_CORE.
 """
@@ -74,6 +80,7 @@ DEFAULT_TOKENIZER_BYTES = 10_000_000
 MODELOPT_OVERHEAD = 0.05
 EXPORT_COPY_BYTES_PER_PARAM = {"engine": 0, "pytorch": 8, "pytorch-large": 2}  # see "export copy" above
 CUDA_CONTEXT_BYTES = GIB
+SERVE_RANK_BASE_BYTES = 4 * GIB  # one serving rank's process beside its weights (see "Host RAM to serve")
 PROCESS_BASE_BYTES = GIB  # torch + transformers + ModelOpt imported (tiny-llama's whole stage peaks at 0.53 GB RSS)
 # awq_lite (ModelOpt's INT4/W4A8 AWQ configs): a caching pass, then a search pass that runs each linear layer
 # unquantized and once per candidate alpha in 0..1 step 0.1 (11): 13 linear passes over the calibration tokens.
@@ -289,3 +296,12 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     disk.append(StageDisk(stage="release", role="target", volume="root", bytes=release))
     calib = [calibration_memory(spec, role, present=("calibrate", role) in have) for role, *_ in _roles(spec)]
     return ResourcePlan(disk=disk, calibration=calib)
+
+
+def serving_host_bytes(spec: BuildSpec, *, ranks_per_node: int, world_size: int) -> int:
+    """Host RAM one serving node needs (see "Host RAM to serve" above)."""
+    release = plan_resources(spec).stage_bytes("release", needed=False)
+    if not backend_for(spec).gpu:
+        dtype_bytes = 8 if spec.model.source == "generated" else 4
+        return release + spec.model.architecture.total_params * dtype_bytes + PROCESS_BASE_BYTES
+    return ranks_per_node * (release // world_size + SERVE_RANK_BASE_BYTES)

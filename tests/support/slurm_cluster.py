@@ -1,6 +1,7 @@
 """A single-node Slurm cluster on this machine for tests: munged + slurmctld + slurmd, private sockets and ports.
 
-Partition `cpu` is this host (node0, real jobs); partition `gpu` holds two 8-GPU nodes that never run anything, so
+Partition `cpu` is this host (node0, real jobs); partition `gpu` holds two 8-GPU nodes shaped like
+a DGX H100 (112 cores, 2 TB) that never run anything, so
 `sbatch --test-only` can check a multi-node script against a real controller. Debian's `slurm-wlm` and `munge` are
 installed when missing; if that fails the fixture fails with apt's reason (never a skip).
 """
@@ -36,6 +37,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _host_mib() -> int:
+    """This host's memory in MiB, a little under MemTotal (slurmd drains a node configured with more than it has)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 9 // 10 // 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
 def _config(d: Path) -> str:
     host = socket.gethostname()
     return "\n".join([
@@ -47,8 +56,8 @@ def _config(d: Path) -> str:
         "ReturnToService=2", "SchedulerType=sched/backfill", "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
         f"SlurmctldLogFile={d}/slurmctld.log", f"SlurmdLogFile={d}/slurmd.log", "GresTypes=gpu",
-        f"NodeName=node0 NodeHostname={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory=1000",
-        "NodeName=gpu[1-2] NodeHostname=gpuhost[1-2] NodeAddr=127.0.0.1 CPUs=32 Gres=gpu:8 RealMemory=100000",
+        f"NodeName=node0 NodeHostname={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory={_host_mib()}",
+        "NodeName=gpu[1-2] NodeHostname=gpuhost[1-2] NodeAddr=127.0.0.1 CPUs=112 Gres=gpu:8 RealMemory=2000000",
         "PartitionName=cpu Nodes=node0 Default=YES MaxTime=INFINITE State=UP",
         "PartitionName=gpu Nodes=gpu[1-2] MaxTime=INFINITE State=UP", ""])
 

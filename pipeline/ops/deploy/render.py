@@ -7,6 +7,7 @@ them are rendered, validated and written.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -31,10 +32,13 @@ from pipeline.ops.monitoring.rules import prometheus_rule, rules_file, watch_pla
 from pipeline.ops.monitoring.scrape import pod_monitor, scrape_config_file
 from pipeline.planning.placement import Placement
 from pipeline.stages.check import resolve_checked_spec
+from pipeline.stages.resources import calibration_memory, serving_host_bytes
 
 Platform = Literal["k8s", "slurm"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
 MARKER = "deploy.json"  # every deployment directory holds it: only such a directory is replaced with --force
+SERVE_CPUS_PER_RANK = 4  # Slurm --cpus-per-task of a GPU serving rank (`serving_cpus`)
+MATRIX_CPUS_PER_GPU = 4  # Slurm --cpus-per-task of a GPU build cell, per GPU (`matrix_cpus`)
 SCRAPE_TARGETS = "prometheus-targets.json"  # Slurm: the file_sd file serve.sbatch writes into the deployment directory
 
 
@@ -54,6 +58,9 @@ class DeployOptions(BaseModel):
     constraint: str | None = None
     time_limit: str | None = None
     container: bool = True
+    exclusive: bool = False  # Slurm only, like mpi and keep_work
+    mpi: str = "pmix"
+    keep_work: bool = False
     serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
     replicas: int = 1  # serving copies, each of the placement's world size (`replicas_for`)
     hf_secret: str = "hf-token"
@@ -88,14 +95,40 @@ def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: 
         work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
 
 
-def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, server: str,
-                   pipe: str) -> slurm.SlurmOptions:
+def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, server: str, pipe: str, *,
+                   mem_bytes: int, cpus: int) -> slurm.SlurmOptions:
     return slurm.SlurmOptions(
         name=o.name, directory=str(directory), server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         container=o.container, partition=o.partition, account=o.account, qos=o.qos, constraint=o.constraint,
         time_limit=o.time_limit, replicas=o.replicas, release_file=src.release_file if src else "",
         release_url=o.release_url, release_dir=o.release_volume if not o.release_url else None,
-        sha256=src.sha256 if src else None)
+        sha256=src.sha256 if src else None, exclusive=o.exclusive, mpi=o.mpi, keep_work=o.keep_work,
+        mem_bytes=mem_bytes, cpus_per_task=cpus)
+
+
+def serving_cpus(rt: Runtime, p: Placement) -> int:
+    """Cores per serving task: SERVE_CPUS_PER_RANK per GPU rank it runs (its server threads, MPI progress; rank 0
+    also the tokenizer models; a one-process runtime runs the node's ranks), 1 for the CPU reference server."""
+    if not rt.gpus:
+        return 1
+    return SERVE_CPUS_PER_RANK * (1 if rt.ranks_launched else p.ranks_per_node)
+
+
+def matrix_cpus(cells: list[BuildSpec], time_limit: str) -> int:
+    """Cores per build cell: MATRIX_CPUS_PER_GPU per GPU of the widest GPU cell; CPU cells: enough cores to
+    calibrate the slowest cell within `time_limit` (the calibration CPU-time estimate), at least 1."""
+    gpus = max((c.parallelism.world_size for c in cells if backend_for(c).gpu), default=0)
+    if gpus:
+        return MATRIX_CPUS_PER_GPU * gpus
+    seconds = slurm.time_seconds(time_limit)
+    work = max(calibration_memory(c, "target").cpu_seconds_per_core for c in cells)
+    return max(1, math.ceil(work / seconds)) if seconds else 1
+
+
+def matrix_mem_bytes(cells: list[BuildSpec]) -> int:
+    """Host RAM of the hungriest cell: calibration beside its GPUs, or on the CPU for a CPU cell."""
+    return max(calibration_memory(c, "target").host_bytes_with_gpu if backend_for(c).gpu else
+               calibration_memory(c, "target").cpu_ram_bytes for c in cells)
 
 
 def replicas_for(spec: BuildSpec, given: int | None) -> int:
@@ -105,11 +138,13 @@ def replicas_for(spec: BuildSpec, given: int | None) -> int:
     return spec.serving_target.replicas if spec.serving_target else 1
 
 
-def _summary(src: DeploySource, p: Placement, server: str, kind: str, replicas: int) -> dict[str, Any]:
+def _summary(src: DeploySource, p: Placement, rt: Runtime, image: str, kind: str, replicas: int) -> dict[str, Any]:
+    """deploy.json: `image` is what the ranks run, `gpus` what the deployment holds (0: the CPU reference server)."""
     return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
             "target": src.spec.target, "runtime": src.spec.runtime, "replicas": replicas, "tp": p.tp, "pp": p.pp,
             "world_size": p.world_size, "nodes": p.nodes,
-            "ranks_per_node": p.ranks_per_node, "image": server, "trtllm_version": src.trtllm_version,
+            "ranks_per_node": p.ranks_per_node, "gpus": p.world_size * replicas if rt.gpus else 0, "image": image,
+            "trtllm_version": src.trtllm_version,
             "release_file": src.release_file, "sha256": src.sha256, "origin": src.origin,
             "summary": src.spec.summary()}
 
@@ -138,11 +173,14 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     else:
         kind = "sbatch"
         targets = str(directory / SCRAPE_TARGETS) if _watched(rt) else None
-        files = {**scripts, "serve.sbatch": slurm.serve_script(_slurm_options(o, directory, src, server, pipe), rt, p,
-                                                               scrape_targets=targets)}
+        opts = _slurm_options(o, directory, src, server, pipe, cpus=serving_cpus(rt, p), mem_bytes=serving_host_bytes(
+            src.spec, ranks_per_node=p.ranks_per_node, world_size=p.world_size))
+        files = {**scripts, "serve.sbatch": slurm.serve_script(opts, rt, p, scrape_targets=targets)}
+        if not o.keep_work:
+            files[slurm.REMOVE_WORK] = slurm.remove_work_script()
     files |= monitoring_files(o, src, p, rt, directory)
-    files[MARKER] = json.dumps(_summary(src, p, server, kind, o.replicas) | {"server": rt.name},
-                                      indent=2) + "\n"
+    image = pipe if rt.pipeline_image else server
+    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, o.replicas) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
@@ -210,7 +248,8 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
         validate_objects(objects)
         files = {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:
-        opts = _slurm_options(o, directory, None, server, pipe)
+        opts = _slurm_options(o, directory, None, server, pipe, mem_bytes=matrix_mem_bytes(cells),
+                              cpus=matrix_cpus(cells, o.time_limit or slurm.MATRIX_TIME))
         files = {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
     summary = {"kind": "build-matrix", "platform": o.platform, "cells": [c.summary() for c in cells]}
     return files | {MARKER: json.dumps(summary, indent=2) + "\n"}

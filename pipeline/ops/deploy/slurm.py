@@ -1,10 +1,11 @@
-"""Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=pmix`, world size = TP × PP; several
-replicas: a job array, one job per replica) and a job array for the build matrix. Orchestrator mode (draft-target)
-is one task, `srun --mpi=none`, that runs the image's Open MPI `mpirun -n 1 tritonserver` as
-launch_triton_server.py does: the backend then MPI_Comm_spawns each model's ranks through that mpirun's runtime,
-which implements spawning; a task srun starts with `--mpi=pmix` would need Slurm's PMIx server to spawn
-(PMIx_Spawn), which we do not rely on (untried on a cluster here), and `--mpi=none` keeps Slurm's PMI variables away
-from that mpirun. Containers run through
+"""Slurm batch scripts: multi-node serving (one task per GPU, `srun --mpi=<--mpi>`, world size = TP × PP; several
+replicas: a job array, one job per replica) and a job array for the build matrix. A serving job asks for its GPUs,
+host RAM and cores (`--exclusive` only when asked, or for replicas) and removes its node-local $WORK when it ends
+(`remove_work_script`). Orchestrator mode (draft-target) is one task, `srun --mpi=none`, that runs the image's Open
+MPI `mpirun -n 1 tritonserver` as launch_triton_server.py does: the backend then MPI_Comm_spawns each model's ranks
+through that mpirun's runtime, which implements spawning; a task srun starts with `--mpi=pmix` would need Slurm's
+PMIx server to spawn (PMIx_Spawn), which we do not rely on (untried on a cluster here), and `--mpi=none` keeps
+Slurm's PMI variables away from that mpirun. Containers run through
 pyxis/enroot (`srun --container-image`, images in pyxis' `registry#image` form); `container=False` runs the same
 scripts on the hosts (the pipeline and tritonserver installed there).
 
@@ -33,6 +34,9 @@ TIME_RE = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+
 PLAIN_WORD = re.compile(r"^[A-Za-z0-9._/%:=,+@-]+$")  # needs no quoting in an #SBATCH line
 SBATCH_MANGLED = re.compile(r"packjob|hetjob", re.I)  # sbatch blanks these words anywhere in a directive line
 MOUNT_SEPARATORS = (",", ":")  # pyxis splits --container-mounts on these
+MPI_TYPES = ("pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")  # srun --mpi (`srun --mpi=list`)
+REMOVE_WORK = "remove-work.sh"  # the serving steps' --task-epilog
+MIB = 1024**2
 
 
 class SlurmOptions(BaseModel):
@@ -52,6 +56,11 @@ class SlurmOptions(BaseModel):
     release_url: str | None = None
     release_dir: str | None = None
     sha256: str | None = None
+    exclusive: bool = False  # serving: whole nodes (#SBATCH --exclusive)
+    mpi: str = "pmix"  # serving: srun --mpi of the ranks
+    keep_work: bool = False  # serving: leave $WORK on the nodes when the job ends
+    mem_bytes: int | None = None  # #SBATCH --mem (per node), from the host-resource estimate
+    cpus_per_task: int | None = None  # #SBATCH --cpus-per-task
 
 
 def pyxis_image(ref: str) -> str:
@@ -77,6 +86,19 @@ def _directive(flag: str, value: str, source: str) -> str:
         raise DeployError(f"{source} {value!r}: an #SBATCH value cannot hold line breaks, control characters or the "
                           "words packjob/hetjob; choose another value")
     return f"#SBATCH --{flag}={_sbatch_word(value)}"
+
+
+def time_seconds(limit: str) -> int | None:
+    """A --time value (TIME_RE's formats) in seconds; None for infinite/unlimited."""
+    if limit.lower() in ("infinite", "unlimited"):
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        h, m, s = (parts + [0, 0])[:3]
+    else:  # minutes, MM:SS, HH:MM:SS
+        h, m, s = [0, parts[0], 0] if len(parts) == 1 else [0] * (3 - len(parts)) + parts
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 def _check(value: str | None, pattern: re.Pattern, flag: str, what: str) -> None:
@@ -106,6 +128,8 @@ def validate_options(o: SlurmOptions, *, output: str | None = None) -> None:
     _check(o.time_limit, TIME_RE, "--time", "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or unlimited, "
            "e.g. 2-00:00:00")
     _check_path(o.directory, "--output", mounted=o.container)
+    if o.mpi not in MPI_TYPES:
+        raise DeployError(f"--mpi {o.mpi!r}: use one of {', '.join(MPI_TYPES)} (Slurm's srun --mpi types)")
     if o.release_dir:
         _check_path(o.release_dir, "--release-volume", mounted=o.container)
     if output is not None:
@@ -113,7 +137,9 @@ def validate_options(o: SlurmOptions, *, output: str | None = None) -> None:
 
 
 def _header(o: SlurmOptions, job: str, lines: list[str], time_limit: str | None) -> list[str]:
-    head = ["#!/bin/bash", _directive("job-name", job, "--name"), *lines]
+    resources = [*([f"#SBATCH --mem={-(-o.mem_bytes // MIB)}M"] if o.mem_bytes else []),
+                 *([f"#SBATCH --cpus-per-task={o.cpus_per_task}"] if o.cpus_per_task else [])]
+    head = ["#!/bin/bash", _directive("job-name", job, "--name"), *lines, *resources]
     optional = (("time", time_limit, "--time"), ("partition", o.partition, "--partition"),
                 ("account", o.account, "--account"), ("qos", o.qos, "--qos"),
                 ("constraint", o.constraint, "--constraint"))
@@ -141,7 +167,7 @@ def replica_targets(targets: str, replicas: int) -> str:
 
 def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str]:
     """Shell lines writing the Prometheus file_sd file `targets` (one per replica of an array: `replica_targets`;
-    written whole by a rename, removed when the script exits): rank 0's metrics port on this node (the batch script
+    written whole by a rename; `_cleanup_lines` removes it): rank 0's metrics port on this node (the batch script
     runs on the allocation's first node, where rank 0 serves), labelled job=<name>."""
     port = dict(rt.ports).get(METRICS_PORT_NAME)
     if port is None:
@@ -154,17 +180,38 @@ def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str
         "# Prometheus file_sd target (prometheus-scrape.yml reads it): rank 0's metrics port on this node",
         f"targets={path}",
         'tmp="$(mktemp "$targets.XXXXXX")"',
-        "trap 'rm -f \"$tmp\" \"$targets\"' EXIT  # bash runs it on SIGTERM too (scancel)",
         f'printf {shlex.quote(entry)} "$(hostname)" {port_word} {shlex.quote(json.dumps(o.name))} > "$tmp"',
         'chmod 644 "$tmp"',
         'mv -f "$tmp" "$targets"',
     ]
 
 
+def remove_work_script() -> str:
+    """/bin/sh run by slurmstepd on each node (on the host, outside any container) after each task of a serving step
+    ends, scancel included (`srun --task-epilog`): removes the node's $WORK; after the fetch step (KEEP_FETCHED=1)
+    only where it did not finish (no $WORK/REPO)."""
+    return """#!/bin/sh
+case "${WORK:-}" in */trtllm-deploy-"${SLURM_JOB_ID:-}") ;; *) exit 0 ;; esac  # only this job's own directory
+if [ "${KEEP_FETCHED:-}" = 1 ] && [ -f "$WORK/REPO" ]; then exit 0; fi
+rm -rf "$WORK"
+"""
+
+
+def _cleanup_lines(o: SlurmOptions, node_step: list[str]) -> list[str]:
+    """The batch script's trap (normal exit, failure, SIGTERM from scancel or the time limit, SIGINT): remove the
+    Prometheus target, and unless keep_work $WORK on every node (a step while the job still runs; once it is
+    cancelled no step starts, so the batch node's own copy, and the steps' --task-epilog the others')."""
+    remove = [] if o.keep_work else [f'  srun {" ".join(node_step)} rm -rf "$WORK" 2>/dev/null || true',
+                                     '  rm -rf "$WORK"']
+    return ["cleanup() {", '  rm -f "${tmp:-}" "${targets:-}"', *remove, "}",
+            "trap cleanup EXIT", "trap 'exit 143' TERM  # scancel, the time limit: SIGTERM, SIGKILL after KillWait",
+            "trap 'exit 130' INT"]
+
+
 def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: str | None = None) -> str:
     """sbatch for serving on p.nodes nodes: $WORK created on every node, fetch + verify once per node, then every
-    rank under srun --mpi=pmix (or the runtime's one process); `o.replicas` > 1: a job array of that many such jobs
-    (each on nodes of its own). `scrape_targets`: the Prometheus file_sd file the job writes while it runs
+    rank under srun --mpi=<o.mpi> (or the runtime's one process), $WORK removed when the job ends unless
+    `o.keep_work`; `o.replicas` > 1: a job array of that many such jobs. `scrape_targets`: the Prometheus file_sd file the job writes while it runs
     (`_scrape_target_lines`)."""
     validate_options(o)
     d = shlex.quote(o.directory)
@@ -177,26 +224,29 @@ def serve_script(o: SlurmOptions, rt: Runtime, p: Placement, *, scrape_targets: 
         lines.append(f"#SBATCH --array=0-{o.replicas - 1}")
     if rt.gpus:
         lines.append(f"#SBATCH --gpus-per-node={p.ranks_per_node}")
-    if rt.gpus or o.replicas > 1:  # replicas share no node (nor its fixed ports)
+    if o.exclusive or o.replicas > 1:  # replicas of one array share no node (nor its fixed ports)
         lines.append("#SBATCH --exclusive")
     log = "%x-%j.out" if o.replicas == 1 else "%x-%A_%a.out"
     lines.append(_directive("output", f"{o.directory}/logs/{log}", "--output"))
     head = _header(o, o.name, lines, o.time_limit)
     node_step = [f"--nodes={p.nodes}", "--ntasks-per-node=1"]
-    fetch = _srun(o, o.pipeline_image, mounts, node_step)
+    epilog = [] if o.keep_work else [f"--task-epilog={shlex.quote(f'{o.directory}/{REMOVE_WORK}')}"]
+    fetch = _srun(o, o.pipeline_image, mounts, [*(["--export=ALL,KEEP_FETCHED=1"] if epilog else []), *node_step,
+                                                *epilog])
     # --kill-on-bad-exit: a rank that fails (rank 0's stub watchdog exits 5) ends the whole step, and the job fails
     ranks = _srun(o, o.pipeline_image if rt.pipeline_image else o.server_image, mounts,
-                  [*(["--mpi=pmix"] if rt.ranks_launched else ["--mpi=none"] if rt.own_mpirun else []),
-                   f"--nodes={p.nodes}",
-                   f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1"])
+                  [*([f"--mpi={o.mpi}"] if rt.ranks_launched else ["--mpi=none"] if rt.own_mpirun else []),
+                   f"--nodes={p.nodes}", f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1", *epilog])
     ports = " / ".join(f"{name} {port}" for name, port in rt.ports)
     layout = (f"# tp={p.tp} pp={p.pp}: world size {p.world_size} = {p.nodes} node(s) x {p.ranks_per_node} GPU ranks; "
               "TP groups stay within a node") if rt.gpus else f"# {rt.name} runtime: one CPU process, no GPUs"
     body = [
         "set -euo pipefail",
         layout,
-        'export WORK="${WORK:-/tmp/trtllm-deploy-$SLURM_JOB_ID}"  # node-local: the release and its repository',
+        "# node-local, this job's own: the release and its repository (TRTLLM_DEPLOY_TMP: where, default /tmp)",
+        'export WORK="${TRTLLM_DEPLOY_TMP:-/tmp}/trtllm-deploy-$SLURM_JOB_ID"',
         *(f"export {k}={shlex.quote(v)}" for k, v in exports.items() if v),
+        *_cleanup_lines(o, node_step),
         "# every node: create $WORK (a container mount's source must exist before its step starts)",
         f'srun {" ".join(node_step)} mkdir -p "$WORK"',
         "# every node: fetch the release, verify it against this node's TensorRT-LLM and GPU, unpack, install",

@@ -2,7 +2,8 @@
 
 Only `release.json` is read (size-capped); the files themselves are verified on the serving nodes by `invoke verify`,
 where the engine/toolchain mismatch refusal belongs. The file the nodes fetch is named as `invoke release` names it
-(`pipeline.core.layout.release_file`); a name read back from a release is checked to be one safe file name first.
+(`pipeline.core.layout.release_file`, at `--release-version`); a name read back from a release is checked to be one
+safe file name first. A release directory on this host (a Slurm `--release-volume`) must hold that file.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from pipeline import __version__
-from pipeline.core.errors import DeployError
+from pipeline.core.errors import DeployError, PipelineError
 from pipeline.core.layout import LEGACY_SUFFIX, RELEASE_SUFFIX, release_file, release_name_ok
 from pipeline.core.spec import BuildSpec
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
@@ -114,5 +115,24 @@ def from_release(path: str | Path) -> DeploySource:
 
 def from_spec(spec: BuildSpec, version: str = __version__) -> DeploySource:
     """A spec whose release (`invoke release` of the same spec, at `version`) the nodes fetch."""
-    return DeploySource(spec=spec, release_file=release_file(spec, version), trtllm_version=TRTLLM_VERSION,
-                        origin="spec")
+    try:
+        name = release_file(spec, version)
+    except PipelineError as exc:
+        raise DeployError(f"--release-version {version!r}: not a version `invoke release --version` writes; use e.g. "
+                          f"1.0.0 ({exc})") from None
+    return DeploySource(spec=spec, release_file=name, trtllm_version=TRTLLM_VERSION, origin="spec")
+
+
+def check_released(directory: str, src: DeploySource) -> None:
+    """Refuse (DeployError) a release `directory` on this host that lacks `src.release_file`, naming the versions of
+    this release found there; a directory not on this host (only on the cluster) is not checked."""
+    path = Path(directory)
+    if not path.is_dir() or (path / src.release_file).is_file():
+        return
+    stem = src.release_file.removesuffix(LEGACY_SUFFIX).removesuffix(RELEASE_SUFFIX)
+    prefix = stem.rpartition("-v")[0] + "-v"
+    found = sorted(f.name[len(prefix):].removesuffix(LEGACY_SUFFIX).removesuffix(RELEASE_SUFFIX) for f in
+                   path.iterdir() if f.name.startswith(prefix) and f.name.endswith((RELEASE_SUFFIX, LEGACY_SUFFIX)))
+    there = f"versions there: {', '.join(found)}" if found else "no version of this release is there"
+    raise DeployError(f"--release-volume {directory}: no {src.release_file} ({there}); pass --release-version "
+                      "VERSION as released, or `invoke release --output` it there")

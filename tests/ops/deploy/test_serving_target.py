@@ -99,6 +99,7 @@ def test_slurm_renders_one_job_per_replica(planned, tmp_path):
     summary, out = _deploy(tmp_path, spec_from_flags({"spec": str(path)}), platform="slurm")
     script = (out / "serve.sbatch").read_text()
     assert f"#SBATCH --array=0-{n - 1}\n" in script and "logs/%x-%A_%a.out" in script
+    assert "#SBATCH --exclusive\n" in script  # replicas share no node: the server's ports are fixed
     assert 'prometheus-targets-"$SLURM_ARRAY_TASK_ID".json' in script  # one scrape target file per replica
     scrape = yaml.safe_load((out / "prometheus-scrape.yml").read_text())
     assert scrape["scrape_configs"][0]["file_sd_configs"][0]["files"] == [str(out / "prometheus-targets-*.json")]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import __version__
 from pipeline.cli.commands import deploy_command
+from pipeline.core.layout import release_file
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.runtime import FETCH_VERIFY
 from pipeline.serving.smoke import http_generate, smoke_server
@@ -94,15 +96,26 @@ def _releases(directory: Path) -> dict[str, dict]:
     return out
 
 
+def _test_only(script: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """`sbatch --test-only script`, retried while the gpu nodes are still unknown to a fresh controller."""
+    deadline = time.monotonic() + 120
+    while True:
+        res = subprocess.run(["sbatch", "--test-only", str(script)], env=env, cwd=cwd, capture_output=True, text=True,
+                             timeout=60)
+        if res.returncode == 0 or "not available" not in res.stderr or time.monotonic() > deadline:
+            return res
+        time.sleep(2)
+
+
 def test_multi_node_serve_script_passes_test_only(slurm, tmp_path):
     spec = resolve_spec(model="llama-405b", precision="bf16")
     deploy_command(spec, platform="slurm", release_volume="/shared/releases", partition="gpu",
                    output=str(tmp_path / "serve"))
     script = (tmp_path / "serve" / "serve.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
-    assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 --container-image=" in script
-    res = subprocess.run(["sbatch", "--test-only", str(tmp_path / "serve" / "serve.sbatch")], env=slurm.env,
-                         capture_output=True, text=True, timeout=60)
+    assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --kill-on-bad-exit=1 --task-epilog=" in script
+    assert "#SBATCH --exclusive" not in script and "#SBATCH --cpus-per-task=4" in script  # 32 of 112 cores
+    res = _test_only(tmp_path / "serve" / "serve.sbatch", slurm.env, tmp_path)
     assert res.returncode == 0 and "gpu[1-2]" in res.stderr, res.stderr
     # three pipeline stages need three nodes: the controller refuses what this cluster cannot hold
     spec3 = resolve_spec(model="llama-405b", precision="bf16", tp=8, pp=3, nodes=3)
@@ -121,13 +134,7 @@ def test_hostile_paths_and_slurm_flags_pass_test_only(slurm, tmp_path):
     out = tmp_path / "serve x;touch pwned"
     deploy_command(spec, platform="slurm", release_volume=str(tmp_path / "rel eases"), partition="gpu",
                    output=str(out), time_="1-00:00:00", account="proj-1", qos="normal")
-    deadline = time.monotonic() + 120  # the gpu nodes start unknown to a fresh controller
-    while time.monotonic() < deadline:
-        res = subprocess.run(["sbatch", "--test-only", str(out / "serve.sbatch")], env=slurm.env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
-        if res.returncode == 0 or "not available" not in res.stderr:
-            break
-        time.sleep(2)
+    res = _test_only(out / "serve.sbatch", slurm.env, tmp_path)
     assert res.returncode == 0 and "gpu[1-2]" in res.stderr, res.stderr
     assert not list(tmp_path.rglob("pwned*"))
 
@@ -214,7 +221,7 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
           str(releases), "--no-container", "--partition", "cpu", "--time", "15", "--pipeline-cmd", _invoke(),
           "--output", str(deploy)], env)
     ports = {name: str(_free_port()) for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}
-    res = _run(["sbatch", "--parsable", str(deploy / "serve.sbatch")], {**env, **ports, "WORK": str(tmp_path / "node")},
+    res = _run(["sbatch", "--parsable", str(deploy / "serve.sbatch")], {**env, **ports, "TRTLLM_DEPLOY_TMP": str(tmp_path / "node")},
                timeout=60)
     job_id = res.stdout.strip().split(";")[0]
     http = f"127.0.0.1:{ports['HTTP_PORT']}"
@@ -245,4 +252,62 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
     assert not _servers_on(ports["HTTP_PORT"])
     assert "ok:" in _log_of(deploy)  # the job's log under the deployment directory (sbatch read its quoted path)
     assert not list(deploy.glob("prometheus-targets.json*"))  # the job's trap removed its scrape target
+    assert not (tmp_path / "node" / f"trtllm-deploy-{job_id}").exists()  # nor the unpacked release
     assert not list(tmp_path.rglob("pwned*"))
+
+
+FAKE_PIPELINE = """#!/bin/sh
+# The pipeline's node-side commands, faked: verify and install-repo pass; serve records $WORK and sleeps SERVE_SECONDS.
+case "$1" in
+  serve) ls "$WORK" > "$MARKS/serving"; sleep "$SERVE_SECONDS" ;;
+esac
+"""
+
+
+def _fake_release_job(tmp_path: Path, slurm, serve_seconds: int) -> tuple[str, Path, dict]:
+    """serve.sbatch of a tiny reference spec over a fake release (a tarball holding <name>/triton_repo/m/) and a fake
+    pipeline, submitted on the local cluster: (job id, the job's $WORK, env)."""
+    releases, marks, tmp = tmp_path / "rel eases", tmp_path / "marks", tmp_path / "node tmp"
+    for d in (releases, marks, tmp):
+        d.mkdir(parents=True)
+    fake = tmp_path / "fake-pipeline.sh"
+    fake.write_text(FAKE_PIPELINE)
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    name = release_file(spec, __version__).removesuffix(".tar")
+    with tarfile.open(releases / f"{name}.tar", "w") as tar:
+        info = tarfile.TarInfo(f"{name}/triton_repo/m")
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(info)
+    deploy = tmp_path / "deploy"
+    deploy_command(spec, platform="slurm", release_volume=str(releases), no_container=True, partition="cpu",
+                   pipeline_cmd=f"/bin/sh {fake}", output=str(deploy))
+    env = {**slurm.env, "TRTLLM_DEPLOY_TMP": str(tmp), "MARKS": str(marks), "SERVE_SECONDS": str(serve_seconds)}
+    res = _run(["sbatch", "--parsable", str(deploy / "serve.sbatch")], env, timeout=60)
+    job_id = res.stdout.strip().split(";")[0]
+    return job_id, tmp / f"trtllm-deploy-{job_id}", env
+
+
+def _wait_gone(job_id: str, env: dict, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _job_state(job_id, env) not in ("COMPLETED", "FAILED", "CANCELLED", "GONE"):
+        time.sleep(1)
+    assert _job_state(job_id, env) in ("COMPLETED", "FAILED", "CANCELLED", "GONE")
+
+
+def test_a_serving_job_removes_its_work_directory_when_it_ends(slurm, tmp_path):
+    """The unpacked release under $WORK is gone after the job: a normal exit (the server ends) and scancel."""
+    job_id, work, env = _fake_release_job(tmp_path / "normal", slurm, serve_seconds=0)
+    _wait_gone(job_id, env)
+    assert (tmp_path / "normal" / "marks" / "serving").read_text().split() == ["REPO", "download", "release"]
+    assert _job_state(job_id, env) in ("COMPLETED", "GONE") and not work.exists()
+    job_id, work, env = _fake_release_job(tmp_path / "cancel", slurm, serve_seconds=300)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / "cancel" / "marks" / "serving").exists():
+        time.sleep(1)
+    assert (work / "REPO").is_file()  # serving: the release unpacked and installed there
+    subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
+    _wait_gone(job_id, env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and work.exists():
+        time.sleep(1)
+    assert not work.exists() and not list((tmp_path / "cancel" / "node tmp").iterdir())

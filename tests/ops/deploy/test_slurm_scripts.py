@@ -3,6 +3,7 @@ container mount, time/account/qos/constraint directives, and user values that ca
 scripts run under bash with a recording `srun` stand-in)."""
 
 import json
+import math
 import os
 import re
 import shlex
@@ -43,7 +44,7 @@ def _run_with_stub_srun(script: Path, tmp_path: Path) -> list[dict]:
     (bin_dir / "srun").write_text(RECORD)
     (bin_dir / "srun").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_LOG": str(log), "SLURM_JOB_ID": "7",
-           "WORK": str(tmp_path / "work")}
+           "TRTLLM_DEPLOY_TMP": str(tmp_path / "tmp")}
     res = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in log.read_text().splitlines()]
@@ -136,9 +137,12 @@ def test_injection_values_stay_data_when_the_scripts_run(tmp_path, monkeypatch):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert f'#SBATCH --output="{d}/logs/%x-%j.out"' in script.read_text()
     records = _run_with_stub_srun(script, tmp_path)
-    assert [r["argv"][-1] for r in records] == [str(tmp_path / "work"), f"{d}/fetch-verify.sh", f"{d}/rank.sh"]
+    work = tmp_path / "tmp" / "trtllm-deploy-7"
+    assert [r["argv"][-1] for r in records] == [str(work), f"{d}/fetch-verify.sh", f"{d}/rank.sh", str(work)]
+    assert records[-1]["argv"][-3:] == ["rm", "-rf", str(work)]  # the exit trap, on every node
+    assert all(f"--task-epilog={d}/remove-work.sh" in r["argv"] for r in records[1:3])
     mounts = [a for a in records[1]["argv"] if a.startswith("--container-mounts=")]
-    assert mounts == [f"--container-mounts={tmp_path / 'work'}:{tmp_path / 'work'},{d}:{d},{release}:{release}"]
+    assert mounts == [f"--container-mounts={work}:{work},{d}:{d},{release}:{release}"]
     assert {r["release_dir"] for r in records} == {str(release)}
     _no_pwned(tmp_path)
 
@@ -210,7 +214,7 @@ def _run_with_fake_node(script: Path, tmp_path: Path, targets: Path, **extra: st
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "METRICS_PORT"}
-    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w"),
+    env |= {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "TRTLLM_DEPLOY_TMP": str(tmp_path / "w"),
             "TARGETS": str(targets), "TARGETS_SEEN": str(tmp_path / "seen.json"), **extra}
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
@@ -233,16 +237,18 @@ def test_serve_script_writes_the_prometheus_target_while_serving_and_removes_it(
 
 def test_scrape_target_job_name_stays_data_and_the_reference_port_follows_the_env(tmp_path):
     from pipeline.ops.deploy.runtime import runtime_for
-    from pipeline.ops.deploy.slurm import SlurmOptions, _scrape_target_lines
+    from pipeline.ops.deploy.slurm import SlurmOptions, _cleanup_lines, _scrape_target_lines
     from pipeline.planning.placement import place
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     name = 'x";touch pwned;"'
-    o = SlurmOptions(name=name, directory=str(tmp_path), server_image="s", pipeline_image="p", pipeline_cmd="invoke")
+    o = SlurmOptions(name=name, directory=str(tmp_path), server_image="s", pipeline_image="p", pipeline_cmd="invoke",
+                     keep_work=True)
     targets = tmp_path / f"t {EVIL}.json"
     lines = _scrape_target_lines(o, runtime_for(spec, "t", placement=place(1, 1, spec.hardware), platform="slurm"), str(targets))
     script = tmp_path / "s.sh"
-    script.write_text("\n".join(["set -euo pipefail", *lines, 'cp "$targets" "$TARGETS_SEEN"']) + "\n")
+    script.write_text("\n".join(["set -euo pipefail", *_cleanup_lines(o, []), *lines, 'cp "$targets" "$TARGETS_SEEN"'])
+                      + "\n")
     res = _run_with_fake_node(script, tmp_path, targets, METRICS_PORT="18002")  # the reference rank.sh's port
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "seen.json").read_text()) == [{"targets": ["gpu-node-17:18002"],
@@ -283,8 +289,85 @@ def test_a_rank_exiting_5_ends_the_step_and_fails_the_job(tmp_path, monkeypatch)
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(RANK_FAILS)
     (bin_dir / "srun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "WORK": str(tmp_path / "w")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "TRTLLM_DEPLOY_TMP": str(tmp_path / "w")}
     res = subprocess.run(["bash", str(d / "serve.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 5, res.stderr  # the job ends failed, with the rank's status
     assert not (d / "prometheus-targets.json").exists()  # and stops being scraped
+
+
+def test_serving_asks_for_its_gpus_ram_and_cores_and_whole_nodes_only_when_asked(tmp_path):
+    from pipeline.stages.resources import serving_host_bytes
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
+    script = (_render(tmp_path, spec=spec, mpi="pmi2") / "serve.sbatch").read_text()
+    lines = script.splitlines()
+    mib = -(-serving_host_bytes(spec, ranks_per_node=4, world_size=4) // 2**20)
+    for line in ("#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4", f"#SBATCH --mem={mib}M",
+                 "#SBATCH --cpus-per-task=4"):
+        assert line in lines, line
+    assert "--exclusive" not in script and lines[-1].startswith("srun --mpi=pmi2 ")
+    assert 70 * 2**30 < mib * 2**20 < 100 * 2**30  # 4 ranks: the 68 GB release + 4 GiB each
+    whole = (_render(tmp_path, spec=spec, exclusive=True, output=str(tmp_path / "x")) / "serve.sbatch").read_text()
+    assert "#SBATCH --exclusive" in whole.splitlines()
+    with pytest.raises(DeployError, match="--mpi 'openmpi': use one of pmix") as exc:
+        _render(tmp_path, spec=spec, mpi="openmpi", output=str(tmp_path / "bad"))
+    assert exc.value.exit_code == 2 and not (tmp_path / "bad").exists()
+    with pytest.raises(DeployError, match="--exclusive, --keep-work: Slurm options"):
+        deploy_command(spec, platform="k8s", release_url="https://h/r.tar", exclusive=True, keep_work=True,
+                       output=str(tmp_path / "k"))
+
+
+def test_keep_work_leaves_the_work_directory(tmp_path):
+    d = _render(tmp_path, keep_work=True)
+    script = (d / "serve.sbatch").read_text()
+    assert "rm -rf" not in script and "--task-epilog" not in script and not (d / "remove-work.sh").exists()
+    records = _run_with_stub_srun(d / "serve.sbatch", tmp_path)
+    assert records[-1]["argv"][-1] == f"{d}/rank.sh"  # no removal step after the ranks
+
+
+def test_remove_work_epilog_removes_only_this_jobs_directory(tmp_path):
+    epilog = tmp_path / "remove-work.sh"
+    epilog.write_text((_render(tmp_path) / "remove-work.sh").read_text())
+    work, other = tmp_path / "trtllm-deploy-7", tmp_path / "home"
+    for d in (work, other):
+        d.mkdir()
+    (work / "REPO").write_text("r")
+
+    def run(**env):
+        subprocess.run(["/bin/sh", str(epilog)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", **env},
+                       check=True, timeout=30)
+    run(WORK=str(other))  # not this job's directory (an inherited WORK): left alone
+    run(WORK=str(work), KEEP_FETCHED="1")  # the fetch step finished here: the ranks need it
+    assert other.is_dir() and work.is_dir()
+    run(WORK=str(work))  # a rank ended
+    assert not work.exists() and other.is_dir()
+
+
+def test_reference_summary_claims_no_gpu_nor_the_server_image(tmp_path, capsys):
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
+    d = _render(tmp_path, spec=spec)
+    doc = json.loads((d / "deploy.json").read_text())
+    assert doc["gpus"] == 0 and doc["image"].startswith("trtllm-pipeline:") and "tritonserver" not in doc["image"]
+    out = capsys.readouterr().out
+    assert "GPU" not in out and "one CPU process (reference)" in out and "tritonserver" not in out
+    assert "#SBATCH --cpus-per-task=1" in (d / "serve.sbatch").read_text()
+    gpu = json.loads((_render(tmp_path, output=str(tmp_path / "g")) / "deploy.json").read_text())
+    assert gpu["gpus"] == 16 and "tritonserver" in gpu["image"]
+
+
+def test_the_build_matrix_asks_for_calibrations_host_ram_and_cores(tmp_path):
+    from pipeline.stages.resources import calibration_memory
+    deploy_command(None, platform="slurm", matrix="llama-8b:fp8,llama-8b:int4_awq:2", matrix_output="/shared/b",
+                   output=str(tmp_path / "m"))
+    lines = (tmp_path / "m" / "build-matrix.sbatch").read_text().splitlines()
+    assert "#SBATCH --gpus=2" in lines and "#SBATCH --cpus-per-task=8" in lines
+    mem = [ln for ln in lines if ln.startswith("#SBATCH --mem=")]
+    want = max(calibration_memory(resolve_spec(model="llama-8b", precision=p, tp=t), "target").host_bytes_with_gpu
+               for p, t in (("fp8", 1), ("int4_awq", 2)))
+    assert mem == [f"#SBATCH --mem={-(-want // 2**20)}M"]
+    deploy_command(None, platform="slurm", matrix="llama-8b:fp8", matrix_target="reference", time_="10",
+                   matrix_output="/shared/b", output=str(tmp_path / "r"))
+    cpu = calibration_memory(resolve_spec(model="llama-8b", precision="fp8", target="reference"), "target")
+    lines = (tmp_path / "r" / "build-matrix.sbatch").read_text().splitlines()
+    assert f"#SBATCH --cpus-per-task={math.ceil(cpu.cpu_seconds_per_core / 600)}" in lines  # done within --time 10
+    assert f"#SBATCH --mem={-(-cpu.cpu_ram_bytes // 2**20)}M" in lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,33 @@ def test_matrix_cells_check_the_release_they_write(tmp_path):
     for i, name in enumerate(want):
         assert f"  {i}) set -- " in cell and f"; release={name} ;;" in cell
     assert 'if [ ! -f "$OUTPUT/releases/$release" ]; then' in cell
+
+
+def test_deploy_names_the_release_of_its_release_version_and_refuses_one_never_released(pipeline_env, capsys):
+    """`release --version 1.0.0` then `deploy --spec ... --release-version 1.0.0 --release-volume DIR` names the file
+    written; a version never released there is exit 2, naming the versions found."""
+    from pipeline.cli.commands import build_command, release_command
+    from pipeline.cli.flags import spec_from_flags
+
+    spec_file = pipeline_env / "spec.yaml"
+    spec_file.write_text("model: tiny-llama\ntarget: reference\n"
+                         "quantization: {precision: fp8, calib_size: 4, calib_seq_len: 32}\n")
+    spec = spec_from_flags({"spec": str(spec_file)})
+    build_command(spec)
+    releases = pipeline_env / "rel eases"
+    release_command(spec, output=str(releases), version="1.0.0", json_=True)
+    tarball = Path(json.loads(capsys.readouterr().out)["tarball"])
+    assert tarball.parent == releases and tarball.name.endswith("-v1.0.0.tar")
+    summary = deploy_command(spec_from_flags({"spec": str(spec_file)}), platform="slurm", release_version="1.0.0",
+                             release_volume=str(releases), output=str(pipeline_env / "d"))
+    assert summary["release_file"] == tarball.name
+    assert f"export RELEASE_FILE={tarball.name}" in (pipeline_env / "d" / "serve.sbatch").read_text()
+    with pytest.raises(DeployError, match=r"no .*-v2\.0\.0\.tar \(versions there: 1\.0\.0\)") as err:
+        deploy_command(spec, platform="slurm", release_version="2.0.0", release_volume=str(releases),
+                       output=str(pipeline_env / "d2"))
+    assert err.value.exit_code == 2 and not (pipeline_env / "d2").exists()
+    with pytest.raises(DeployError, match=rf"no {release_file(spec, __version__)}"):  # the default: this version
+        deploy_command(spec, platform="slurm", release_volume=str(releases), output=str(pipeline_env / "d3"))
+    with pytest.raises(DeployError, match="--release-version '1.0 0'"):
+        deploy_command(spec, platform="slurm", release_version="1.0 0", release_volume=str(releases),
+                       output=str(pipeline_env / "d4"))
