@@ -72,6 +72,7 @@ compile_preflight = _lazy("pipeline.stages.compile.preflight")
 compile_stage = _lazy("pipeline.stages.compile.stage")
 deploy_names = _lazy("pipeline.ops.deploy.names")
 deploy_render = _lazy("pipeline.ops.deploy.render")
+deploy_scheduling = _lazy("pipeline.ops.deploy.scheduling")
 deploy_source = _lazy("pipeline.ops.deploy.source")
 deploy_topology = _lazy("pipeline.ops.deploy.topology")
 download_stage = _lazy("pipeline.stages.download.stage")
@@ -824,13 +825,21 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1, node_selector=None, toleration=None, gpu_product_label=None,
+                    no_gpu_affinity=False, rdma_resource=None, nccl_env=None) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
+    k8s_only = {"--node-selector": node_selector, "--toleration": toleration, "--gpu-product-label": gpu_product_label,
+                "--no-gpu-affinity": no_gpu_affinity, "--rdma-resource": rdma_resource, "--nccl-env": nccl_env}
+    if platform != "k8s" and any(k8s_only.values()):
+        given = ", ".join(flag for flag, value in k8s_only.items() if value)
+        raise DeployError(f"{given}: Kubernetes options; drop them or use --platform k8s (Slurm: --constraint)")
+    if gpu_product_label and no_gpu_affinity:
+        raise DeployError("--gpu-product-label and --no-gpu-affinity: give one of them")
     if release_url:
         deploy_names.check_release_url(release_url)
     if release_secret and (platform != "k8s" or not release_url):
@@ -840,7 +849,12 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 release_secret=release_secret, partition=partition, account=account, qos=qos, constraint=constraint,
-                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas)
+                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas,
+                node_selector=deploy_scheduling.node_selector(node_selector or []),
+                tolerations=deploy_scheduling.tolerations(toleration or []),
+                gpu_product=gpu_product_label and deploy_names.label_value(gpu_product_label, "--gpu-product-label"),
+                gpu_affinity=not no_gpu_affinity, rdma_resources=deploy_scheduling.extended_resources(rdma_resource or []),
+                nccl_env=deploy_scheduling.nccl_env(nccl_env or []))
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -853,7 +867,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
                    json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
-                   replicas: int | None = None) -> dict[str, Any]:
+                   replicas: int | None = None, node_selector: list[str] | None = None,
+                   toleration: list[str] | None = None, gpu_product_label=None, no_gpu_affinity=False,
+                   rdma_resource: list[str] | None = None, nccl_env: list[str] | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
@@ -887,11 +903,21 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
             /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
         replicas: serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the
             spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)
+        node_selector: k8s: KEY=VALUE node label every pod requires (repeatable)
+        toleration: k8s: KEY[=VALUE]:EFFECT taint GPU pods tolerate besides nvidia.com/gpu:NoSchedule (repeatable)
+        gpu_product_label: k8s: nvidia.com/gpu.product value GPU pods require (default: the spec GPU's, as GPU
+            feature discovery writes it, e.g. NVIDIA-H100-80GB-HBM3)
+        no_gpu_affinity: k8s: no nvidia.com/gpu.product node affinity
+        rdma_resource: k8s: NAME=COUNT extended resource each serving pod requests, e.g. rdma/rdma_shared_device_a=1
+            (repeatable)
+        nccl_env: k8s: NCCL environment of the serving containers, e.g. NCCL_IB_HCA=mlx5 (repeatable)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
     replicas = int_option("replicas", replicas, maximum=MAX_REPLICAS)
     max_nodes = int_option("max_nodes", max_nodes, maximum=MAX_NODES)
+    k8s_flags = dict(node_selector=node_selector, toleration=toleration, gpu_product_label=gpu_product_label,
+                     no_gpu_affinity=no_gpu_affinity, rdma_resource=rdma_resource, nccl_env=nccl_env)
     if matrix:
         if replicas is not None:
             raise DeployError("--replicas serves copies of one build; drop it with --matrix")
@@ -901,7 +927,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                                         release_secret=release_secret, image=image,
                                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
                                         partition=partition, no_container=no_container, account=account, qos=qos,
-                                        constraint=constraint, time_=time_))
+                                        constraint=constraint, time_=time_, **k8s_flags))
     if release:
         src = deploy_source.from_release(release)
     elif spec is not None:
@@ -922,7 +948,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
-                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))
+                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas), **k8s_flags)
     dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.k8s import PIPELINE_IMAGE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -303,7 +305,8 @@ def test_check_compares_with_this_host_and_plan_shows_the_resources(tmp_path):
 def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_path):
     env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
-                        "--precision", "fp8", "--release-volume", "releases"], cwd=ROOT, capture_output=True,
+                        "--precision", "fp8", "--release-volume", "releases", "--pipeline-image", PIPELINE_IMAGE],
+                       cwd=ROOT, capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "(tp=8, pp=1, 8 ranks)" in r.stdout and "at tp=1 does not fit" not in r.stderr

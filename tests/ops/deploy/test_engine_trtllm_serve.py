@@ -22,6 +22,7 @@ from pipeline.ops.deploy.validate import validate_objects
 from pipeline.planning.placement import place
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from tests.support.rank_stub import run_rank
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[3]
@@ -36,7 +37,7 @@ def _plan(spec, tmp_path, name):
 def test_k8s_engine_under_trtllm_serve_is_one_process_probed_on_health(tmp_path):
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
     out = tmp_path / "k8s"
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), serve_mode="trtllm-serve")
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out), serve_mode="trtllm-serve")
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     by_kind = {o["kind"]: o for o in objects}
     assert (summary["kind"], summary["runtime"], summary["server"]) == ("Deployment", "engine", "engine-trtllm-serve")

@@ -12,6 +12,7 @@ from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.validate import validate_object, validate_objects
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 
@@ -19,7 +20,7 @@ URL = "https://releases.example.invalid/llama.tar.gz"
 def _deploy(tmp_path, precision, **kw):
     spec = resolve_spec(model="llama-405b", precision=precision)
     out = tmp_path / precision
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
 
@@ -102,26 +103,26 @@ def test_unknown_kind_is_refused_not_skipped():
 def test_nothing_written_when_options_are_bad(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
     with pytest.raises(DeployError, match="--release-url URL"):
-        deploy_command(spec, platform="k8s", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", release_url=URL, name="llama\n", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, name="llama\n", output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
 
 
 def test_existing_output_needs_force(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="--force"):
-        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
-    deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "d"), force=True)
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases", output=str(tmp_path / "d"), force=True)
     text = (tmp_path / "d" / "serving.yaml").read_text()
     assert "claimName: releases" in text and URL not in text
 
 
 def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
-    deploy_command(None, platform="k8s", matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
+    deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
     job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -139,19 +140,19 @@ def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     rel = tmp_path / "rel"
     rel.mkdir()
     (rel / "release.json").write_text(json.dumps(doc))
-    summary = deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(rel), release_url=URL, output=str(tmp_path / "d"))
     assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar")
     assert summary["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     doc["toolchain"]["engine"]["tensorrt_llm"] = "0.9.0"
     (rel / "release.json").write_text(json.dumps(doc))
     with pytest.raises(DeployError, match="no NGC tritonserver image is known for TensorRT-LLM 0.9.0.*--image"):
-        deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "e"))
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(rel), release_url=URL, output=str(tmp_path / "e"))
 
 
 def test_reference_build_is_not_deployed(tmp_path):
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     with pytest.raises(DeployError, match="--target reference"):
-        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()
 
 
@@ -167,7 +168,7 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
         tar.addfile(info, io.BytesIO(doc))
     digest = "ab" * 32
     (tmp_path / f"{name}.tar.gz.sha256").write_text(f"{digest}  {name}.tar.gz\n")
-    summary = deploy_command(None, platform="k8s", release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
     assert (summary["kind"], summary["nodes"], summary["world_size"], summary["sha256"]) == (
         "LeaderWorkerSet", 2, 16, digest)
     lws = [o for o in yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text())
@@ -178,7 +179,7 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
     assert env["RELEASE_DIR"] == "/releases"
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
     with pytest.raises(DeployError, match="not a readable release tarball"):
-        deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
                        output=str(tmp_path / "e"))
 
 
@@ -212,15 +213,15 @@ def test_work_volume_is_sized_from_the_release(tmp_path, precision):
         (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
         assert work["emptyDir"] == {"sizeLimit": size}
         for c in (*pod["initContainers"], *pod["containers"]):
-            assert c["resources"]["requests"] == {"ephemeral-storage": size}
+            assert c["resources"]["requests"]["ephemeral-storage"] == size
             assert c["resources"]["limits"]["ephemeral-storage"] == size
     validate_objects(objects)
 
 
 def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    url = deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "u"), json_=True)
-    vol = deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "v"))
+    url = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "u"), json_=True)
+    vol = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases", output=str(tmp_path / "v"))
     assert url["tp"] == vol["tp"]
     sizes = []
     for d in ("u", "v"):
@@ -266,7 +267,7 @@ BAD_K8S_OPTIONS = [
 @pytest.mark.parametrize(("options", "message"), BAD_K8S_OPTIONS)
 def test_names_kubernetes_would_reject_are_refused_naming_the_flag(tmp_path, options, message):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    kw = {"release_url": URL, **options}
+    kw = {"release_url": URL, "pipeline_image": PIPELINE_IMAGE, **options}
     with pytest.raises(DeployError, match=message) as err:
         deploy_command(spec, platform="k8s", output=str(tmp_path / "d"), **kw)
     assert err.value.exit_code == 2 and "\n" not in str(err.value)
@@ -289,22 +290,44 @@ def test_matrix_output_and_secret_names_are_checked(tmp_path):
     from pipeline.ops.deploy import render
 
     with pytest.raises(DeployError, match="--matrix-output 'Build PVC': not a DNS-1123 subdomain"):
-        deploy_command(None, platform="k8s", matrix="llama-8b:fp8", matrix_output="Build PVC",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix="llama-8b:fp8", matrix_output="Build PVC",
                        output=str(tmp_path / "m"))
     assert not (tmp_path / "m").exists()
     cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
-    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN")
+    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN", pipeline_image=PIPELINE_IMAGE)
     with pytest.raises(DeployError, match="^hf_secret 'HF_TOKEN': not a DNS-1123 subdomain"):
         render.render_matrix(opts, cells, tmp_path / "m", "trtllm-build-output")
 
 
 def test_default_images_are_the_ngc_one_and_ours(tmp_path):
-    from pipeline.ops.deploy.images import DEFAULT_PIPELINE_IMAGE
-
     _, by_kind, _ = _deploy(tmp_path, "fp8")
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
-    assert pod["initContainers"][0]["image"] == DEFAULT_PIPELINE_IMAGE
+    assert pod["initContainers"][0]["image"] == PIPELINE_IMAGE
     assert pod["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+@pytest.mark.parametrize("matrix", [None, "llama-8b:fp8"])
+def test_a_pipeline_image_without_a_registry_must_be_given(tmp_path, matrix):
+    from pipeline.ops.deploy.images import DEFAULT_PIPELINE_IMAGE
+
+    spec = resolve_spec(model="llama-8b", precision="fp8")
+    with pytest.raises(DeployError, match=f"pipeline image '{DEFAULT_PIPELINE_IMAGE}'.* names no registry; build "
+                       r"and push it .*then pass --pipeline-image REGISTRY/trtllm-pipeline:TAG") as err:
+        deploy_command(spec, platform="k8s", release_volume="releases", matrix=matrix, output=str(tmp_path / "d"))
+    assert err.value.exit_code == 2 and not (tmp_path / "d").exists()
+    # one the user names is theirs to have pushed (or preloaded): a bare name pulls from Docker Hub
+    deploy_command(spec, platform="k8s", release_volume="releases", matrix=matrix, pipeline_image="ours:1",
+                   output=str(tmp_path / "d"))
+
+
+@pytest.mark.parametrize(("image", "host"), [
+    ("trtllm-pipeline:0.1.0", None), ("team/trtllm-pipeline:1", None), ("registry.example.com/p:1", "registry.example.com"),
+    ("localhost/p:1", "localhost"), ("host:5000/p", "host:5000"), ("nvcr.io/nvidia/tritonserver:26.04", "nvcr.io"),
+])
+def test_registry_host_follows_the_reference_grammar(image, host):
+    from pipeline.ops.deploy.names import registry_host
+
+    assert registry_host(image) == host
 
 
 def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
@@ -315,7 +338,8 @@ def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
 
     env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
-                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod"],
+                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod",
+                        "--pipeline-image", PIPELINE_IMAGE],
                        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == ("error: --namespace 'Prod': not a DNS-1123 label (1-63 lowercase "

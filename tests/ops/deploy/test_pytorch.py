@@ -24,6 +24,7 @@ from pipeline.stages.package import llmapi_yaml
 from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import model_yaml
 from tests.support.rank_stub import run_rank
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[3]
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 def _k8s(tmp_path, precision, **kw):
     spec = resolve_spec(model="llama-405b", precision=precision, runtime="pytorch")
     out = tmp_path / precision
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
 
