@@ -312,6 +312,26 @@ def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_
     assert "(tp=8, pp=1, 8 ranks)" in r.stdout and "at tp=1 does not fit" not in r.stderr
 
 
+def test_deploy_k8s_scheduling_flags_repeat(tmp_path):
+    import yaml
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-8b",
+                        "--precision", "fp8", "--release-volume", "releases", "--pipeline-image", PIPELINE_IMAGE,
+                        "--node-selector", "pool=a", "--node-selector", "zone=b", "--toleration", "x:NoExecute",
+                        "--nccl-env", "NCCL_DEBUG=INFO", "--nccl-env", "NCCL_SOCKET_IFNAME=eth0",
+                        "--rdma-resource", "rdma/ib=1", "--no-gpu-affinity", "--output", "d"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    objects = list(yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text()))
+    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "a", "zone": "b"} and "affinity" not in pod
+    assert [t["key"] for t in pod["tolerations"]] == ["nvidia.com/gpu", "x"]
+    env_names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert env_names[-2:] == ["NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
+    assert pod["containers"][0]["resources"]["limits"]["rdma/ib"] == "1"
+
+
 def test_compile_dry_run_prints_a_spec_warning_once():
     r = invoke("compile", "--model", "llama-70b", "--precision", "fp8", "--tp", "4", "--draft", "llama-1b",
                "--max-batch", "64", "--dry-run")

@@ -371,3 +371,141 @@ def test_trtllm_serve_readiness_stays_on_its_health_route(tmp_path):
     (pod,) = _pods(list(by_kind.values()))
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "ready.sh" not in by_kind["ConfigMap"]["data"]
+
+
+def test_gpu_pods_tolerate_the_gpu_taint_and_require_the_spec_gpu_product(tmp_path):
+    _, _, objects = _deploy(tmp_path, "bf16", node_selector=["pool=inference"],
+                            toleration=["dedicated=llm:NoSchedule", "maintenance:NoExecute"])
+    for pod in _pods(objects):  # leader and worker alike
+        assert pod["nodeSelector"] == {"pool": "inference"}
+        assert pod["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"},
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}]
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                              "values": ["NVIDIA-H100-80GB-HBM3"]}]}
+    validate_objects(objects)
+
+
+@pytest.mark.parametrize(("kw", "values"), [({"gpu_product_label": "NVIDIA-H100-80GB-HBM3-SHARED"},
+                                              ["NVIDIA-H100-80GB-HBM3-SHARED"]), ({"no_gpu_affinity": True}, None)])
+def test_gpu_product_affinity_is_overridable(tmp_path, kw, values):
+    _, by_kind, objects = _deploy(tmp_path, "fp8", **kw)
+    (pod,) = _pods(objects)
+    got = pod.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    assert (got["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] if got else None) == values
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    validate_objects(objects)
+
+
+def test_every_gpu_has_its_feature_discovery_product_name():
+    from pipeline.core.gpus import GPUS
+    from pipeline.ops.deploy.names import label_value
+    from pipeline.ops.deploy.scheduling import GPU_PRODUCTS
+
+    assert set(GPU_PRODUCTS) == set(GPUS)
+    for products in GPU_PRODUCTS.values():
+        assert products and all(label_value(p, "x") and p.startswith("NVIDIA-") and " " not in p for p in products)
+
+
+def test_matrix_pods_get_gpu_scheduling_only_with_gpus(tmp_path):
+    def pod(matrix, target, out):
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix=matrix, matrix_target=target,
+                       node_selector=["pool=build"], output=str(tmp_path / out))
+        objects = list(yaml.safe_load_all((tmp_path / out / "build-matrix.yaml").read_text()))
+        validate_objects(objects)
+        return next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]
+
+    cpu = pod("tiny-llama:fp8", "reference", "cpu")  # the CPU reference target
+    assert cpu["nodeSelector"] == {"pool": "build"} and not {"tolerations", "affinity"} & set(cpu)
+    gpu = pod("llama-8b:fp8", "trtllm", "gpu")
+    assert gpu["nodeSelector"] == {"pool": "build"} and gpu["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert gpu["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]["values"] == ["NVIDIA-H100-80GB-HBM3"]
+
+
+# llama-405b FP8: one node, 8 ranks; BF16: two nodes of 8 ranks, each holding half the engines.
+@pytest.mark.parametrize(("precision", "memory_gi"), [("fp8", 409), ("bf16", 405)])
+def test_serving_containers_request_host_cpu_and_memory_from_the_plan(tmp_path, precision, memory_gi):
+    from pipeline.core.gpus import GIB
+    from pipeline.ops.deploy.scheduling import MEMORY_LIMIT_FACTOR, RANK_HOST_BYTES, SERVER_HOST_BYTES
+    from pipeline.stages.resources import plan_resources
+
+    summary, _, objects = _deploy(tmp_path, precision)
+    spec = resolve_spec(model="llama-405b", precision=precision, tp=summary["tp"], pp=summary["pp"],
+                        nodes=summary["nodes"])
+    engines = plan_resources(spec).stage_bytes("compile", needed=False)
+    want = -(-engines // summary["nodes"]) + 8 * RANK_HOST_BYTES + SERVER_HOST_BYTES
+    assert -(-want // GIB) == memory_gi
+    for pod in _pods(objects):  # the LeaderWorkerSet's workers run ranks too
+        server = pod["containers"][0]["resources"]
+        assert server["requests"]["cpu"] == "18" and "cpu" not in server["limits"]  # 8 ranks x 2 + 2
+        assert server["requests"]["memory"] == f"{memory_gi}Gi"
+        assert server["limits"]["memory"] == f"{-(-int(want * MEMORY_LIMIT_FACTOR) // GIB)}Gi"
+        assert "memory" not in pod["initContainers"][0]["resources"]["requests"]
+    validate_objects(objects)
+
+
+def test_rdma_resources_and_nccl_env_reach_every_serving_container(tmp_path):
+    _, by_kind, objects = _deploy(tmp_path, "bf16", rdma_resource=["rdma/rdma_shared_device_a=1"],
+                                  nccl_env=["NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME=eth0"])
+    pods = list(_pods(objects))
+    assert len(pods) == 2
+    for pod in pods:
+        server = pod["containers"][0]
+        r = server["resources"]
+        assert r["requests"]["rdma/rdma_shared_device_a"] == r["limits"]["rdma/rdma_shared_device_a"] == "1"
+        env = {e["name"]: e.get("value") for e in server["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert server["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert "rdma/rdma_shared_device_a" not in pod["initContainers"][0]["resources"]["limits"]
+    validate_objects(objects)
+    _, _, plain = _deploy(tmp_path / "plain", "bf16")
+    assert all("securityContext" not in p["containers"][0] for p in _pods(plain))
+
+
+BAD_SCHEDULING = [
+    ({"node_selector": ["pool"]}, "--node-selector 'pool': expected KEY=VALUE"),
+    ({"node_selector": ["bad key=x"]}, "--node-selector 'bad key': not a label key"),
+    ({"node_selector": ["pool=a b"]}, "--node-selector 'a b': not a label value"),
+    ({"toleration": ["dedicated=llm"]}, "--toleration 'dedicated=llm': expected KEY\\[=VALUE\\]:EFFECT"),
+    ({"toleration": ["dedicated:Sometimes"]}, "--toleration 'dedicated:Sometimes': expected"),
+    ({"gpu_product_label": "NVIDIA H100"}, "--gpu-product-label 'NVIDIA H100': not a label value"),
+    ({"gpu_product_label": "NVIDIA-H100-PCIe", "no_gpu_affinity": True}, "give one of them"),
+    ({"rdma_resource": ["rdma_ib=1"]}, "--rdma-resource 'rdma_ib=1': give a device plugin's domain/name"),
+    ({"rdma_resource": ["nvidia.com/gpu=1"]}, "--rdma-resource 'nvidia.com/gpu=1': give"),
+    ({"rdma_resource": ["rdma/ib=0"]}, "--rdma-resource 'rdma/ib=0': COUNT must be a whole number >= 1"),
+    ({"nccl_env": ["LD_PRELOAD=/x.so"]}, "--nccl-env 'LD_PRELOAD=/x.so': KEY must be an NCCL variable"),
+    ({"nccl_env": ["NCCL_DEBUG=INFO\nx"]}, "--nccl-env NCCL_DEBUG: the value holds control characters"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_SCHEDULING)
+def test_bad_scheduling_options_are_refused_naming_the_flag(tmp_path, options, message):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    with pytest.raises(DeployError, match=message) as err:
+        deploy_command(spec, platform="k8s", release_url=URL, pipeline_image=PIPELINE_IMAGE,
+                       output=str(tmp_path / "d"), **options)
+    assert err.value.exit_code == 2 and not (tmp_path / "d").exists()
+
+
+def test_kubernetes_scheduling_options_are_refused_on_slurm(tmp_path):
+    spec = resolve_spec(model="llama-8b", precision="fp8")
+    with pytest.raises(DeployError, match="--node-selector, --nccl-env: Kubernetes options; drop them or use "
+                       "--platform k8s"):
+        deploy_command(spec, platform="slurm", release_volume="/shared/r", node_selector=["a=b"],
+                       nccl_env=["NCCL_DEBUG=INFO"], output=str(tmp_path / "d"))
+
+
+def test_default_names_tell_variants_apart_within_the_length_limit():
+    from pipeline.ops.deploy.render import NAME_RE, default_name
+
+    names = {default_name(resolve_spec(model="llama-70b", precision="fp8", **kw))
+             for kw in ({"tp": 4}, {"tp": 4, "draft": "llama-1b"}, {"tp": 8}, {"tp": 4, "pp": 2, "nodes": 2})}
+    assert names == {"llama-70b-fp8-tp4", "llama-70b-fp8-tp4-draft", "llama-70b-fp8-tp8", "llama-70b-fp8-tp4-pp2"}
+    long = resolve_spec(model="llama-70b", precision="int4_awq", tp=4, pp=2, nodes=2, draft="llama-1b")
+    long.model = long.model.model_copy(update={"name": "hf:" + "a-very-long-organisation/" + "model-name" * 5})
+    name = default_name(long)
+    assert len(name) <= 40 and NAME_RE.fullmatch(name) and name.endswith("-int4-awq-tp4-pp2-draft")
