@@ -853,7 +853,8 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
                 node_selector=deploy_scheduling.node_selector(node_selector or []),
                 tolerations=deploy_scheduling.tolerations(toleration or []),
                 gpu_product=gpu_product_label and deploy_names.label_value(gpu_product_label, "--gpu-product-label"),
-                gpu_affinity=not no_gpu_affinity, rdma_resources=deploy_scheduling.extended_resources(rdma_resource or []),
+                gpu_affinity=not no_gpu_affinity,
+                rdma_resources=deploy_scheduling.extended_resources(rdma_resource or []),
                 nccl_env=deploy_scheduling.nccl_env(nccl_env or []))
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd

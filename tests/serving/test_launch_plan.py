@@ -195,7 +195,8 @@ def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
 def _k8s_processes(spec, out: Path) -> int:
     from pipeline.cli.commands import deploy_command
 
-    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url="https://r.example.invalid/x.tar.gz", output=str(out))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_url="https://r.example.invalid/x.tar.gz", output=str(out))
     objects = {o["kind"]: o for o in yaml.safe_load_all((out / "serving.yaml").read_text())}
     scripts = objects["ConfigMap"]["data"]
     if "LeaderWorkerSet" in objects:

@@ -202,9 +202,10 @@ def _pod_spec(o: K8sOptions, server: dict[str, Any], gpus: int, *, copy_kubectl:
 def _placement(o: K8sOptions, gpus: int) -> dict[str, Any]:
     """nodeSelector, and for a pod with GPUs the tolerations and GPU-product node affinity."""
     out: dict[str, Any] = {"nodeSelector": o.node_selector} if o.node_selector else {}
-    if gpus:
-        out |= {"tolerations": o.tolerations} if o.tolerations else {}
-        out |= {"affinity": scheduling.node_affinity(o.gpu_products)} if o.gpu_products else {}
+    if gpus and o.tolerations:
+        out["tolerations"] = o.tolerations
+    if gpus and o.gpu_products:
+        out["affinity"] = scheduling.node_affinity(o.gpu_products)
     return out
 
 

@@ -20,7 +20,8 @@ def spec(tmp_path, monkeypatch):
 
 
 def _deploy(spec, output, **kw):
-    return deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases", output=str(output), **kw)
+    return deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                          release_volume="releases", output=str(output), **kw)
 
 
 def _tree(root):

@@ -20,7 +20,8 @@ URL = "https://releases.example.invalid/llama.tar.gz"
 def _deploy(tmp_path, precision, **kw):
     spec = resolve_spec(model="llama-405b", precision=precision)
     out = tmp_path / precision
-    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out), **kw)
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
 
@@ -105,9 +106,11 @@ def test_nothing_written_when_options_are_bad(tmp_path):
     with pytest.raises(DeployError, match="--release-url URL"):
         deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, name="llama\n", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url=URL, name="llama\n", output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
 
 
@@ -116,13 +119,15 @@ def test_existing_output_needs_force(tmp_path):
     deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="--force"):
         deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
-    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases", output=str(tmp_path / "d"), force=True)
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_volume="releases", output=str(tmp_path / "d"), force=True)
     text = (tmp_path / "d" / "serving.yaml").read_text()
     assert "claimName: releases" in text and URL not in text
 
 
 def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
-    deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
+    deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
     job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -140,13 +145,15 @@ def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     rel = tmp_path / "rel"
     rel.mkdir()
     (rel / "release.json").write_text(json.dumps(doc))
-    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(rel), release_url=URL, output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release=str(rel), release_url=URL, output=str(tmp_path / "d"))
     assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar")
     assert summary["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     doc["toolchain"]["engine"]["tensorrt_llm"] = "0.9.0"
     (rel / "release.json").write_text(json.dumps(doc))
     with pytest.raises(DeployError, match="no NGC tritonserver image is known for TensorRT-LLM 0.9.0.*--image"):
-        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(rel), release_url=URL, output=str(tmp_path / "e"))
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(rel), release_url=URL, output=str(tmp_path / "e"))
 
 
 def test_reference_build_is_not_deployed(tmp_path):
@@ -168,7 +175,8 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
         tar.addfile(info, io.BytesIO(doc))
     digest = "ab" * 32
     (tmp_path / f"{name}.tar.gz.sha256").write_text(f"{digest}  {name}.tar.gz\n")
-    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
     assert (summary["kind"], summary["nodes"], summary["world_size"], summary["sha256"]) == (
         "LeaderWorkerSet", 2, 16, digest)
     lws = [o for o in yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text())
@@ -179,7 +187,8 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
     assert env["RELEASE_DIR"] == "/releases"
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
     with pytest.raises(DeployError, match="not a readable release tarball"):
-        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
                        output=str(tmp_path / "e"))
 
 
@@ -220,8 +229,10 @@ def test_work_volume_is_sized_from_the_release(tmp_path, precision):
 
 def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    url = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "u"), json_=True)
-    vol = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases", output=str(tmp_path / "v"))
+    url = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                         release_url=URL, output=str(tmp_path / "u"), json_=True)
+    vol = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                         release_volume="releases", output=str(tmp_path / "v"))
     assert url["tp"] == vol["tp"]
     sizes = []
     for d in ("u", "v"):
@@ -290,7 +301,8 @@ def test_matrix_output_and_secret_names_are_checked(tmp_path):
     from pipeline.ops.deploy import render
 
     with pytest.raises(DeployError, match="--matrix-output 'Build PVC': not a DNS-1123 subdomain"):
-        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix="llama-8b:fp8", matrix_output="Build PVC",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       matrix="llama-8b:fp8", matrix_output="Build PVC",
                        output=str(tmp_path / "m"))
     assert not (tmp_path / "m").exists()
     cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
@@ -321,7 +333,8 @@ def test_a_pipeline_image_without_a_registry_must_be_given(tmp_path, matrix):
 
 
 @pytest.mark.parametrize(("image", "host"), [
-    ("trtllm-pipeline:0.1.0", None), ("team/trtllm-pipeline:1", None), ("registry.example.com/p:1", "registry.example.com"),
+    ("trtllm-pipeline:0.1.0", None), ("team/trtllm-pipeline:1", None),
+    ("registry.example.com/p:1", "registry.example.com"),
     ("localhost/p:1", "localhost"), ("host:5000/p", "host:5000"), ("nvcr.io/nvidia/tritonserver:26.04", "nvcr.io"),
 ])
 def test_registry_host_follows_the_reference_grammar(image, host):

@@ -15,10 +15,10 @@ def test_k8s_and_slurm_of_one_spec_both_write_by_default(tmp_path, monkeypatch):
     spec = choose_limits(resolve_spec(model="llama-8b", precision="fp8", tp=1))
     k8s = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases")
     slurm = deploy_command(spec, platform="slurm", release_volume="/shared/releases")
-    assert k8s["directory"] == str(tmp_path / "deploy" / "k8s" / "llama-8b-fp8")
-    assert slurm["directory"] == str(tmp_path / "deploy" / "slurm" / "llama-8b-fp8")
-    assert (tmp_path / "deploy" / "k8s" / "llama-8b-fp8" / "serving.yaml").is_file()
-    assert (tmp_path / "deploy" / "slurm" / "llama-8b-fp8" / "serve.sbatch").is_file()
+    assert k8s["directory"] == str(tmp_path / "deploy" / "k8s" / "llama-8b-fp8-tp1")
+    assert slurm["directory"] == str(tmp_path / "deploy" / "slurm" / "llama-8b-fp8-tp1")
+    assert (tmp_path / "deploy" / "k8s" / "llama-8b-fp8-tp1" / "serving.yaml").is_file()
+    assert (tmp_path / "deploy" / "slurm" / "llama-8b-fp8-tp1" / "serve.sbatch").is_file()
 
 
 def test_deploy_follows_the_chosen_topology_with_its_limits(tmp_path, monkeypatch):

@@ -124,7 +124,8 @@ def test_bad_slurm_values_are_refused_before_anything_is_written(tmp_path, monke
 def test_slurm_flags_on_k8s_are_refused(tmp_path):
     spec = resolve_spec(model="llama-8b", precision="fp8")
     with pytest.raises(DeployError, match="--account, --time: Slurm options"):
-        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url="https://h/r.tar.gz", account="a", time_="10",
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url="https://h/r.tar.gz", account="a", time_="10",
                        output=str(tmp_path / "k"))
 
 

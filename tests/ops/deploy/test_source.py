@@ -40,7 +40,8 @@ def test_a_recorded_name_that_leaves_the_directory_is_refused(tmp_path):
         info.size = len(doc)
         tar.addfile(info, io.BytesIO(doc))
     with pytest.raises(DeployError, match="names the release '../../PWNED', not a safe file name"):
-        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, release=str(tarball), release_volume="pvc", output=str(tmp_path / "k"))
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(tarball), release_volume="pvc", output=str(tmp_path / "k"))
     assert not (tmp_path / "k").exists()
 
 
