@@ -40,7 +40,7 @@ def _fetch_verify(script: Path, env: dict, node: Path) -> subprocess.CompletedPr
 def _installed(node: Path) -> Path:
     repo = Path((node / "REPO").read_text().strip())
     assert repo.parent.name == "triton_repo" and (repo / "tensorrt_llm" / "1" / "model.yaml").is_file()
-    assert (node / "serve" / "tiny-llama-fp8" / "hf_quant_config.json").is_file()  # node setup of runtime pytorch
+    assert (node / "serve" / "tiny-llama-fp8-tp1" / "hf_quant_config.json").is_file()  # node setup of runtime pytorch
     return repo
 
 

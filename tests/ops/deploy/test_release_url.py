@@ -78,7 +78,7 @@ def test_k8s_release_secret_feeds_the_fetch_a_header_from_a_secret(spec, tmp_pat
     ("k8s", {"release_url": "https://host/r.tar", "release_secret": "Bad_Secret"}, "--release-secret"),
 ])
 def test_release_secret_misuse_is_refused(spec, tmp_path, platform, kw, match):
-    kw = {"release_secret": "release-auth"} | kw
+    kw = {"release_secret": "release-auth", "pipeline_image": PIPELINE_IMAGE} | kw
     with pytest.raises(DeployError, match=match) as e:
         deploy_command(spec, platform=platform, output=str(tmp_path / "d"), **kw)
     assert e.value.exit_code == 2 and not (tmp_path / "d").exists()
