@@ -72,6 +72,7 @@ compile_preflight = _lazy("pipeline.stages.compile.preflight")
 compile_stage = _lazy("pipeline.stages.compile.stage")
 deploy_names = _lazy("pipeline.ops.deploy.names")
 deploy_render = _lazy("pipeline.ops.deploy.render")
+deploy_scheduling = _lazy("pipeline.ops.deploy.scheduling")
 deploy_source = _lazy("pipeline.ops.deploy.source")
 deploy_topology = _lazy("pipeline.ops.deploy.topology")
 download_stage = _lazy("pipeline.stages.download.stage")
@@ -824,8 +825,9 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None, replicas=1, exclusive=False, mpi=None, keep_work=False
-                    ) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1, exclusive=False, mpi=None, keep_work=False, node_selector=None,
+                    toleration=None, gpu_product_label=None, no_gpu_affinity=False, rdma_resource=None,
+                    nccl_env=None) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_,
@@ -833,6 +835,13 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
+    k8s_only = {"--node-selector": node_selector, "--toleration": toleration, "--gpu-product-label": gpu_product_label,
+                "--no-gpu-affinity": no_gpu_affinity, "--rdma-resource": rdma_resource, "--nccl-env": nccl_env}
+    if platform != "k8s" and any(k8s_only.values()):
+        given = ", ".join(flag for flag, value in k8s_only.items() if value)
+        raise DeployError(f"{given}: Kubernetes options; drop them or use --platform k8s (Slurm: --constraint)")
+    if gpu_product_label and no_gpu_affinity:
+        raise DeployError("--gpu-product-label and --no-gpu-affinity: give one of them")
     if release_url:
         deploy_names.check_release_url(release_url)
     if release_secret and (platform != "k8s" or not release_url):
@@ -843,7 +852,13 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 release_secret=release_secret, partition=partition, account=account, qos=qos, constraint=constraint,
                 time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas,
-                exclusive=bool(exclusive), mpi=mpi or "pmix", keep_work=bool(keep_work))
+                exclusive=bool(exclusive), mpi=mpi or "pmix", keep_work=bool(keep_work),
+                node_selector=deploy_scheduling.node_selector(node_selector or []),
+                tolerations=deploy_scheduling.tolerations(toleration or []),
+                gpu_product=gpu_product_label and deploy_names.label_value(gpu_product_label, "--gpu-product-label"),
+                gpu_affinity=not no_gpu_affinity,
+                rdma_resources=deploy_scheduling.extended_resources(rdma_resource or []),
+                nccl_env=deploy_scheduling.nccl_env(nccl_env or []))
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -858,7 +873,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
                    replicas: int | None = None, release_version=None, exclusive=False,
                    mpi: Literal["pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none"] | None = None,
-                   keep_work=False) -> dict[str, Any]:
+                   keep_work=False, node_selector: list[str] | None = None,
+                   toleration: list[str] | None = None, gpu_product_label=None, no_gpu_affinity=False,
+                   rdma_resource: list[str] | None = None, nccl_env: list[str] | None = None) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
@@ -897,11 +914,21 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         exclusive: Slurm: whole nodes (#SBATCH --exclusive); default: only the placement's GPUs per node
         mpi: Slurm: srun --mpi of the serving ranks (default pmix)
         keep_work: Slurm: leave the node-local work directory (the unpacked release) when the job ends
+        node_selector: k8s: KEY=VALUE node label every pod requires (repeatable)
+        toleration: k8s: KEY[=VALUE]:EFFECT taint GPU pods tolerate besides nvidia.com/gpu:NoSchedule (repeatable)
+        gpu_product_label: k8s: nvidia.com/gpu.product value GPU pods require (default: the spec GPU's, as GPU
+            feature discovery writes it, e.g. NVIDIA-H100-80GB-HBM3)
+        no_gpu_affinity: k8s: no nvidia.com/gpu.product node affinity
+        rdma_resource: k8s: NAME=COUNT extended resource each serving pod requests, e.g. rdma/rdma_shared_device_a=1
+            (repeatable)
+        nccl_env: k8s: NCCL environment of the serving containers, e.g. NCCL_IB_HCA=mlx5 (repeatable)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
     replicas = int_option("replicas", replicas, maximum=MAX_REPLICAS)
     max_nodes = int_option("max_nodes", max_nodes, maximum=MAX_NODES)
+    k8s_flags = dict(node_selector=node_selector, toleration=toleration, gpu_product_label=gpu_product_label,
+                     no_gpu_affinity=no_gpu_affinity, rdma_resource=rdma_resource, nccl_env=nccl_env)
     if matrix:
         serving = {"--replicas": replicas is not None, "--release-version": release_version,
                    "--exclusive": exclusive, "--mpi": mpi, "--keep-work": keep_work}
@@ -914,7 +941,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                                         release_secret=release_secret, image=image,
                                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd,
                                         partition=partition, no_container=no_container, account=account, qos=qos,
-                                        constraint=constraint, time_=time_))
+                                        constraint=constraint, time_=time_, **k8s_flags))
     if release:
         if release_version:
             raise DeployError("--release-version names a spec's release; --release reads its own name, drop one")
@@ -938,7 +965,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
                         serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas),
-                        exclusive=exclusive, mpi=mpi, keep_work=keep_work)
+                        exclusive=exclusive, mpi=mpi, keep_work=keep_work, **k8s_flags)
     if platform == "slurm" and release_volume and not release_url:
         deploy_source.check_released(release_volume, src)
     dest = deploy_render.deploy_dir(output, o.name, platform)

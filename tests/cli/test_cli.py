@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.k8s import PIPELINE_IMAGE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -303,10 +305,31 @@ def test_check_compares_with_this_host_and_plan_shows_the_resources(tmp_path):
 def test_deploy_warns_about_the_spec_it_settles_on_not_the_flags_default_tp(tmp_path):
     env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
-                        "--precision", "fp8", "--release-volume", "releases"], cwd=ROOT, capture_output=True,
+                        "--precision", "fp8", "--release-volume", "releases", "--pipeline-image", PIPELINE_IMAGE],
+                       cwd=ROOT, capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "(tp=8, pp=1, 8 ranks)" in r.stdout and "at tp=1 does not fit" not in r.stderr
+
+
+def test_deploy_k8s_scheduling_flags_repeat(tmp_path):
+    import yaml
+
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-8b",
+                        "--precision", "fp8", "--release-volume", "releases", "--pipeline-image", PIPELINE_IMAGE,
+                        "--node-selector", "pool=a", "--node-selector", "zone=b", "--toleration", "x:NoExecute",
+                        "--nccl-env", "NCCL_DEBUG=INFO", "--nccl-env", "NCCL_SOCKET_IFNAME=eth0",
+                        "--rdma-resource", "rdma/ib=1", "--no-gpu-affinity", "--output", "d"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    objects = list(yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text()))
+    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "a", "zone": "b"} and "affinity" not in pod
+    assert [t["key"] for t in pod["tolerations"]] == ["nvidia.com/gpu", "x"]
+    env_names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert env_names[-2:] == ["NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
+    assert pod["containers"][0]["resources"]["limits"]["rdma/ib"] == "1"
 
 
 def test_compile_dry_run_prints_a_spec_warning_once():

@@ -19,6 +19,7 @@ from pipeline.ops.monitoring.rules import prometheus_rule, rule_groups, watch_pl
 from pipeline.ops.monitoring.scrape import pod_monitor
 from pipeline.planning.break_even import speculation_break_even
 from pipeline.planning.planner import plan_capacity, serving_estimate
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 
@@ -104,7 +105,9 @@ def test_dashboard_has_a_panel_per_series_with_the_alert_thresholds():
 def test_k8s_deploy_writes_rules_and_dashboard_config_map(tmp_path):
     spec = resolve_spec(model="llama-70b", precision="fp8")
     out = tmp_path / "k8s"
-    deploy_command(spec, platform="k8s", release_url=URL, output=str(out), name="llama70", namespace="serving")
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_url=URL, output=str(out), name="llama70",
+                   namespace="serving")
     objects = {o["kind"]: o for o in yaml.safe_load_all((out / "monitoring.yaml").read_text())}
     assert set(objects) == {"PrometheusRule", "PodMonitor", "ConfigMap"}
     assert objects["PrometheusRule"]["metadata"]["namespace"] == "serving"
@@ -131,7 +134,8 @@ def _server_pod(serving: list[dict]) -> tuple[dict[str, str], dict]:
 @pytest.mark.parametrize("precision,serving_kind", [("fp8", "Deployment"), ("bf16", "LeaderWorkerSet")])
 def test_pod_monitor_scrapes_exactly_the_serving_pod_as_the_rules_job(tmp_path, precision, serving_kind):
     out = tmp_path / precision
-    deploy_command(resolve_spec(model="llama-405b", precision=precision), platform="k8s", release_url=URL,
+    deploy_command(resolve_spec(model="llama-405b", precision=precision), platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_url=URL,
                    output=str(out), name="big", namespace="serving")
     serving = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     assert serving_kind in {o["kind"] for o in serving}
@@ -194,6 +198,7 @@ def test_trtllm_serve_gets_no_monitoring_files(tmp_path, runtime, serve_mode):
                    serve_mode=serve_mode)
     assert not list((tmp_path / "s").glob("prometheus-*")) and not (tmp_path / "s" / "dashboard.json").exists()
     assert "prometheus" not in (tmp_path / "s" / "serve.sbatch").read_text()
-    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "k"), name="pt",
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_url=URL, output=str(tmp_path / "k"), name="pt",
                    serve_mode=serve_mode)
     assert not (tmp_path / "k" / "monitoring.yaml").exists()

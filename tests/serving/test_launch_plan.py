@@ -23,6 +23,7 @@ from pipeline.serving.launch_plan import (
     shape_from_repo,
     shape_from_spec,
 )
+from tests.support.k8s import PIPELINE_IMAGE
 
 EP = Endpoints("0.0.0.0", 8000, 8001, 8002)
 TARGET = "tensorrt_llm"
@@ -274,7 +275,8 @@ def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
 def _k8s_processes(spec, out: Path) -> int:
     from pipeline.cli.commands import deploy_command
 
-    deploy_command(spec, platform="k8s", release_url="https://r.example.invalid/x.tar.gz", output=str(out))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_url="https://r.example.invalid/x.tar.gz", output=str(out))
     objects = {o["kind"]: o for o in yaml.safe_load_all((out / "serving.yaml").read_text())}
     scripts = objects["ConfigMap"]["data"]
     if "LeaderWorkerSet" in objects:

@@ -10,7 +10,9 @@ the node. The node-local WORK volume is an emptyDir with a `sizeLimit`, and the 
 limit the same `ephemeral-storage`, sized from the plan's release bytes (`work_bytes`), so the scheduler places the
 pod on a node with that much disk instead of the kubelet evicting it mid-unpack. The one-node Deployment uses the
 `Recreate` strategy: its GPUs are released before the new pod asks for them. Build matrix: an Indexed Job, one index
-per cell, HF token from a Secret.
+per cell, HF token from a Secret. GPU pods tolerate the GPU taint, require the spec's GPU product and take the
+user's nodeSelector; serving containers request host CPU and memory and any RDMA resources, with NCCL's environment
+(`pipeline.ops.deploy.scheduling`).
 
 Names are checked as the API server and the container runtime would (`pipeline.ops.deploy.names`), each error naming
 its flag.
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 
 from pipeline.core.gpus import GIB
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import names
+from pipeline.ops.deploy import names, scheduling
 from pipeline.ops.deploy.runtime import CONFIG, HTTP_PORT, WORK, Runtime
 from pipeline.planning.placement import Placement
 from pipeline.stages.resources import plan_resources
@@ -59,6 +61,13 @@ class K8sOptions(BaseModel):
     output_pvc: str = "trtllm-build-output"
     work_bytes: int | None = None  # WORK's size on a serving node (`work_bytes()`; required by serving pods)
     replicas: int = 1  # serving copies: the Deployment's pods, the LeaderWorkerSet's groups
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, str]] = []  # GPU pods: scheduling.tolerations()
+    gpu_products: tuple[str, ...] = ()  # GPU pods require one of them (nvidia.com/gpu.product); () no affinity
+    cpus: int | None = None  # serving containers' CPU request (scheduling.host_cpus)
+    memory_bytes: int | None = None  # serving containers' memory request (scheduling.host_memory_bytes)
+    extra_resources: dict[str, str] = {}  # serving containers: e.g. {"rdma/rdma_shared_device_a": "1"}
+    nccl_env: dict[str, str] = {}  # serving containers' NCCL_* environment
 
     @field_validator("namespace")
     @classmethod
@@ -110,6 +119,20 @@ def _resources(o: K8sOptions, gpus: int) -> dict[str, Any]:
     return {"requests": {EPHEMERAL: _work_size(o)}, "limits": {GPU: str(gpus), EPHEMERAL: _work_size(o)}}
 
 
+def _server_resources(o: K8sOptions, gpus: int) -> dict[str, Any]:
+    """`_resources` plus host CPU and memory (requested; memory limited at MEMORY_LIMIT_FACTOR x) and the extended
+    resources (request = limit, as Kubernetes requires of them)."""
+    r = _resources(o, gpus)
+    if o.cpus is not None:
+        r["requests"]["cpu"] = str(o.cpus)
+    if o.memory_bytes is not None:
+        r["requests"]["memory"] = quantity(o.memory_bytes)
+        r["limits"]["memory"] = quantity(int(o.memory_bytes * scheduling.MEMORY_LIMIT_FACTOR))
+    r["requests"] |= o.extra_resources
+    r["limits"] |= o.extra_resources
+    return r
+
+
 def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[str, Any]:
     env = _env(WORK=WORK, PIPELINE=o.pipeline_cmd, RELEASE_FILE=o.release_file, RELEASE_URL=o.release_url,
                RELEASE_DIR="/releases" if o.release_pvc else None, RELEASE_SHA256=o.sha256,
@@ -145,11 +168,13 @@ def _readiness(rt: Runtime) -> dict[str, Any]:
 def _server_container(o: K8sOptions, rt: Runtime | None, gpus: int, command: list[str],
                       env: list[dict[str, Any]]) -> dict[str, Any]:
     c: dict[str, Any] = {
-        "name": "server", "image": o.server_image, "command": command, "env": [*_env(WORK=WORK), *env],
-        "resources": _resources(o, gpus),
+        "name": "server", "image": o.server_image, "command": command,
+        "env": [*_env(WORK=WORK), *env, *_env(**o.nccl_env)], "resources": _server_resources(o, gpus),
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    if o.extra_resources:  # RDMA registers (pins) memory
+        c["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if rt is not None:  # the pod that serves the endpoints
         c["ports"] = [{"name": n, "containerPort": port} for n, port in rt.ports]
         c["startupProbe"] = _probe(rt.ready_path, 10, 360)  # engines of a large model load for many minutes
@@ -171,7 +196,17 @@ def _pod_spec(o: K8sOptions, server: dict[str, Any], gpus: int, *, copy_kubectl:
                             "containers": [server], "volumes": volumes}
     if service_account:
         spec["serviceAccountName"] = service_account
-    return spec
+    return spec | _placement(o, gpus)
+
+
+def _placement(o: K8sOptions, gpus: int) -> dict[str, Any]:
+    """nodeSelector, and for a pod with GPUs the tolerations and GPU-product node affinity."""
+    out: dict[str, Any] = {"nodeSelector": o.node_selector} if o.node_selector else {}
+    if gpus and o.tolerations:
+        out["tolerations"] = o.tolerations
+    if gpus and o.gpu_products:
+        out["affinity"] = scheduling.node_affinity(o.gpu_products)
+    return out
 
 
 def config_map(o: K8sOptions, scripts: dict[str, str]) -> dict[str, Any]:
@@ -265,7 +300,8 @@ def matrix_job(o: K8sOptions, cells: int, gpus: int, scripts: dict[str, str]) ->
         container["resources"] = {"limits": {GPU: str(gpus)}}
     pod = {"restartPolicy": "Never", "containers": [container],
            "volumes": [{"name": "output", "persistentVolumeClaim": {"claimName": o.output_pvc}},
-                       {"name": "config", "configMap": {"name": f"{o.name}-scripts", "defaultMode": SCRIPT_MODE}}]}
+                       {"name": "config", "configMap": {"name": f"{o.name}-scripts", "defaultMode": SCRIPT_MODE}}],
+           **_placement(o, gpus)}
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(o, f"{o.name}-build"),
            "spec": {"completionMode": "Indexed", "completions": cells, "parallelism": cells,
                     "backoffLimitPerIndex": 1, "template": {"spec": pod}}}

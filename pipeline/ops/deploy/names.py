@@ -5,6 +5,11 @@
 - Image reference (the grammar of distribution/reference, which containerd and CRI-O parse):
   `[host[:port]/]path[:tag][@digest]`, path components lowercase `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s,
   tag `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`, digest `algorithm:hex` (32+ hex digits), name 255 characters at most.
+- Label key (nodeSelector, tolerations; also an extended resource name): `[prefix/]name`, prefix a DNS-1123
+  subdomain, name 1-63 letters, digits, '-', '_', '.' starting and ending alphanumeric; label value: the same
+  pattern, empty allowed (Kubernetes `IsQualifiedName` / `IsValidLabelValue`).
+- Registry host of an image reference: the first '/'-separated component when it holds '.' or ':' or is
+  `localhost` (distribution/reference `splitDockerDomain`); without one a runtime pulls from Docker Hub.
 - Release URL: http(s) with a host, no whitespace or control characters, and no `user:password@` (it would be
   written in clear into serving.yaml / serve.sbatch).
 """
@@ -31,6 +36,7 @@ _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}
 IMAGE_REFERENCE = re.compile(
     rf"(?P<name>{_NAME})(?::(?P<tag>[\w][\w.-]{{0,127}}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
 NAME_MAX = 255
+_QUALIFIED = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
 def dns1123_label(value: str, flag: str) -> str:
@@ -58,6 +64,30 @@ def image_reference(value: str, flag: str) -> str:
                           f"lowercase path, name at most {NAME_MAX} characters); "
                           "e.g. nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
     return value
+
+
+def label_key(value: str, flag: str) -> str:
+    """`value` if it is a label key (`[prefix/]name`), else a DeployError naming `flag`."""
+    prefix, _, name = value.rpartition("/")
+    if (not name or len(name) > LABEL_MAX or not _QUALIFIED.fullmatch(name)
+            or ("/" in value and (len(prefix) > SUBDOMAIN_MAX or not DNS1123_SUBDOMAIN.fullmatch(prefix)))):
+        raise DeployError(f"{flag} {value!r}: not a label key ([DNS-1123 prefix/]name, name 1-{LABEL_MAX} letters, "
+                          "digits, '-', '_', '.', starting and ending with a letter or digit); e.g. nvidia.com/gpu")
+    return value
+
+
+def label_value(value: str, flag: str) -> str:
+    """`value` if it is a label value, else a DeployError naming `flag`."""
+    if len(value) > LABEL_MAX or not _QUALIFIED.fullmatch(value):
+        raise DeployError(f"{flag} {value!r}: not a label value (at most {LABEL_MAX} letters, digits, '-', '_', '.', "
+                          "starting and ending with a letter or digit); e.g. NVIDIA-H100-80GB-HBM3")
+    return value
+
+
+def registry_host(image: str) -> str | None:
+    """The registry host of image reference `image`, or None (a bare name: Docker Hub)."""
+    first, slash, _ = image.partition("/")
+    return first if slash and ("." in first or ":" in first or first == "localhost") else None
 
 
 def check_release_url(url: str) -> str:

@@ -21,7 +21,7 @@ from pipeline.core.artifacts import atomic_dir, output_root
 from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import k8s, names, slurm
+from pipeline.ops.deploy import k8s, names, scheduling, slurm
 from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
 from pipeline.ops.deploy.runtime import (METRICS_PORT_NAME, Runtime, fetch_verify_script, kubexec_script,
                                          leader_script, runtime_for)
@@ -35,7 +35,8 @@ from pipeline.stages.check import resolve_checked_spec
 from pipeline.stages.resources import calibration_memory, serving_host_bytes
 
 Platform = Literal["k8s", "slurm"]
-NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1123, short enough for LWS pod names
+NAME_MAX = 40  # DNS-1123, short enough for LWS pod names
+NAME_RE = re.compile(rf"^[a-z0-9]([-a-z0-9]{{0,{NAME_MAX - 2}}}[a-z0-9])?$")
 MARKER = "deploy.json"  # every deployment directory holds it: only such a directory is replaced with --force
 SERVE_CPUS_PER_RANK = 4  # Slurm --cpus-per-task of a GPU serving rank (`serving_cpus`)
 MATRIX_CPUS_PER_GPU = 4  # Slurm --cpus-per-task of a GPU build cell, per GPU (`matrix_cpus`)
@@ -65,16 +66,28 @@ class DeployOptions(BaseModel):
     replicas: int = 1  # serving copies, each of the placement's world size (`replicas_for`)
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
+    node_selector: dict[str, str] = {}  # k8s only, like what follows (pipeline.ops.deploy.scheduling)
+    tolerations: list[dict[str, str]] = [scheduling.GPU_TOLERATION]
+    gpu_product: str | None = None  # the GPU product label value to require; None: the spec GPU's
+    gpu_affinity: bool = True
+    rdma_resources: dict[str, str] = {}
+    nccl_env: dict[str, str] = {}
 
 
 def default_name(spec: BuildSpec) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"{spec.model.name}-{spec.quantization.precision}".lower()).strip("-")[:40]
+    """`<model>-<precision>-tp<T>[-pp<P>][-draft]` (e.g. llama-70b-fp8-tp4-draft), the model part shortened to keep
+    the whole within NAME_RE's 40 characters."""
+    p = spec.parallelism
+    suffix = f"-{spec.quantization.precision}-tp{p.tp}" + (f"-pp{p.pp}" if p.pp > 1 else "")
+    suffix = re.sub(r"[^a-z0-9-]+", "-", suffix.lower()) + ("-draft" if spec.draft_model else "")
+    model = re.sub(r"[^a-z0-9-]+", "-", spec.model.name.lower()).strip("-")
+    return model[:NAME_MAX - len(suffix)].rstrip("-") + suffix
 
 
 def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(name):
         raise DeployError(f"--name {name!r}: a deployment name is 1-40 lowercase letters, digits and '-', starting "
-                          "and ending with a letter or digit (Kubernetes DNS-1123); e.g. llama-405b-bf16")
+                          "and ending with a letter or digit (Kubernetes DNS-1123); e.g. llama-405b-bf16-tp8-pp2")
     return name
 
 
@@ -83,16 +96,28 @@ def _images(o: DeployOptions, trtllm_version: str) -> tuple[str, str]:
     if o.image and o.platform == "k8s":
         names.image_reference(o.image, "--image")  # before ours is named after its tag
     server = o.image or ngc_image(trtllm_version)
-    return server, o.pipeline_image or pipeline_image(server, __version__)
+    pipe = o.pipeline_image or pipeline_image(server, __version__)
+    if o.platform == "k8s" and names.registry_host(pipe) is None and not o.pipeline_image:
+        raise DeployError(f"the nodes pull the pipeline image {pipe!r} (the fetch/verify init container, the build "
+                          "matrix), which names no registry; build and push it (README \"GPU host quick start\"), "
+                          "then pass --pipeline-image REGISTRY/trtllm-pipeline:TAG")
+    return server, pipe
 
 
-def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: str) -> k8s.K8sOptions:
+def _k8s_options(o: DeployOptions, src: DeploySource | None, server: str, pipe: str, gpu: str,
+                 p: Placement | None = None) -> k8s.K8sOptions:
+    """The Kubernetes options of a serving deployment (`src` and its placement `p`) or of a build matrix on `gpu`."""
+    products = (o.gpu_product,) if o.gpu_product else scheduling.GPU_PRODUCTS[gpu] if o.gpu_affinity else ()
     return k8s.K8sOptions(
         name=o.name, namespace=o.namespace, server_image=server, pipeline_image=pipe, pipeline_cmd=o.pipeline_cmd,
         release_file=src.release_file if src else "", release_url=o.release_url,
         release_secret=o.release_secret, release_pvc=o.release_volume if not o.release_url else None, sha256=src.sha256 if src else None,
         hf_secret=o.hf_secret, output_pvc=o.output_pvc, replicas=o.replicas,
-        work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None)
+        work_bytes=k8s.work_bytes(src.spec, download=bool(o.release_url)) if src else None,
+        node_selector=o.node_selector, tolerations=o.tolerations, gpu_products=products,
+        cpus=scheduling.host_cpus(p) if p else None,
+        memory_bytes=scheduling.host_memory_bytes(src.spec, p) if src and p else None,
+        extra_resources=o.rdma_resources, nccl_env=o.nccl_env)
 
 
 def _slurm_options(o: DeployOptions, directory: Path, src: DeploySource | None, server: str, pipe: str, *,
@@ -166,7 +191,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
             scripts |= {"launch-leader.sh": leader_script(), "kubexec.sh": kubexec_script()}
         if rt.ready_script:
             scripts[k8s.READY_SCRIPT] = rt.ready_script
-        objects = k8s.serving_objects(_k8s_options(o, src, server, pipe), rt, p, scripts)
+        objects = k8s.serving_objects(_k8s_options(o, src, server, pipe, src.spec.hardware.gpu, p), rt, p, scripts)
         validate_objects(objects)
         kind = "LeaderWorkerSet" if p.multi_node else "Deployment"
         files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
@@ -244,7 +269,8 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
                                                         [release_file(c, __version__) for c in cells])}
     if o.platform == "k8s":
-        objects = k8s.matrix_job(_k8s_options(o, None, server, pipe), len(cells), gpus, scripts)
+        objects = k8s.matrix_job(_k8s_options(o, None, server, pipe, cells[0].hardware.gpu), len(cells), gpus,
+                                 scripts)
         validate_objects(objects)
         files = {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:

@@ -22,6 +22,7 @@ from pipeline.ops.deploy.validate import validate_objects
 from pipeline.planning.placement import place
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from tests.support.rank_stub import run_rank
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[3]
@@ -36,7 +37,8 @@ def _plan(spec, tmp_path, name):
 def test_k8s_engine_under_trtllm_serve_is_one_process_probed_on_health(tmp_path):
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
     out = tmp_path / "k8s"
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), serve_mode="trtllm-serve")
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out),
+                             serve_mode="trtllm-serve")
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     by_kind = {o["kind"]: o for o in objects}
     assert (summary["kind"], summary["runtime"], summary["server"]) == ("Deployment", "engine", "engine-trtllm-serve")
@@ -45,11 +47,11 @@ def test_k8s_engine_under_trtllm_serve_is_one_process_probed_on_health(tmp_path)
     assert {server[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {"/health"}
     assert server["ports"] == [{"name": "http", "containerPort": 8000}]
     scripts = by_kind["ConfigMap"]["data"]
-    assert "-m pipeline.ops.deploy.serve_inputs --engine \"$repo\" \"$work/serve\" llama-70b-fp8" in \
+    assert "-m pipeline.ops.deploy.serve_inputs --engine \"$repo\" \"$work/serve\" llama-70b-fp8-tp4" in \
         scripts["fetch-verify.sh"]
     assert "tritonserver" not in scripts["rank.sh"]
     validate_objects(objects)
-    plan = _plan(spec, tmp_path, "llama-70b-fp8")
+    plan = _plan(spec, tmp_path, "llama-70b-fp8-tp4")
     assert not plan.multi_node and plan.backend == "tensorrt"
     assert run_rank(scripts["rank.sh"], tmp_path) == plan.argv
 
@@ -69,7 +71,7 @@ def test_slurm_engine_ranks_run_the_launcher(tmp_path):
     script = (out / "serve.sbatch").read_text()
     assert "srun --mpi=pmix --nodes=2 --ntasks-per-node=8" in script
     argv = run_rank((out / "rank.sh").read_text(), tmp_path)
-    serve = _plan(spec, tmp_path, "llama-70b-fp8").argv
+    serve = _plan(spec, tmp_path, "llama-70b-fp8-tp8-pp2").argv
     assert argv[0] == LLMAPI_LAUNCH and argv[1:] == serve[serve.index("trtllm-serve"):]
 
 

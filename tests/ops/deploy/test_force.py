@@ -9,6 +9,7 @@ from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import PipelineError, RunError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.render import write_directory
+from tests.support.k8s import PIPELINE_IMAGE
 
 
 @pytest.fixture
@@ -19,7 +20,8 @@ def spec(tmp_path, monkeypatch):
 
 
 def _deploy(spec, output, **kw):
-    return deploy_command(spec, platform="k8s", release_volume="releases", output=str(output), **kw)
+    return deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                          release_volume="releases", output=str(output), **kw)
 
 
 def _tree(root):

@@ -12,6 +12,7 @@ from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.validate import validate_object, validate_objects
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 
@@ -19,7 +20,8 @@ URL = "https://releases.example.invalid/llama.tar.gz"
 def _deploy(tmp_path, precision, **kw):
     spec = resolve_spec(model="llama-405b", precision=precision)
     out = tmp_path / precision
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
 
@@ -102,26 +104,30 @@ def test_unknown_kind_is_refused_not_skipped():
 def test_nothing_written_when_options_are_bad(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
     with pytest.raises(DeployError, match="--release-url URL"):
-        deploy_command(spec, platform="k8s", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url=URL, name="Bad_Name", output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="DNS-1123"):
-        deploy_command(spec, platform="k8s", release_url=URL, name="llama\n", output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url=URL, name="llama\n", output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
 
 
 def test_existing_output_needs_force(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
     with pytest.raises(DeployError, match="--force"):
-        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
-    deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "d"), force=True)
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   release_volume="releases", output=str(tmp_path / "d"), force=True)
     text = (tmp_path / "d" / "serving.yaml").read_text()
     assert "claimName: releases" in text and URL not in text
 
 
 def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
-    deploy_command(None, platform="k8s", matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
+    deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                   matrix="llama-8b:fp8,llama-8b:int4_awq:2", output=str(tmp_path / "m"))
     job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -139,19 +145,21 @@ def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     rel = tmp_path / "rel"
     rel.mkdir()
     (rel / "release.json").write_text(json.dumps(doc))
-    summary = deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release=str(rel), release_url=URL, output=str(tmp_path / "d"))
     assert (summary["tp"], summary["nodes"], summary["release_file"]) == (4, 1, "llama-70b-fp8-abc-v1.0.0.tar")
     assert summary["image"] == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     doc["toolchain"]["engine"]["tensorrt_llm"] = "0.9.0"
     (rel / "release.json").write_text(json.dumps(doc))
     with pytest.raises(DeployError, match="no NGC tritonserver image is known for TensorRT-LLM 0.9.0.*--image"):
-        deploy_command(None, platform="k8s", release=str(rel), release_url=URL, output=str(tmp_path / "e"))
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(rel), release_url=URL, output=str(tmp_path / "e"))
 
 
 def test_reference_build_is_not_deployed(tmp_path):
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     with pytest.raises(DeployError, match="--target reference"):
-        deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "d"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()
 
 
@@ -167,7 +175,8 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
         tar.addfile(info, io.BytesIO(doc))
     digest = "ab" * 32
     (tmp_path / f"{name}.tar.gz.sha256").write_text(f"{digest}  {name}.tar.gz\n")
-    summary = deploy_command(None, platform="k8s", release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
+    summary = deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release=str(tarball), release_volume="rel", output=str(tmp_path / "d"))
     assert (summary["kind"], summary["nodes"], summary["world_size"], summary["sha256"]) == (
         "LeaderWorkerSet", 2, 16, digest)
     lws = [o for o in yaml.safe_load_all((tmp_path / "d" / "serving.yaml").read_text())
@@ -178,7 +187,8 @@ def test_deploy_from_release_tarball_pins_its_sha256(tmp_path):
     assert env["RELEASE_DIR"] == "/releases"
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
     with pytest.raises(DeployError, match="not a readable release tarball"):
-        deploy_command(None, platform="k8s", release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(tmp_path / "junk.tar.gz"), release_volume="rel",
                        output=str(tmp_path / "e"))
 
 
@@ -212,15 +222,17 @@ def test_work_volume_is_sized_from_the_release(tmp_path, precision):
         (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
         assert work["emptyDir"] == {"sizeLimit": size}
         for c in (*pod["initContainers"], *pod["containers"]):
-            assert c["resources"]["requests"] == {"ephemeral-storage": size}
+            assert c["resources"]["requests"]["ephemeral-storage"] == size
             assert c["resources"]["limits"]["ephemeral-storage"] == size
     validate_objects(objects)
 
 
 def test_release_on_a_volume_needs_only_the_unpacked_copy_on_the_node(tmp_path):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    url = deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "u"), json_=True)
-    vol = deploy_command(spec, platform="k8s", release_volume="releases", output=str(tmp_path / "v"))
+    url = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                         release_url=URL, output=str(tmp_path / "u"), json_=True)
+    vol = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                         release_volume="releases", output=str(tmp_path / "v"))
     assert url["tp"] == vol["tp"]
     sizes = []
     for d in ("u", "v"):
@@ -266,7 +278,7 @@ BAD_K8S_OPTIONS = [
 @pytest.mark.parametrize(("options", "message"), BAD_K8S_OPTIONS)
 def test_names_kubernetes_would_reject_are_refused_naming_the_flag(tmp_path, options, message):
     spec = resolve_spec(model="llama-405b", precision="fp8")
-    kw = {"release_url": URL, **options}
+    kw = {"release_url": URL, "pipeline_image": PIPELINE_IMAGE, **options}
     with pytest.raises(DeployError, match=message) as err:
         deploy_command(spec, platform="k8s", output=str(tmp_path / "d"), **kw)
     assert err.value.exit_code == 2 and "\n" not in str(err.value)
@@ -289,22 +301,46 @@ def test_matrix_output_and_secret_names_are_checked(tmp_path):
     from pipeline.ops.deploy import render
 
     with pytest.raises(DeployError, match="--matrix-output 'Build PVC': not a DNS-1123 subdomain"):
-        deploy_command(None, platform="k8s", matrix="llama-8b:fp8", matrix_output="Build PVC",
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       matrix="llama-8b:fp8", matrix_output="Build PVC",
                        output=str(tmp_path / "m"))
     assert not (tmp_path / "m").exists()
     cells = render.matrix_cells("llama-8b:fp8", {"target": "trtllm"})
-    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN")
+    opts = render.DeployOptions(platform="k8s", name="m", hf_secret="HF_TOKEN", pipeline_image=PIPELINE_IMAGE)
     with pytest.raises(DeployError, match="^hf_secret 'HF_TOKEN': not a DNS-1123 subdomain"):
         render.render_matrix(opts, cells, tmp_path / "m", "trtllm-build-output")
 
 
 def test_default_images_are_the_ngc_one_and_ours(tmp_path):
-    from pipeline.ops.deploy.images import DEFAULT_PIPELINE_IMAGE
-
     _, by_kind, _ = _deploy(tmp_path, "fp8")
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
-    assert pod["initContainers"][0]["image"] == DEFAULT_PIPELINE_IMAGE
+    assert pod["initContainers"][0]["image"] == PIPELINE_IMAGE
     assert pod["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+
+
+@pytest.mark.parametrize("matrix", [None, "llama-8b:fp8"])
+def test_a_pipeline_image_without_a_registry_must_be_given(tmp_path, matrix):
+    from pipeline.ops.deploy.images import DEFAULT_PIPELINE_IMAGE
+
+    spec = resolve_spec(model="llama-8b", precision="fp8")
+    with pytest.raises(DeployError, match=f"pipeline image '{DEFAULT_PIPELINE_IMAGE}'.* names no registry; build "
+                       r"and push it .*then pass --pipeline-image REGISTRY/trtllm-pipeline:TAG") as err:
+        deploy_command(spec, platform="k8s", release_volume="releases", matrix=matrix, output=str(tmp_path / "d"))
+    assert err.value.exit_code == 2 and not (tmp_path / "d").exists()
+    # one the user names is theirs to have pushed (or preloaded): a bare name pulls from Docker Hub
+    deploy_command(spec, platform="k8s", release_volume="releases", matrix=matrix, pipeline_image="ours:1",
+                   output=str(tmp_path / "d"))
+
+
+@pytest.mark.parametrize(("image", "host"), [
+    ("trtllm-pipeline:0.1.0", None), ("team/trtllm-pipeline:1", None),
+    ("registry.example.com/p:1", "registry.example.com"),
+    ("localhost/p:1", "localhost"), ("host:5000/p", "host:5000"), ("nvcr.io/nvidia/tritonserver:26.04", "nvcr.io"),
+])
+def test_registry_host_follows_the_reference_grammar(image, host):
+    from pipeline.ops.deploy.names import registry_host
+
+    assert registry_host(image) == host
 
 
 def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
@@ -315,7 +351,8 @@ def test_cli_bad_namespace_is_one_line_exit_2(tmp_path):
 
     env = dict(os.environ, PIPELINE_ROOT=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "invoke", "deploy", "--platform", "k8s", "--model", "llama-405b",
-                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod"],
+                        "--precision", "fp8", "--release-volume", "releases", "--namespace", "Prod",
+                        "--pipeline-image", PIPELINE_IMAGE],
                        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == ("error: --namespace 'Prod': not a DNS-1123 label (1-63 lowercase "
@@ -347,3 +384,141 @@ def test_trtllm_serve_readiness_stays_on_its_health_route(tmp_path):
     (pod,) = _pods(list(by_kind.values()))
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "ready.sh" not in by_kind["ConfigMap"]["data"]
+
+
+def test_gpu_pods_tolerate_the_gpu_taint_and_require_the_spec_gpu_product(tmp_path):
+    _, _, objects = _deploy(tmp_path, "bf16", node_selector=["pool=inference"],
+                            toleration=["dedicated=llm:NoSchedule", "maintenance:NoExecute"])
+    for pod in _pods(objects):  # leader and worker alike
+        assert pod["nodeSelector"] == {"pool": "inference"}
+        assert pod["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"},
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}]
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                              "values": ["NVIDIA-H100-80GB-HBM3"]}]}
+    validate_objects(objects)
+
+
+@pytest.mark.parametrize(("kw", "values"), [({"gpu_product_label": "NVIDIA-H100-80GB-HBM3-SHARED"},
+                                              ["NVIDIA-H100-80GB-HBM3-SHARED"]), ({"no_gpu_affinity": True}, None)])
+def test_gpu_product_affinity_is_overridable(tmp_path, kw, values):
+    _, by_kind, objects = _deploy(tmp_path, "fp8", **kw)
+    (pod,) = _pods(objects)
+    got = pod.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    assert (got["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] if got else None) == values
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    validate_objects(objects)
+
+
+def test_every_gpu_has_its_feature_discovery_product_name():
+    from pipeline.core.gpus import GPUS
+    from pipeline.ops.deploy.names import label_value
+    from pipeline.ops.deploy.scheduling import GPU_PRODUCTS
+
+    assert set(GPU_PRODUCTS) == set(GPUS)
+    for products in GPU_PRODUCTS.values():
+        assert products and all(label_value(p, "x") and p.startswith("NVIDIA-") and " " not in p for p in products)
+
+
+def test_matrix_pods_get_gpu_scheduling_only_with_gpus(tmp_path):
+    def pod(matrix, target, out):
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix=matrix, matrix_target=target,
+                       node_selector=["pool=build"], output=str(tmp_path / out))
+        objects = list(yaml.safe_load_all((tmp_path / out / "build-matrix.yaml").read_text()))
+        validate_objects(objects)
+        return next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]
+
+    cpu = pod("tiny-llama:fp8", "reference", "cpu")  # the CPU reference target
+    assert cpu["nodeSelector"] == {"pool": "build"} and not {"tolerations", "affinity"} & set(cpu)
+    gpu = pod("llama-8b:fp8", "trtllm", "gpu")
+    assert gpu["nodeSelector"] == {"pool": "build"} and gpu["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert gpu["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]["values"] == ["NVIDIA-H100-80GB-HBM3"]
+
+
+# llama-405b FP8: one node, 8 ranks; BF16: two nodes of 8 ranks, each holding half the engines.
+@pytest.mark.parametrize(("precision", "memory_gi"), [("fp8", 409), ("bf16", 405)])
+def test_serving_containers_request_host_cpu_and_memory_from_the_plan(tmp_path, precision, memory_gi):
+    from pipeline.core.gpus import GIB
+    from pipeline.ops.deploy.scheduling import MEMORY_LIMIT_FACTOR, RANK_HOST_BYTES, SERVER_HOST_BYTES
+    from pipeline.stages.resources import plan_resources
+
+    summary, _, objects = _deploy(tmp_path, precision)
+    spec = resolve_spec(model="llama-405b", precision=precision, tp=summary["tp"], pp=summary["pp"],
+                        nodes=summary["nodes"])
+    engines = plan_resources(spec).stage_bytes("compile", needed=False)
+    want = -(-engines // summary["nodes"]) + 8 * RANK_HOST_BYTES + SERVER_HOST_BYTES
+    assert -(-want // GIB) == memory_gi
+    for pod in _pods(objects):  # the LeaderWorkerSet's workers run ranks too
+        server = pod["containers"][0]["resources"]
+        assert server["requests"]["cpu"] == "18" and "cpu" not in server["limits"]  # 8 ranks x 2 + 2
+        assert server["requests"]["memory"] == f"{memory_gi}Gi"
+        assert server["limits"]["memory"] == f"{-(-int(want * MEMORY_LIMIT_FACTOR) // GIB)}Gi"
+        assert "memory" not in pod["initContainers"][0]["resources"]["requests"]
+    validate_objects(objects)
+
+
+def test_rdma_resources_and_nccl_env_reach_every_serving_container(tmp_path):
+    _, by_kind, objects = _deploy(tmp_path, "bf16", rdma_resource=["rdma/rdma_shared_device_a=1"],
+                                  nccl_env=["NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME=eth0"])
+    pods = list(_pods(objects))
+    assert len(pods) == 2
+    for pod in pods:
+        server = pod["containers"][0]
+        r = server["resources"]
+        assert r["requests"]["rdma/rdma_shared_device_a"] == r["limits"]["rdma/rdma_shared_device_a"] == "1"
+        env = {e["name"]: e.get("value") for e in server["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert server["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert "rdma/rdma_shared_device_a" not in pod["initContainers"][0]["resources"]["limits"]
+    validate_objects(objects)
+    _, _, plain = _deploy(tmp_path / "plain", "bf16")
+    assert all("securityContext" not in p["containers"][0] for p in _pods(plain))
+
+
+BAD_SCHEDULING = [
+    ({"node_selector": ["pool"]}, "--node-selector 'pool': expected KEY=VALUE"),
+    ({"node_selector": ["bad key=x"]}, "--node-selector 'bad key': not a label key"),
+    ({"node_selector": ["pool=a b"]}, "--node-selector 'a b': not a label value"),
+    ({"toleration": ["dedicated=llm"]}, "--toleration 'dedicated=llm': expected KEY\\[=VALUE\\]:EFFECT"),
+    ({"toleration": ["dedicated:Sometimes"]}, "--toleration 'dedicated:Sometimes': expected"),
+    ({"gpu_product_label": "NVIDIA H100"}, "--gpu-product-label 'NVIDIA H100': not a label value"),
+    ({"gpu_product_label": "NVIDIA-H100-PCIe", "no_gpu_affinity": True}, "give one of them"),
+    ({"rdma_resource": ["rdma_ib=1"]}, "--rdma-resource 'rdma_ib=1': give a device plugin's domain/name"),
+    ({"rdma_resource": ["nvidia.com/gpu=1"]}, "--rdma-resource 'nvidia.com/gpu=1': give"),
+    ({"rdma_resource": ["rdma/ib=0"]}, "--rdma-resource 'rdma/ib=0': COUNT must be a whole number >= 1"),
+    ({"nccl_env": ["LD_PRELOAD=/x.so"]}, "--nccl-env 'LD_PRELOAD=/x.so': KEY must be an NCCL variable"),
+    ({"nccl_env": ["NCCL_DEBUG=INFO\nx"]}, "--nccl-env NCCL_DEBUG: the value holds control characters"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_SCHEDULING)
+def test_bad_scheduling_options_are_refused_naming_the_flag(tmp_path, options, message):
+    spec = resolve_spec(model="llama-405b", precision="fp8")
+    with pytest.raises(DeployError, match=message) as err:
+        deploy_command(spec, platform="k8s", release_url=URL, pipeline_image=PIPELINE_IMAGE,
+                       output=str(tmp_path / "d"), **options)
+    assert err.value.exit_code == 2 and not (tmp_path / "d").exists()
+
+
+def test_kubernetes_scheduling_options_are_refused_on_slurm(tmp_path):
+    spec = resolve_spec(model="llama-8b", precision="fp8")
+    with pytest.raises(DeployError, match="--node-selector, --nccl-env: Kubernetes options; drop them or use "
+                       "--platform k8s"):
+        deploy_command(spec, platform="slurm", release_volume="/shared/r", node_selector=["a=b"],
+                       nccl_env=["NCCL_DEBUG=INFO"], output=str(tmp_path / "d"))
+
+
+def test_default_names_tell_variants_apart_within_the_length_limit():
+    from pipeline.ops.deploy.render import NAME_RE, default_name
+
+    names = {default_name(resolve_spec(model="llama-70b", precision="fp8", **kw))
+             for kw in ({"tp": 4}, {"tp": 4, "draft": "llama-1b"}, {"tp": 8}, {"tp": 4, "pp": 2, "nodes": 2})}
+    assert names == {"llama-70b-fp8-tp4", "llama-70b-fp8-tp4-draft", "llama-70b-fp8-tp8", "llama-70b-fp8-tp4-pp2"}
+    long = resolve_spec(model="llama-70b", precision="int4_awq", tp=4, pp=2, nodes=2, draft="llama-1b")
+    long.model = long.model.model_copy(update={"name": "hf:" + "a-very-long-organisation/" + "model-name" * 5})
+    name = default_name(long)
+    assert len(name) <= 40 and NAME_RE.fullmatch(name) and name.endswith("-int4-awq-tp4-pp2-draft")

@@ -24,6 +24,7 @@ from pipeline.stages.package import llmapi_yaml
 from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import model_yaml
 from tests.support.rank_stub import run_rank
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 REPO = Path(__file__).resolve().parents[3]
@@ -32,7 +33,8 @@ REPO = Path(__file__).resolve().parents[3]
 def _k8s(tmp_path, precision, **kw):
     spec = resolve_spec(model="llama-405b", precision=precision, runtime="pytorch")
     out = tmp_path / precision
-    summary = deploy_command(spec, platform="k8s", release_url=URL, output=str(out), **kw)
+    summary = deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                             release_url=URL, output=str(out), **kw)
     objects = list(yaml.safe_load_all((out / "serving.yaml").read_text()))
     return summary, {o["kind"]: o for o in objects}, objects
 
@@ -54,10 +56,11 @@ def test_fp8_is_one_trtllm_serve_process_probed_on_health(tmp_path):
     assert server["ports"] == [{"name": "http", "containerPort": 8000}]
     assert [p["port"] for p in by_kind["Service"]["spec"]["ports"]] == [8000]
     scripts = by_kind["ConfigMap"]["data"]
-    assert "-m pipeline.ops.deploy.serve_inputs \"$repo\" \"$work/serve\" llama-405b-fp8" in scripts["fetch-verify.sh"]
+    assert ("-m pipeline.ops.deploy.serve_inputs \"$repo\" \"$work/serve\" llama-405b-fp8-tp8"
+            in scripts["fetch-verify.sh"])
     validate_objects(objects)
     spec = resolve_spec(model="llama-405b", precision="fp8", runtime="pytorch", tp=8)
-    plan = _plan(spec, tmp_path, "llama-405b-fp8")
+    plan = _plan(spec, tmp_path, "llama-405b-fp8-tp8")
     assert not plan.multi_node and run_rank(scripts["rank.sh"], tmp_path) == plan.argv
 
 
@@ -77,7 +80,7 @@ def test_bf16_is_a_leader_worker_set_whose_ranks_run_the_serve_plan(tmp_path):
     assert "mpirun" in scripts["launch-leader.sh"] and "/config/rank.sh" in scripts["launch-leader.sh"]
     validate_objects(objects)
     spec = resolve_spec(model="llama-405b", precision="bf16", runtime="pytorch", tp=8, pp=2, nodes=2)
-    plan = _plan(spec, tmp_path, "llama-405b-bf16")
+    plan = _plan(spec, tmp_path, "llama-405b-bf16-tp8-pp2")
     # serve_plan: srun ... trtllm-llmapi-launch trtllm-serve ...; every rank runs the part from the launcher on
     assert plan.multi_node and plan.argv[0] == "srun"
     assert run_rank(scripts["rank.sh"], tmp_path) == plan.argv[plan.argv.index(LLMAPI_LAUNCH):]
@@ -98,7 +101,7 @@ def test_slurm_sbatch_starts_world_size_ranks_of_the_launcher(tmp_path, precisio
     rank = (out / "rank.sh").read_text()
     argv = run_rank(rank, tmp_path)
     multi = resolve_spec(model="llama-405b", precision=precision, runtime="pytorch", tp=8, pp=nodes, nodes=nodes)
-    serve = _plan(multi, tmp_path, f"llama-405b-{precision}").argv
+    serve = _plan(multi, tmp_path, f"llama-405b-{precision}-tp8" + ("-pp2" if nodes == 2 else "")).argv
     assert argv[0] == LLMAPI_LAUNCH and argv[1:] == serve[serve.index("trtllm-serve"):]
 
 
@@ -189,12 +192,12 @@ def test_release_to_rank_program_on_a_node(pipeline_env, tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     repo = Path((work / "REPO").read_text().strip())
     installed = llmapi_yaml.read(repo / llmapi_yaml.MODEL_YAML)
-    link = work / "serve" / "tiny-llama-fp8"
+    link = work / "serve" / "tiny-llama-fp8-tp1-draft"
     assert link.resolve() == Path(installed["model"]) and (link / "hf_quant_config.json").is_file()
     written = LlmApiOptions.read(work / "serve" / OPTIONS_FILE)
     assert written.speculative_config.speculative_model_dir == installed["speculative_config"]["speculative_model_dir"]
     assert Path(written.speculative_config.speculative_model_dir).is_dir()
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch")
-    plan = _plan(spec, tmp_path, "tiny-llama-fp8")
+    plan = _plan(spec, tmp_path, "tiny-llama-fp8-tp1-draft")
     argv = run_rank((deploy / "rank.sh").read_text(), tmp_path)
     assert argv == [LLMAPI_LAUNCH, *plan.argv] and Path(argv[2]) == link

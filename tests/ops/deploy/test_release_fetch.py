@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.k8s import PIPELINE_IMAGE
+
 REPO = Path(__file__).resolve().parents[3]
 INVOKE = [sys.executable, "-m", "invoke", "-r", str(REPO)]
 SPEC = ["--model", "tiny-llama", "--precision", "fp8", "--runtime", "pytorch", "--calib-size", "4",
@@ -38,7 +40,7 @@ def _fetch_verify(script: Path, env: dict, node: Path) -> subprocess.CompletedPr
 def _installed(node: Path) -> Path:
     repo = Path((node / "REPO").read_text().strip())
     assert repo.parent.name == "triton_repo" and (repo / "tensorrt_llm" / "1" / "model.yaml").is_file()
-    assert (node / "serve" / "tiny-llama-fp8" / "hf_quant_config.json").is_file()  # node setup of runtime pytorch
+    assert (node / "serve" / "tiny-llama-fp8-tp1" / "hf_quant_config.json").is_file()  # node setup of runtime pytorch
     return repo
 
 
@@ -97,7 +99,7 @@ def test_release_then_deploy_the_spec_fetches_verifies_and_installs_that_release
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/{tarball.name}"
         _invoke("deploy", "--platform", "k8s", *SPEC, "--release-url", url, "--output", str(tmp_path / "k8s"),
-                env=env)
+                "--pipeline-image", PIPELINE_IMAGE, env=env)
         objects = list(yaml.safe_load_all((tmp_path / "k8s" / "serving.yaml").read_text()))
         config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
         pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]

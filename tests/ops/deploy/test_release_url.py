@@ -16,6 +16,7 @@ from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.runtime import FETCH_VERIFY
+from tests.support.k8s import PIPELINE_IMAGE
 
 
 @pytest.fixture
@@ -55,13 +56,14 @@ def test_a_release_url_that_is_not_http_s_with_a_host_is_refused(spec, tmp_path,
 @pytest.mark.parametrize("platform, file", [("k8s", "serving.yaml"), ("slurm", "serve.sbatch")])
 def test_a_plain_or_pre_signed_url_is_written(spec, tmp_path, platform, file):
     url = "https://bucket.s3.amazonaws.com/r.tar?X-Amz-Expires=3600&X-Amz-Signature=abc"
-    deploy_command(spec, platform=platform, release_url=url, output=str(tmp_path / "d"))
+    deploy_command(spec, platform=platform, release_url=url, pipeline_image=PIPELINE_IMAGE, output=str(tmp_path / "d"))
     assert "X-Amz-Signature=abc" in (tmp_path / "d" / file).read_text()
 
 
 def test_k8s_release_secret_feeds_the_fetch_a_header_from_a_secret(spec, tmp_path):
     url = "https://host/r.tar"
-    deploy_command(spec, platform="k8s", release_url=url, release_secret="release-auth", output=str(tmp_path / "d"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=url, release_secret="release-auth",
+                   output=str(tmp_path / "d"))
     text = (tmp_path / "d" / "serving.yaml").read_text()
     objs = list(yaml.safe_load_all(text))
     pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
@@ -76,7 +78,7 @@ def test_k8s_release_secret_feeds_the_fetch_a_header_from_a_secret(spec, tmp_pat
     ("k8s", {"release_url": "https://host/r.tar", "release_secret": "Bad_Secret"}, "--release-secret"),
 ])
 def test_release_secret_misuse_is_refused(spec, tmp_path, platform, kw, match):
-    kw = {"release_secret": "release-auth"} | kw
+    kw = {"release_secret": "release-auth", "pipeline_image": PIPELINE_IMAGE} | kw
     with pytest.raises(DeployError, match=match) as e:
         deploy_command(spec, platform=platform, output=str(tmp_path / "d"), **kw)
     assert e.value.exit_code == 2 and not (tmp_path / "d").exists()

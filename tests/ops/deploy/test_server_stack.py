@@ -17,6 +17,7 @@ import yaml
 from pipeline.cli.commands import deploy_command
 from pipeline.core.spec import resolve_spec
 from pipeline.serving.serve import SERVER_STACK_BYTES
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/llama.tar.gz"
 NODE_STACK = 8 << 20  # a typical node's soft limit
@@ -29,7 +30,7 @@ print(json.dumps(resource.getrlimit(resource.RLIMIT_STACK)))
 def _rank_scripts(tmp_path: Path, precision: str) -> dict[str, str]:
     """platform -> the rank.sh a deployment of llama-405b at `precision` writes."""
     spec = resolve_spec(model="llama-405b", precision=precision)
-    deploy_command(spec, platform="k8s", release_url=URL, output=str(tmp_path / "k8s"))
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "k8s"))
     objects = list(yaml.safe_load_all((tmp_path / "k8s" / "serving.yaml").read_text()))
     config = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
     deploy_command(spec, platform="slurm", release_volume="/shared/releases", output=str(tmp_path / "slurm"))

@@ -16,6 +16,7 @@ from pipeline.core.errors import SpecError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.monitoring.rules import COST, watch_plan
 from pipeline.planning.planner import plan_capacity
+from tests.support.k8s import PIPELINE_IMAGE
 
 URL = "https://releases.example.invalid/r.tar"
 
@@ -35,7 +36,8 @@ def planned(tmp_path_factory):
 
 def _deploy(tmp_path, spec, platform="k8s", **kw):
     out = tmp_path / platform
-    where = {"release_url": URL} if platform == "k8s" else {"release_volume": "/shared/releases"}
+    where = ({"release_url": URL, "pipeline_image": PIPELINE_IMAGE} if platform == "k8s"
+             else {"release_volume": "/shared/releases"})
     summary = deploy_command(spec, platform=platform, output=str(out), **where, **kw)
     return summary, out
 

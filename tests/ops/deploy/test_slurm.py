@@ -237,7 +237,7 @@ def test_reference_release_serves_through_sbatch_until_scancel(slurm, pipeline_e
         assert routes[0].text == first["text_output"] and routes[-1].text, routes
         targets = json.loads((deploy / "prometheus-targets.json").read_text())  # Prometheus' file_sd file
         assert targets == [{"targets": [f"{socket.gethostname()}:{ports['METRICS_PORT']}"],
-                            "labels": {"job": "tiny-llama-fp8"}}], targets
+                            "labels": {"job": "tiny-llama-fp8-tp1"}}], targets
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['METRICS_PORT']}/metrics", timeout=10) as r:
             assert b"nv_inference_request_success{" in r.read()  # what that target serves
     finally:

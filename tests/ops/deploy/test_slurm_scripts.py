@@ -19,6 +19,7 @@ from pipeline.core.errors import DeployError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.runtime import HTTP_PORT, REFERENCE_RANK, pytorch_rank_argv
 from pipeline.ops.deploy.slurm import pyxis_image
+from tests.support.k8s import PIPELINE_IMAGE
 
 EVIL = "x;touch pwned"
 RECORD = f"""#!{sys.executable}
@@ -124,7 +125,8 @@ def test_bad_slurm_values_are_refused_before_anything_is_written(tmp_path, monke
 def test_slurm_flags_on_k8s_are_refused(tmp_path):
     spec = resolve_spec(model="llama-8b", precision="fp8")
     with pytest.raises(DeployError, match="--account, --time: Slurm options"):
-        deploy_command(spec, platform="k8s", release_url="https://h/r.tar.gz", account="a", time_="10",
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release_url="https://h/r.tar.gz", account="a", time_="10",
                        output=str(tmp_path / "k"))
 
 
@@ -188,7 +190,8 @@ def test_reference_build_deploys_on_slurm_only_without_gpus(tmp_path):
     assert "tritonserver" not in rank_line
     assert json.loads((d / "deploy.json").read_text())["target"] == "reference"
     with pytest.raises(DeployError, match="--target reference"):
-        deploy_command(spec, platform="k8s", release_url="https://h/r.tar.gz", output=str(tmp_path / "k"))
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url="https://h/r.tar.gz",
+                       output=str(tmp_path / "k"))
 
 
 def test_trtllm_serve_ranks_bind_all_interfaces():

@@ -16,6 +16,7 @@ from pipeline.core.layout import release_file, release_name
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.source import from_release, from_spec
 from pipeline.planning.limits_choice import choose_limits
+from tests.support.k8s import PIPELINE_IMAGE
 
 
 def _release_dir(tmp_path, name: str):
@@ -40,7 +41,8 @@ def test_a_recorded_name_that_leaves_the_directory_is_refused(tmp_path):
         info.size = len(doc)
         tar.addfile(info, io.BytesIO(doc))
     with pytest.raises(DeployError, match="names the release '../../PWNED', not a safe file name"):
-        deploy_command(None, platform="k8s", release=str(tarball), release_volume="pvc", output=str(tmp_path / "k"))
+        deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE,
+                       release=str(tarball), release_volume="pvc", output=str(tmp_path / "k"))
     assert not (tmp_path / "k").exists()
 
 
