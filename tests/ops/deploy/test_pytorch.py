@@ -95,7 +95,8 @@ def test_slurm_sbatch_starts_world_size_ranks_of_the_launcher(tmp_path, precisio
     assert (summary["kind"], summary["runtime"], summary["nodes"]) == ("sbatch", "pytorch", nodes)
     script = (out / "serve.sbatch").read_text()
     assert f"#SBATCH --nodes={nodes}" in script and "#SBATCH --ntasks-per-node=8" in script
-    assert f"srun --mpi=pmix --nodes={nodes} --ntasks-per-node=8 --kill-on-bad-exit=1 --container-image=" in script
+    assert (f"srun --mpi=pmix --nodes={nodes} --ntasks-per-node=8 --kill-on-bad-exit=1 --task-epilog={out}/"
+            "remove-work.sh --container-image=") in script
     assert script.rstrip().endswith(f"{out}/rank.sh") and "fetch-verify.sh" in script
     # upstream's Slurm recipe: as many MPI processes as the world size, each under trtllm-llmapi-launch
     rank = (out / "rank.sh").read_text()
