@@ -800,13 +800,20 @@ def install_repo_command(repo, *, dest=None, engine_dir=None, draft_engine_dir=N
 # --- deploy ----------------------------------------------------------------------------------------------------------
 def _deploy_options(platform, name, *, namespace, release_url, release_volume, image, pipeline_image, pipeline_cmd,
                     partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
-                    serve_mode=None, replicas=1) -> deploy_render.DeployOptions:
+                    serve_mode=None, replicas=1, monitoring_label=None,
+                    prefix_cache_alert=False) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_}
     if platform != "slurm" and any(slurm_only.values()):
         given = ", ".join(flag for flag, value in slurm_only.items() if value)
         raise DeployError(f"{given}: Slurm options; drop them or use --platform slurm")
+    if monitoring_label and platform != "k8s":
+        raise DeployError("--monitoring-label labels the PrometheusRule, PodMonitor and dashboard ConfigMap; Slurm "
+                          "deployments have none, so drop it or use --platform k8s")
+    labels = dict(deploy_names.kube_label(item, "--monitoring-label") for item in monitoring_label or ())
+    if reserved := sorted(set(labels) & deploy_render.MONITORING_OWN_LABELS):
+        raise DeployError(f"--monitoring-label {reserved[0]}: deploy sets that label itself; choose another key")
     if release_url:
         deploy_names.check_release_url(release_url)
     if release_secret and (platform != "k8s" or not release_url):
@@ -816,7 +823,8 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
     opts = dict(platform=platform, name=deploy_render.check_name(name), namespace=namespace or "default",
                 image=image, pipeline_image=pipeline_image, release_url=release_url, release_volume=release_volume,
                 release_secret=release_secret, partition=partition, account=account, qos=qos, constraint=constraint,
-                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas)
+                time_limit=time_, container=not no_container, serve_mode=serve_mode, replicas=replicas,
+                monitoring_labels=labels, prefix_cache_alert=prefix_cache_alert)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -829,10 +837,12 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    time_=None, no_container=False, max_nodes: int | None = None, matrix=None,
                    matrix_target: Literal["trtllm", "reference"] | None = None, matrix_output=None, force=False,
                    json_=False, serve_mode: Literal["triton", "trtllm-serve"] | None = None,
-                   replicas: int | None = None) -> dict[str, Any]:
+                   replicas: int | None = None, monitoring_label: list[str] | None = None,
+                   prefix_cache_alert: bool = False) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
-    Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
+    Serving deployments also get their Prometheus rules (operations and cost) and Grafana dashboard (README
+    "Watching a deployment").
 
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
@@ -863,6 +873,10 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
             /v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve
         replicas: serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the
             spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)
+        monitoring_label: k8s: KEY=VALUE label of the PrometheusRule, PodMonitor and dashboard ConfigMap, repeatable
+            (e.g. release=kube-prometheus-stack, for the operator's selectors)
+        prefix_cache_alert: alert on a low prefix-cache hit ratio although the spec's serving_target declares no
+            shared prefix (with one, the alert is on at its prefix share)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
@@ -870,6 +884,9 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     if matrix:
         if replicas is not None:
             raise DeployError("--replicas serves copies of one build; drop it with --matrix")
+        if monitoring_label or prefix_cache_alert:
+            raise DeployError("--monitoring-label and --prefix-cache-alert watch a serving deployment; drop them "
+                              "with --matrix")
         return _deploy_matrix(spec, platform, matrix, matrix_target=matrix_target, matrix_output=matrix_output,
                               output=output, name=name, force=force, json_=json_,
                               opts=dict(namespace=namespace, release_url=None, release_volume=None,
@@ -897,7 +914,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         image=image,
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
-                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas))
+                        serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas),
+                        monitoring_label=monitoring_label, prefix_cache_alert=prefix_cache_alert)
     dest = deploy_render.deploy_dir(output, o.name, platform)
     files = deploy_render.render_serving(o, src, placement, dest)
     deploy_render.write_directory(dest, files, force=bool(force))

@@ -41,7 +41,7 @@ install_repo = command_task(commands.install_repo_command)
 serve = command_task(commands.serve_command, optional_spec=True)
 smoke = command_task(commands.smoke_command, optional_spec=True)
 bench = command_task(commands.bench_command, iterable=["concurrency"])
-deploy = command_task(commands.deploy_command, optional_spec=True, spec_warnings=False)
+deploy = command_task(commands.deploy_command, optional_spec=True, spec_warnings=False, iterable=["monitoring_label"])
 
 namespace = Collection(check, plan, download, calibrate, compile_engines, package, build, release, verify,
                        install_repo, serve, smoke, bench, deploy)

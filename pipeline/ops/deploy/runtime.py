@@ -29,11 +29,28 @@ from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, sha
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-METRICS_PORT_NAME = "metrics"  # the container port Prometheus scrapes (monitoring.scrape)
+METRICS_PORT_NAME = "metrics"  # Triton's metrics container port
+# Triton's TTFT histogram (nv_inference_first_response_histogram_ms), read by the monitoring rules; rank 0 only
+HISTOGRAM_LATENCIES = "--metrics-config=histogram_latencies=true"
 WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
 CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
 SERVE_DIR = "serve"  # under $WORK, trtllm-serve: the model (and tokenizer) links and the LLM-API options YAML
 SERVE_MODES = ("triton", "trtllm-serve")  # deploy --serve-mode, as serve --mode
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Where Prometheus reads a runtime's metrics, and whose metric names they are (`monitoring.rules.Source`)."""
+
+    port: str  # a name in Runtime.ports
+    path: str
+    source: str  # triton | trtllm-serve
+
+
+TRITON_SCRAPE = Scrape(METRICS_PORT_NAME, "/metrics", "triton")
+# trtllm-serve 1.2: `/metrics` is JSON iteration stats; Prometheus text is `/prometheus/metrics` on the HTTP port,
+# mounted with `return_perf_metrics: true` (serve_inputs writes it; tensorrt_llm/serve/openai_server.py, mount_metrics)
+TRTLLM_SERVE_SCRAPE = Scrape("http", "/prometheus/metrics", "trtllm-serve")
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class Runtime:
     gpus: bool = True  # the ranks use GPUs (Slurm asks for them; the CPU reference runtime does not)
     pipeline_image: bool = False  # the ranks run the pipeline itself (its image, not the server's)
     ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
+    scrape: Scrape | None = None  # what Prometheus scrapes (None: no monitoring files)
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -131,7 +149,8 @@ def _engine_rank_script(plan: LaunchPlan) -> str:
     holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`)."""
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
     cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
-                    f"{' '.join(_plan_word(a) for a in argv)} ;;\n" for i, argv in enumerate(plan.ranks))
+                    f"{' '.join(_plan_word(a) for a in (*argv, *([HISTOGRAM_LATENCIES] if i == 0 else [])))} ;;\n"
+                    for i, argv in enumerate(plan.ranks))
     return f"""#!/bin/sh
 # The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
 # upstream: {plan.source}
@@ -150,7 +169,7 @@ def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     plan = engine_launch_plan(spec, p)
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
-                   ranks_launched=plan.ranks_launched)
+                   ranks_launched=plan.ranks_launched, scrape=TRITON_SCRAPE)
 
 
 def _shell_word(arg: str) -> str:
@@ -203,7 +222,7 @@ exec {line}
     setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.ops.deploy.serve_inputs {flag}"$repo" "$work/{SERVE_DIR}" '
              f"{shlex.quote(served_name)}\n")
     return Runtime(name, "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
-                   node_setup=setup)
+                   node_setup=setup, scrape=TRTLLM_SERVE_SCRAPE)
 
 
 REFERENCE_RANK = f"""#!/bin/sh
@@ -221,7 +240,7 @@ def reference_runtime() -> Runtime:
     """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
-                   gpus=False, pipeline_image=True, ports_from_env=True)
+                   gpus=False, pipeline_image=True, ports_from_env=True, scrape=TRITON_SCRAPE)
 
 
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
