@@ -842,7 +842,7 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
     Serving deployments also get their Prometheus rules (operations and cost) and Grafana dashboard (README
-    "Watching a deployment").
+    "Watching cost").
 
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
