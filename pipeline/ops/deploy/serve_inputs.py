@@ -30,6 +30,7 @@ from pipeline.stages.package.llmapi_package import check_model_yaml
 
 OPTIONS_FILE = "llm_api_options.yaml"
 PERF_METRICS = {"return_perf_metrics": True}  # trtllm-serve's Prometheus metrics (monitoring.rules)
+PYTORCH_METRICS = {**PERF_METRICS, "enable_iter_perf_stats": True}  # and its KV-cache gauges (TorchLlmArgs only)
 TOKENIZER_LINK = "tokenizer"  # OUT/tokenizer: an engine's tokenizer
 
 
@@ -57,7 +58,7 @@ def write_serve_inputs(repo: Path, out: Path, name: str) -> tuple[Path, Path]:
                           "checkpoint only, so export the tokenizer into it (`invoke build --runtime pytorch`)")
     if options.speculative_config is not None:
         _absolute_dir(options.speculative_config.speculative_model_dir, "speculative_model_dir", path)
-    return _write(Path(out), {name: model}, {**options.as_dict(), **PERF_METRICS, "enable_iter_perf_stats": True})
+    return _write(Path(out), {name: model}, {**options.as_dict(), **PYTORCH_METRICS})
 
 
 def _write(out: Path, links: dict[str, Path], options: dict) -> tuple[Path, Path]:
