@@ -827,7 +827,7 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
                     partition, release_secret=None, no_container, account=None, qos=None, constraint=None, time_=None,
                     serve_mode=None, replicas=1, exclusive=False, mpi=None, keep_work=False, node_selector=None,
                     toleration=None, gpu_product_label=None, no_gpu_affinity=False, rdma_resource=None,
-                    nccl_env=None) -> deploy_render.DeployOptions:
+                    nccl_env=None, monitoring_label=None, prefix_cache_alert=False) -> deploy_render.DeployOptions:
     if platform not in ("k8s", "slurm"):
         raise DeployError(f"--platform {platform!r}: choose k8s or slurm")
     slurm_only = {"--account": account, "--qos": qos, "--constraint": constraint, "--time": time_,
@@ -842,6 +842,12 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
         raise DeployError(f"{given}: Kubernetes options; drop them or use --platform k8s (Slurm: --constraint)")
     if gpu_product_label and no_gpu_affinity:
         raise DeployError("--gpu-product-label and --no-gpu-affinity: give one of them")
+    if monitoring_label and platform != "k8s":
+        raise DeployError("--monitoring-label labels the PrometheusRule, PodMonitor and dashboard ConfigMap; Slurm "
+                          "deployments have none, so drop it or use --platform k8s")
+    labels = dict(deploy_names.kube_label(item, "--monitoring-label") for item in monitoring_label or ())
+    if reserved := sorted(set(labels) & deploy_render.MONITORING_OWN_LABELS):
+        raise DeployError(f"--monitoring-label {reserved[0]}: deploy sets that label itself; choose another key")
     if release_url:
         deploy_names.check_release_url(release_url)
     if release_secret and (platform != "k8s" or not release_url):
@@ -858,7 +864,8 @@ def _deploy_options(platform, name, *, namespace, release_url, release_volume, i
                 gpu_product=gpu_product_label and deploy_names.label_value(gpu_product_label, "--gpu-product-label"),
                 gpu_affinity=not no_gpu_affinity,
                 rdma_resources=deploy_scheduling.extended_resources(rdma_resource or []),
-                nccl_env=deploy_scheduling.nccl_env(nccl_env or []))
+                nccl_env=deploy_scheduling.nccl_env(nccl_env or []),
+                monitoring_labels=labels, prefix_cache_alert=prefix_cache_alert)
     if pipeline_cmd:
         opts["pipeline_cmd"] = pipeline_cmd
     return deploy_render.DeployOptions(**opts)
@@ -875,10 +882,12 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                    mpi: Literal["pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none"] | None = None,
                    keep_work=False, node_selector: list[str] | None = None,
                    toleration: list[str] | None = None, gpu_product_label=None, no_gpu_affinity=False,
-                   rdma_resource: list[str] | None = None, nccl_env: list[str] | None = None) -> dict[str, Any]:
+                   rdma_resource: list[str] | None = None, nccl_env: list[str] | None = None,
+                   monitoring_label: list[str] | None = None, prefix_cache_alert: bool = False) -> dict[str, Any]:
     """Render deployment files (Kubernetes or Slurm) for a release or a spec, validated before anything is written.
 
-    Triton deployments of engines also get their Prometheus rules and Grafana dashboard (README "Watching cost").
+    Serving deployments also get their Prometheus rules (operations and cost) and Grafana dashboard (README
+    "Watching cost").
 
     Args:
         platform: k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)
@@ -922,6 +931,10 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
         rdma_resource: k8s: NAME=COUNT extended resource each serving pod requests, e.g. rdma/rdma_shared_device_a=1
             (repeatable)
         nccl_env: k8s: NCCL environment of the serving containers, e.g. NCCL_IB_HCA=mlx5 (repeatable)
+        monitoring_label: k8s: KEY=VALUE label of the PrometheusRule, PodMonitor and dashboard ConfigMap, repeatable
+            (e.g. release=kube-prometheus-stack, for the operator's selectors)
+        prefix_cache_alert: alert on a low prefix-cache hit ratio although the spec's serving_target declares no
+            shared prefix (with one, the alert is on at its prefix share)
     """
     if not platform:
         raise DeployError("give --platform k8s or --platform slurm")
@@ -931,7 +944,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                      no_gpu_affinity=no_gpu_affinity, rdma_resource=rdma_resource, nccl_env=nccl_env)
     if matrix:
         serving = {"--replicas": replicas is not None, "--release-version": release_version,
-                   "--exclusive": exclusive, "--mpi": mpi, "--keep-work": keep_work}
+                   "--exclusive": exclusive, "--mpi": mpi, "--keep-work": keep_work,
+                   "--monitoring-label": monitoring_label, "--prefix-cache-alert": prefix_cache_alert}
         if any(serving.values()):
             given = ", ".join(flag for flag, value in serving.items() if value)
             raise DeployError(f"{given}: serving options; drop them with --matrix")
@@ -965,7 +979,8 @@ def deploy_command(spec: BuildSpec | None, *, platform: Literal["k8s", "slurm"] 
                         pipeline_image=pipeline_image, pipeline_cmd=pipeline_cmd, partition=partition,
                         no_container=no_container, account=account, qos=qos, constraint=constraint, time_=time_,
                         serve_mode=serve_mode, replicas=deploy_render.replicas_for(chosen, replicas),
-                        exclusive=exclusive, mpi=mpi, keep_work=keep_work, **k8s_flags)
+                        exclusive=exclusive, mpi=mpi, keep_work=keep_work, monitoring_label=monitoring_label,
+                        prefix_cache_alert=prefix_cache_alert, **k8s_flags)
     if platform == "slurm" and release_volume and not release_url:
         deploy_source.check_released(release_volume, src)
     dest = deploy_render.deploy_dir(output, o.name, platform)

@@ -42,7 +42,7 @@ serve = command_task(commands.serve_command, optional_spec=True)
 smoke = command_task(commands.smoke_command, optional_spec=True)
 bench = command_task(commands.bench_command, iterable=["concurrency"])
 deploy = command_task(commands.deploy_command, optional_spec=True, spec_warnings=False,
-                      iterable=["node_selector", "toleration", "rdma_resource", "nccl_env"])
+                      iterable=["node_selector", "toleration", "rdma_resource", "nccl_env", "monitoring_label"])
 
 namespace = Collection(check, plan, download, calibrate, compile_engines, package, build, release, verify,
                        install_repo, serve, smoke, bench, deploy)

@@ -53,11 +53,24 @@ def test_rules_take_thresholds_from_the_spec_and_planner():
     w = watch_plan(spec, deployment="llama70", gpus=4)
     plan = plan_capacity(spec)
     by = _by_name(rule_groups(w))
-    assert by["PrefixCacheHitRatioLow"]["expr"] == 'trtllm:prefix_cache_hit_ratio{job="llama70"} < 0.6'
-    assert by["PrefixCacheHitRatioLow"]["for"] == "15m"
+    assert "PrefixCacheHitRatioLow" not in by  # no declared shared prefix, no flag
     assert "[15m]" in by[rules.HIT_RATIO]["expr"] and 'kv_cache_block_type="reused"' in by[rules.HIT_RATIO]["expr"]
     assert f"< {speculation_break_even(spec).acceptance:g}" in by["SpeculationBelowBreakEven"]["expr"]
     assert by["QueueTimeHigh"]["expr"].endswith(f"> {round(plan.ttft_ms_estimate, 1) * 1000:g}")
+    # no SLO: latency limits are the plan's estimates x the documented margin
+    ttft = round(plan.ttft_ms_estimate * rules.LATENCY_MARGIN, 1)
+    assert by["TTFTP99AboveSLO"]["expr"] == f'trtllm:ttft_ms:p99{{job="llama70"}} > {ttft:g}'
+    assert by["TPOTAboveSLO"]["expr"].endswith(f"> {round(plan.tpot_ms_estimate * rules.LATENCY_MARGIN, 2):g}")
+    assert "plan's estimate" in by["TTFTP99AboveSLO"]["annotations"]["summary"]
+    assert by["TargetDown"]["expr"] == 'up{job="llama70"} == 0 or absent(up{job="llama70"})'
+    assert by["RequestFailureRatioHigh"]["expr"] == f'trtllm:request_failure_ratio{{job="llama70"}} > ' \
+        f'{rules.ERROR_RATIO_MAX:g}'
+    assert 'nv_inference_request_failure{job="llama70",model="tensorrt_llm"}' in by[rules.ERROR_RATIO]["expr"]
+    assert "nv_inference_first_response_histogram_ms_bucket" in by[rules.TTFT_P99]["expr"]
+    assert 'request_type="waiting"' in by[rules.WAITING]["expr"] and "deriv(" in by["QueueGrowing"]["expr"]
+    flagged = _by_name(rule_groups(watch_plan(spec, deployment="llama70", gpus=4, prefix_alert=True)))
+    assert flagged["PrefixCacheHitRatioLow"]["expr"] == 'trtllm:prefix_cache_hit_ratio{job="llama70"} < 0.6'
+    assert flagged["PrefixCacheHitRatioLow"]["for"] == "15m"
     # $ per 1M output tokens: 4 GPUs x $2.5/h, per second, x 1e6 / tok/s
     assert by[rules.COST]["expr"].startswith(f"{4 * 2.5 / 3600 * 1e6:.10g} / trtllm:output_tokens_per_s")
     assert by[rules.COST]["labels"] == {"gpus": "4", "usd_per_gpu_hour": "2.5"}
@@ -72,7 +85,7 @@ def test_short_window_and_for_are_parameters():
     w = watch_plan(resolve_spec(model="tiny-llama", precision="fp8"), deployment="t", gpus=1, window="20s",
                    alert_for="0s")
     by = _by_name(rule_groups(w))
-    assert "[20s]" in by[rules.HIT_RATIO]["expr"] and by["PrefixCacheHitRatioLow"]["for"] == "0s"
+    assert "[20s]" in by[rules.HIT_RATIO]["expr"] and by["TargetDown"]["for"] == "0s"
 
 
 def test_prometheus_rule_fits_the_operator_crd():
@@ -88,11 +101,20 @@ def test_prometheus_rule_fits_the_operator_crd():
 def test_dashboard_has_a_panel_per_series_with_the_alert_thresholds():
     w = watch_plan(resolve_spec(model="llama-70b", precision="fp8", draft="auto"), deployment="llama70", gpus=4)
     board = dashboard(w)
-    assert board["uid"] == "trtllm-llama70" and board["title"] == "TensorRT-LLM cost: llama70"
+    assert board["uid"] == "trtllm-llama70" and board["title"] == "TensorRT-LLM: llama70"
     by_title = {p["title"]: p for p in board["panels"]}
-    assert set(by_title) == {"Prefix-cache hit ratio", "Speculation acceptance", "$ per 1M output tokens",
-                             "Output tokens/s", "Mean queue time", "KV-cache blocks used"}
-    hit = by_title["Prefix-cache hit ratio"]
+    assert set(by_title) == {"Requests/s", "Request failure ratio", "TTFT p99", "Time per output token (mean)",
+                             "Mean queue time", "Waiting requests", "GPU utilization", "GPU memory used",
+                             "Prefix-cache hit ratio", "KV-cache blocks used", "Speculation acceptance",
+                             "$ per 1M output tokens", "Output tokens/s"}
+    assert by_title["TTFT p99"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1] == \
+        {"color": "red", "value": w.ttft_ms_max}
+    assert by_title["GPU utilization"]["targets"][0]["expr"] == "DCGM_FI_DEV_GPU_UTIL{}"
+    assert by_title["GPU memory used"]["targets"][0]["expr"] == "DCGM_FI_DEV_FB_USED{}"
+    assert by_title["GPU memory used"]["fieldConfig"]["defaults"]["unit"] == "decmbytes"
+    hit = dashboard(watch_plan(resolve_spec(model="llama-70b", precision="fp8", draft="auto"), deployment="llama70",
+                               gpus=4, prefix_alert=True))["panels"]
+    hit = next(p for p in hit if p["title"] == "Prefix-cache hit ratio")
     assert hit["type"] == "timeseries" and hit["targets"][0]["expr"] == 'trtllm:prefix_cache_hit_ratio{job="llama70"}'
     steps = hit["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert [s["color"] for s in steps] == ["red", "green"] and steps[1]["value"] == 0.6
@@ -112,8 +134,12 @@ def test_k8s_deploy_writes_rules_and_dashboard_config_map(tmp_path):
     assert set(objects) == {"PrometheusRule", "PodMonitor", "ConfigMap"}
     assert objects["PrometheusRule"]["metadata"]["namespace"] == "serving"
     alerts = _by_name(objects["PrometheusRule"]["spec"]["groups"])
-    assert alerts["PrefixCacheHitRatioLow"]["expr"].startswith('trtllm:prefix_cache_hit_ratio{job="llama70"}')
+    assert alerts["TargetDown"]["expr"].startswith('up{job="llama70"}') and "PrefixCacheHitRatioLow" not in alerts
     cm = objects["ConfigMap"]
+    gpu = next(p for p in json.loads(cm["data"]["llama70-trtllm.json"])["panels"] if p["title"] == "GPU utilization")
+    assert gpu["targets"][0]["expr"] == 'DCGM_FI_DEV_GPU_UTIL{namespace="serving",pod=~"llama70-.+"}'
+    assert "--metrics-config=histogram_latencies=true" in yaml.safe_load_all((out / "serving.yaml").read_text()) \
+        .__next__()["data"]["rank.sh"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     board = json.loads(cm["data"]["llama70-trtllm.json"])
     assert board == json.loads((out / "dashboard.json").read_text()) and board["uid"] == "trtllm-llama70"
@@ -191,14 +217,70 @@ def test_slurm_directory_prometheus_cannot_glob_is_refused_before_anything_is_wr
 
 
 @pytest.mark.parametrize("runtime,serve_mode", [("pytorch", None), ("engine", "trtllm-serve")])
-def test_trtllm_serve_gets_no_monitoring_files(tmp_path, runtime, serve_mode):
-    """trtllm-serve exports none of the Triton series the rules read, and has no metrics port to scrape."""
+def test_trtllm_serve_is_watched_through_its_prometheus_route(tmp_path, runtime, serve_mode):
+    """trtllm-serve 1.2's `/metrics` is JSON: the scrape reads `/prometheus/metrics` on the HTTP port, and the rules
+    read its `trtllm_*` families (no failure, token or queue-length counters: no such alerts)."""
     spec = resolve_spec(model="llama-8b", precision="fp8", runtime=runtime)
     deploy_command(spec, platform="slurm", release_url=URL, output=str(tmp_path / "s"), name="pt",
                    serve_mode=serve_mode)
-    assert not list((tmp_path / "s").glob("prometheus-*")) and not (tmp_path / "s" / "dashboard.json").exists()
-    assert "prometheus" not in (tmp_path / "s" / "serve.sbatch").read_text()
-    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE,
-                   release_url=URL, output=str(tmp_path / "k"), name="pt",
+    scrape = yaml.safe_load((tmp_path / "s" / "prometheus-scrape.yml").read_text())["scrape_configs"][0]
+    assert scrape["metrics_path"] == "/prometheus/metrics"
+    assert '"$(hostname)" 8000 ' in (tmp_path / "s" / "serve.sbatch").read_text()  # the target is the HTTP port
+    by = _by_name(yaml.safe_load((tmp_path / "s" / "prometheus-rules.yml").read_text())["groups"])
+    assert set(by) == {rules.HIT_RATIO, rules.QUEUE_US, rules.KV_USED, rules.REQUEST_RATE, rules.TTFT_P99, rules.TPOT,
+                       "TargetDown", "TTFTP99AboveSLO", "TPOTAboveSLO", "QueueTimeHigh"}
+    assert "trtllm_time_to_first_token_seconds_bucket" in by[rules.TTFT_P99]["expr"]
+    deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(tmp_path / "k"),
+                   name="pt",
                    serve_mode=serve_mode)
-    assert not (tmp_path / "k" / "monitoring.yaml").exists()
+    monitor = next(o for o in yaml.safe_load_all((tmp_path / "k" / "monitoring.yaml").read_text())
+                   if o["kind"] == "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/prometheus/metrics")
+    ports = {p["name"] for o in yaml.safe_load_all((tmp_path / "k" / "serving.yaml").read_text())
+             if o["kind"] in ("Deployment", "LeaderWorkerSet")
+             for c in _server_pod([o])[1]["containers"] for p in c.get("ports", [])}
+    assert "http" in ports
+
+
+def test_monitoring_labels_reach_every_monitoring_object(tmp_path):
+    out = tmp_path / "k"
+    deploy_command(resolve_spec(model="llama-70b", precision="fp8"), platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL, output=str(out),
+                   name="llama70", monitoring_label=["release=kube-prometheus-stack", "example.com/team=infer"])
+    objects = list(yaml.safe_load_all((out / "monitoring.yaml").read_text()))
+    assert {o["kind"] for o in objects} == {"PrometheusRule", "PodMonitor", "ConfigMap"}
+    for o in objects:
+        assert o["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert o["metadata"]["labels"]["example.com/team"] == "infer"
+        assert o["metadata"]["labels"]["app.kubernetes.io/instance"] == "llama70"
+
+
+@pytest.mark.parametrize("label,fix", [("release", "KEY=VALUE"), ("Bad Key=x", "KEY=VALUE"),
+                                       ("release=-x", "KEY=VALUE"), (f"k={'v' * 64}", "KEY=VALUE"),
+                                       ("UPPER_/k=v", "KEY=VALUE"), ("app.kubernetes.io/name=x", "sets that label")])
+def test_bad_monitoring_label_is_exit_2_with_the_fix(tmp_path, label, fix):
+    with pytest.raises(DeployError, match=fix) as exc:
+        deploy_command(resolve_spec(model="llama-70b", precision="fp8"), platform="k8s", pipeline_image=PIPELINE_IMAGE, release_url=URL,
+                       output=str(tmp_path / "k"), name="llama70", monitoring_label=[label])
+    assert exc.value.exit_code == 2 and not (tmp_path / "k").exists()
+    with pytest.raises(DeployError, match="--platform k8s"):
+        deploy_command(resolve_spec(model="llama-70b", precision="fp8"), platform="slurm", release_url=URL,
+                       output=str(tmp_path / "s"), name="llama70", monitoring_label=["release=x"])
+
+
+def test_prefix_alert_follows_the_declared_traffic_or_the_flag(tmp_path):
+    from pipeline.core.spec import PlannedTraffic, ServingTarget
+
+    spec = resolve_spec(model="llama-70b", precision="fp8")
+    shared = spec.model_copy(update={"serving_target": ServingTarget(
+        ttft_ms=400.0, tpot_ms=30.0, traffic=PlannedTraffic(input_len=2048, output_len=128, prefix_share=0.7))})
+    by = _by_name(rule_groups(watch_plan(shared, deployment="x", gpus=4)))
+    assert by["PrefixCacheHitRatioLow"]["expr"].endswith("< 0.7")
+    assert by["TTFTP99AboveSLO"]["expr"].endswith("> 400") and by["TPOTAboveSLO"]["expr"].endswith("> 30")
+    assert "the SLO" in by["TPOTAboveSLO"]["annotations"]["summary"]
+    distinct = shared.model_copy(update={"serving_target": shared.serving_target.model_copy(update={
+        "traffic": PlannedTraffic(input_len=2048, output_len=128)})})
+    assert "PrefixCacheHitRatioLow" not in _by_name(rule_groups(watch_plan(distinct, deployment="x", gpus=4)))
+    out = tmp_path / "s"
+    deploy_command(spec, platform="slurm", release_url=URL, output=str(out), name="x", prefix_cache_alert=True)
+    assert "PrefixCacheHitRatioLow" in _by_name(yaml.safe_load((out / "prometheus-rules.yml").read_text())["groups"])

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 JOB = "tiny"
 PREFIX = 192  # 6 blocks of the tiny build's 32 tokens
 PNG_ENV = "PIPELINE_DASHBOARD_PNG"  # write the dashboard picture here (README's docs/dashboard.png)
+from tests.support.k8s import PIPELINE_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def _plan(**kw):
     from pipeline.ops.monitoring.rules import watch_plan
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-    return watch_plan(spec, deployment=JOB, gpus=1, **kw)
+    return watch_plan(spec, deployment=JOB, gpus=1, prefix_alert=True, **kw)
 
 
 def _write_rules(directory: Path, w) -> Path:
@@ -47,14 +48,20 @@ def _write_rules(directory: Path, w) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ promtool
-def _series(w, *, hit: float, queue_factor: float, accepted: float, cost_factor: float) -> list[dict]:
-    """Input series (one sample a minute) putting each watched quantity at the given level."""
+def _series(w, *, hit: float, queue_factor: float, accepted: float, cost_factor: float, fail: float,
+            ttft_factor: float, tpot_factor: float, waiting: str, up: str) -> list[dict]:
+    """Input series (one sample a minute) putting each watched quantity at the given level: `fail` the share of
+    failed requests, `*_factor` multiples of the alert limits, `waiting` and `up` promtool value strings."""
     sel = f'job="{JOB}",model="tensorrt_llm",version="1"'
     bls = f'job="{JOB}",model="tensorrt_llm_bls",version="1"'
     prompt_per_min = 3200
     queue_us = w.queue_ms_max * 1000 * queue_factor
     tok_s = w.usd_per_second * 1e6 / (w.cost_per_1m_plan * 2.0 * cost_factor)
+    ttft_ms = w.ttft_ms_max * ttft_factor  # every request's first response takes this long
+    le_below, le_above = ttft_ms / 2, ttft_ms * 2  # buckets around it: p99 interpolates inside (le_below, le_above]
+    infer_us = w.tpot_ms_max * tpot_factor * 1000 * tok_s * 60 / 10  # per request: output tokens x TPOT
     return [
+        {"series": f'up{{job="{JOB}",instance="node-1:8002"}}', "values": up},
         {"series": f'nv_trt_llm_kv_cache_block_metrics{{{sel},kv_cache_block_type="reused"}}',
          "values": f"0+{prompt_per_min * hit / 32:g}x60"},
         {"series": f'nv_trt_llm_kv_cache_block_metrics{{{sel},kv_cache_block_type="tokens_per"}}',
@@ -64,6 +71,14 @@ def _series(w, *, hit: float, queue_factor: float, accepted: float, cost_factor:
          "values": f"0+{prompt_per_min}x60"},
         {"series": f"nv_inference_queue_duration_us{{{sel}}}", "values": f"0+{queue_us * 10:g}x60"},
         {"series": f"nv_inference_request_success{{{sel}}}", "values": "0+10x60"},
+        {"series": f'nv_inference_request_failure{{{sel},reason="BACKEND"}}',
+         "values": f"0+{10 * fail / (1 - fail):g}x60"},
+        {"series": f'nv_inference_first_response_histogram_ms_bucket{{{sel},le="{le_below:g}"}}', "values": "0x60"},
+        {"series": f'nv_inference_first_response_histogram_ms_bucket{{{sel},le="{le_above:g}"}}',
+         "values": "0+10x60"},
+        {"series": f'nv_inference_first_response_histogram_ms_bucket{{{sel},le="+Inf"}}', "values": "0+10x60"},
+        {"series": f"nv_inference_compute_infer_duration_us{{{sel}}}", "values": f"0+{infer_us * 10:g}x60"},
+        {"series": f'nv_trt_llm_request_metrics{{{sel},request_type="waiting"}}', "values": waiting},
         {"series": f'nv_llm_output_token_len_sum{{{sel},response_metric_type="total_output_tokens"}}',
          "values": f"0+{tok_s * 60:g}x60"},
         {"series": f'nv_trt_llm_speculation_draft_tokens{{{bls},draft_token_type="proposed"}}',
@@ -80,34 +95,99 @@ def _expected(w, alert: str, firing: bool) -> dict:
     labels = {**rule["labels"], "job": JOB}
     if alert == "CostPerTokenAbovePlan":  # the recorded cost series carries its basis
         labels |= {"gpus": str(w.gpus), "usd_per_gpu_hour": f"{w.gpu_price_per_hour:g}"}
+    if alert == "TargetDown":  # `up == 0` keeps the target's instance
+        labels |= {"instance": "node-1:8002"}
     exp = [{"exp_labels": labels, "exp_annotations": rule["annotations"]}] if firing else []
     return {"eval_time": "40m", "alertname": alert, "exp_alerts": exp}
 
 
-ALERTS = ("PrefixCacheHitRatioLow", "QueueTimeHigh", "SpeculationBelowBreakEven", "CostPerTokenAbovePlan")
+ALERTS = ("TargetDown", "RequestFailureRatioHigh", "QueueGrowing", "TTFTP99AboveSLO", "TPOTAboveSLO",
+          "QueueTimeHigh", "PrefixCacheHitRatioLow", "SpeculationBelowBreakEven", "CostPerTokenAbovePlan")
+RULES = 20  # 11 recording + 9 alerting (prefix alert on)
+
+
+def _tests(w, rules: Path) -> dict:
+    """promtool's unit tests: the bad series fire every alert, the healthy ones none, and a scrape target that
+    vanished fires TargetDown through `absent(up)`."""
+    bad = _series(w, hit=0.25, queue_factor=3, accepted=w.acceptance_min / 2, cost_factor=4, fail=0.2,
+                  ttft_factor=3, tpot_factor=3, waiting="1+1x60", up="0x60")
+    good = _series(w, hit=0.9, queue_factor=0.1, accepted=min(1.0, (1 + w.acceptance_min) / 2), cost_factor=0.25,
+                   fail=0.0, ttft_factor=0.25, tpot_factor=0.25, waiting="0 3 0 2 0x57", up="1x60")
+    gone = [s for s in good if not s["series"].startswith("up{")]
+    hit = f'trtllm:prefix_cache_hit_ratio{{job="{JOB}"}}'
+    ratio = f'trtllm:request_failure_ratio{{job="{JOB}"}}'
+    down = _expected(w, "TargetDown", True)
+    down["exp_alerts"][0]["exp_labels"].pop("instance")  # absent(up{job=...}) carries the job only
+    return {"rule_files": [rules.name], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": bad,
+                       "alert_rule_test": [_expected(w, a, True) for a in ALERTS],
+                       "promql_expr_test": [{"expr": hit, "eval_time": "40m",
+                                             "exp_samples": [{"labels": hit, "value": 0.25}]},
+                                            {"expr": ratio, "eval_time": "40m",
+                                             "exp_samples": [{"labels": ratio, "value": 0.2}]}]},
+                      {"interval": "1m", "input_series": good,
+                       "alert_rule_test": [_expected(w, a, False) for a in ALERTS]},
+                      {"interval": "1m", "input_series": gone, "alert_rule_test": [down]}]}
 
 
 def test_promtool_checks_the_rules_and_each_alert_fires_only_on_its_condition(prometheus_installed, tmp_path):
     w = _plan()
-    assert w.acceptance_min is not None and w.cost_per_1m_plan is not None
+    assert w.acceptance_min is not None and w.cost_per_1m_plan is not None and w.hit_ratio_min is not None
     rules = _write_rules(tmp_path, w)
     res = promtool("check", "rules", str(rules), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 10 rules found" in res.stdout, res.stdout
-    bad = _series(w, hit=0.25, queue_factor=3, accepted=w.acceptance_min / 2, cost_factor=4)
-    good = _series(w, hit=0.9, queue_factor=0.1, accepted=min(1.0, (1 + w.acceptance_min) / 2), cost_factor=0.25)
-    hit = f'trtllm:prefix_cache_hit_ratio{{job="{JOB}"}}'
-    tests = {"rule_files": [rules.name], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": bad,
-                        "alert_rule_test": [_expected(w, a, True) for a in ALERTS],
-                        "promql_expr_test": [{"expr": hit, "eval_time": "40m",
-                                              "exp_samples": [{"labels": hit, "value": 0.25}]}]},
-                       {"interval": "1m", "input_series": good,
-                        "alert_rule_test": [_expected(w, a, False) for a in ALERTS]}]}
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    assert f"SUCCESS: {RULES} rules found" in res.stdout, res.stdout
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(_tests(w, rules), sort_keys=False))
     res = promtool("test", "rules", "tests.yml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
+
+
+def test_promtool_test_fails_when_a_healthy_series_is_expected_to_fire(prometheus_installed, tmp_path):
+    """The harness can fail: expecting TTFTP99AboveSLO on the healthy series is reported as a failed test."""
+    w = _plan()
+    rules = _write_rules(tmp_path, w)
+    tests = _tests(w, rules)
+    tests["tests"][1]["alert_rule_test"] = [_expected(w, "TTFTP99AboveSLO", True)]
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    res = promtool("test", "rules", "tests.yml", cwd=tmp_path)
+    assert res.returncode != 0 and "TTFTP99AboveSLO" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def _serve_series(w, *, ttft_s: float, tpot_s: float, queue_s: float, hit: float) -> list[dict]:
+    """trtllm-serve's own families (1.2 MetricsCollector labels), 10 requests a minute at the given latencies."""
+    lab = f'job="{JOB}",instance="node-1:8000",model_name="undefined",engine_type="undefined"'
+    out = [{"series": f'up{{job="{JOB}",instance="node-1:8000"}}', "values": "1x60"},
+           {"series": f'trtllm_request_success_total{{{lab},finished_reason="stop"}}', "values": "0+10x60"},
+           {"series": f"trtllm_kv_cache_hit_rate{{{lab}}}", "values": f"{hit:g}x60"},
+           {"series": f"trtllm_kv_cache_utilization{{{lab}}}", "values": "0.4x60"}]
+    for family, value in (("time_to_first_token", ttft_s), ("time_per_output_token", tpot_s),
+                          ("request_queue_time", queue_s)):
+        name = f"trtllm_{family}_seconds"
+        out += [{"series": f'{name}_bucket{{{lab},le="{value / 2:g}"}}', "values": "0x60"},
+                {"series": f'{name}_bucket{{{lab},le="{value * 2:g}"}}', "values": "0+10x60"},
+                {"series": f'{name}_bucket{{{lab},le="+Inf"}}', "values": "0+10x60"},
+                {"series": f"{name}_sum{{{lab}}}", "values": f"0+{10 * value:g}x60"},
+                {"series": f"{name}_count{{{lab}}}", "values": "0+10x60"}]
+    return out
+
+
+def test_promtool_trtllm_serve_rules_fire_on_its_own_metric_names(prometheus_installed, tmp_path):
+    w = _plan(source="trtllm-serve")
+    rules = _write_rules(tmp_path, w)
+    alerts = ("TTFTP99AboveSLO", "TPOTAboveSLO", "QueueTimeHigh", "PrefixCacheHitRatioLow")
+    bad = _serve_series(w, ttft_s=w.ttft_ms_max * 3 / 1000, tpot_s=w.tpot_ms_max * 3 / 1000,
+                        queue_s=w.queue_ms_max * 3 / 1000, hit=w.hit_ratio_min / 2)
+    good = _serve_series(w, ttft_s=w.ttft_ms_max / 4000, tpot_s=w.tpot_ms_max / 4000, queue_s=w.queue_ms_max / 4000,
+                         hit=min(1.0, w.hit_ratio_min * 1.5))
+    tests = {"rule_files": [rules.name], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": bad,
+                        "alert_rule_test": [_expected(w, a, True) for a in alerts]},
+                       {"interval": "1m", "input_series": good,
+                        "alert_rule_test": [_expected(w, a, False) for a in (*alerts, "TargetDown")]}]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    res = promtool("test", "rules", "tests.yml", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_promtool_rejects_a_broken_rule(prometheus_installed, tmp_path):
@@ -140,7 +220,7 @@ def test_promtool_checks_a_config_of_the_slurm_rules_and_scrape_snippet(promethe
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     res = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 1 rule files found" in res.stdout and "SUCCESS: 10 rules found" in res.stdout, res.stdout
+    assert "SUCCESS: 1 rule files found" in res.stdout and "SUCCESS: 19 rules found" in res.stdout, res.stdout
     (out / "prometheus-targets.json").write_text('[{"targets": "node-1:8002"}]')  # not a list of targets
     res = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert res.returncode != 0 and "checking SD file" in res.stdout + res.stderr, res.stdout + res.stderr

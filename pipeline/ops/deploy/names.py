@@ -108,3 +108,20 @@ def check_release_url(url: str) -> str:
                           "user:password@ and put the credentials in a Kubernetes Secret (--release-secret NAME, key "
                           "`header`) or, on Slurm, export RELEASE_AUTH_HEADER before sbatch; or use --release-volume")
     return url
+
+
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_NAME = re.compile(_LABEL_NAME)
+
+
+def kube_label(item: str, flag: str) -> tuple[str, str]:
+    """`KEY=VALUE` as a Kubernetes label: KEY `[prefix/]name` (prefix a DNS-1123 subdomain, name 1-63 alphanumerics,
+    '-', '_', '.' starting and ending alphanumeric), VALUE empty or like a name; else a DeployError naming `flag`."""
+    key, sep, value = item.partition("=")
+    prefix, _, name = key.rpartition("/")
+    if not (sep and LABEL_NAME.fullmatch(name) and (not value or LABEL_NAME.fullmatch(value))
+            and (not prefix or (len(prefix) <= SUBDOMAIN_MAX and DNS1123_SUBDOMAIN.fullmatch(prefix)))):
+        raise DeployError(f"{flag} {item!r}: not a Kubernetes label KEY=VALUE (KEY [prefix/]name, name and VALUE at "
+                          f"most {LABEL_MAX} letters, digits, '-', '_' or '.', starting and ending with a letter or "
+                          "digit); e.g. release=kube-prometheus-stack")
+    return key, value

@@ -23,8 +23,7 @@ from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s, names, scheduling, slurm
 from pipeline.ops.deploy.images import PIPELINE_HOME, TRTLLM_VERSION, ngc_image, pipeline_image
-from pipeline.ops.deploy.runtime import (METRICS_PORT_NAME, Runtime, fetch_verify_script, kubexec_script,
-                                         leader_script, runtime_for)
+from pipeline.ops.deploy.runtime import Runtime, fetch_verify_script, kubexec_script, leader_script, runtime_for
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.ops.monitoring.dashboard import dashboard_config_map, dashboard_json
@@ -40,6 +39,7 @@ NAME_RE = re.compile(rf"^[a-z0-9]([-a-z0-9]{{0,{NAME_MAX - 2}}}[a-z0-9])?$")
 MARKER = "deploy.json"  # every deployment directory holds it: only such a directory is replaced with --force
 SERVE_CPUS_PER_RANK = 4  # Slurm --cpus-per-task of a GPU serving rank (`serving_cpus`)
 MATRIX_CPUS_PER_GPU = 4  # Slurm --cpus-per-task of a GPU build cell, per GPU (`matrix_cpus`)
+MONITORING_OWN_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/instance", "grafana_dashboard"})
 SCRAPE_TARGETS = "prometheus-targets.json"  # Slurm: the file_sd file serve.sbatch writes into the deployment directory
 
 
@@ -64,6 +64,8 @@ class DeployOptions(BaseModel):
     keep_work: bool = False
     serve_mode: str | None = None  # triton | trtllm-serve; None: the runtime's default (runtime.runtime_for)
     replicas: int = 1  # serving copies, each of the placement's world size (`replicas_for`)
+    monitoring_labels: dict[str, str] = {}  # k8s: extra metadata labels of the PrometheusRule/PodMonitor/ConfigMap
+    prefix_cache_alert: bool = False  # alert on a low prefix-cache hit ratio without a declared shared prefix
     hf_secret: str = "hf-token"
     output_pvc: str = "trtllm-build-output"
     node_selector: dict[str, str] = {}  # k8s only, like what follows (pipeline.ops.deploy.scheduling)
@@ -197,7 +199,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
         files = {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:
         kind = "sbatch"
-        targets = str(directory / SCRAPE_TARGETS) if _watched(rt) else None
+        targets = str(directory / SCRAPE_TARGETS) if rt.scrape else None
         opts = _slurm_options(o, directory, src, server, pipe, cpus=serving_cpus(rt, p), mem_bytes=serving_host_bytes(
             src.spec, ranks_per_node=p.ranks_per_node, world_size=p.world_size))
         files = {**scripts, "serve.sbatch": slurm.serve_script(opts, rt, p, scrape_targets=targets)}
@@ -209,29 +211,25 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     return files
 
 
-def _watched(rt: Runtime) -> bool:
-    """Whether the deployment gets rules, a dashboard and a scrape config: its server is Triton (the engine's
-    tensorrtllm backend or the reference one), which exports the watched series on its metrics port; trtllm-serve
-    exports other metrics."""
-    return METRICS_PORT_NAME in dict(rt.ports)
-
-
 def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime,
                      directory: Path) -> dict[str, str]:
-    """Prometheus rules, how Prometheus scrapes the server as `job="<name>"`, and the Grafana dashboard. k8s: a
-    PrometheusRule, a PodMonitor and a dashboard ConfigMap (validated); Slurm: a plain rules file and a
+    """Prometheus rules, how Prometheus scrapes the server as `job="<name>"` (Triton's metrics port, or trtllm-serve's
+    `/prometheus/metrics`), and the Grafana dashboard. k8s: a PrometheusRule, a PodMonitor and a dashboard ConfigMap
+    (validated), labelled with `o.monitoring_labels` for the operator's selectors; Slurm: a plain rules file and a
     `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON."""
-    if not _watched(rt):
+    if rt.scrape is None:
         return {}
-    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * o.replicas)
+    k8s_gpus = f'namespace="{o.namespace}",pod=~"{o.name}-.+"'  # dcgm-exporter's pod mapping
+    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * o.replicas, source=rt.scrape.source,
+                   prefix_alert=o.prefix_cache_alert, gpu_selector=k8s_gpus if o.platform == "k8s" else "")
     if o.platform != "k8s":
         targets = slurm.replica_targets(str(directory / SCRAPE_TARGETS), o.replicas)
         return {"prometheus-rules.yml": rules_file(w),
-                "prometheus-scrape.yml": scrape_config_file(o.name, targets),
+                "prometheus-scrape.yml": scrape_config_file(o.name, targets, path=rt.scrape.path),
                 "dashboard.json": dashboard_json(w)}
-    labels = {"app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
+    labels = {**o.monitoring_labels, "app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
     objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
-               pod_monitor(o.name, namespace=o.namespace, labels=labels, port=METRICS_PORT_NAME,
+               pod_monitor(o.name, namespace=o.namespace, labels=labels, port=rt.scrape.port, path=rt.scrape.path,
                            pod_selector=k8s.server_pod_selector(o.name, multi_node=p.multi_node)),
                dashboard_config_map(w, namespace=o.namespace, labels=labels)]
     validate_objects(objects)

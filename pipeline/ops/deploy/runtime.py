@@ -31,11 +31,28 @@ from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv,
 from pipeline.serving.serve import SERVER_STACK_BYTES
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-METRICS_PORT_NAME = "metrics"  # the container port Prometheus scrapes (monitoring.scrape)
+METRICS_PORT_NAME = "metrics"  # Triton's metrics container port
+# Triton's TTFT histogram (nv_inference_first_response_histogram_ms), read by the monitoring rules; rank 0 only
+HISTOGRAM_LATENCIES = "--metrics-config=histogram_latencies=true"
 WORK = "/work"  # node-local: the downloaded release, the unpacked tree, the installed repository path
 CONFIG = "/config"  # the scripts (ConfigMap on Kubernetes, the deployment directory under Slurm)
 SERVE_DIR = "serve"  # under $WORK, trtllm-serve: the model (and tokenizer) links and the LLM-API options YAML
 SERVE_MODES = ("triton", "trtllm-serve")  # deploy --serve-mode, as serve --mode
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Where Prometheus reads a runtime's metrics, and whose metric names they are (`monitoring.rules.Source`)."""
+
+    port: str  # a name in Runtime.ports
+    path: str
+    source: str  # triton | trtllm-serve
+
+
+TRITON_SCRAPE = Scrape(METRICS_PORT_NAME, "/metrics", "triton")
+# trtllm-serve 1.2: `/metrics` is JSON iteration stats; Prometheus text is `/prometheus/metrics` on the HTTP port,
+# mounted with `return_perf_metrics: true` (serve_inputs writes it; tensorrt_llm/serve/openai_server.py, mount_metrics)
+TRTLLM_SERVE_SCRAPE = Scrape("http", "/prometheus/metrics", "trtllm-serve")
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,7 @@ class Runtime:
     ports_from_env: bool = False  # rank.sh takes HTTP_PORT / GRPC_PORT / METRICS_PORT from the environment
     ready_script: str = ""  # /bin/sh readiness check run in the serving container (Kubernetes exec probe); "": HTTP
     own_mpirun: bool = False  # the one process is an `mpirun -n 1` of its own (orchestrator): no PMI from the platform
+    scrape: Scrape | None = None  # what Prometheus scrapes (None: no monitoring files)
 
 FETCH_VERIFY = """#!/bin/sh
 # Runs on every node before the server: fetch the release (curl resumes a partial download and retries), verify
@@ -142,6 +160,15 @@ soft_kib=$(ulimit -S -s)
 """
 
 
+def _with_histograms(argv: list[str], rank: int) -> list[str]:
+    """Rank 0's tritonserver also exports latency histograms (TTFT for the alerts): the flag goes right after the
+    `tritonserver` word, so it stays with that program inside an `mpirun ... : ...` line."""
+    if rank != 0 or "tritonserver" not in argv:
+        return argv
+    at = argv.index("tritonserver") + 1
+    return [*argv[:at], HISTOGRAM_LATENCIES, *argv[at:]]
+
+
 def _engine_rank_script(plan: LaunchPlan) -> str:
     """/bin/sh: the plan's env and STACK_LIMIT, then the argv of this process's rank (MPI or Slurm rank; 0 for one
     process). Rank 0 holds the Python models and runs under the stub watchdog (`pipeline.ops.deploy.stub_watch`).
@@ -152,8 +179,8 @@ def _engine_rank_script(plan: LaunchPlan) -> str:
     """
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
     cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
-                    f"{' '.join(_plan_word(a) for a in plan.process_argv(i, oversubscribe=True))} ;;\n"
-                    for i in range(plan.processes))
+                    f"{' '.join(_plan_word(a) for a in _with_histograms(plan.process_argv(i, oversubscribe=True), i))}"
+                    " ;;\n" for i in range(plan.processes))
     return f"""#!/bin/sh
 # The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
 # upstream: {plan.source}
@@ -174,7 +201,7 @@ def engine_runtime(spec: BuildSpec, p: Placement) -> Runtime:
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("engine", "/v2/health/ready", "/v2/health/live", _engine_rank_script(plan), ports,
                    ranks_launched=plan.ranks_launched, ready_script=ready_script(HTTP_PORT),
-                   own_mpirun=plan.own_mpirun)
+                   own_mpirun=plan.own_mpirun, scrape=TRITON_SCRAPE)
 
 
 def _shell_word(arg: str) -> str:
@@ -227,7 +254,7 @@ exec {line}
     setup = (f'${{PIPELINE_PYTHON:-python3}} -m pipeline.ops.deploy.serve_inputs {flag}"$repo" "$work/{SERVE_DIR}" '
              f"{shlex.quote(served_name)}\n")
     return Runtime(name, "/health", "/health", script, (("http", HTTP_PORT),), ranks_launched=launched,
-                   node_setup=setup)
+                   node_setup=setup, scrape=TRTLLM_SERVE_SCRAPE)
 
 
 REFERENCE_RANK = f"""#!/bin/sh
@@ -245,7 +272,7 @@ def reference_runtime() -> Runtime:
     """A --target reference build (CPU): `invoke serve` on the installed repository, one process, no GPUs."""
     ports = (("http", HTTP_PORT), ("grpc", GRPC_PORT), (METRICS_PORT_NAME, METRICS_PORT))
     return Runtime("reference", "/v2/health/ready", "/v2/health/live", REFERENCE_RANK, ports, ranks_launched=False,
-                   gpus=False, pipeline_image=True, ports_from_env=True)
+                   gpus=False, pipeline_image=True, ports_from_env=True, scrape=TRITON_SCRAPE)
 
 
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,

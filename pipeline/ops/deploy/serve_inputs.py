@@ -5,7 +5,9 @@ repository): from its model.yaml this writes `OUT/llm_api_options.yaml` (validat
 link `OUT/NAME` to the Hugging Face checkpoint (trtllm-serve names the served model after the directory it loads).
 An engine release served by trtllm-serve (`--engine`): from the `tensorrt_llm` and `preprocessing` configs it links
 `OUT/NAME` to the engine directory and `OUT/tokenizer` to the tokenizer, and writes the engine's runtime options
-(`EngineServeOptions`: the KV-cache share, reuse and chunked context the packaged repository settled on).
+(`EngineServeOptions`: the KV-cache share, reuse and chunked context the packaged repository settled on). Both add
+`return_perf_metrics: true` (BaseLlmArgs), without which trtllm-serve 1.2 mounts no `/prometheus/metrics` for the
+deployment's monitoring rules, and runtime pytorch `enable_iter_perf_stats: true` (TorchLlmArgs; the KV-cache gauges).
 fetch-verify.sh runs
 
     python3 -m pipeline.ops.deploy.serve_inputs [--engine] REPO OUT NAME
@@ -18,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from pipeline.core.artifacts import check_name
 from pipeline.core.errors import DeployError, PipelineError, io_error
 from pipeline.stages.package import llmapi_yaml, pbtxt
@@ -25,6 +29,8 @@ from pipeline.stages.package.llmapi_options import EngineServeOptions, KvCacheCo
 from pipeline.stages.package.llmapi_package import check_model_yaml
 
 OPTIONS_FILE = "llm_api_options.yaml"
+PERF_METRICS = {"return_perf_metrics": True}  # trtllm-serve's Prometheus metrics (monitoring.rules)
+PYTORCH_METRICS = {**PERF_METRICS, "enable_iter_perf_stats": True}  # and its KV-cache gauges (TorchLlmArgs only)
 TOKENIZER_LINK = "tokenizer"  # OUT/tokenizer: an engine's tokenizer
 
 
@@ -52,16 +58,17 @@ def write_serve_inputs(repo: Path, out: Path, name: str) -> tuple[Path, Path]:
                           "checkpoint only, so export the tokenizer into it (`invoke build --runtime pytorch`)")
     if options.speculative_config is not None:
         _absolute_dir(options.speculative_config.speculative_model_dir, "speculative_model_dir", path)
-    return _write(Path(out), {name: model}, options.to_yaml())
+    return _write(Path(out), {name: model}, {**options.as_dict(), **PYTORCH_METRICS})
 
 
-def _write(out: Path, links: dict[str, Path], options_yaml: str) -> tuple[Path, Path]:
-    """Write `out/OPTIONS_FILE` atomically and the links `out/<name> -> target`; (first link, options file)."""
+def _write(out: Path, links: dict[str, Path], options: dict) -> tuple[Path, Path]:
+    """Write `options` to `out/OPTIONS_FILE` atomically and the links `out/<name> -> target`; (first link, options
+    file)."""
     options_file = out / OPTIONS_FILE
     try:
         out.mkdir(parents=True, exist_ok=True)
         tmp = options_file.with_name(f".{OPTIONS_FILE}.{os.getpid()}")
-        tmp.write_text(options_yaml)
+        tmp.write_text(yaml.safe_dump(options, sort_keys=False))
         os.replace(tmp, options_file)
         for link_name, target in links.items():
             link = out / link_name
@@ -104,7 +111,7 @@ def write_engine_serve_inputs(repo: Path, out: Path, name: str) -> tuple[Path, P
                           "re-package the build") from None
     options = EngineServeOptions(kv_cache_config=kv,
                                  enable_chunked_prefill=pbtxt.parameter(llm, "enable_chunked_context") == "true")
-    return _write(Path(out), {name: engine, TOKENIZER_LINK: tokenizer}, options.to_yaml())
+    return _write(Path(out), {name: engine, TOKENIZER_LINK: tokenizer}, {**options.as_dict(), **PERF_METRICS})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel
 
 from pipeline.core.errors import DeployError
-from pipeline.ops.deploy.runtime import METRICS_PORT_NAME, Runtime
+from pipeline.ops.deploy.runtime import Runtime
 from pipeline.planning.placement import Placement
 
 MATRIX_TIME = "04:00:00"  # a build cell's default limit; serving has none unless --time (the partition's applies)
@@ -168,11 +168,12 @@ def replica_targets(targets: str, replicas: int) -> str:
 def _scrape_target_lines(o: SlurmOptions, rt: Runtime, targets: str) -> list[str]:
     """Shell lines writing the Prometheus file_sd file `targets` (one per replica of an array: `replica_targets`;
     written whole by a rename; `_cleanup_lines` removes it): rank 0's metrics port on this node (the batch script
-    runs on the allocation's first node, where rank 0 serves), labelled job=<name>."""
-    port = dict(rt.ports).get(METRICS_PORT_NAME)
+    runs on the allocation's first node, where rank 0 serves; Triton's metrics port, trtllm-serve's HTTP port),
+    labelled job=<name>."""
+    port = dict(rt.ports).get(rt.scrape.port) if rt.scrape else None
     if port is None:
         raise DeployError(f"the {rt.name} runtime exports no metrics port; it has no Prometheus scrape target")
-    port_word = f'"${{METRICS_PORT:-{port}}}"' if rt.ports_from_env else str(port)
+    port_word = f'"${{METRICS_PORT:-{port}}}"' if rt.ports_from_env else str(port)  # the reference runtime
     entry = '[{"targets": ["%s:%s"], "labels": {"job": %s}}]\\n'
     path = shlex.quote(targets) if o.replicas == 1 else \
         shlex.quote(targets.removesuffix(".json") + "-") + '"$SLURM_ARRAY_TASK_ID".json'

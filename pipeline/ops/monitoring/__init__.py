@@ -1,1 +1,2 @@
-"""Watching a deployment's cost: Prometheus recording and alert rules, a Grafana dashboard, and a picture of it."""
+"""Watching a deployment: Prometheus recording and alert rules (operations and cost), a Grafana dashboard, and a
+picture of it."""

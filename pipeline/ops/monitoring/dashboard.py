@@ -1,5 +1,5 @@
 """The deployment's Grafana dashboard, built with Grafana's foundation SDK (`grafana-foundation-sdk`): one time-series
-panel per recorded series, its alert threshold drawn as a dashed line. Written as JSON and, on Kubernetes, as a
+panel per recorded series (operations, then cost) and per DCGM GPU series, its alert threshold drawn as a dashed line. Written as JSON and, on Kubernetes, as a
 ConfigMap labelled `grafana_dashboard: "1"` for the Grafana sidecar to load."""
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def _panel(p: Panel):
                  else [Threshold(value=None, color=ok), Threshold(value=p.threshold, color=bad)])
     source = DataSourceRef(type_val="prometheus", uid=DATASOURCE)
     panel = (Timeseries().title(p.title).unit(p.unit).datasource(source).height(PANEL_HEIGHT).span(PANEL_WIDTH)
-             .with_target(Dataquery().expr(p.expr).legend_format("{{job}}").datasource(source))
+             .with_target(Dataquery().expr(p.expr).legend_format(p.legend).datasource(source))
              .thresholds(dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)))
     if p.threshold is not None:
         panel = panel.thresholds_style(common_builders.GraphThresholdsStyleConfig()
                                        .mode(GraphThresholdsStyleMode.DASHED))
-    if p.unit == "percentunit":
-        panel = panel.min(0).max(1)
+    if p.unit in ("percentunit", "percent"):
+        panel = panel.min(0).max(1 if p.unit == "percentunit" else 100)
     return panel
 
 
@@ -44,10 +44,10 @@ def dashboard(w: WatchPlan) -> dict[str, Any]:
     from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-    board = (Dashboard(f"TensorRT-LLM cost: {w.deployment}").uid(f"trtllm-{w.deployment}"[:40])
-             .tags(["trtllm", "cost"]).refresh("30s").time("now-6h", "now")
+    board = (Dashboard(f"TensorRT-LLM: {w.deployment}").uid(f"trtllm-{w.deployment}"[:40])
+             .tags(["trtllm", "operations", "cost", w.source]).refresh("30s").time("now-6h", "now")
              .description(f"{w.gpus} GPU(s) x ${w.gpu_price_per_hour:g}/GPU-h ({w.gpu_price_source}); "
-                          f"rates over {w.window}")
+                          f"rates over {w.window}; latency limits: {w.latency_basis}")
              .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
     for p in panels(w):
         board = board.with_panel(_panel(p))

@@ -35,7 +35,8 @@ def query_range(prometheus_url: str, expr: str, *, start: float, end: float,
 
 
 def _scale(p: Panel) -> tuple[float, str]:
-    return {"percentunit": (100.0, "%"), "µs": (1e-3, "ms"), "currencyUSD": (1.0, "USD"), "short": (1.0, "")}[p.unit]
+    return {"percentunit": (100.0, "%"), "percent": (1.0, "%"), "µs": (1e-3, "ms"), "ms": (1.0, "ms"),
+            "reqps": (1.0, "req/s"), "decmbytes": (1.0, "MiB"), "currencyUSD": (1.0, "USD"), "short": (1.0, "")}[p.unit]
 
 
 def _text(s: str) -> str:
@@ -75,7 +76,7 @@ def render_dashboard(w: WatchPlan, *, prometheus_url: str, start: float, end: fl
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(chosen):]:
         ax.axis("off")
-    fig.suptitle(_text(f"TensorRT-LLM cost: {w.deployment} ({w.gpus} GPU x ${w.gpu_price_per_hour:g}/h, rates over "
+    fig.suptitle(_text(f"TensorRT-LLM: {w.deployment} ({w.gpus} GPU x ${w.gpu_price_per_hour:g}/h, rates over "
                        f"{w.window})"), fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

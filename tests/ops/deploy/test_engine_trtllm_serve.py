@@ -119,7 +119,7 @@ def test_engine_serve_inputs_link_engine_and_tokenizer_and_write_the_repos_kv_se
     assert (out / TOKENIZER_LINK).resolve() == tok.resolve()
     assert yaml.safe_load(options_file.read_text()) == {
         "kv_cache_config": {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.85},
-        "enable_chunked_prefill": False}
+        "enable_chunked_prefill": False, "return_perf_metrics": True}  # the last: /prometheus/metrics
     write_engine_serve_inputs(repo, out, "llama-70b-fp8")  # a rerun replaces the links
     assert link.resolve() == eng.resolve()
 

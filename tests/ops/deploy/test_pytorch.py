@@ -16,7 +16,7 @@ import yaml
 from pipeline.cli.commands import deploy_command
 from pipeline.core.errors import DeployError, PackageError
 from pipeline.core.spec import resolve_spec
-from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, write_serve_inputs
+from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, PYTORCH_METRICS, write_serve_inputs
 from pipeline.ops.deploy.serve_inputs import main as serve_inputs_main
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
@@ -142,13 +142,21 @@ def _installed_repo(tmp_path: Path, *, draft: bool, model: str | None = None) ->
     return repo, options, ckpt, draft_dir
 
 
+def _release_options(path: Path) -> LlmApiOptions:
+    """The release's options in a written options file, whose metrics switches are checked and dropped."""
+    data = yaml.safe_load(path.read_text())
+    assert {key: data.pop(key, None) for key in PYTORCH_METRICS} == PYTORCH_METRICS
+    return LlmApiOptions.from_mapping(data, what=str(path))
+
+
 def test_serve_inputs_link_the_checkpoint_and_write_the_release_options(tmp_path):
     repo, options, ckpt, draft_dir = _installed_repo(tmp_path, draft=True)
     link, options_file = write_serve_inputs(repo, tmp_path / "work" / "serve", "tiny-llama-fp8")
     assert link.name == "tiny-llama-fp8" and link.resolve() == ckpt.resolve()
-    written = LlmApiOptions.read(options_file)
+    written = _release_options(options_file)
     assert written == options and written.speculative_config.speculative_model_dir == str(draft_dir)
-    assert set(yaml.safe_load(options_file.read_text())) == set(options.as_dict())  # no model/backend/triton_config
+    # no model/backend/triton_config; the metrics switches the monitoring rules need
+    assert set(yaml.safe_load(options_file.read_text())) == set(options.as_dict()) | set(PYTORCH_METRICS)
     write_serve_inputs(repo, tmp_path / "work" / "serve", "tiny-llama-fp8")  # a rerun replaces the link
     assert link.resolve() == ckpt.resolve()
 
@@ -195,7 +203,7 @@ def test_release_to_rank_program_on_a_node(pipeline_env, tmp_path):
     installed = llmapi_yaml.read(repo / llmapi_yaml.MODEL_YAML)
     link = work / "serve" / "tiny-llama-fp8-tp1-draft"
     assert link.resolve() == Path(installed["model"]) and (link / "hf_quant_config.json").is_file()
-    written = LlmApiOptions.read(work / "serve" / OPTIONS_FILE)
+    written = _release_options(work / "serve" / OPTIONS_FILE)
     assert written.speculative_config.speculative_model_dir == installed["speculative_config"]["speculative_model_dir"]
     assert Path(written.speculative_config.speculative_model_dir).is_dir()
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch")
