@@ -23,7 +23,6 @@ pytestmark = pytest.mark.slow
 JOB = "tiny"
 PREFIX = 192  # 6 blocks of the tiny build's 32 tokens
 PNG_ENV = "PIPELINE_DASHBOARD_PNG"  # write the dashboard picture here (README's docs/dashboard.png)
-from tests.support.k8s import PIPELINE_IMAGE
 
 
 @pytest.fixture(scope="module")
