@@ -13,6 +13,7 @@ import yaml
 
 from pipeline.core.errors import DeployError, ServeError
 from pipeline.core.spec import resolve_spec
+from pipeline.ops.deploy.runtime import HISTOGRAM_LATENCIES
 from pipeline.serving.launch_plan import (
     ORCHESTRATOR_ASSERT,
     ORCHESTRATOR_ENV,
@@ -264,6 +265,9 @@ def _rank_script(text: str) -> tuple[list[list[str]], dict[str, str]]:
     ranks = [shlex.split(m.group(2).replace('"$repo"', "R"))
              for m in re.finditer(r"^  (\d+)\) (?:exec|serve_watched 8000) (.*) ;;$", text, re.M)]
     env = dict(m.groups() for m in re.finditer(r"^export (\w+)=(\S+)$", text, re.M))
+    # deployed rank 0 also exports Triton's latency histograms (the TTFT alerts); `invoke serve` does not
+    assert [r.count(HISTOGRAM_LATENCIES) for r in ranks] == [1] + [0] * (len(ranks) - 1)
+    ranks = [[a for a in r if a != HISTOGRAM_LATENCIES] for r in ranks]
     if env == ORCHESTRATOR_ENV:  # the one process is its own mpirun -n 1 (launch_triton_server.py --oversubscribe)
         assert len(ranks) == 1 and ranks[0][:5] == ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "1"]
         ranks = [ranks[0][5:]]
@@ -365,7 +369,7 @@ def test_rank_script_execs_the_plan_argv_of_its_rank(layout, tmp_path, out_env):
     import subprocess
     import sys
 
-    from pipeline.ops.deploy.runtime import REPO_WORD, engine_launch_plan
+    from pipeline.ops.deploy.runtime import REPO_WORD, engine_launch_plan, with_latency_histograms
     from pipeline.planning.placement import place
 
     spec = resolve_spec(**SPECS[layout])
@@ -387,7 +391,7 @@ def test_rank_script_execs_the_plan_argv_of_its_rank(layout, tmp_path, out_env):
                              check=True, timeout=60).stdout
         argv, got_env = json.loads(out)
         assert argv == [a.replace(REPO_WORD, "/srv/repo with space")
-                        for a in plan.process_argv(rank, oversubscribe=True)]
+                        for a in with_latency_histograms(plan.process_argv(rank, oversubscribe=True), rank)]
         assert argv[0] == ("mpirun" if plan.mode == "orchestrator" else "tritonserver")
         assert got_env == plan.env
     beyond = subprocess.run(["/bin/sh", str(tmp_path / "d" / "rank.sh")], capture_output=True, text=True,

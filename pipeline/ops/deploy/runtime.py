@@ -160,7 +160,7 @@ soft_kib=$(ulimit -S -s)
 """
 
 
-def _with_histograms(argv: list[str], rank: int) -> list[str]:
+def with_latency_histograms(argv: list[str], rank: int) -> list[str]:
     """Rank 0's tritonserver also exports latency histograms (TTFT for the alerts): the flag goes right after the
     `tritonserver` word, so it stays with that program inside an `mpirun ... : ...` line."""
     if rank != 0 or "tritonserver" not in argv:
@@ -179,7 +179,7 @@ def _engine_rank_script(plan: LaunchPlan) -> str:
     """
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
     cases = "".join(f"  {i}) {f'serve_watched {HTTP_PORT}' if i == 0 else 'exec'} "
-                    f"{' '.join(_plan_word(a) for a in _with_histograms(plan.process_argv(i, oversubscribe=True), i))}"
+                    f"{' '.join(_plan_word(a) for a in with_latency_histograms(plan.process_argv(i, oversubscribe=True), i))}"
                     " ;;\n" for i in range(plan.processes))
     return f"""#!/bin/sh
 # The engine runtime, {plan.mode} mode: {plan.processes} process(es); rank 0 serves HTTP/gRPC/metrics.
