@@ -291,8 +291,8 @@ def test_verify_refuses_a_release_packed_from_another_builds_checkpoint(built, t
     import tarfile
 
     from pipeline.core.artifacts import MANIFEST
-    from pipeline.core.manifests import CheckpointManifest
-    from pipeline.ops.release import release
+    from pipeline.core.manifests import CheckpointManifest, ReleaseDocument
+    from pipeline.ops.release import release, write_tarball
     from pipeline.ops.release_verify import verify
 
     rel = release(built["spec"], output=str(tmp_path / "rel"))
@@ -307,12 +307,10 @@ def test_verify_refuses_a_release_packed_from_another_builds_checkpoint(built, t
     m.write(top / arc)
     data = (top / arc / MANIFEST).read_bytes()
     doc["files"][f"{arc}/{MANIFEST}"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    (top / "release.json").write_text(json.dumps(doc))
-    tampered = tmp_path / "t.tar"
-    with tarfile.open(tampered, "w") as tar:
-        tar.add(top / "release.json", f"{top.name}/release.json")
-        for rel_path in sorted(doc["files"]):
-            tar.add(top / rel_path, f"{top.name}/{rel_path}")
+    document = ReleaseDocument.model_validate(doc).canonical()
+    (top / "release.json").write_bytes(document)
+    tampered = tmp_path / "t.tar"  # packed as `invoke release` packs: headers and hashes all consistent
+    write_tarball(tampered, document=document, files={rel: top / rel for rel in doc["files"]}, table=doc["files"])
     for target in (top, tampered):
         with pytest.raises(IntegrityError, match=rf"{arc}: precision bf16 \(this spec: fp8\); {arc}: kv_cache bf16 "
                                                  r"\(this spec: fp8\): packed from another build's output") as err:

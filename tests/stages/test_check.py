@@ -30,11 +30,11 @@ def _fits_number(msg: str) -> int:
 
 
 def test_absurd_max_batch_rejected_with_the_batch_that_fits():
-    msg = reject(r"limits.max_batch_size=99999999999: .* at most \d+ fits: lower --max-batch to <= \d+",
-                 model="llama-70b", precision="fp8", tp=4, max_batch_size=99999999999)
+    msg = reject(r"limits.max_batch_size=65536: .* at most \d+ fits: lower --max-batch to <= \d+",
+                 model="llama-70b", precision="fp8", tp=1, max_batch_size=65536)
     best = _fits_number(msg)
-    assert resolve_checked_spec(model="llama-70b", precision="fp8", tp=4, max_batch_size=best).max_batch_size == best
-    reject(r"limits.max_batch_size", model="llama-70b", precision="fp8", tp=4, max_batch_size=best + 1)
+    assert resolve_checked_spec(model="llama-70b", precision="fp8", tp=1, max_batch_size=best).max_batch_size == best
+    reject(r"limits.max_batch_size", model="llama-70b", precision="fp8", tp=1, max_batch_size=best + 1)
 
 
 def test_max_num_tokens_that_does_not_fit_rejected():
@@ -57,18 +57,18 @@ def test_max_seq_len_whose_kv_does_not_fit_rejected():
 
 
 def test_draft_batch_on_a_small_gpu_rejected():
-    # the draft's fp32 logits at batch 80000 (80000 x 128256 x 4 B = 38 GiB) do not fit a 44.5 GiB L40S beside
-    # the 8B target
-    msg = reject(r"speculation.draft_max_batch_size=80000: .* lower --draft-max-batch", model="llama-8b",
-                 precision="fp8", gpu="l40s", draft="llama-1b", max_batch_size=4, draft_max_batch_size=80000)
-    assert resolve_checked_spec(model="llama-8b", precision="fp8", gpu="l40s", draft="llama-1b", max_batch_size=4,
+    # the 3B draft's activations and fp32 logits at batch 65536 (65536 x 128256 x 4 B = 31 GiB alone) do not fit a
+    # 44.5 GiB L40S beside the 8B BF16 target
+    msg = reject(r"speculation.draft_max_batch_size=65536: .* lower --draft-max-batch", model="llama-8b",
+                 precision="bf16", gpu="l40s", draft="llama-3b", max_batch_size=4, draft_max_batch_size=65536)
+    assert resolve_checked_spec(model="llama-8b", precision="bf16", gpu="l40s", draft="llama-3b", max_batch_size=4,
                         draft_max_batch_size=_fits_number(msg)).draft_max_batch_size == _fits_number(msg)
 
 
 def test_limits_that_only_fit_together_name_all_of_them():
-    # neither batch 1 at 131072 tokens nor 8192 tokens at batch 1e11 fits one H100 beside 70B FP8 weights
-    msg = reject(r"max_batch_size=99999999999, max_num_tokens=8192 and max_seq_len=131072 together need",
-                 model="llama-70b", precision="fp8", max_batch_size=99999999999, max_seq_len=131072)
+    # neither batch 1 at 131072 tokens nor 8192 tokens at batch 65536 fits one H100 beside 70B FP8 weights
+    msg = reject(r"max_batch_size=65536, max_num_tokens=8192 and max_seq_len=131072 together need",
+                 model="llama-70b", precision="fp8", tp=1, max_batch_size=65536, max_seq_len=131072)
     assert "raise --tp" in msg
 
 

@@ -74,6 +74,9 @@ def test_unsupported_or_missing_quant_config(tmp_path):
     with pytest.raises(CheckpointError, match="quant_algo 'NVFP4' is not supported"):
         read_quant_config(tmp_path)
     (tmp_path / "hf_quant_config.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="hf_quant_config.json is not a JSON object"):
+        read_quant_config(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no 'quantization' mapping"):
         read_quant_config(tmp_path)
 

@@ -376,7 +376,7 @@ REJECTED = [
     ({"model": "llama-8b", "precision": "fp8", "draft": "llama-1b", "draft_len": 0}, r"draft_len=0: must be >= 1"),
     ({"model": "llama-8b", "precision": "fp8", "draft": "llama-1b", "enable_kv_cache_reuse": False},
      r"KV cache block reuse must be enabled for speculative decoding target model"),
-    ({"model": "llama-70b", "precision": "fp8", "max_batch_size": 99999999999}, r"at most \d+ fits"),
+    ({"model": "llama-70b", "precision": "fp8", "tp": 1, "max_batch_size": 65536}, r"at most \d+ fits"),
     ({"model": "llama-8b", "precision": "fp8", "draft": "llama-1b", "max_beam_width": 2}, r"needs 1"),
 ]
 

@@ -237,7 +237,10 @@ def test_serve_command_per_target(tmp_path, exports, monkeypatch):
     _, ref = _package(tmp_path / "r", exports, target="reference")
     ports = {"http_port": 1, "grpc_port": 2, "metrics_port": 3, "shm_prefix": "p-"}
     cmd = build_command(gpu.path, binary="/opt/tritonserver/bin/tritonserver", world_size=2, **ports)
-    assert cmd.flavour == "gpu-ngc" and cmd.argv[0] == "/opt/tritonserver/bin/tritonserver"  # no mpirun: the
+    # TP 2: two MPI processes, each `trtllm-llmapi-launch tritonserver` (launch_triton_server.py
+    # --trtllm_llmapi_launch); the LLM API spawns no workers of its own under MGMN
+    assert cmd.flavour == "gpu-ngc" and cmd.argv[:2] == ["mpirun", "--allow-run-as-root"]
+    assert cmd.argv.count("trtllm-llmapi-launch") == 2 and cmd.argv.count("/opt/tritonserver/bin/tritonserver") == 2
     assert "--disable-auto-complete-config" in cmd.argv  # LLM spawns its own workers; config.pbtxt is complete
     assert "TRTLLM_ORCHESTRATOR" not in cmd.env
     assert build_command(ref.path, **ports).flavour == "cpu-pytriton"

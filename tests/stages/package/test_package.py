@@ -106,9 +106,11 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
         shutil.rmtree(launch)
     cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-",
                         binary="/opt/tritonserver/bin/tritonserver")
-    # draft + TP 4 target: ONE tritonserver in orchestrator mode (launch_triton_server.py --multi-model asserts world
-    # size 1); the backend spawns the target's 4 ranks and the draft's on their packaged gpu_device_ids
-    assert cmd.argv[0] == "/opt/tritonserver/bin/tritonserver" and "mpirun" not in " ".join(cmd.argv)
+    # draft + TP 4 target: ONE tritonserver in orchestrator mode under `mpirun -n 1` (launch_triton_server.py
+    # --multi-model asserts world size 1 and keeps MPI on); the backend spawns the target's 4 ranks and the draft's on
+    # their packaged gpu_device_ids
+    assert cmd.argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert ":" not in cmd.argv
     assert cmd.plan.mode == "orchestrator" and cmd.plan.processes == 1
     assert cmd.env["TRTLLM_ORCHESTRATOR"] == "1" and cmd.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
     assert not any(a.startswith("--load-model") for a in cmd.argv)
