@@ -110,18 +110,15 @@ def check_release_url(url: str) -> str:
     return url
 
 
-_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-LABEL_NAME = re.compile(_LABEL_NAME)
-
-
 def kube_label(item: str, flag: str) -> tuple[str, str]:
-    """`KEY=VALUE` as a Kubernetes label: KEY `[prefix/]name` (prefix a DNS-1123 subdomain, name 1-63 alphanumerics,
-    '-', '_', '.' starting and ending alphanumeric), VALUE empty or like a name; else a DeployError naming `flag`."""
+    """`KEY=VALUE` as a Kubernetes label (`label_key`, `label_value`; the value may be empty); else a DeployError
+    naming `flag`."""
     key, sep, value = item.partition("=")
-    prefix, _, name = key.rpartition("/")
-    if not (sep and LABEL_NAME.fullmatch(name) and (not value or LABEL_NAME.fullmatch(value))
-            and (not prefix or (len(prefix) <= SUBDOMAIN_MAX and DNS1123_SUBDOMAIN.fullmatch(prefix)))):
+    try:
+        if not sep:
+            raise DeployError("no '='")
+        return label_key(key, flag), label_value(value, flag)
+    except DeployError:
         raise DeployError(f"{flag} {item!r}: not a Kubernetes label KEY=VALUE (KEY [prefix/]name, name and VALUE at "
                           f"most {LABEL_MAX} letters, digits, '-', '_' or '.', starting and ending with a letter or "
-                          "digit); e.g. release=kube-prometheus-stack")
-    return key, value
+                          "digit); e.g. release=kube-prometheus-stack") from None
