@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The acceptance run for a GPU host, inside nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 (TensorRT-LLM 1.2.1):
-# tiny engines with trtllm-build (TP 2 when two GPUs are visible, then with a draft), served through the C++
-# tensorrtllm backend exactly as `invoke serve` launches them (leader mode, orchestrator draft-target), our smoke
+# tiny engines with trtllm-build (TP 2 when two GPUs are visible, then with a draft), the engine check on those real
+# engines (as written and re-serialized by BuildConfig; a changed value rejected), served through the C++
+# tensorrtllm backend exactly as `invoke serve` launches them (leader mode; orchestrator draft-target under
+# `mpirun -n 1`, every rank of both models spawned as a trtllmExecutorWorker), our smoke
 # routes, NVIDIA's clients when TRTLLM_TRITON_CLIENTS names the release's triton_backend directory, and greedy text
 # compared with the CPU reference backend. Where TensorRT-LLM or a GPU is missing, pytest reports every test skipped
 # with its reason (-rs) and this script exits 3: a skipped acceptance run is never a pass.

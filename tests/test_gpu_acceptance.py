@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.spec import resolve_spec
+from pipeline.serving.launch_plan import shape_from_repo
 from pipeline.serving.serve import TritonServer, find_gpu_tritonserver
 from pipeline.serving.smoke import smoke_server
 from pipeline.stages.build import build
@@ -68,14 +69,41 @@ def _repo(spec) -> Path:
     return Path(report.outputs.triton_repo.path)
 
 
+def _executor_workers() -> int:
+    """Processes running the backend's `trtllmExecutorWorker` (the ranks the orchestrator spawned)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv0 = cmdline.read_bytes().split(b"\0", 1)[0]
+        except OSError:  # the process ended meanwhile
+            continue
+        count += argv0.endswith(b"trtllmExecutorWorker")
+    return count
+
+
 def _serve_and_smoke(repo: Path, *, binary: Path | None) -> tuple[list, str]:
     """Start `repo` as its launch plan says (what `invoke serve` does) and run every smoke route; returns the
     results and the plan's mode."""
     with TritonServer(repo, binary=binary, ready_timeout_s=900) as srv:
+        mode = srv.command.plan.mode
+        if mode == "orchestrator":
+            _assert_orchestrator_spawned(srv)
         results = smoke_server(srv.http_url, srv.grpc_url, repo=repo, prompt=PROMPT, max_tokens=16)
         _nvidia_clients(srv, repo, draft=(repo / "tensorrt_llm_draft").is_dir())
-        mode = srv.command.plan.mode
     return results, mode
+
+
+def _assert_orchestrator_spawned(srv: TritonServer) -> None:
+    """Orchestrator mode as the launcher starts it (`mpirun --allow-run-as-root -n 1 tritonserver ...` with
+    `--disable-auto-complete-config`), and the backend really spawned every model's ranks from that MPI singleton:
+    one `trtllmExecutorWorker` per rank of the target and of the draft."""
+    argv = srv.command.argv
+    assert Path(argv[0]).name == "mpirun" and argv[1] == "--allow-run-as-root", argv
+    assert argv[argv.index("-n") + 1] == "1", argv
+    assert "--disable-auto-complete-config" in argv, argv
+    assert srv.command.env.get("TRTLLM_ORCHESTRATOR") == "1", srv.command.env
+    ranks = sum(model.world_size for model in shape_from_repo(srv.repo).engine_models)
+    assert _executor_workers() == ranks, f"expected {ranks} spawned executor workers"
 
 
 def _nvidia_clients(srv: TritonServer, repo: Path, *, draft: bool) -> None:
@@ -146,3 +174,39 @@ def test_llmapi_yaml_loads_in_tensorrt_llm(tmp_path):
     assert (sc.max_draft_len, str(sc.speculative_model)) == (spec.draft_len, str(draft))
     assert sc.max_concurrency == spec.speculation.max_batch_for_speculation
     assert args.kv_cache_config.enable_block_reuse is spec.serving.enable_kv_cache_reuse
+
+
+def test_engine_check_reads_a_real_engine_by_meaning(roots, tmp_path):
+    """The engine check on an engine trtllm-build 1.2.1 really wrote: accepted as written, accepted after TensorRT-LLM's
+    own `BuildConfig` reads and re-serializes its build_config (its other spellings of enums and derived flags,
+    through `ConfigEncoder` as config.json is written), and a copy with a value that changes the engine
+    (max_batch_size) is rejected naming that field."""
+    import json
+
+    import tensorrt_llm
+    from tensorrt_llm.builder import BuildConfig, ConfigEncoder
+
+    from pipeline.core.errors import CompileError
+    from pipeline.stages.compile.engine_check import verify_engine_dir
+    from pipeline.stages.compile.engine_plan import plan_compile
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", target="trtllm", gpu_count=visible_gpus())
+    outputs = build(spec, progress=None).outputs
+    engine = Path(outputs.engine.path)
+    plan = plan_compile(spec, checkpoint_dir=outputs.checkpoint.path, output_dir=engine).target
+    config = verify_engine_dir(engine, plan, trtllm_version=tensorrt_llm.__version__)
+
+    def variant(name: str, build_config: dict) -> Path:
+        copy = tmp_path / name
+        shutil.copytree(engine, copy)
+        (copy / "config.json").write_text(json.dumps({**config, "build_config": build_config}))
+        return copy
+
+    written = json.loads(json.dumps(config["build_config"]))
+    build_config = BuildConfig.from_dict(written) if hasattr(BuildConfig, "from_dict") else BuildConfig(**written)
+    as_dict = build_config.to_dict() if hasattr(build_config, "to_dict") else build_config.model_dump(mode="json")
+    rewritten = json.loads(json.dumps(as_dict, cls=ConfigEncoder))  # how TensorRT-LLM writes config.json
+    verify_engine_dir(variant("reserialized", rewritten), plan, trtllm_version=tensorrt_llm.__version__)
+    changed = {**config["build_config"], "max_batch_size": config["build_config"]["max_batch_size"] + 1}
+    with pytest.raises(CompileError, match="max_batch_size"):
+        verify_engine_dir(variant("changed", changed), plan, trtllm_version=tensorrt_llm.__version__)
