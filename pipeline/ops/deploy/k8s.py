@@ -64,8 +64,8 @@ class K8sOptions(BaseModel):
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, str]] = []  # GPU pods: scheduling.tolerations()
     gpu_products: tuple[str, ...] = ()  # GPU pods require one of them (nvidia.com/gpu.product); () no affinity
-    cpus: int | None = None  # serving containers' CPU request (scheduling.host_cpus)
-    memory_bytes: int | None = None  # serving containers' memory request (scheduling.host_memory_bytes)
+    cpus: int | None = None  # CPU request (serving: scheduling.host_cpus; build matrix: render.matrix_cpus)
+    memory_bytes: int | None = None  # memory request (serving: scheduling.host_memory_bytes; matrix: matrix_mem_bytes)
     extra_resources: dict[str, str] = {}  # serving containers: e.g. {"rdma/rdma_shared_device_a": "1"}
     nccl_env: dict[str, str] = {}  # serving containers' NCCL_* environment
 
@@ -296,8 +296,13 @@ def matrix_job(o: K8sOptions, cells: int, gpus: int, scripts: dict[str, str]) ->
         "name": "build", "image": o.pipeline_image, "command": ["/bin/sh", f"{CONFIG}/build-cell.sh"], "env": env,
         "volumeMounts": [{"name": "output", "mountPath": "/output"}, {"name": "config", "mountPath": CONFIG}],
     }
-    if gpus:
-        container["resources"] = {"limits": {GPU: str(gpus)}}
+    requests = {k: v for k, v in (("cpu", o.cpus and str(o.cpus)),
+                                  ("memory", o.memory_bytes and quantity(o.memory_bytes))) if v}
+    limits = {GPU: str(gpus)} if gpus else {}
+    if o.memory_bytes:
+        limits["memory"] = quantity(int(o.memory_bytes * scheduling.MEMORY_LIMIT_FACTOR))
+    if requests or limits:
+        container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
     pod = {"restartPolicy": "Never", "containers": [container],
            "volumes": [{"name": "output", "persistentVolumeClaim": {"claimName": o.output_pvc}},
                        {"name": "config", "configMap": {"name": f"{o.name}-scripts", "defaultMode": SCRIPT_MODE}}],

@@ -267,8 +267,10 @@ def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, out
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
                                                         [release_file(c, __version__) for c in cells])}
     if o.platform == "k8s":
-        objects = k8s.matrix_job(_k8s_options(o, None, server, pipe, cells[0].hardware.gpu), len(cells), gpus,
-                                 scripts)
+        opts = _k8s_options(o, None, server, pipe, cells[0].hardware.gpu).model_copy(
+            update={"cpus": matrix_cpus(cells, o.time_limit or slurm.MATRIX_TIME),
+                    "memory_bytes": matrix_mem_bytes(cells)})
+        objects = k8s.matrix_job(opts, len(cells), gpus, scripts)
         validate_objects(objects)
         files = {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
     else:

@@ -138,6 +138,23 @@ def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
     assert "--model llama-8b --precision int4_awq --tp 2" in cm["data"]["build-cell.sh"]
 
 
+def test_build_matrix_pods_request_the_cells_host_resources(tmp_path):
+    """CPU and memory of the hungriest cell (the calibration estimate the Slurm matrix's --mem/--cpus-per-task use)."""
+    from pipeline.ops.deploy import render
+    from pipeline.ops.deploy.k8s import quantity
+    from pipeline.ops.deploy.slurm import MATRIX_TIME
+
+    matrix = "llama-8b:fp8,llama-70b:fp8:4"
+    deploy_command(None, platform="k8s", pipeline_image=PIPELINE_IMAGE, matrix=matrix, output=str(tmp_path / "m"))
+    job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    cells = render.matrix_cells(matrix, {})
+    memory = render.matrix_mem_bytes(cells)
+    assert memory > render.matrix_mem_bytes(cells[:1])  # the 70B cell decides
+    assert resources["requests"] == {"cpu": str(render.matrix_cpus(cells, MATRIX_TIME)), "memory": quantity(memory)}
+    assert resources["limits"]["nvidia.com/gpu"] == "4" and "memory" in resources["limits"]
+
+
 def test_deploy_from_release_uses_its_spec_and_toolchain(tmp_path):
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
     doc = {"format": 1, "name": "llama-70b-fp8-abc-v1.0.0", "spec": spec.model_dump(mode="json"),
