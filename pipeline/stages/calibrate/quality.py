@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline.core.errors import CalibrationError, QualityGateFailed
-from pipeline.core.manifests import RoundtripCheck
+from pipeline.core.manifests import QualityRecord, RoundtripCheck
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -26,23 +25,6 @@ ROUNDTRIP_TOL = {
     # round apart by one FP8/INT4 step now and then, which on a tiny model moves perplexity by ~0.1 %.
     "hf_export": {"max_rel_logit_err": 5e-2, "min_top1": 0.98, "max_ppl_rel_diff_pct": 0.5},
 }
-
-
-@dataclass(frozen=True)
-class QualityReport:
-    """Held-out comparison of the quantized model with the unquantized one."""
-
-    ppl_base: float
-    ppl_quant: float
-    ppl_delta_pct: float
-    kl_mean: float
-    top1_agreement: float
-    tokens: int
-    threshold_pct: float
-    passed: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 EVAL_BATCH = 8
@@ -72,8 +54,10 @@ def reference_logprobs(model, samples: list[list[int]], device) -> list[torch.Te
     return out
 
 
-def compare(model, samples: list[list[int]], ref: list[torch.Tensor], device, *, threshold_pct: float) -> QualityReport:
-    """Perplexity of both models, relative delta (%), mean KL(base || quant) and top-1 agreement."""
+def compare(model, samples: list[list[int]], ref: list[torch.Tensor], device, *, threshold_pct: float,
+            enforced: bool, heldout_fingerprint: str) -> QualityRecord:
+    """Perplexity of both models, relative delta (%), mean KL(base || quant) and top-1 agreement: the manifest's
+    quality record (`enforced`: whether `gate` raises on a failure; the held-out set's fingerprint)."""
     import torch
 
     nll_b = nll_q = kl = agree = 0.0
@@ -94,12 +78,14 @@ def compare(model, samples: list[list[int]], ref: list[torch.Tensor], device, *,
     ppl_b, ppl_q = math.exp(nll_b / n), math.exp(nll_q / n)
     delta = (ppl_q - ppl_b) / ppl_b * 100.0
     ok = math.isfinite(delta) and delta <= threshold_pct
-    return QualityReport(ppl_b, ppl_q, delta, kl / n, agree / n, n, threshold_pct, ok)
+    return QualityRecord(ppl_base=ppl_b, ppl_quant=ppl_q, ppl_delta_pct=delta, kl_mean=kl / n,
+                         top1_agreement=agree / n, tokens=n, threshold_pct=threshold_pct, passed=ok,
+                         enforced=enforced, heldout_fingerprint=heldout_fingerprint)
 
 
-def gate(report: QualityReport, *, enforce: bool, what: str) -> None:
+def gate(report: QualityRecord, *, what: str) -> None:
     """Raise when the gate trips and is enforced (the numbers are in the manifest either way)."""
-    if report.passed or not enforce:
+    if report.passed or not report.enforced:
         return
     raise QualityGateFailed(
         f"quality gate failed for {what}: held-out perplexity {report.ppl_base:.4f} -> {report.ppl_quant:.4f} "

@@ -30,7 +30,6 @@ from pipeline.core.layout import runtime_checkpoint_dir
 from pipeline.core.manifests import (
     CalibrationRecord,
     CheckpointManifest,
-    QualityRecord,
     RecipeRecord,
     RoundtripCheck,
     RoundtripSkipped,
@@ -407,9 +406,10 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
         exported, ckpt_fields = _export(plan, model, tmp, quant_algo, kv_algo)
 
     with _timed(timings, "quality_s"):
-        report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold)
+        report = quality.compare(exported, heldout.samples, ref, device, threshold_pct=plan.threshold,
+                                 enforced=plan.enforce, heldout_fingerprint=heldout.fingerprint)
     what = f"{plan.entry.name} {plan.precision}/KV {plan.kv}"
-    quality.gate(report, enforce=plan.enforce, what=what)
+    quality.gate(report, what=what)
 
     with _timed(timings, "roundtrip_s"):
         rt = _checked_roundtrip(plan, cfg, model, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device,
@@ -421,7 +421,7 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
         "calibration": _calibration_record(plan, calib),
         "parallelism": {"tp": plan.tp, "pp": plan.pp, "world_size": plan.tp * plan.pp},
         "checkpoint": {**ckpt_fields, "tokenizer_files": tok_files},
-        "quality": QualityRecord(**report.as_dict(), enforced=plan.enforce, heldout_fingerprint=heldout.fingerprint),
+        "quality": report,
         "roundtrip": rt,
         "toolchain": toolchain(),
         "device": _device_fields(device),
