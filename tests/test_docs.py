@@ -113,7 +113,8 @@ def _pages() -> list[Path]:
 def test_readme_is_a_front_door():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
-    # the test command CI runs (.ci/run), word for word
+    # the main job on the embedded tiny model, and the test command CI runs (.ci/run), word for word
+    assert "bash scripts/setup.sh && .venv/bin/invoke build --model tiny-llama" in text
     assert "bash scripts/setup.sh && .venv/bin/python -m pytest -q" in text
     assert "bash scripts/setup.sh && .venv/bin/python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
     # every page of the site is reachable from the README
@@ -138,8 +139,9 @@ def test_the_checker_finds_planted_bad_paths():
         "```",
         "python scripts/no_such_script.py --out engines/<build-id>/x   # the output is generated: not checked",
         "```",
-        "Real ones pass: `pipeline/core/errors.py`, `benchmarks/*.py`, `scripts/setup.sh`, `pipeline.core.errors.HostError`,",
-        "`tests/data/aiconfigurator_slo*`, [planner](docs/planner.md), `triton_repo/<name>/ensemble`, `$WORK/serve/x`.",
+        "Real ones pass: `pipeline/core/errors.py`, `benchmarks/*.py`, `scripts/setup.sh`, `tests/data/aiconfigurator_slo*`,",
+        "`pipeline.core.errors.HostError`, [planner](docs/planner.md#operating-point), `triton_repo/<name>/ensemble`,",
+        "`$WORK/serve/x`, [NVIDIA](https://developer.nvidia.com).",
     ])
     assert path_problems(planted, base=ROOT) == [
         "benchmarks/no_such_*.py: matches no file",
