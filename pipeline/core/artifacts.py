@@ -147,11 +147,8 @@ def stage_key(factors: dict[str, Any]) -> str:
 
 
 def write_manifest(directory: Path, data: dict[str, Any]) -> Path:
-    path = Path(directory) / MANIFEST
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return replace_file(Path(directory) / MANIFEST,
+                        lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"))
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

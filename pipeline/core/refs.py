@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.core.artifacts import engines_dir, output_root, safe_join, triton_repo_dir
+from pipeline.core.artifacts import engines_dir, output_root, replace_file, safe_join, triton_repo_dir
 from pipeline.core.errors import IntegrityError, PipelineError
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, Manifest, RepoManifest, StageResult
 from pipeline.core.untrusted import read_bytes
@@ -121,12 +121,7 @@ def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult 
     dest = ref_path(stage, identity)
     dest.parent.mkdir(parents=True, exist_ok=True)
     _clear(dest, say)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(ref.model_dump_json(indent=2) + "\n")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(dest, lambda tmp: tmp.write_text(ref.model_dump_json(indent=2) + "\n"))
     return ref
 
 
