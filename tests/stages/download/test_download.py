@@ -1,4 +1,4 @@
-"""Download stage against a local Hub server (tests/support/hubserver.py) running huggingface_hub's real snapshot_download."""
+"""Download stage against a local Hub server (tests/support/hubserver.py), fetched over huggingface_hub's public HTTP session."""
 
 from __future__ import annotations
 
@@ -391,7 +391,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     import threading
     import types
 
-    import pipeline.stages.download.stage as dl
+    import pipeline.stages.download.fetch as dl
 
     hashed_on = []
 
@@ -409,7 +409,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(dl, "hashlib", types.SimpleNamespace(sha256=Spy))
     chunks = [bytes([i]) * 100_000 for i in range(20)]
     with open(tmp_path / "f.incomplete", "wb") as f:
-        stream = dl._HashingFile(f, 0)
+        stream = dl.HashingFile(f, 0)
         for c in chunks:
             stream.write(c)
         assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest() and stream.clean
@@ -417,7 +417,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     assert set(hashed_on) == {"download-sha256"}
     with open(tmp_path / "f.incomplete", "r+b") as f:  # resuming: the bytes on disk are hashed first
         f.seek(0, 2)
-        stream = dl._HashingFile(f, 1_000_000)
+        stream = dl.HashingFile(f, 1_000_000)
         for c in chunks[10:]:
             stream.write(c)
         assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest()
