@@ -323,7 +323,6 @@ class _HubErrors:
     def __exit__(self, typ, exc, tb):
         if exc is None or isinstance(exc, DownloadError):
             return False
-        import requests
         from huggingface_hub.errors import (
             EntryNotFoundError,
             GatedRepoError,
