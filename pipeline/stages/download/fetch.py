@@ -81,7 +81,8 @@ def fetch_file(url: str, dest: Path, *, headers: dict[str, str], size: int | Non
 
     Raises:
         requests.ConnectionError: the stream ended before `size` bytes (also a dropped connection or a timeout:
-            requests' own exceptions); `<dest>.incomplete` keeps what arrived, a later call resumes from it.
+            requests' own exceptions); `<dest>.incomplete` keeps what arrived, a later call resumes from it. A
+            longer file is kept: the caller's size check rejects it.
         huggingface_hub.errors.HfHubHTTPError: the Hub refused the request (404, gated, ...).
     """
     import requests
@@ -97,7 +98,7 @@ def fetch_file(url: str, dest: Path, *, headers: dict[str, str], size: int | Non
         else:
             stream = _get(f, url, headers, have, progress)
         digest = stream.digest()  # always ends the hashing thread
-    if size is not None and stream.size != size:
+    if size is not None and stream.size < size:
         raise requests.ConnectionError(f"{url}: the stream ended after {stream.size} of {size} bytes")
     os.replace(part, dest)
     return digest if stream.clean else None
