@@ -237,6 +237,23 @@ def test_sigkill_mid_download_then_rerun_resumes_and_leaves_nothing(hub, env):
     assert sorted(p.name for p in repo_dir.iterdir() if not p.name.endswith(".lock")) == [sha]  # no staging left
 
 
+def test_complete_incomplete_files_are_checked_not_fetched(hub, env, capsys):
+    """A run killed after a file's last byte but before its rename leaves a whole `.incomplete` file: the next run
+    hashes it instead of fetching it, and fetches it again only when those bytes are wrong."""
+    sha = hub.add_commit("test-org/tiny", _files())
+    staging = env / "cache" / "downloads" / "test-org--tiny" / f".partial-{sha}"
+    staging.mkdir(parents=True)
+    (staging / f"{SHARD1}.incomplete").write_bytes(_files()[SHARD1])
+    bad = bytearray(_files()[SHARD2])
+    bad[-1] ^= 0xFF
+    (staging / f"{SHARD2}.incomplete").write_bytes(bytes(bad))
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert hub.file_gets(SHARD1) == [] and hub.file_gets(SHARD2) == [None]
+    assert res.manifest.refetched == [SHARD2] and f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
+    for name in (SHARD1, SHARD2):
+        assert (res.path / name).read_bytes() == _files()[name]
+
+
 def test_persistently_corrupt_file_fails_and_publishes_nothing(hub, env):
     sha = hub.add_commit("test-org/tiny", _files())
     hub.corrupt[SHARD2] = 99
