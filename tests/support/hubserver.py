@@ -9,6 +9,8 @@ Endpoints:
 Errors carry `X-Error-Code`: RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo (401 without a token, 403
 with a token that has no access). Faults: `drop[file] = n` cuts the connection after n bytes (once per entry),
 `corrupt[file] = k` serves flipped bytes (same length) the next k times, `hide` lists files that answer 404.
+`xet` lists files answered as Xet-backed (`X-Xet-Hash` and `X-Xet-Refresh-Route` headers, from which
+huggingface_hub's own download hands a file to hf_xet); their bytes are still served over `resolve`.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class LocalHub:
         self.drop: dict[str, int] = {}
         self.corrupt: dict[str, int] = {}
         self.hide: set[str] = set()  # listed in the model info, but 404 EntryNotFound on download
+        self.xet: set[str] = set()  # answered with Xet headers
         self.ignore_range = False  # answer Range requests with the whole file (200), like some CDNs
         self.link_bytes_per_s = link_bytes_per_s  # emulate a network link: aggregate rate over all connections
         self._link_next = 0.0
@@ -287,6 +290,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Repo-Commit", sha)
         self.send_header("ETag", f'"{f.sha256 if f.lfs else f.blob_id}"')
         self.send_header("Accept-Ranges", "bytes")
+        if name in self.hub.xet:
+            self.send_header("X-Xet-Hash", hashlib.sha256(b"xet " + f.sha256.encode()).hexdigest())
+            self.send_header("X-Xet-Refresh-Route", f"{self.hub.endpoint}/api/models/{repo_id}/xet-read-token/{sha}")
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(end - start))
         if status == 206:

@@ -1,12 +1,13 @@
 """Checkpoint acquisition: pinned, verified Hugging Face Hub downloads (and generated tiny models, same interface).
 
 A branch or tag resolves to a commit SHA once and is written to the revision lock file (`models.lock.json` in the
-output tree); later runs use the locked SHA unless `update=True`. Files are fetched with huggingface_hub's
-`snapshot_download` into a hidden staging directory (interrupted downloads resume from there), every file is checked
-against the Hub's oids (sha256 for LFS files, git blob sha1 otherwise), corrupt files are re-fetched, `config.json`
-is cross-checked against the registry, and only then is the directory renamed to
-`cache_dir()/downloads/<org>--<name>/<sha>/` with a `manifest.json`. A finished download is re-used after a
-size/mtime check (no network, no hashing) unless `verify=True`. The token is never logged or written anywhere.
+output tree); later runs use the locked SHA unless `update=True`. Files are fetched in parallel, one streamed GET
+each through huggingface_hub's public HTTP session (`fetch.py`), into a hidden staging directory (interrupted
+downloads resume from there); every file is checked against the Hub's oids (sha256 for LFS files, computed while it
+is written; git blob sha1 otherwise), corrupt files are re-fetched, `config.json` is cross-checked against the
+registry, and only then is the directory renamed to `cache_dir()/downloads/<org>--<name>/<sha>/` with a
+`manifest.json`. A finished download is re-used after a size/mtime check (no network, no hashing) unless
+`verify=True`. The token is never logged or written anywhere.
 Every call returns a `StageResult[DownloadManifest]` (status "built" when something was fetched or generated).
 """
 
@@ -43,6 +44,7 @@ from pipeline.core.registry import Architecture, ModelEntry, check_repo_id, hub_
 from pipeline.core.tokenizer import token_count
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download import tinymodel
+from pipeline.stages.download.fetch import fetch_file
 
 # Files a later stage uses (top level of the repo only).
 ALLOW_PATTERNS = (
@@ -321,12 +323,10 @@ class _HubErrors:
     def __exit__(self, typ, exc, tb):
         if exc is None or isinstance(exc, DownloadError):
             return False
-        import requests
         from huggingface_hub.errors import (
             EntryNotFoundError,
             GatedRepoError,
             HfHubHTTPError,
-            LocalEntryNotFoundError,
             OfflineModeIsEnabled,
             RepositoryNotFoundError,
             RevisionNotFoundError,
@@ -346,8 +346,7 @@ class _HubErrors:
                    "pin another revision or retry later")
         elif isinstance(exc, OfflineModeIsEnabled):
             msg = "HF_HUB_OFFLINE=1 forbids network access; pass --offline to use the cache or unset HF_HUB_OFFLINE"
-        elif isinstance(exc, (LocalEntryNotFoundError, requests.ConnectionError, requests.Timeout,
-                              requests.exceptions.ChunkedEncodingError)):
+        elif _connection_lost(exc):
             msg = (f"cannot reach {self.endpoint} to fetch {repo} ({type(exc).__name__}); check the network, or use "
                    "--offline with a previous download; re-running resumes partial files")
         elif isinstance(exc, HfHubHTTPError):
@@ -371,125 +370,7 @@ def _url_tail(exc: Exception) -> str:
     return url.rsplit("/", 1)[-1] or "?"
 
 
-def _clear_local_metadata(root: Path, name: str) -> None:
-    """Forget huggingface_hub's local_dir metadata for `name` so it is fetched again."""
-    for p in (root / name, root / ".cache" / "huggingface" / "download" / f"{name}.metadata"):
-        p.unlink(missing_ok=True)
-
-
-# Streaming verification: sha256 of every LFS file is computed while huggingface_hub writes it (its `http_get`
-# is wrapped once per process), so a fresh download needs no second pass over the bytes. The digest is off the
-# download's critical path: each file's writer hands its chunks (immutable bytes) to that file's hashing thread
-# and goes back to the socket at once; the bounded queue only makes it wait when hashing falls behind the
-# network. A stream that does anything unexpected (seek elsewhere, direct fd access, hf_transfer) is not
-# trusted: the file is hashed from disk.
-_STREAMS: dict[str, tuple[str, int]] = {}  # abspath of a finished ".incomplete" file -> (sha256, bytes)
-_HASH_THREADS = 2
-_HASH_QUEUE_CHUNKS = 8  # per file: at most this many chunks (huggingface_hub's are 10 MB) wait for the hasher
-
-
-class _Hasher:
-    """sha256 of a byte stream computed on its own thread; `update` only enqueues."""
-
-    def __init__(self):
-        import queue
-        import threading
-
-        self._h = hashlib.sha256()
-        self._q: queue.Queue = queue.Queue(maxsize=_HASH_QUEUE_CHUNKS)
-        self._thread = threading.Thread(target=self._run, name="download-sha256", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (chunk := self._q.get()) is not None:
-            self._h.update(chunk)
-
-    def update(self, data: bytes) -> None:
-        self._q.put(bytes(data))  # a copy only when the writer passed a mutable buffer
-
-    def hexdigest(self) -> str:
-        """The digest of everything updated so far (waits for the thread; the hasher is finished after)."""
-        if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join()
-        return self._h.hexdigest()
-
-
-class _HashingFile:
-    """File proxy that hashes what is written; `clean` stays True only for a plain sequential stream."""
-
-    def __init__(self, f: Any, resume_size: int):
-        self._f, self.name = f, f.name
-        self._h, self.size, self.clean = _Hasher(), 0, True
-        if resume_size:  # resuming: hash the bytes already on disk first
-            with open(f.name, "rb") as r:
-                while self.size < resume_size and (chunk := r.read(min(1 << 20, resume_size - self.size))):
-                    self._h.update(chunk)
-                    self.size += len(chunk)
-            self.clean = self.size == resume_size
-
-    def write(self, data: bytes) -> int:
-        n = self._f.write(data)
-        self._h.update(data)
-        self.size += len(data)
-        return n
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if (offset, whence) == (0, 0):
-            self._h.hexdigest()  # ends the old hasher's thread
-            self._h, self.size = _Hasher(), 0
-        else:
-            self.clean = False
-        return self._f.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        if (self._f.tell() if size is None else size) != self.size:
-            self.clean = False
-        return self._f.truncate(size)
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def digest(self) -> str:
-        return self._h.hexdigest()
-
-    def __getattr__(self, name: str) -> Any:  # anything else may bypass the hash
-        self.clean = False
-        return getattr(self._f, name)
-
-
-def _install_stream_hashing() -> None:
-    from huggingface_hub import file_download
-
-    original = file_download.http_get
-    if getattr(original, "_pipeline_hashing", False):
-        return
-
-    def http_get(url, temp_file, *args, resume_size: int = 0, **kwargs):
-        if isinstance(temp_file, _HashingFile):  # the hub's own resume-retry recursion: same stream
-            return original(url, temp_file, *args, resume_size=resume_size, **kwargs)
-        stream = _HashingFile(temp_file, resume_size)
-        try:
-            original(url, stream, *args, resume_size=resume_size, **kwargs)
-        finally:
-            digest = stream.digest()  # always ends the hashing thread
-        if stream.clean:
-            _STREAMS[os.path.abspath(temp_file.name)] = (digest, stream.size)
-
-    http_get._pipeline_hashing = True  # type: ignore[attr-defined]
-    file_download.http_get = http_get
-
-
-def _take_streams(staging: Path) -> dict[str, tuple[str, int]]:
-    """Pop the stream digests recorded under `staging`: etag (from '<hash>.<etag>.incomplete') -> (sha256, bytes)."""
-    prefix = os.path.abspath(staging) + os.sep
-    out = {}
-    for path in [p for p in list(_STREAMS) if p.startswith(prefix)]:
-        rec = _STREAMS.pop(path, None)
-        parts = os.path.basename(path).split(".")
-        if rec and len(parts) >= 3 and parts[-1] == "incomplete":
-            out[parts[-2]] = rec
-    return out
+_HASH_THREADS = 2  # files hashed from disk at once (resumed downloads, non-LFS files, --verify)
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:
@@ -500,22 +381,29 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _verify_staging(staging: Path, files: dict[str, dict[str, Any]], verified: dict[str, Any]) -> dict[str, str]:
-    """Check every file not yet verified (or changed since); stream digests first, else hash from disk."""
+def _verify_staging(staging: Path, files: dict[str, dict[str, Any]], verified: dict[str, Any],
+                    streams: dict[str, tuple[str | None, Any]] | None = None) -> dict[str, str]:
+    """Check every file not yet verified (or changed since): by the sha256 computed while it was written
+    (`streams`: name -> (digest, stat key right after the write)) when there is one, else hashed from disk.
+    Records the good ones in `verified`; returns name -> reason for the bad ones."""
     from concurrent.futures import ThreadPoolExecutor
 
-    streams = _take_streams(staging)
+    streams = streams or {}
     bad, to_hash = {}, []
     for name, meta in files.items():
         key = _stat_key(staging / name)
+        digest, written = streams.get(name, (None, None))
         if key is None:
             bad[name] = "missing"
         elif verified.get(name) == key:
             continue
         elif meta.get("size") is not None and key[1] != meta["size"]:
             bad[name] = f"size {key[1]} != {meta['size']}"
-        elif meta.get("lfs_sha256") and streams.get(meta["lfs_sha256"]) == (meta["lfs_sha256"], key[1]):
-            verified[name] = key
+        elif meta.get("lfs_sha256") and digest is not None and written == key:
+            if digest == meta["lfs_sha256"]:
+                verified[name] = key
+            else:
+                bad[name] = f"sha256 {digest[:12]}… != {meta['lfs_sha256'][:12]}…"
         else:
             to_hash.append((name, key))
     with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
@@ -528,39 +416,74 @@ def _verify_staging(staging: Path, files: dict[str, dict[str, Any]], verified: d
     return bad
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    import requests
+
+    return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError))
+
+
+def _fetch_round(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], names: list[str], staging: Path,
+                 *, endpoint: str, headers: dict[str, str], max_workers: int,
+                 streams: dict[str, tuple[str | None, Any]]) -> BaseException | None:
+    """Fetch `names` into `staging` in parallel (largest first), recording each file's streamed sha256 in
+    `streams`; returns the first lost connection (those files resume next round), raises any other error."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import tqdm
+
+    bar = tqdm(total=sum(files[n]["size"] or 0 for n in names), unit="B", unit_scale=True,
+               desc=f"Fetching {len(names)} files", name="huggingface_hub.snapshot_download")
+
+    def one(name: str) -> tuple[str | None, Any]:
+        url = hf_hub_url(entry.repo_id, name, revision=sha, endpoint=endpoint)
+        digest = fetch_file(url, staging / name, headers=headers, size=files[name]["size"], progress=bar.update)
+        return digest, _stat_key(staging / name)
+
+    lost = None
+    with bar, ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+        jobs = {pool.submit(one, n): n for n in sorted(names, key=lambda n: -(files[n]["size"] or 0))}
+        for job in as_completed(jobs):
+            exc = job.exception()
+            if exc is None:
+                streams[jobs[job]] = job.result()
+            elif _connection_lost(exc):
+                lost = lost or exc
+            else:
+                pool.shutdown(cancel_futures=True)
+                raise exc
+    return lost
+
+
 def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], staging: Path, *,
                     endpoint: str, token: str | None, max_workers: int, errors: _HubErrors) -> list[str]:
-    """snapshot_download into `staging` until every file matches its oid; returns the names fetched again."""
-    import requests
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    """Fetch every file `staging` lacks until each matches its oid; returns the names fetched again."""
+    from huggingface_hub.utils import build_hf_headers
 
-    _install_stream_hashing()
-    _take_streams(staging)  # drop stale records of an earlier call
+    headers = build_hf_headers(token=token or False)
+    staging.mkdir(parents=True, exist_ok=True)
     refetched: list[str] = []
     bad: dict[str, str] = {}
     verified: dict[str, Any] = {}
+    streams: dict[str, tuple[str | None, Any]] = {}
     for attempt in range(1, _ATTEMPTS + 1):
+        todo = [n for n in files if not (staging / n).is_file()]
         with errors:
-            try:
-                snapshot_download(
-                    entry.repo_id, revision=sha, local_dir=staging, allow_patterns=sorted(files),
-                    endpoint=endpoint, token=token or False, max_workers=max_workers,
-                )
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                    LocalEntryNotFoundError):
-                if attempt == _ATTEMPTS:
-                    raise
-                print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
-                      file=sys.stderr)
-                continue
-        bad = _verify_staging(staging, files, verified)
+            lost = _fetch_round(entry, sha, files, todo, staging, endpoint=endpoint, headers=headers,
+                                max_workers=max_workers, streams=streams)
+            if lost is not None and attempt == _ATTEMPTS:
+                raise lost
+        if lost is not None:
+            print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
+                  file=sys.stderr)
+            continue
+        bad = _verify_staging(staging, files, verified, streams)
         if not bad:
             return refetched
         for name, reason in bad.items():
             print(f"warning: {entry.repo_id}@{sha[:12]}/{name} failed verification ({reason}); fetching it again",
                   file=sys.stderr)
-            _clear_local_metadata(staging, name)
+            (staging / name).unlink(missing_ok=True)
             refetched.append(name)
     name, reason = next(iter(bad.items()))
     raise DownloadError(f"{entry.repo_id}@{sha[:12]}/{name} still fails verification after {_ATTEMPTS} fetches "
@@ -711,7 +634,7 @@ def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]]
         os.replace(final, staging)
         (staging / "manifest.json").unlink(missing_ok=True)
         for name in bad:
-            _clear_local_metadata(staging, name)
+            (staging / name).unlink(missing_ok=True)
     elif final.exists():  # a directory without a manifest is not ours to trust
         shutil.rmtree(final)
     return None
@@ -723,7 +646,6 @@ def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str,
     config = read_config(staging / "config.json", where=where)
     check_architecture(config, entry.architecture, where=where, model=entry.name)
     check_tokenizer_size(staging, config, entry, where=where)
-    shutil.rmtree(staging / ".cache", ignore_errors=True)
     for extra in {p.name for p in staging.iterdir()} - set(files):
         p = staging / extra
         shutil.rmtree(p) if p.is_dir() else p.unlink()

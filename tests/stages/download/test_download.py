@@ -1,4 +1,4 @@
-"""Download stage against a local Hub server (tests/support/hubserver.py) running huggingface_hub's real snapshot_download."""
+"""Download stage against a local Hub server (tests/support/hubserver.py), fetched over huggingface_hub's public HTTP session."""
 
 from __future__ import annotations
 
@@ -148,6 +148,59 @@ def test_corrupt_file_is_reported_and_refetched(hub, env, capsys):
     assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
 
 
+def test_xet_backed_file_is_fetched_and_verified_like_any_other(hub, env, capsys):
+    """A file the Hub marks as Xet-backed (huggingface_hub's own download would hand it to hf_xet) is streamed from
+    its resolve URL and checked on the bytes written: a corrupt copy is caught and fetched again."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    sha = hub.add_commit("test-org/tiny", _files())
+    hub.xet.add(SHARD2)
+    hub.corrupt[SHARD2] = 1
+    meta = get_hf_file_metadata(hf_hub_url("test-org/tiny", SHARD2, revision=sha, endpoint=hub.endpoint),
+                                token=False, endpoint=hub.endpoint)
+    assert meta.xet_file_data is not None  # what makes huggingface_hub's download take its xet_get path
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert res.manifest.refetched == [SHARD2] and (res.path / SHARD2).read_bytes() == _files()[SHARD2]
+    assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
+    assert hub.file_gets(SHARD2) == [None, None]  # both copies came over the verified stream
+
+
+def test_huggingface_hub_is_used_through_its_public_api_only():
+    """The download package imports no private huggingface_hub names, assigns nothing on its modules and keeps
+    no mutable state at module level."""
+    import ast
+
+    import pipeline.stages.download.fetch as fetch
+    import pipeline.stages.download.stage as stage
+
+    for mod in (stage, fetch):
+        tree = ast.parse(Path(mod.__file__).read_text())
+        hub_names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "huggingface_hub":
+                assert not [p for p in node.module.split(".") if p.startswith("_")], node.module
+                assert not [a.name for a in node.names if a.name.startswith("_")], ast.unparse(node)
+                hub_names |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                hub_names |= {a.asname or a.name.split(".")[0] for a in node.names
+                              if a.name.split(".")[0] == "huggingface_hub"}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                while isinstance(t, ast.Attribute):
+                    t = t.value
+                    assert not (isinstance(t, ast.Name) and t.id in hub_names), ast.unparse(node)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                assert not (isinstance(node.args[0], ast.Name) and node.args[0].id in hub_names), ast.unparse(node)
+            assert not isinstance(node, ast.Global), ast.unparse(node)
+        for node in tree.body:  # module level: constants only
+            value = getattr(node, "value", None) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            assert not isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)), \
+                ast.unparse(node)
+            assert not (isinstance(value, ast.Call) and getattr(value.func, "id", "") in
+                        ("dict", "list", "set", "defaultdict", "OrderedDict", "deque")), ast.unparse(node)
+
+
 _KILLED_CHILD = """
 import sys, time
 import pipeline.stages.download.stage as d
@@ -182,6 +235,23 @@ def test_sigkill_mid_download_then_rerun_resumes_and_leaves_nothing(hub, env):
     assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
     assert len(hub.file_gets(SHARD1)) == 1  # the killed run's bytes were kept, not fetched again
     assert sorted(p.name for p in repo_dir.iterdir() if not p.name.endswith(".lock")) == [sha]  # no staging left
+
+
+def test_complete_incomplete_files_are_checked_not_fetched(hub, env, capsys):
+    """A run killed after a file's last byte but before its rename leaves a whole `.incomplete` file: the next run
+    hashes it instead of fetching it, and fetches it again only when those bytes are wrong."""
+    sha = hub.add_commit("test-org/tiny", _files())
+    staging = env / "cache" / "downloads" / "test-org--tiny" / f".partial-{sha}"
+    staging.mkdir(parents=True)
+    (staging / f"{SHARD1}.incomplete").write_bytes(_files()[SHARD1])
+    bad = bytearray(_files()[SHARD2])
+    bad[-1] ^= 0xFF
+    (staging / f"{SHARD2}.incomplete").write_bytes(bytes(bad))
+    res = download_model(_entry(), endpoint=hub.endpoint)
+    assert hub.file_gets(SHARD1) == [] and hub.file_gets(SHARD2) == [None]
+    assert res.manifest.refetched == [SHARD2] and f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
+    for name in (SHARD1, SHARD2):
+        assert (res.path / name).read_bytes() == _files()[name]
 
 
 def test_persistently_corrupt_file_fails_and_publishes_nothing(hub, env):
@@ -391,7 +461,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     import threading
     import types
 
-    import pipeline.stages.download.stage as dl
+    import pipeline.stages.download.fetch as dl
 
     hashed_on = []
 
@@ -409,7 +479,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(dl, "hashlib", types.SimpleNamespace(sha256=Spy))
     chunks = [bytes([i]) * 100_000 for i in range(20)]
     with open(tmp_path / "f.incomplete", "wb") as f:
-        stream = dl._HashingFile(f, 0)
+        stream = dl.HashingFile(f, 0)
         for c in chunks:
             stream.write(c)
         assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest() and stream.clean
@@ -417,7 +487,7 @@ def test_stream_sha256_is_computed_off_the_writer_thread(tmp_path, monkeypatch):
     assert set(hashed_on) == {"download-sha256"}
     with open(tmp_path / "f.incomplete", "r+b") as f:  # resuming: the bytes on disk are hashed first
         f.seek(0, 2)
-        stream = dl._HashingFile(f, 1_000_000)
+        stream = dl.HashingFile(f, 1_000_000)
         for c in chunks[10:]:
             stream.write(c)
         assert stream.digest() == hashlib.sha256(b"".join(chunks)).hexdigest()
