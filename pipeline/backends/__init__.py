@@ -1,36 +1,63 @@
-"""Backends: one object per (runtime, target), chosen once here; the rest of the pipeline asks it.
+"""Backends: what one runtime × target does, gathered into one object per `pipeline.core.runtimes` row for the CLI.
 
-    engine  × trtllm     EngineTriton       trtllm-build engines, Triton's C++ tensorrtllm backend
-    pytorch × trtllm     PytorchLlmapi      unified HF checkpoint, Triton `llmapi` model / trtllm-serve
-    engine  × reference  EngineReference    TensorRT-LLM checkpoint on CPU (PyTorch), ensemble layout
-    pytorch × reference  PytorchReference   HF checkpoint on CPU (transformers), llmapi layout
+    engine  × trtllm     engine-triton       ensemble repository, Triton's `tensorrtllm` / trtllm-serve (tensorrt)
+    pytorch × trtllm     pytorch-llmapi      llmapi repository, trtllm-serve (pytorch)
+    engine  × reference  engine-reference    ensemble repository, CPU PyTorch behind the Triton contract
+    pytorch × reference  pytorch-reference   llmapi repository, CPU transformers behind the Triton contract
 
-`backend_for(spec)` is the only place that looks at a spec's `runtime` and `target`; `checkpoint_format(runtime)`
-answers for a recorded runtime alone (calibrate's output directory). Backend modules import stages inside their
-methods, so any module may ask a backend at import time.
+The data (compiles, GPU, layout, release roles, ...) is the row's; each behaviour is chosen from the row by the
+layer that does it (the package layout in `pipeline.stages.package.repository`, the exporter in
+`pipeline.stages.calibrate.formats`, the served runtime in `pipeline.ops.deploy.runtime`). This package sits above
+`stages`, `ops` and `serving` and is imported by nothing below it; the deploy runtime loads when asked (the CLI
+imports this package at start-up).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, CheckpointFormat, PackageInputs
-from pipeline.backends.engine_triton import EngineTriton
-from pipeline.backends.formats import HF_CHECKPOINT, TRTLLM_CHECKPOINT
-from pipeline.backends.pytorch_llmapi import PytorchLlmapi
-from pipeline.backends.reference import EngineReference, PytorchReference
-from pipeline.core.errors import SpecError
+from pipeline.core.runtimes import RUNTIMES, RuntimeTarget, runtime_named
+from pipeline.core.spec import BuildSpec
+from pipeline.planning.placement import Placement
+from pipeline.stages.package.repository import PackageInputs, package
 
 if TYPE_CHECKING:
-    from pipeline.core.spec import BuildSpec
+    from pipeline.ops.deploy.runtime import Runtime
 
-__all__ = ["BACKENDS", "Backend", "CheckpointFormat", "PackageInputs", "backend_for", "backend_named",
-           "checkpoint_format"]
+__all__ = ["BACKENDS", "Backend", "PackageInputs", "backend_for", "backend_named"]
 
-BACKENDS: dict[tuple[str, str], Backend] = {
-    (b.runtime, b.target): b for b in (EngineTriton(), PytorchLlmapi(), EngineReference(), PytorchReference())
-}
-_FORMATS: dict[str, CheckpointFormat] = {f.runtime: f for f in (TRTLLM_CHECKPOINT, HF_CHECKPOINT)}
+
+@dataclass(frozen=True)
+class Backend:
+    """One runtime × target: its row's data, and what it does."""
+
+    row: RuntimeTarget
+
+    def __getattr__(self, name: str) -> Any:
+        """The row's data (`compiles`, `stages`, `repo_suffix`, ...)."""
+        if name == "row":  # not set yet (copy, pickle): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.row, name)
+
+    def package(self, spec: BuildSpec, inputs: PackageInputs, *, force: bool = False, check_only: bool = False,
+                verify: bool = False) -> Any:
+        """Render, validate and publish the repository (a `PackageResult`)."""
+        return package(spec, inputs, force=force, check_only=check_only, verify=verify)
+
+    def repo_note(self) -> str | None:
+        """A word for the package lines (`llmapi`), or None."""
+        return self.row.repo_note
+
+    def deploy_runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
+                       serve_mode: str | None = None) -> Runtime:
+        """What runs on the deployed nodes (`serve_mode`: triton | trtllm-serve | None for the default)."""
+        from pipeline.ops.deploy.runtime import runtime_for
+
+        return runtime_for(spec, served_name, placement=placement, platform=platform, serve_mode=serve_mode)
+
+
+BACKENDS: dict[tuple[str, str], Backend] = {(r.runtime, r.target): Backend(r) for r in RUNTIMES}
 
 
 def backend_named(runtime: str, target: str) -> Backend:
@@ -39,25 +66,9 @@ def backend_named(runtime: str, target: str) -> Backend:
     Raises:
         SpecError: a pair no backend serves.
     """
-    try:
-        return BACKENDS[(runtime, target)]
-    except KeyError:
-        raise SpecError(f"runtime {runtime!r} with target {target!r} has no backend; use runtime engine|pytorch "
-                        "and target trtllm|reference") from None
+    return BACKENDS[(runtime_named(runtime, target).runtime, target)]
 
 
 def backend_for(spec: BuildSpec) -> Backend:
     """The backend that builds and serves `spec`."""
     return backend_named(spec.runtime, spec.target)
-
-
-def checkpoint_format(runtime: str) -> CheckpointFormat:
-    """What calibrate exports for `runtime` (engine: TensorRT-LLM checkpoint; pytorch: unified HF checkpoint).
-
-    Raises:
-        SpecError: an unknown runtime.
-    """
-    try:
-        return _FORMATS[runtime]
-    except KeyError:
-        raise SpecError(f"runtime {runtime!r} is not one of {', '.join(_FORMATS)}") from None

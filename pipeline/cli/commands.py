@@ -40,8 +40,8 @@ from pipeline.planning import planner
 from pipeline.planning.limits_choice import choose_limits, limit_lines, limits_record
 
 if TYPE_CHECKING:
-    from pipeline.serving.launch_plan import Endpoints, LaunchPlan
-    from pipeline.serving.llmapi.serve_plan import TrtllmServePlan
+    from pipeline.stages.package.launch_plan import Endpoints, LaunchPlan
+    from pipeline.stages.package.serve_plan import TrtllmServePlan
     from pipeline.serving.serve import TritonServer
 
 
@@ -79,16 +79,17 @@ download_stage = _lazy("pipeline.stages.download.stage")
 host_lib = _lazy("pipeline.core.host")
 host_fit = _lazy("pipeline.stages.host_check")
 install_lib = _lazy("pipeline.stages.package.install")
-launch_plan = _lazy("pipeline.serving.launch_plan")
+launch_plan = _lazy("pipeline.stages.package.launch_plan")
 local_inputs = _lazy("pipeline.serving.llmapi.local_inputs")
 placement_lib = _lazy("pipeline.planning.placement")
+plan_compare = _lazy("pipeline.planning.compare")
 quality_records = _lazy("pipeline.stages.calibrate.quality_records")
 refs = _lazy("pipeline.core.refs")
 release_ops = _lazy("pipeline.ops.release")
 release_verify = _lazy("pipeline.ops.release_verify")
 resources_lib = _lazy("pipeline.stages.resources")
 serve_lib = _lazy("pipeline.serving.serve")
-serve_plan = _lazy("pipeline.serving.llmapi.serve_plan")
+serve_plan = _lazy("pipeline.stages.package.serve_plan")
 smoke_lib = _lazy("pipeline.serving.smoke")
 slo_search = _lazy("pipeline.planning.slo_search")
 check_stage = _lazy("pipeline.stages.check")
@@ -199,8 +200,8 @@ def plan_command(spec: BuildSpec, *, input_len: int | None = None, output_len: i
     if compare:
         if estimator:
             raise SpecError("--estimator and --compare do not combine: run --estimator on one configuration")
-        c = planner.compare_plans(spec, **lengths, **terms)
-        print(json.dumps(c.as_dict(), indent=2) if json_ else planner.format_comparison(c))
+        c = plan_compare.compare_plans(spec, **lengths, **terms)
+        print(json.dumps(c.as_dict(), indent=2) if json_ else plan_compare.format_comparison(c))
         return
     result = planner.plan_capacity(spec, **lengths, **terms)
     other = aiconfigurator.second_opinion(result, tokens_per_block=spec.limits.tokens_per_block) if estimator else None

@@ -19,6 +19,7 @@ from typing import Any
 from pipeline.core.architectures import UnsupportedArchitecture, UnusableConfigField
 from pipeline.core.errors import PipelineError, RegistryError
 from pipeline.core.manifests import TokenizerIdentity
+from pipeline.core.model_entry import check_repo_id, hub_architecture
 from pipeline.core.tokenizer import identity, token_count
 from pipeline.core.untrusted import parse_json, read_bytes
 
@@ -33,8 +34,6 @@ def parse_ref(ref: str) -> tuple[str, str]:
     Raises:
         RegistryError: not a Hub repo id or revision.
     """
-    from pipeline.core.registry import check_repo_id
-
     body = ref[len(PREFIX):]
     repo, _, revision = body.partition("@")
     try:
@@ -162,8 +161,6 @@ def hub_entry_fields(ref: str, *, endpoint: str | None = None, token: str | None
         RegistryError: the ref, the fetch or the architecture is unusable (the message names the supported
             architectures when the class is the problem).
     """
-    from pipeline.core.registry import hub_architecture
-
     repo_id, revision = parse_ref(ref)
     where = f"{repo_id}@{revision}"
     path = _fetch_file(repo_id, revision, "config.json", endpoint=endpoint, token=token,

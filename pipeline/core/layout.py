@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.backends import Backend, backend_for, backend_named, checkpoint_format
+from pipeline.core.runtimes import RuntimeTarget, runtime_of, runtime_named, checkpoint_format
 from pipeline.core.artifacts import check_name, engines_dir, triton_repo_dir
 from pipeline.core.errors import ReleaseError
 
@@ -52,7 +52,7 @@ def runtime_checkpoint_dir(build_id: str, runtime: str) -> Path:
         checkpoint_format(runtime).dirname
 
 
-def repo_name(build_id: str, backend: Backend, spec_key: str | None = None) -> str:
+def repo_name(build_id: str, backend: RuntimeTarget, spec_key: str | None = None) -> str:
     """`<build-id>[-<spec-key8>][-reference]`: the repository directory name of a build served by `backend`."""
     name = build_id + (f"-{spec_key[:SPEC_KEY_CHARS]}" if spec_key else "") + backend.repo_suffix
     return check_name(name, what="repository name", fix="use a build id of letters, digits and . _ + -")
@@ -76,7 +76,7 @@ def release_name(spec: BuildSpec, version: str) -> str:
         PipelineError: a version that is not a safe name; ReleaseError: a name with `+` or over 128 characters.
     """
     check_name(version, what="--version", fix="use e.g. 1.0.0 or 2024.06.1-rc1")
-    ref = backend_for(spec).repo_suffix
+    ref = runtime_of(spec).repo_suffix
     name = f"{spec.model.name}-{spec.quantization.precision}-{release_key(spec)[:SPEC_KEY_CHARS]}{ref}-v{version}"
     if not release_name_ok(name):
         raise ReleaseError(f"release name {name!r} is not a safe file name (letters, digits and . _ -, at most 128 "
@@ -127,7 +127,7 @@ class BuildLayout:
 
     @property
     def repo_name(self) -> str:
-        return repo_name(self.build_id, backend_named(self.runtime, self.target), self.spec_key)
+        return repo_name(self.build_id, runtime_named(self.runtime, self.target), self.spec_key)
 
     @property
     def triton_repo(self) -> Path:

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
@@ -22,8 +22,17 @@ from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, w
 from pipeline.core.errors import IntegrityError
 from pipeline.core.untrusted import read_bytes
 
-if TYPE_CHECKING:
-    from pipeline.core.spec import BuildSpec
+
+
+class SpecFacts(Protocol):
+    """What a record is compared with (`PrecisionSearch.differences`): a `pipeline.core.spec.BuildSpec`."""
+
+    model: Any
+    hardware: Any
+    runtime: str
+
+    @property
+    def max_ppl_delta_pct(self) -> float: ...
 
 MAX_LISTED = 3
 MAX_RECORD_BYTES = 16 << 20  # manifest.json, precision_search.json: a few KB (a file table of thousands of files)
@@ -327,7 +336,7 @@ class PrecisionSearch(_Record):
             raise ValueError(f"chosen {self.chosen!r} is not the cheapest passing candidate")
         return self
 
-    def differences(self, spec: BuildSpec) -> list[str]:
+    def differences(self, spec: SpecFacts) -> list[str]:
         """How this record's model, GPU, runtime and gate threshold differ from `spec`'s ([]: it is for `spec`)."""
         mine = {"model": self.model, "gpu": self.gpu, "runtime": self.runtime, "threshold": self.threshold_pct}
         theirs = {"model": spec.model.name, "gpu": spec.hardware.gpu, "runtime": spec.runtime,

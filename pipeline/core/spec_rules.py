@@ -7,15 +7,15 @@ upstream code it comes from; rules of ours (no upstream failure) say so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from pipeline.backends import backend_for
 from pipeline.core.architectures import SOURCES, support_blocker
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
 from pipeline.core.hub_entry import tokenizer_mismatch
-from pipeline.core.registry import ModelEntry
+from pipeline.core.model_entry import ModelEntry
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.trtllm_rules import (
     MAX_NUM_TOKENS_WARN,
     PYTORCH_KV,
@@ -25,8 +25,42 @@ from pipeline.core.trtllm_rules import (
     paged_context_fmha_blocker,
 )
 
-if TYPE_CHECKING:  # the spec module calls these rules; they only read a spec
-    from pipeline.core.spec import BuildSpec
+
+
+class BuildSpec(Protocol):
+    """What the rules read of a spec: `pipeline.core.spec.BuildSpec` (whose module calls them) matches it."""
+
+    model: ModelEntry
+    draft_model: ModelEntry | None
+    runtime: str
+    target: str
+    limit_reasons: dict[str, str]
+    quantization: Any
+    parallelism: Any
+    limits: Any
+    speculation: Any
+    serving: Any
+    hardware: Any
+
+    @property
+    def draft_len(self) -> int: ...
+    @property
+    def draft_precision(self) -> str: ...
+    @property
+    def draft_tp(self) -> int: ...
+    @property
+    def draft_max_batch_size(self) -> int: ...
+    @property
+    def draft_gpu_device_ids(self) -> list[int]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_input_len(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def max_num_tokens(self) -> int: ...
+    def compute_dtype_of(self, role: str) -> str: ...
 
 AWQ_PRECISIONS = ("int4_awq", "w4a8_awq")
 # Draft length: upstream sets no upper bound for draft_tokens_external (builder.py build() bounds only EAGLE) and
@@ -44,7 +78,7 @@ def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
                 f"hardware.gpu={gpu.name}: SM {gpu.sm / 10:.1f} has no FP8, but the {role} uses precision={precision} "
                 f"kv_cache={q.kv}; use an H100/H200 (--gpu h100-sxm) or --precision int4_awq/bf16 --kv-cache bf16"
             )
-    if gpu.sm != SUPPORTED_SM and backend_for(spec).compiles:
+    if gpu.sm != SUPPORTED_SM and runtime_of(spec).compiles:
         warnings.append(
             f"hardware.gpu={gpu.name} is SM {gpu.sm / 10:.1f}; this pipeline is tuned and tested for SM 9.0 "
             "(H100/H200) and engines only run on the architecture they were built on"
@@ -94,7 +128,7 @@ def _check_paged_context(spec: BuildSpec) -> None:
         precisions.append(("draft", spec.draft_precision))
     for role, precision in precisions:
         why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha,
-                                         pytorch_backend=backend_for(spec).llmapi)
+                                         pytorch_backend=runtime_of(spec).llmapi)
         if why:
             raise SpecError(
                 f"quantization: {role} {why} (TensorRT-LLM 1.2.1, runtime {spec.runtime}), "
@@ -185,7 +219,7 @@ def _check_family(spec: BuildSpec) -> None:
     roles = [("target", spec.model, spec.quantization.precision)]
     if spec.draft_model:
         roles.append(("draft", spec.draft_model, spec.draft_precision))
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     for role, model, precision in roles:
         why = support_blocker(model.architecture.family, pytorch_backend=backend.llmapi, precision=precision)
         if why:
@@ -226,7 +260,7 @@ def _check_moe(spec: BuildSpec) -> None:
     if a.intermediate_size % p.moe_tp_size:
         raise SpecError(f"parallelism: moe_tp={p.moe_tp_size} does not divide {spec.model.name}'s expert FFN size "
                         f"{a.intermediate_size} (tensorrt_llm/layers/moe.py); change --tp or --moe-ep")
-    if not backend_for(spec).llmapi and ep != 1:
+    if not runtime_of(spec).llmapi and ep != 1:
         raise SpecError(f"parallelism.moe_ep={ep}: engine checkpoints are exported with experts TP-sharded "
                         f"(moe_ep_size 1; source: {SOURCES['modelopt_trtllm']}); drop --moe-ep or use "
                         "--runtime pytorch (moe_expert_parallel_size)")
@@ -320,7 +354,7 @@ def _check_speculation_kv_reuse(spec: BuildSpec) -> None:
     with speculative_decoding_mode draft_tokens_external: "KV cache block reuse must be enabled for speculative
     decoding target model".
     """
-    if not backend_for(spec).llmapi and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
+    if not runtime_of(spec).llmapi and spec.draft_model is not None and not spec.serving.enable_kv_cache_reuse:
         raise SpecError(
             f"serving.enable_kv_cache_reuse=false with draft {spec.draft_model.name}: the draft-target target aborts "
             "at load in TensorRT-LLM 1.2.1 ('KV cache block reuse must be enabled for speculative decoding target "
@@ -362,7 +396,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     first violation. `pipeline.stages.check` adds the rules that need the planner or the input files."""
     warnings: list[str] = []
     _check_kv(spec)
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     if backend.llmapi:
         _check_pytorch_runtime(spec)
     _check_family(spec)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import MANIFEST, check_name, output_root, remove_stale_temps, sha256_file
 from pipeline.core.errors import IntegrityError, ReleaseError
 from pipeline.core.layout import RELEASE_SUFFIX, release_name
@@ -389,7 +389,7 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
         # what serves it: engines pin TensorRT-LLM, TensorRT and the SM (their manifests); a runtime-pytorch HF
         # checkpoint pins only the TensorRT-LLM release its LLM-API options are written for (no SM)
         "serving": {"runtime": spec.runtime, "tensorrt_llm": TRTLLM_VERSION,
-                    "sm_pinned": backend_for(spec).compiles},
+                    "sm_pinned": runtime_of(spec).compiles},
         "spec": spec.model_dump(mode="json"),
         "spec_key": out.layout.spec_key,
         "summary": spec.summary(),
@@ -419,7 +419,7 @@ def _component_manifests(arc: str, source: Path) -> list[str]:
 def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], dict[str, tuple[str, dict]]]:
     """Release components in the output-tree layout (arc dir -> source dir) and what each manifest records."""
     root = output_root()
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     results = {role: getattr(out, role) for role in (*backend.release_roles, "triton_repo")}
     components: dict[str, Path] = {}
     recorded: dict[str, tuple[str, dict]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec_rules import validate_spec
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
                                      "whole prompt (max_input_len)")
     chosen = spec.model_copy()  # the caller's spec stays as it was
     if "max_batch_size" not in given:
-        if not backend_for(spec).gpu:
+        if not runtime_of(spec).gpu:
             reasons["max_batch_size"] = ("the registry's value: the reference target serves on CPU, where the GPU "
                                          "memory model does not apply")
         else:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pipeline.core.gpus import GPU
 from pipeline.core.registry import Architecture
 
+HIT_RATIO_WARNING = 0.6  # a prefix-cache hit ratio below it: the prompt template usually varies before the shared part
 LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8_sq": 1.0, "int4_awq": 0.5, "w4a8_awq": 0.5}
 # GEMM math runs in FP8 for fp8/w4a8 (FP8 activations), INT8 for SmoothQuant, else 16-bit (AWQ dequantizes).
 GEMM_MATH = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8_sq": "fp8", "int4_awq": "bf16", "w4a8_awq": "fp8"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.errors import SpecError
 from pipeline.planning.placement import node_gpus
 from pipeline.planning.planner import DEFAULT_TPOT_TARGET_MS, TP_CHOICES, CapacityPlan, plan_capacity
@@ -25,7 +25,7 @@ _DEPENDENT = {"parallelism": ("tp", "pp", "moe_ep"), "speculation": ("draft_tp",
 
 def placement_given(spec: BuildSpec) -> bool:
     """Whether the spec (flags or file) fixes the placement, or the target is not planned on GPUs."""
-    if not backend_for(spec).gpu:
+    if not runtime_of(spec).gpu:
         return True
     return any(name in getattr(spec, section).model_fields_set for section, names in _DEPENDENT.items()
                for name in names)

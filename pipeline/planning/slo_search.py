@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends import backend_for, backend_named
+from pipeline.core.runtimes import runtime_of, runtime_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
 from pipeline.core.spec import SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec
@@ -299,7 +299,7 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
     model passed it (`quality_verdicts`); the pick then prefers checked precisions (bf16 is the reference) over
     cheaper unchecked ones and says so; None: quality is not judged (the cheapest wins).
     """
-    if not backend_for(spec).gpu:
+    if not runtime_of(spec).gpu:
         raise SpecError("plan --slo: the search plans GPU serving (target trtllm); drop --target reference")
     if slo.ttft_ms <= 0 or slo.tpot_ms <= 0:
         raise SpecError("plan --slo: --ttft-ms and --tpot-ms must be > 0")
@@ -398,7 +398,7 @@ def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, 
     overrides.update(dict.fromkeys(spec.limit_reasons))
     overrides.update(precision=s.precision, tp=s.tp, pp=s.pp, draft=s.draft, draft_len=s.draft_len,
                      max_batch_size=batch, draft_precision=None, draft_gpu_device_ids=None)
-    if s.draft is None or backend_named(s.runtime, spec.target).llmapi:  # the LLM API runs the draft in the target
+    if s.draft is None or runtime_named(s.runtime, spec.target).llmapi:  # the LLM API runs the draft in the target
         overrides.update(draft_tp=None, draft_max_batch_size=None)
     return dict(model=spec.model.name, target=spec.target, runtime=s.runtime, models_file=spec.models_file,
                 **overrides)

@@ -31,11 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.backends import backend_for
 from pipeline.core.artifacts import replace_file
 from pipeline.core.errors import BenchError, PipelineError, RequestsFailed, RunError
 from pipeline.core.gpus import gpu_price
+from pipeline.core.local_url import check_local
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.table import format_table
+from pipeline.planning.perf_model import HIT_RATIO_WARNING
 from pipeline.serving.dataset import DatasetRequest, load_dataset
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
@@ -45,11 +47,9 @@ from pipeline.serving.token_count import (PROMPT_CHUNK_CHARS, count_output_token
 from pipeline.stages.build import locate_outputs
 from pipeline.stages.package import llmapi_yaml, pbtxt
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 MAX_CONCURRENCY = 4096  # clients per level; each is one gRPC stream and one thread, opened only for requests that exist
 MAX_REQUESTS = 100_000  # requests per level
 MAX_REQUEST_RATE = 1e6  # requests per second (Poisson arrivals)
-HIT_RATIO_WARNING = 0.6  # below it, the prompt template usually varies before the shared part
 SHARED_PREFIX = (
     "You are a concise assistant for an infrastructure team. Answer in one short paragraph and avoid lists. "
 )
@@ -464,13 +464,6 @@ def plot_report(r: BenchReport, path: Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Runner.
-
-
-def check_local(url: str) -> None:
-    host = re.sub(r"^[a-z]+://", "", url).split("/")[0]
-    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    if host not in LOCAL_HOSTS:
-        raise BenchError(f"bench only talks to 127.0.0.1, not {host!r}; run it on the serving host")
 
 
 def prompts(n: int) -> list[str]:
@@ -1199,7 +1192,7 @@ def cost_basis(spec) -> tuple[float, str]:
     """$/GPU-hour for the spec's cost figures and where it comes from; a reference build says that its cost is a
     CPU server's throughput priced at a GPU's rate."""
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
-    if backend_for(spec).gpu:
+    if runtime_of(spec).gpu:
         return price.usd_per_hour, price.source
     return price.usd_per_hour, (price.source + "; CPU reference server: $/1M tok prices its CPU tok/s at that GPU "
                                 "rate, an estimate of nothing deployed (compare runs with it, do not budget)")
@@ -1253,7 +1246,7 @@ def bench_spec(
     if url:
         report = run_bench(grpc_url=url, metrics_url=metrics_url, http_url=http_url, **common)
     else:
-        with TritonServer(Path(repo), world_size=gpus if backend_for(spec).gpu else 1,
+        with TritonServer(Path(repo), world_size=gpus if runtime_of(spec).gpu else 1,
                           ready_timeout_s=ready_timeout_s) as server:
             report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, http_url=server.http_url,
                                **common)

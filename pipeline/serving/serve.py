@@ -7,7 +7,7 @@ Two binaries are supported:
   running interpreter; the server runs with `LD_LIBRARY_PATH=<python LIBDIR>:<nvidia_pytriton.libs>` and the running
   interpreter's `bin/` first on PATH (so python models import this venv's torch/transformers).
 - GPU (`tensorrtllm` backend): the NGC image's `/opt/tritonserver/bin/tritonserver` (or `tritonserver` on PATH),
-  started as the repository's launch plan says (`pipeline.serving.launch_plan`: one process, leader-mode ranks under
+  started as the repository's launch plan says (`pipeline.stages.package.launch_plan`: one process, leader-mode ranks under
   `mpirun`, or one orchestrator process that spawns each model's ranks).
 
 The server always runs on an *installed* copy of the repository under `cache_dir()/launch` (every path parameter
@@ -40,15 +40,11 @@ from pipeline.core.artifacts import atomic_dir, cache_dir, stage_lock
 from pipeline.core.errors import ServeError
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.procs import parent_death_preexec, pid_alive, terminate
-from pipeline.serving.launch_plan import Endpoints, LaunchPlan, RepoShape, plan_launch, shape_from_repo
+from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, RepoShape, plan_launch,
+                                                 shape_from_repo)
 from pipeline.stages.package.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
-# tritonserver's HTTP frontend (2.5x) copies a request body onto its worker thread's stack: with the usual 8 MiB
-# stack a body of a few MB kills the server (SIGSEGV, measured from ~7 MB). Threads take RLIMIT_STACK as their stack
-# size (reserved, touched only as used), so the server runs with 1 GiB: bodies up to about that reach the models,
-# which refuse oversized text by bytes. A front proxy must cap bodies below it.
-SERVER_STACK_BYTES = 1 << 30
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 # Environment variables never handed to the server (its python models run arbitrary code and log their env): by
 # name (any credential-looking word), and by value (a URL carrying a password, a well-known token format).
@@ -371,7 +367,7 @@ def build_command(
     log_verbose: int = 0,
     exit_timeout_s: int = 10,
 ) -> ServerCommand:
-    """argv/env for `tritonserver` on `repo`, from the repository's launch plan (`pipeline.serving.launch_plan`): the CPU
+    """argv/env for `tritonserver` on `repo`, from the repository's launch plan (`pipeline.stages.package.launch_plan`): the CPU
     bundle for a reference repository, else the GPU server (mpirun over the ranks in leader mode).
 
     `world_size` overrides the repository manifest's for `tensorrt_llm`; a `binary` serves even a repository without

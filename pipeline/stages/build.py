@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.backends import PackageInputs, backend_for, backend_named
 from pipeline.core.artifacts import engines_dir, stage_lock
 from pipeline.core.errors import BuildError, CalibrationError, CompileError, PackageError, PipelineError
 from pipeline.core.layout import BuildLayout
 from pipeline.core.manifests import PrecisionSearch, StageResult, integrity_error
 from pipeline.core.refs import ROLES, Lookup, lookup, write_ref
+from pipeline.core.runtimes import runtime_named, runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.limits_choice import choose_limits
 from pipeline.stages.calibrate.precision_search import choose_precision
@@ -38,6 +38,7 @@ from pipeline.stages.compile import run_compile
 from pipeline.stages.compile.preflight import preflight
 from pipeline.stages.download.stage import download_model
 from pipeline.stages.download.stage import is_cached as download_is_cached
+from pipeline.stages.package.repository import PackageInputs, package
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
 __all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "build", "locate_outputs",
@@ -117,7 +118,7 @@ def stage_range(*, until: str | None, from_stage: str | None, force: str | None,
     for name, value in (("--until", until), ("--from", from_stage), ("--force", force)):
         if value is not None and value not in STAGES:
             raise BuildError(f"{name} {value!r} is not a stage; stages: {', '.join(STAGES)}")
-    backend = backend_named(runtime, target)
+    backend = runtime_named(runtime, target)
     if force == "compile" and not backend.compiles:
         raise BuildError(backend.no_force_compile)
     lo = STAGES.index(from_stage) if from_stage else 0
@@ -203,7 +204,7 @@ def _compile(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
 
 def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool) -> StageOutcome:
     lay = out.layout
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     inputs = PackageInputs(
         checkpoint=out.checkpoint.path, tokenizer=out.checkpoint.path,
         draft_checkpoint=out.draft_checkpoint.path if out.draft_checkpoint else None,
@@ -211,8 +212,8 @@ def _package(spec: BuildSpec, out: BuildOutputs, opts: BuildOptions, force: bool
         draft_engine=out.draft_engine.path if out.draft_engine else None,
         build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
     )
-    out.triton_repo = backend.package(spec, inputs, force=force, verify=opts.verify)
-    note = backend.repo_note()
+    out.triton_repo = package(spec, inputs, force=force, verify=opts.verify)
+    note = backend.repo_note
     return _outcome("package", {"triton_repo": out.triton_repo}, f"{note} model" if note else "")
 
 
@@ -269,7 +270,7 @@ def _chained(stage: str, out: BuildOutputs) -> Lookup | None:
 
 def _check(spec: BuildSpec, *, preflight_compile: bool) -> tuple[StageOutcome, Any]:
     """The spec is validated by resolve_spec; before a trtllm compile also run the preflight (< 1 s on CPU)."""
-    note = backend_for(spec).check_note(spec)
+    note = runtime_of(spec).check_note
     if note is not None:
         return StageOutcome("check", "ok", 0.0, detail=note), None
     if not preflight_compile:
@@ -366,7 +367,7 @@ def _choose_precision(spec: BuildSpec, run: list[str], options: BuildOptions,
 
 def _chain(spec: BuildSpec, last: str) -> list[str]:
     """The backend's stages after check up to `last` (compile only for trtllm engines)."""
-    return [s for s in STAGES[1 : STAGES.index(last) + 1] if s in backend_for(spec).stages]
+    return [s for s in STAGES[1 : STAGES.index(last) + 1] if s in runtime_of(spec).stages]
 
 
 def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[str], out: BuildOutputs,
@@ -378,10 +379,10 @@ def _run_chain(spec: BuildSpec, chain: list[str], run: list[str], forced: set[st
     counter (n counts the stages that run)."""
     outcomes: list[StageOutcome] = []
     i = 1
-    skip_compile = "compile" in run and not backend_for(spec).compiles
+    skip_compile = "compile" in run and not runtime_of(spec).compiles
     for stage in sorted({*chain, "compile"} if skip_compile else chain, key=STAGES.index):
         if stage == "compile" and skip_compile:
-            reason = backend_for(spec).no_compile
+            reason = runtime_of(spec).no_compile
             outcomes.append(StageOutcome("compile", "skipped", 0.0, detail=reason))
             say(f"compile: skipped ({reason})")
             continue
@@ -413,8 +414,8 @@ def _locate_or_check(spec: BuildSpec, stage: str, out: BuildOutputs, options: Bu
 def _doing(stage: str, spec: BuildSpec) -> str:
     if stage == "download":
         return _fetching(spec)
-    q, backend = spec.quantization, backend_for(spec)
-    note = backend.repo_note()
+    q, backend = spec.quantization, runtime_of(spec)
+    note = backend.repo_note
     return {
         "check": "validating spec" + (" and GPU/toolchain preflight" if backend.compiles else ""),
         "calibrate": f"{q.precision} / KV {q.kv} quantization, quality gate, {backend.checkpoint.export_label}",

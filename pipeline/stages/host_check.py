@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import cache_dir, output_root
 from pipeline.core.errors import HostResourceError, PipelineError
 from pipeline.core.gpus import GIB
@@ -72,7 +72,7 @@ def size_inputs(spec: BuildSpec, *, forced: Iterable[str] = ()) -> SizeInputs:
         have.add(("download", role))
         tokenizers[role] = _tokenizer_bytes(Path(res.path))
     if len(tokenizers) == len(roles):
-        stages = backend_for(spec).stages
+        stages = runtime_of(spec).stages
         for until in ("package", "compile", "calibrate"):
             if until not in stages:
                 continue

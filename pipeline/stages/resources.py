@@ -54,7 +54,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.gpus import GIB
 from pipeline.core.registry import Architecture, ModelEntry
 from pipeline.core.spec import BuildSpec
@@ -225,7 +225,7 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     roundtrip = params <= ROUNDTRIP_MAX_PARAMS
     tokens = q.calib_batch_size * spec.calib_seq_len
     weights = params * 2
-    copy_kind = backend_for(spec).checkpoint.export_copy_kind(roundtrip=roundtrip)
+    copy_kind = runtime_of(spec).checkpoint.export_copy_kind(roundtrip=roundtrip)
     export_copy = params * EXPORT_COPY_BYTES_PER_PARAM[copy_kind]
     terms = {
         "weights": weights,
@@ -271,7 +271,7 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     have = inputs.present
     block = spec.quantization.awq_block_size
     disk: list[StageDisk] = []
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     engines = backend.compiles
     for role, entry, precision, tp, pp in _roles(spec):
         tok = _tokenizer(entry, role, inputs.tokenizer_bytes)
@@ -301,7 +301,7 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
 def serving_host_bytes(spec: BuildSpec, *, ranks_per_node: int, world_size: int) -> int:
     """Host RAM one serving node needs (see "Host RAM to serve" above)."""
     release = plan_resources(spec).stage_bytes("release", needed=False)
-    if not backend_for(spec).gpu:
+    if not runtime_of(spec).gpu:
         dtype_bytes = 8 if spec.model.source == "generated" else 4
         return release + spec.model.architecture.total_params * dtype_bytes + PROCESS_BASE_BYTES
     return ranks_per_node * (release // world_size + SERVE_RANK_BASE_BYTES)

@@ -1,7 +1,7 @@
-"""The rule of `pipeline.backends`: no `runtime`/`target` string comparisons outside the selector.
+"""The rule of the runtime × target rows: no `runtime`/`target` string comparisons outside `pipeline.core.runtimes`.
 
 Runs the check of issue 23 (`git grep -nE PATTERN pipeline/`) and fails on every site outside
-pipeline/backends/__init__.py; outside a git checkout the same pattern is matched over the same files in Python.
+pipeline/core/runtimes.py; outside a git checkout the same pattern is matched over the same files in Python.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PATTERN = r"runtime ==|target ==|\.runtime ==|\.target ==|runtime !=|target !="
-SELECTOR = "pipeline/backends/__init__.py"
+SELECTOR = "pipeline/core/runtimes.py"
 
 
 def _git_grep() -> list[str] | None:
@@ -54,15 +54,15 @@ def test_no_runtime_or_target_comparison_outside_the_selector():
     if lines is None:
         lines = _scan(ROOT)
     offending = _outside_selector(lines)
-    assert not offending, "ask `pipeline.backends.backend_for(spec)` instead of comparing strings:\n" + "\n".join(
+    assert not offending, "ask the `pipeline.core.runtimes` row (or `pipeline.backends`) instead of comparing strings:\n" + "\n".join(
         offending)
 
 
 def test_the_rule_catches_a_comparison(tmp_path):
-    (tmp_path / "pipeline" / "backends").mkdir(parents=True)
+    (tmp_path / "pipeline" / "core").mkdir(parents=True)
     (tmp_path / "pipeline" / "serving").mkdir()
     (tmp_path / "pipeline" / "serving" / "serve.py").write_text('if spec.runtime == "pytorch":\n    pass\n')
-    (tmp_path / "pipeline" / "backends" / "__init__.py").write_text('ok = target == "trtllm"\n')
+    (tmp_path / "pipeline" / "core" / "runtimes.py").write_text('ok = target == "trtllm"\n')
     hits = _scan(tmp_path)
     assert len(hits) == 2
     assert _outside_selector(hits) == ['pipeline/serving/serve.py:1:if spec.runtime == "pytorch":']

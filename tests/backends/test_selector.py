@@ -1,4 +1,4 @@
-"""backends: one backend per (runtime, target), picked by `backend_for`; what each one says about its build."""
+"""backends: one behaviour object per runtime × target row, picked by `backend_for`; it reads its row and acts."""
 
 from __future__ import annotations
 
@@ -7,60 +7,48 @@ from typing import get_args
 
 import pytest
 
-from pipeline.backends import BACKENDS, Backend, CheckpointFormat, backend_for, backend_named, checkpoint_format
-from pipeline.core.errors import SpecError
+from pipeline.backends import BACKENDS, Backend, backend_for, backend_named
+from pipeline.core.errors import DeployError, SpecError
+from pipeline.core.runtimes import runtime_named
 from pipeline.core.spec import Runtime, Target, resolve_spec
+from pipeline.planning.placement import place
+
+def _placement(spec):
+    return place(spec.parallelism.tp, spec.parallelism.pp, spec.hardware)
+
 
 PAIRS = list(itertools.product(get_args(Runtime), get_args(Target)))
 
 
-def test_every_spec_pair_has_exactly_one_backend():
-    assert sorted(BACKENDS) == sorted(PAIRS)
-    assert len({b.name for b in BACKENDS.values()}) == len(PAIRS)
-
-
 @pytest.mark.parametrize("runtime, target", PAIRS)
-def test_backend_for_picks_the_specs_pair(runtime, target):
+def test_backend_for_picks_the_specs_row(runtime, target):
     spec = resolve_spec(model="tiny-llama", runtime=runtime, target=target, validate=False)
     backend = backend_for(spec)
-    assert isinstance(backend, Backend) and isinstance(backend.checkpoint, CheckpointFormat)
-    assert (backend.runtime, backend.target) == (runtime, target)
-    assert backend is backend_named(runtime, target)
-    assert backend.checkpoint is checkpoint_format(runtime)
+    assert isinstance(backend, Backend) and backend is backend_named(runtime, target)
+    assert backend.row is runtime_named(runtime, target)
+    assert (backend.runtime, backend.stages, backend.repo_note()) == (runtime, backend.row.stages,
+                                                                      backend.row.repo_note)
+    assert sorted(BACKENDS) == sorted(PAIRS)
 
 
-@pytest.mark.parametrize("runtime, target, name, compiles, gpu, llmapi, repo_kind, suffix, ckpt_dir", [
-    ("engine", "trtllm", "engine-triton", True, True, False, "engine", "", "checkpoint"),
-    ("pytorch", "trtllm", "pytorch-llmapi", False, True, True, "llmapi", "", "hf_checkpoint"),
-    ("engine", "reference", "engine-reference", False, False, False, "reference", "-reference", "checkpoint"),
-    ("pytorch", "reference", "pytorch-reference", False, False, True, "reference", "-reference", "hf_checkpoint"),
+def test_an_unknown_pair_has_no_backend():
+    with pytest.raises(SpecError, match="has no backend"):
+        backend_named("engine", "cpu")
+
+
+@pytest.mark.parametrize("runtime, target, mode, name", [
+    ("engine", "trtllm", None, "engine"),
+    ("engine", "trtllm", "trtllm-serve", "engine-trtllm-serve"),
+    ("pytorch", "trtllm", None, "pytorch"),
+    ("engine", "reference", None, "reference"),
 ])
-def test_backend_traits(runtime, target, name, compiles, gpu, llmapi, repo_kind, suffix, ckpt_dir):
-    b = backend_named(runtime, target)
-    assert (b.name, b.compiles, b.gpu, b.llmapi, b.repo_kind, b.repo_suffix) == (
-        name, compiles, gpu, llmapi, repo_kind, suffix)
-    assert b.checkpoint.dirname == ckpt_dir
-    assert ("compile" in b.stages) is compiles and b.stages[-1] == "package"
-    assert b.package_from == ("engine" if compiles else "checkpoint")
-    assert b.release_roles == ((("engine", "draft_engine")) if compiles else ("checkpoint", "draft_checkpoint"))
-    assert bool(b.no_compile) is not compiles and bool(b.no_force_compile) is not compiles
-    assert b.deploys_on("k8s") is gpu
+def test_deploy_runtime_follows_the_serve_mode(runtime, target, mode, name):
+    spec = resolve_spec(model="tiny-llama", runtime=runtime, target=target, validate=False)
+    rt = backend_for(spec).deploy_runtime(spec, "tiny", placement=_placement(spec), platform="slurm", serve_mode=mode)
+    assert rt.name == name
 
 
-def test_checkpoint_formats_place_the_tokenizer(tmp_path):
-    assert checkpoint_format("engine").tokenizer_dir(tmp_path) == tmp_path / "tokenizer"
-    assert checkpoint_format("pytorch").tokenizer_dir(tmp_path) == tmp_path
-    assert checkpoint_format("engine").key_factors == {}  # engine-path keys and build ids stay as they were
-    assert checkpoint_format("pytorch").key_factors == {"runtime": "pytorch"}
-
-
-@pytest.mark.parametrize("runtime, target", [("engine", "cpu"), ("tensorrt", "trtllm"), ("", "")])
-def test_unknown_pair_is_refused_naming_the_choices(runtime, target):
-    with pytest.raises(SpecError, match="runtime engine\\|pytorch and target trtllm\\|reference") as exc:
-        backend_named(runtime, target)
-    assert exc.value.exit_code == 2
-
-
-def test_unknown_runtime_has_no_checkpoint_format():
-    with pytest.raises(SpecError, match="'tensorrt' is not one of engine, pytorch"):
-        checkpoint_format("tensorrt")
+def test_a_refused_serve_mode_says_why():
+    spec = resolve_spec(model="tiny-llama", runtime="pytorch", target="trtllm", validate=False)
+    with pytest.raises(DeployError, match="deployed with trtllm-serve"):
+        backend_for(spec).deploy_runtime(spec, "tiny", placement=_placement(spec), platform="k8s", serve_mode="triton")

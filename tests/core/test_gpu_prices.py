@@ -9,7 +9,8 @@ import pytest
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPU_PRICES, GPUS, PRICE_ENV, gpu_price
 from pipeline.core.spec import resolve_spec
-from pipeline.planning.planner import compare_plans, plan_capacity
+from pipeline.planning.compare import compare_plans
+from pipeline.planning.planner import plan_capacity
 from pipeline.serving.bench import cost_basis
 
 

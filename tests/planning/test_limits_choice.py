@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pipeline.core.spec import ParallelSpec, resolve_spec
 from pipeline.planning.limits_choice import UPSTREAM_MAX_BATCH, choose_limits, limits_record
-from pipeline.planning.planner import compare_plans, plan_capacity
+from pipeline.planning.compare import compare_plans
+from pipeline.planning.planner import plan_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,8 @@ import pytest
 from pipeline.cli.commands import check_command, plan_command
 from pipeline.core.spec import resolve_spec
 from pipeline.planning.placement_choice import placement_given
-from pipeline.planning.planner import DEFAULT_TPOT_TARGET_MS, compare_plans, plan_capacity
+from pipeline.planning.compare import compare_plans
+from pipeline.planning.planner import DEFAULT_TPOT_TARGET_MS, plan_capacity
 from pipeline.stages.check import resolve_checked_spec
 
 

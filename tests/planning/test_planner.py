@@ -144,7 +144,7 @@ def test_lengths_beyond_the_engine_limits_are_rejected():
 
 def test_compare_70b_on_h100_reproduces_the_published_arithmetic():
     from pipeline.planning.perf_model import expected_tokens_per_step
-    from pipeline.planning.planner import compare_plans
+    from pipeline.planning.compare import compare_plans
 
     spec = resolve_spec(model="llama-70b", precision="fp8", gpu="h100-sxm", max_batch_size=4, gpu_price_per_hour=3.2)
     c = compare_plans(spec, acceptance=0.7, prefix_hit_ratio=0.5)
@@ -176,7 +176,7 @@ def test_compare_70b_on_h100_reproduces_the_published_arithmetic():
 
 def test_compare_gates_speculation_above_the_cap_and_checks_its_inputs():
     from pipeline.planning.perf_model import expected_tokens_per_step
-    from pipeline.planning.planner import compare_plans
+    from pipeline.planning.compare import compare_plans
 
     spec = resolve_spec(model="llama-8b", precision="fp8", gpu="h100-sxm", max_batch_size=64)
     rows = [r for r in compare_plans(spec).rows if r.draft and r.decode_batch > 8]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH
+from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH
 
 
 def run_rank(script: str, tmp_path: Path) -> list[str]:

@@ -5,7 +5,7 @@ of the 1.2 era or just after: it has the `--config` alias). The flags the pipeli
 --tp_size, --pp_size, and NVIDIA's 0.20.0 examples pass --extra_llm_api_options.
 
 One row per option: every name the option answers to, then `flag` (a switch) or the value kind (`choice:` lists the
-accepted values, aliases after `=`). Kept as data, independent of pipeline/serving/llmapi/serve_plan.py, so a test comparing
+accepted values, aliases after `=`). Kept as data, independent of pipeline/stages/package/serve_plan.py, so a test comparing
 the plan's argv with it can fail. The positional argument is MODEL ("model name | HF checkpoint path | TensorRT engine
 path"). Later versions add --served_model_name and --grpc; they are not listed (1.2.1 does not take them)."""
 

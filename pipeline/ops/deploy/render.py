@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel
 
 from pipeline import __version__
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import atomic_dir, output_root
 from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
@@ -144,7 +144,7 @@ def serving_cpus(rt: Runtime, p: Placement) -> int:
 def matrix_cpus(cells: list[BuildSpec], time_limit: str) -> int:
     """Cores per build cell: MATRIX_CPUS_PER_GPU per GPU of the widest GPU cell; CPU cells: enough cores to
     calibrate the slowest cell within `time_limit` (the calibration CPU-time estimate), at least 1."""
-    gpus = max((c.parallelism.world_size for c in cells if backend_for(c).gpu), default=0)
+    gpus = max((c.parallelism.world_size for c in cells if runtime_of(c).gpu), default=0)
     if gpus:
         return MATRIX_CPUS_PER_GPU * gpus
     seconds = slurm.time_seconds(time_limit)
@@ -154,7 +154,7 @@ def matrix_cpus(cells: list[BuildSpec], time_limit: str) -> int:
 
 def matrix_mem_bytes(cells: list[BuildSpec]) -> int:
     """Host RAM of the hungriest cell: calibration beside its GPUs, or on the CPU for a CPU cell."""
-    return max(calibration_memory(c, "target").host_bytes_with_gpu if backend_for(c).gpu else
+    return max(calibration_memory(c, "target").host_bytes_with_gpu if runtime_of(c).gpu else
                calibration_memory(c, "target").cpu_ram_bytes for c in cells)
 
 
@@ -181,7 +181,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
-    if not backend_for(src.spec).deploys_on(o.platform):
+    if not runtime_of(src.spec).deploys_on(o.platform):
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
                           "(runtime engine, tests and demos) deploy it with --platform slurm")
@@ -262,7 +262,7 @@ def _cell_args(spec: BuildSpec) -> list[str]:
 
 def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, output: str) -> dict[str, str]:
     """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
-    gpus = max((c.parallelism.world_size for c in cells if backend_for(c).gpu), default=0)
+    gpus = max((c.parallelism.world_size for c in cells if runtime_of(c).gpu), default=0)
     server, pipe = _images(o, TRTLLM_VERSION)
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
                                                         [release_file(c, __version__) for c in cells])}

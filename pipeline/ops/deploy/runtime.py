@@ -2,11 +2,11 @@
 
 A `Runtime` is the slot a serving stack fills: the per-rank program, its health endpoints and ports, and what the
 node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository as its
-launch plan says (`pipeline.serving.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
+launch plan says (`pipeline.stages.package.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
 HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode (draft-target), one
 process, `mpirun --allow-run-as-root --oversubscribe -n 1 tritonserver ...`, whose backend spawns each model's ranks;
 or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
-release's Hugging Face checkpoint: the argv of `pipeline.serving.llmapi.serve_plan` (`trtllm-serve MODEL --backend pytorch
+release's Hugging Face checkpoint: the argv of `pipeline.stages.package.serve_plan` (`trtllm-serve MODEL --backend pytorch
 ... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
 `/health` route. An engine release can be served the same way instead of by tritonserver (`--serve-mode
@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Protocol
 
-from pipeline.backends import backend_for
 from pipeline.core.errors import DeployError
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
 from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
 from pipeline.planning.placement import Placement
-from pipeline.serving.launch_plan import Endpoints, LaunchPlan, plan_launch, shape_from_spec
-from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
-from pipeline.serving.serve import SERVER_STACK_BYTES
+from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, plan_launch,
+                                                 shape_from_spec)
+from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 METRICS_PORT_NAME = "metrics"  # Triton's metrics container port
@@ -149,7 +150,7 @@ def _plan_word(arg: str) -> str:
     return '"$repo"'.join(shlex.quote(part) if part else "" for part in arg.split(REPO_WORD))
 
 
-# tritonserver's threads get SERVER_STACK_BYTES stacks on every rank, as `serve` gives them (see serve.py): the soft
+# tritonserver's threads get SERVER_STACK_BYTES stacks on every rank, as `serve` gives them (see launch_plan.py): the soft
 # RLIMIT_STACK raised to it in KiB, capped by the hard limit, never lowered.
 STACK_LIMIT = f"""\
 stack_kib={SERVER_STACK_BYTES // 1024}
@@ -275,15 +276,58 @@ def reference_runtime() -> Runtime:
                    gpus=False, pipeline_image=True, ports_from_env=True, scrape=TRITON_SCRAPE)
 
 
+class ServeMode(Protocol):
+    """One way of serving a release on the deployed nodes (`RuntimeTarget.serve_modes` names it)."""
+
+    def runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str) -> Runtime:
+        ...
+
+
+class TritonEngine:
+    """tritonserver over the engines, as the release's launch plan says."""
+
+    def runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str) -> Runtime:
+        return engine_runtime(spec, placement)
+
+
+class TrtllmServeEngine:
+    """`trtllm-serve --backend tensorrt` over the engines."""
+
+    def runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str) -> Runtime:
+        return engine_serve_runtime(spec, served_name, launched=launched_ranks(placement, platform))
+
+
+class TrtllmServePytorch:
+    """`trtllm-serve --backend pytorch` over the Hugging Face checkpoint."""
+
+    def runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str) -> Runtime:
+        return pytorch_runtime(spec, served_name, launched=launched_ranks(placement, platform))
+
+
+class TritonReference:
+    """The CPU reference: `invoke serve` on the installed repository."""
+
+    def runtime(self, spec: BuildSpec, served_name: str, *, placement: Placement, platform: str) -> Runtime:
+        return reference_runtime()
+
+
+SERVED: dict[str, ServeMode] = {"triton": TritonEngine(), "trtllm-serve-engine": TrtllmServeEngine(),
+                                "trtllm-serve-pytorch": TrtllmServePytorch(), "triton-reference": TritonReference()}
+
+
 def runtime_for(spec: BuildSpec, served_name: str, *, placement: Placement, platform: str,
                 serve_mode: str | None = None) -> Runtime:
     """The runtime of `spec` on `placement` (`serve_mode`: triton or trtllm-serve; default: tritonserver for
     engines, trtllm-serve for runtime pytorch). trtllm-serve: Slurm and multi-node Kubernetes start world-size ranks
-    (srun / mpirun over pods). Triton on engines: as its launch plan says."""
+    (srun / mpirun over pods). Triton on engines: as its launch plan says.
+
+    Raises:
+        DeployError: an unknown serve mode, or one the spec's runtime × target refuses.
+    """
     if serve_mode not in (None, *SERVE_MODES):
         raise DeployError(f"--serve-mode {serve_mode!r}: use one of {', '.join(SERVE_MODES)}")
-    return backend_for(spec).deploy_runtime(spec, served_name, placement=placement, platform=platform,
-                                            serve_mode=serve_mode)
+    served = SERVED[runtime_of(spec).served_as(serve_mode)]
+    return served.runtime(spec, served_name, placement=placement, platform=platform)
 
 
 def launched_ranks(placement: Placement, platform: str) -> bool:

@@ -10,9 +10,9 @@ import urllib.request
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.local_url import check_local
 from pipeline.ops.monitoring.panels import Panel, panels
 from pipeline.ops.monitoring.rules import WatchPlan
-from pipeline.serving.bench import check_local
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 

@@ -44,8 +44,8 @@ import yaml
 from pipeline.core.gpus import gpu_price
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.break_even import speculation_break_even
+from pipeline.planning.perf_model import HIT_RATIO_WARNING
 from pipeline.planning.planner import plan_capacity
-from pipeline.serving.bench import HIT_RATIO_WARNING
 
 Source = Literal["triton", "trtllm-serve"]
 TARGET_MODEL = "tensorrt_llm"

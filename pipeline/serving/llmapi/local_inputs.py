@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
 from pipeline.core.spec import BuildSpec
-from pipeline.serving.llmapi.serve_plan import check_servable
+from pipeline.stages.package.serve_plan import check_servable
 from pipeline.stages.build import locate_outputs
 from pipeline.stages.package.llmapi_options import engine_serve_options, llm_api_options
 
@@ -57,7 +57,7 @@ def options_file_name(spec: BuildSpec) -> str:
 
 
 def _options_yaml(spec: BuildSpec, draft_dir: Path | None) -> str:
-    if backend_for(spec).compiles:
+    if runtime_of(spec).compiles:
         return engine_serve_options(spec).to_yaml()
     return llm_api_options(spec, draft_dir=draft_dir).to_yaml()
 
@@ -71,7 +71,7 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
         IntegrityError: a build output differs from its manifest (exit 3), even with `allow_pending`.
     """
     check_servable(spec)
-    engine = backend_for(spec).compiles
+    engine = runtime_of(spec).compiles
     try:
         out = locate_outputs(spec, until="compile" if engine else "calibrate")
     except IntegrityError:
@@ -91,7 +91,7 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
 def _pending(spec: BuildSpec, *, reason: str) -> LocalServeInputs:
     base = engines_dir() / PENDING
     options_file = base / options_file_name(spec)
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     ckpt = backend.checkpoint
     if backend.compiles:
         return LocalServeInputs(base / "engine", ckpt.tokenizer_dir(base / ckpt.dirname), options_file,

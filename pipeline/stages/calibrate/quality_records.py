@@ -5,7 +5,7 @@ either runtime's export). `plan --slo` prefers the precisions checked here (`slo
 
 from __future__ import annotations
 
-from pipeline.backends import checkpoint_format
+from pipeline.core.runtimes import checkpoint_format
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError
 from pipeline.core.manifests import CheckpointManifest, PrecisionSearch

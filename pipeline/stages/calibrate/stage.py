@@ -22,7 +22,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.backends import CheckpointFormat, checkpoint_format
 from pipeline.core.architectures import FAMILIES
 from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, read_manifest, stage_key, stage_lock
 from pipeline.core.errors import CalibrationError, QualityGateFailed
@@ -36,6 +35,7 @@ from pipeline.core.manifests import (
     StageResult,
 )
 from pipeline.core.registry import ModelEntry
+from pipeline.core.runtimes import CheckpointFormat, checkpoint_format
 from pipeline.core.safetensors_file import check_safetensors_dir
 from pipeline.core.spec import BuildSpec
 from pipeline.core.stage_log import progress, stage_log
@@ -43,6 +43,7 @@ from pipeline.core.tokenizer import identity
 from pipeline.core.trtllm_rules import KV_QUANT_ALGO, TRTLLM_DTYPE, compute_dtype
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate import data, quality, recipes
+from pipeline.stages.calibrate.formats import copy_tokenizer, exporter
 from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from pipeline.stages.download.stage import DownloadResult, download_model, source_id
 
@@ -304,7 +305,7 @@ def _roundtrip(plan: _Plan, cfg, exported, ckpt: Path, samples: list[list[int]],
     A Hugging Face export is read by `load_hf_checkpoint` (transformers has no loader for ModelOpt's format).
     """
 
-    loaded = plan.checkpoint.load(ckpt)
+    loaded = exporter(plan.checkpoint).load(ckpt)
     exported.float()  # the exported copy is not used afterwards; compare both in float32
     tier = plan.checkpoint.export_tier if plan.checkpoint.export_tier and cfg is not None else \
         "awq" if plan.precision in recipes.AWQ else "exact"
@@ -414,7 +415,7 @@ def _build(plan: _Plan, src: Path, calib: data.TokenSet, texts: list[str], encod
     with _timed(timings, "roundtrip_s"):
         rt = _checked_roundtrip(plan, cfg, model, exported, tmp, heldout.samples[:ROUNDTRIP_SAMPLES], device,
                                 what=what)
-    tok_files = plan.checkpoint.copy_tokenizer(src, tmp)
+    tok_files = copy_tokenizer(plan.checkpoint, src, tmp)
     timings["total_s"] = time.perf_counter() - t0
     return {
         "recipe": _recipe_record(plan, quant_algo, kv_algo),
@@ -434,8 +435,8 @@ def _export(plan: _Plan, model, tmp: Path, quant_algo: str | None, kv_algo: str 
     """Export for the plan's runtime (TensorRT-LLM checkpoint, or unified HF checkpoint for pytorch) and check it;
     return the fake-quant model the export corresponds to and the manifest's `checkpoint` fields."""
     exact = sum(p.numel() for p in model.parameters()) <= ROUNDTRIP_MAX_PARAMS
-    return plan.checkpoint.export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=plan.export_dtype, exact=exact,
-                                  quant_algo=quant_algo, kv_algo=kv_algo)
+    return exporter(plan.checkpoint).export(model, tmp, tp=plan.tp, pp=plan.pp, dtype=plan.export_dtype,
+                                            exact=exact, quant_algo=quant_algo, kv_algo=kv_algo)
 
 
 def _heldout(plan: _Plan, texts: list[str], encode, vocab_size: int) -> data.TokenSet:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends import backend_for
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.errors import CompileError
 from pipeline.core.gpus import GPUS
 from pipeline.core.registry import ModelEntry
@@ -363,7 +363,7 @@ def plan_compile(
         CompileError: a checkpoint is missing/mismatched, or a planned flag is not accepted by trtllm-build 1.2.1.
     """
 
-    if not backend_for(spec).gpu:
+    if not runtime_of(spec).gpu:
         raise CompileError(
             f"target={spec.target} runs the checkpoint with PyTorch and has no TensorRT-LLM engines; "
             "use --target trtllm to compile, or `invoke package --target reference` for the CPU path"

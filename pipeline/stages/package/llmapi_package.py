@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends import Backend, backend_named
+from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, stage_key
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.manifests import RepoManifest
@@ -80,7 +80,7 @@ def _reference_parameters(spec) -> dict[str, str]:
             "tokens_per_block": str(spec.limits.tokens_per_block)}
 
 
-def write_llmapi_repo(dest: Path, *, backend: Backend, data: dict, parameters: dict[str, str]) -> None:
+def write_llmapi_repo(dest: Path, *, backend: RuntimeTarget, data: dict, parameters: dict[str, str]) -> None:
     """Render the tensorrt_llm model into `dest` (existing, empty)."""
     root = templates_root("llmapi") / llmapi_yaml.MODEL
     out = dest / llmapi_yaml.MODEL
@@ -98,10 +98,10 @@ def write_llmapi_repo(dest: Path, *, backend: Backend, data: dict, parameters: d
     llmapi_yaml.write(dest / llmapi_yaml.MODEL_YAML, data)
 
 
-def _llmapi_backend(target: str) -> Backend:
+def _llmapi_backend(target: str) -> RuntimeTarget:
     """The backend whose repository has the `llmapi` layout for `target` (the PyTorch runtime's)."""
     try:
-        return backend_named("pytorch", target)
+        return runtime_named("pytorch", target)
     except PipelineError:
         raise PackageError(f"target {target!r} is not one of trtllm, reference") from None
 
@@ -116,7 +116,7 @@ def check_model_yaml(path: Path) -> LlmApiOptions:
         raise PackageError(str(exc)) from None
 
 
-def _sources(backend: Backend, checkpoint_dir, draft_dir):
+def _sources(backend: RuntimeTarget, checkpoint_dir, draft_dir):
     ckpt = read_hf_checkpoint(checkpoint_dir, what="checkpoint")
     draft = read_hf_checkpoint(draft_dir, what="draft checkpoint") if draft_dir is not None else None
     if not backend.gpu:

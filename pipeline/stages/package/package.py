@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends import Backend, backend_named
+from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, check_name, file_table, read_config_json, stage_key, triton_repo_dir
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.layout import repo_name
@@ -143,7 +143,7 @@ _BACKEND_DEFAULTS = (
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
 
-def _llm_values(name: str, backend: Backend, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
+def _llm_values(name: str, backend: RuntimeTarget, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
                 spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
     """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
     return {
@@ -178,7 +178,7 @@ def reference_parameters(spec, *, draft: bool) -> dict[str, str]:
     }
 
 
-def plan_values(spec, *, backend: Backend, repo: Path, llm: LLMSource,
+def plan_values(spec, *, backend: RuntimeTarget, repo: Path, llm: LLMSource,
                 draft: LLMSource | None) -> tuple[dict, list]:
     """model name -> template values for every model of the repository, plus warnings."""
     warnings: list[str] = []
@@ -234,7 +234,7 @@ def plan_values(spec, *, backend: Backend, repo: Path, llm: LLMSource,
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: Backend, tokenizer: Path,
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: RuntimeTarget, tokenizer: Path,
                extra_parameters: dict[str, dict[str, str]] | None = None) -> None:
     """Render every model of `values` into `dest` (which must exist and be empty); `extra_parameters` (model ->
     key -> value) are added to the rendered configs."""
@@ -260,7 +260,7 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: Backen
                 shutil.copy2(f, out / "tokenizer" / f.name)
 
 
-def _draft_tokenizer(backend: Backend, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+def _draft_tokenizer(backend: RuntimeTarget, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
     """The draft's tokenizer identity: its own tokenizer dir, or what its engine's manifest records."""
     if draft_tokenizer_dir is not None:
         return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
@@ -300,7 +300,7 @@ def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_di
     return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
 
 
-def _extra_parameters(spec, backend: Backend, with_draft: bool) -> dict[str, Any]:
+def _extra_parameters(spec, backend: RuntimeTarget, with_draft: bool) -> dict[str, Any]:
     """Reference-backend parameters appended to the `tensorrt_llm` model(s); none for the GPU backend."""
     if backend.gpu:
         return {}
@@ -394,15 +394,15 @@ def package_repo(
     return PackageResult(final, manifest, "built")
 
 
-def _ensemble_backend(target: str) -> Backend:
+def _ensemble_backend(target: str) -> RuntimeTarget:
     """The backend whose repository has the ensemble layout for `target` (the engine runtime's)."""
     try:
-        return backend_named("engine", target)
+        return runtime_named("engine", target)
     except PipelineError:
         raise PackageError(f"target {target!r} is not one of trtllm, reference") from None
 
 
-def _sources(spec, backend: Backend, engine_dir: Path | None, draft_engine_dir: Path | None,
+def _sources(spec, backend: RuntimeTarget, engine_dir: Path | None, draft_engine_dir: Path | None,
              checkpoint_dir: Path | None, draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None):
     """(llm, draft, tokenizer dir, derived build id): engines for the C++ backend, checkpoints for the reference."""
     if backend.compiles:
@@ -410,7 +410,7 @@ def _sources(spec, backend: Backend, engine_dir: Path | None, draft_engine_dir: 
     return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
 
 
-def repo_path(output: Path | None, name: str | None, build_id: str, backend: Backend, spec_key: str | None) -> Path:
+def repo_path(output: Path | None, name: str | None, build_id: str, backend: RuntimeTarget, spec_key: str | None) -> Path:
     """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, backend, spec_key)`."""
     out_root = Path(output) if output else triton_repo_dir()
     name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \

@@ -1,7 +1,7 @@
 """`invoke deploy --serve-mode trtllm-serve`: an engine release served by trtllm-serve --backend tensorrt.
 
 The rank program runs for real with recording stand-ins for trtllm-llmapi-launch / trtllm-serve on PATH, so its argv is
-compared with `pipeline.serving.llmapi.serve_plan` as the shell expands it; the node step (`serve_inputs --engine`) runs on an
+compared with `pipeline.stages.package.serve_plan` as the shell expands it; the node step (`serve_inputs --engine`) runs on an
 installed repository's configs.
 """
 
@@ -20,7 +20,7 @@ from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK, write
 from pipeline.ops.deploy.serve_inputs import main as serve_inputs_main
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.planning.placement import place
-from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
+from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from tests.support.rank_stub import run_rank
 from tests.support.k8s import PIPELINE_IMAGE
 

@@ -1,7 +1,7 @@
 """`invoke deploy --runtime pytorch`: trtllm-serve on the release's HF checkpoint, on Kubernetes and Slurm.
 
 The rank program is executed for real (with recording stand-ins for trtllm-llmapi-launch / trtllm-serve on PATH), so
-its argv is compared with `pipeline.serving.llmapi.serve_plan` as the shell actually expands it.
+its argv is compared with `pipeline.stages.package.serve_plan` as the shell actually expands it.
 """
 
 import json
@@ -19,7 +19,7 @@ from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, PYTORCH_METRICS, write_serve_inputs
 from pipeline.ops.deploy.serve_inputs import main as serve_inputs_main
 from pipeline.ops.deploy.validate import validate_objects
-from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
+from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH, trtllm_serve_plan
 from pipeline.stages.package import llmapi_yaml
 from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import model_yaml

@@ -12,7 +12,8 @@ import yaml
 from pipeline.cli.commands import serve_command
 from pipeline.core.errors import DownloadError, HostError, IntegrityError, SpecError
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.llmapi import local_inputs, serve_plan
+from pipeline.serving.llmapi import local_inputs
+from pipeline.stages.package import serve_plan
 from pipeline.stages.package.llmapi_options import engine_serve_options
 from tests.support.trtllm_serve_cli_table import backend_choices
 from tests.support.trtllm_serve_cli_table import options as cli_options

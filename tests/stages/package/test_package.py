@@ -116,7 +116,7 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
     assert not any(a.startswith("--load-model") for a in cmd.argv)
     assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false",
             "--cuda-memory-pool-byte-size=0:0"} <= set(cmd.argv)
-    from pipeline.serving.launch_plan import EngineModel, shape_from_repo
+    from pipeline.stages.package.launch_plan import EngineModel, shape_from_repo
 
     assert shape_from_repo(repo).engine_models == (EngineModel("tensorrt_llm", 4, (0, 1, 2, 3)),
                                                    EngineModel("tensorrt_llm_draft", 1, (0,)))

@@ -24,7 +24,7 @@ Upstream sources (read in the code index, never copied):
   --enable-peer-access=false` and `--cuda-memory-pool-byte-size={j}:0` for every GPU j. `--trtllm_llmapi_launch`
   is how TensorRT-LLM's own Triton test (`tests/integration/defs/triton_server/test_triton_llm.py`) starts the
   `llmapi` model at TP 4 (`--no-mpi` at TP 1). tests/data/launch_triton_server_get_cmd.json records get_cmd's output
-  for the layouts tests/serving/test_launch_plan.py compares with ours, flag by flag.
+  for the layouts tests/stages/package/test_launch_plan.py compares with ours, flag by flag.
 - TensorRT-LLM `tensorrt_llm/llmapi/trtllm-llmapi-launch`: rank 0 runs the command (the server) beside the MGMN
   leader, ranks >= 1 run `tensorrt_llm.llmapi.mgmn_worker_node` (their command is not run).
 - TensorRT-LLM `cpp/tensorrt_llm/executor/executorImpl.cpp`: `initializeOrchestrator` checks "When using the
@@ -48,14 +48,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.backends import backend_for, backend_named
 from pipeline.core.errors import PipelineError, ServeError
-from pipeline.serving.llmapi.serve_plan import LLMAPI_LAUNCH
+from pipeline.core.manifests import RepoManifest
+from pipeline.core.runtimes import runtime_named, runtime_of
+from pipeline.stages.package import pbtxt
+from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH
 
 Mode = Literal["single", "leader", "orchestrator", "llmapi", "cpu-reference"]
 MODES: tuple[str, ...] = ("single", "leader", "orchestrator", "llmapi", "cpu-reference")
 TARGET_MODEL, DRAFT_MODEL = "tensorrt_llm", "tensorrt_llm_draft"
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+# tritonserver's HTTP frontend (2.5x) copies a request body onto its worker thread's stack: with the usual 8 MiB
+# stack a body of a few MB kills the server (SIGSEGV, measured from ~7 MB). Threads take RLIMIT_STACK as their stack
+# size (reserved, touched only as used), so every rank runs with 1 GiB (`serve` here, the deployed rank scripts):
+# bodies up to about that reach the models, which refuse oversized text by bytes. A front proxy must cap bodies below
+# it.
+SERVER_STACK_BYTES = 1 << 30
 ORCHESTRATOR_ASSERT = ("World size must be 1 when using multi-model without disable-spawn-processes. Processes will "
                        "be spawned automatically to run the multi-GPU models")
 UPSTREAM: dict[str, str] = {
@@ -157,7 +165,7 @@ class LaunchPlan:
 # ------------------------------------------------------------------------------------------------- shapes
 def shape_from_spec(spec) -> RepoShape:
     """The repository `package` makes from `spec` (no file read): its kind and TensorRT-LLM models."""
-    kind = backend_for(spec).repo_kind
+    kind = runtime_of(spec).repo_kind
     if kind == "llmapi":
         return RepoShape(kind, (EngineModel(TARGET_MODEL, spec.parallelism.world_size),))
     if kind != "engine":
@@ -191,11 +199,8 @@ def shape_from_repo(repo: Path, *, world_size: int | None = None,
     `world_size` overrides the manifest's for `tensorrt_llm` (and the LLM-API model); another engine model's world
     size is the length of its `gpu_device_ids` (1 when unset).
     """
-    from pipeline.core.manifests import RepoManifest
-    from pipeline.stages.package import pbtxt
-
     manifest = RepoManifest.read(repo, strict=False)
-    backend = backend_named(manifest.runtime, manifest.target) if manifest is not None else None
+    backend = runtime_named(manifest.runtime, manifest.target) if manifest is not None else None
     if backend is not None and backend.llmapi:
         return RepoShape(backend.repo_kind, (EngineModel(TARGET_MODEL, world_size or manifest.world_size),))
     models = []

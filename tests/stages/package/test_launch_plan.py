@@ -14,7 +14,7 @@ import yaml
 from pipeline.core.errors import DeployError, ServeError
 from pipeline.core.spec import resolve_spec
 from pipeline.ops.deploy.runtime import HISTOGRAM_LATENCIES
-from pipeline.serving.launch_plan import (
+from pipeline.stages.package.launch_plan import (
     ORCHESTRATOR_ASSERT,
     ORCHESTRATOR_ENV,
     Endpoints,
@@ -90,7 +90,7 @@ def test_layout_table(layout, shape, host, mode, processes, orchestrator):
 
 
 # ------------------------------------------------------------------------------ our argv == the launcher's get_cmd
-GET_CMD = json.loads((Path(__file__).parents[1] / "data" / "launch_triton_server_get_cmd.json").read_text())
+GET_CMD = json.loads((Path(__file__).parents[2] / "data" / "launch_triton_server_get_cmd.json").read_text())
 # What our argv changes in the launcher's, per segment: rank 0 binds its endpoints to an address and sets the log
 # level; ranks >= 1 turn the endpoints off instead of repeating rank 0's ports (their backend never serves).
 RANK0_ADDED = {"--http-address", "--grpc-address", "--metrics-address", "--log-verbose"}

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline.backends import backend_for
 from pipeline.core.errors import HostError, SpecError
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.placement import place
 from pipeline.stages.compile.engine_plan import effective_max_num_tokens
@@ -62,7 +62,7 @@ def check_servable(spec: BuildSpec) -> None:
     Raises:
         SpecError: with the way out (exit 2).
     """
-    backend = backend_for(spec)
+    backend = runtime_of(spec)
     if not backend.gpu:
         raise SpecError(f"trtllm-serve serves TensorRT-LLM builds, but this is --target {spec.target} (the CPU "
                         "reference backend); serve it with Triton (serve --mode triton)")
@@ -99,7 +99,7 @@ def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, h
     check_servable(spec)
     p = spec.parallelism
     placement = place(p.tp, p.pp, spec.hardware)
-    engine = backend_for(spec).compiles
+    engine = runtime_of(spec).compiles
     if engine:
         if tokenizer_dir is None:
             raise SpecError("trtllm_serve_plan: an engine build needs its tokenizer directory")
