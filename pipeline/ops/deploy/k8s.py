@@ -64,7 +64,7 @@ class K8sOptions(BaseModel):
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, str]] = []  # GPU pods: scheduling.tolerations()
     gpu_products: tuple[str, ...] = ()  # GPU pods require one of them (nvidia.com/gpu.product); () no affinity
-    cpus: int | None = None  # CPU request (serving: scheduling.host_cpus; build matrix: render.matrix_cpus)
+    cpus: int | None = None  # CPU request (serving: scheduling.host_cpus; build matrix: platforms.matrix_cpus)
     memory_bytes: int | None = None  # memory request (serving: scheduling.host_memory_bytes; matrix: matrix_mem_bytes)
     extra_resources: dict[str, str] = {}  # serving containers: e.g. {"rdma/rdma_shared_device_a": "1"}
     nccl_env: dict[str, str] = {}  # serving containers' NCCL_* environment

@@ -140,7 +140,7 @@ def test_build_matrix_indexed_job_takes_the_token_from_a_secret(tmp_path):
 
 def test_build_matrix_pods_request_the_cells_host_resources(tmp_path):
     """CPU and memory of the hungriest cell (the calibration estimate the Slurm matrix's --mem/--cpus-per-task use)."""
-    from pipeline.ops.deploy import render
+    from pipeline.ops.deploy import platforms, render
     from pipeline.ops.deploy.k8s import quantity
     from pipeline.ops.deploy.slurm import MATRIX_TIME
 
@@ -149,9 +149,9 @@ def test_build_matrix_pods_request_the_cells_host_resources(tmp_path):
     job = [o for o in yaml.safe_load_all((tmp_path / "m" / "build-matrix.yaml").read_text()) if o["kind"] == "Job"][0]
     resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     cells = render.matrix_cells(matrix, {})
-    memory = render.matrix_mem_bytes(cells)
-    assert memory > render.matrix_mem_bytes(cells[:1])  # the 70B cell decides
-    assert resources["requests"] == {"cpu": str(render.matrix_cpus(cells, MATRIX_TIME)), "memory": quantity(memory)}
+    memory = platforms.matrix_mem_bytes(cells)
+    assert memory > platforms.matrix_mem_bytes(cells[:1])  # the 70B cell decides
+    assert resources["requests"] == {"cpu": str(platforms.matrix_cpus(cells, MATRIX_TIME)), "memory": quantity(memory)}
     assert resources["limits"]["nvidia.com/gpu"] == "4" and "memory" in resources["limits"]
 
 
