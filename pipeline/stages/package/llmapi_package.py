@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, stage_key
@@ -35,8 +35,55 @@ from pipeline.stages.package.package import PackageResult, current_repo, repo_pa
 from pipeline.stages.package.render import render, templates_hash, templates_root
 from pipeline.stages.package.repo_check import validate_repo
 
-_GPU_FILES = ("model_trtllm.py", ("llmapi_io.py",))  # model.py's template, the files beside it
-_CPU_FILES = ("model_reference.py", ("llmapi_io.py", "hf_reference.py"))
+
+
+class LlmapiModel(Protocol):
+    """What serves the `tensorrt_llm` model of an `llmapi` repository (`LLMAPI_MODELS`, by the row's `repo_kind`)."""
+
+    model_py: str  # model.py's template
+    files: tuple[str, ...]  # the files beside it
+
+    def check_sources(self, sources: dict[str, dict[str, Any] | None]) -> None:
+        """Refuse a checkpoint this model cannot load (`sources`: what -> checkpoint facts or None)."""
+        ...
+
+    def parameters(self, spec) -> dict[str, str]:
+        """config.pbtxt parameters of the model."""
+        ...
+
+
+class TrtllmModel:
+    """TensorRT-LLM's LLM on GPUs (the PyTorch backend)."""
+
+    model_py = "model_trtllm.py"
+    files = ("llmapi_io.py",)
+
+    def check_sources(self, sources: dict[str, dict[str, Any] | None]) -> None:
+        return None
+
+    def parameters(self, spec) -> dict[str, str]:
+        return {}
+
+
+class ReferenceModel:
+    """The CPU reference: transformers over the dequantized checkpoint."""
+
+    model_py = "model_reference.py"
+    files = ("llmapi_io.py", "hf_reference.py")
+
+    def check_sources(self, sources: dict[str, dict[str, Any] | None]) -> None:
+        for what, facts in sources.items():
+            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:  # what the CPU reference dequantizes
+                raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
+                                   "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
+
+    def parameters(self, spec) -> dict[str, str]:
+        """The reference's dtype and KV block size."""
+        return {"reference_dtype": "float64" if spec.model.source == "generated" else "float32",
+                "tokens_per_block": str(spec.limits.tokens_per_block)}
+
+
+LLMAPI_MODELS: dict[str, LlmapiModel] = {"llmapi": TrtllmModel(), "reference": ReferenceModel()}
 
 
 def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
@@ -75,12 +122,7 @@ def model_yaml(spec, options: LlmApiOptions, *, model: str, draft: str | None, t
     return {**head, **llm, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
 
 
-def _reference_parameters(spec) -> dict[str, str]:
-    return {"reference_dtype": "float64" if spec.model.source == "generated" else "float32",
-            "tokens_per_block": str(spec.limits.tokens_per_block)}
-
-
-def write_llmapi_repo(dest: Path, *, backend: RuntimeTarget, data: dict, parameters: dict[str, str]) -> None:
+def write_llmapi_repo(dest: Path, *, model: LlmapiModel, data: dict, parameters: dict[str, str]) -> None:
     """Render the tensorrt_llm model into `dest` (existing, empty)."""
     root = templates_root("llmapi") / llmapi_yaml.MODEL
     out = dest / llmapi_yaml.MODEL
@@ -91,9 +133,8 @@ def write_llmapi_repo(dest: Path, *, backend: RuntimeTarget, data: dict, paramet
     if parameters:
         text = pbtxt.with_parameters(text, parameters, name="llmapi/tensorrt_llm/config.pbtxt")
     (out / "config.pbtxt").write_text(text)
-    model_py, files = _GPU_FILES if backend.gpu else _CPU_FILES
-    shutil.copy2(root / "1" / model_py, out / "1" / "model.py")
-    for name in files:
+    shutil.copy2(root / "1" / model.model_py, out / "1" / "model.py")
+    for name in model.files:
         shutil.copy2(root / "1" / name, out / "1" / name)
     llmapi_yaml.write(dest / llmapi_yaml.MODEL_YAML, data)
 
@@ -116,14 +157,10 @@ def check_model_yaml(path: Path) -> LlmApiOptions:
         raise PackageError(str(exc)) from None
 
 
-def _sources(backend: RuntimeTarget, checkpoint_dir, draft_dir):
+def _sources(model: LlmapiModel, checkpoint_dir, draft_dir):
     ckpt = read_hf_checkpoint(checkpoint_dir, what="checkpoint")
     draft = read_hf_checkpoint(draft_dir, what="draft checkpoint") if draft_dir is not None else None
-    if not backend.gpu:
-        for what, facts in (("checkpoint", ckpt), ("draft checkpoint", draft)):
-            if facts and facts["quant_algo"] not in REFERENCE_QUANT_ALGOS:  # what the CPU reference dequantizes
-                raise PackageError(f"{what} is {facts['quant_algo']}: the CPU reference dequantizes only FP8, "
-                                   "W4A16_AWQ and W4A8_AWQ; package it with --target trtllm")
+    model.check_sources({"checkpoint": ckpt, "draft checkpoint": draft})
     return ckpt, draft
 
 
@@ -142,9 +179,10 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
     backend = _llmapi_backend(target or spec.target)
+    model = LLMAPI_MODELS[backend.repo_kind]
     checkpoint_dir = Path(checkpoint_dir).resolve()
     draft_dir = Path(draft_dir).resolve() if draft_dir is not None else None
-    ckpt, draft = _sources(backend, checkpoint_dir, draft_dir)
+    ckpt, draft = _sources(model, checkpoint_dir, draft_dir)
     tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
     if draft_dir is not None:
         why = mismatch(identity(tok), identity(find_tokenizer(draft_dir, error=PackageError)))
@@ -160,7 +198,7 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
 
     data = model_yaml(spec, options, model=rel(checkpoint_dir), draft=rel(draft_dir) if draft_dir else None,
                       tokenizer=rel(tok) if tok != checkpoint_dir else None)
-    parameters = {} if backend.gpu else _reference_parameters(spec)
+    parameters = model.parameters(spec)
     key = stage_key({"stage": "package", "layout": "llmapi", "target": backend.target,
                      "templates": templates_hash("llmapi"), "model_yaml": data,
                      "parameters": parameters, "sources": {"llm": Upstream.of_dir(checkpoint_dir).key,
@@ -169,7 +207,7 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
     if cached is not None:
         return cached
     with atomic_dir(final) as tmp:
-        write_llmapi_repo(tmp, backend=backend, data=data, parameters=parameters)
+        write_llmapi_repo(tmp, model=model, data=data, parameters=parameters)
         check_model_yaml(tmp / llmapi_yaml.MODEL_YAML)
         summary = validate_repo(tmp)
         manifest = RepoManifest(

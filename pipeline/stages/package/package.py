@@ -28,7 +28,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, check_name, file_table, read_config_json, stage_key, triton_repo_dir
@@ -143,12 +143,12 @@ _BACKEND_DEFAULTS = (
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
 
-def _llm_values(name: str, backend: RuntimeTarget, src: LLMSource, rel_path: str, *, decoupled: bool, fraction: float,
-                spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
+def _llm_values(name: str, models: EnsembleModels, src: LLMSource, rel_path: str, *, decoupled: bool,
+                fraction: float, spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
     """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
     return {
         "model_name": name,
-        "triton_backend": "tensorrtllm" if backend.compiles else "python",
+        "triton_backend": models.triton_backend,
         "triton_max_batch_size": src.max_batch_size,
         "decoupled_mode": decoupled,
         **_QUEUE,
@@ -178,7 +178,7 @@ def reference_parameters(spec, *, draft: bool) -> dict[str, str]:
     }
 
 
-def plan_values(spec, *, backend: RuntimeTarget, repo: Path, llm: LLMSource,
+def plan_values(spec, *, models: EnsembleModels, repo: Path, llm: LLMSource,
                 draft: LLMSource | None) -> tuple[dict, list]:
     """model name -> template values for every model of the repository, plus warnings."""
     warnings: list[str] = []
@@ -192,9 +192,8 @@ def plan_values(spec, *, backend: RuntimeTarget, repo: Path, llm: LLMSource,
     chunked = spec.serving.enable_chunked_context and llm.kv_reuse_ok
     if spec.serving.enable_kv_cache_reuse and not llm.kv_reuse_ok:
         warnings.append("engine built without paged context FMHA: KV-cache reuse and chunked context stay off")
-    if backend.compiles and speculative and llm.max_draft_len < spec.draft_len:
-        raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
-                           "rebuild the target with --speculative_decoding_mode draft_tokens_external")
+    if speculative:
+        models.check_draft_len(spec, llm)
     batch = llm.max_batch_size
 
     def rel(p: Path, model: str) -> str:
@@ -207,22 +206,18 @@ def plan_values(spec, *, backend: RuntimeTarget, repo: Path, llm: LLMSource,
                           "max_input_len": spec.max_input_len},
         "postprocessing": {"triton_max_batch_size": batch, "postprocessing_instance_count": 1,
                            "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
-        "tensorrt_llm": _llm_values("tensorrt_llm", backend, llm, rel(llm.path, "tensorrt_llm"),
+        "tensorrt_llm": _llm_values("tensorrt_llm", models, llm, rel(llm.path, "tensorrt_llm"),
                                     decoupled=spec.serving.target_decoupled(speculative), fraction=fraction,
                                     spec=spec, kv_reuse=kv_reuse, chunked=chunked),
         "ensemble": {"triton_max_batch_size": batch},
     }
     if draft is not None:
         values["tensorrt_llm_draft"] = _llm_values(
-            "tensorrt_llm_draft", backend, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
+            "tensorrt_llm_draft", models, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
             fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
             chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
         values["tensorrt_llm_draft"]["max_tokens_in_paged_kv_cache"] = spec.draft_max_tokens_in_paged_kv_cache
-        if backend.compiles:
-            # Orchestrator mode (two tensorrtllm models in one server): each model's GPUs, comma-separated within
-            # one instance (model_state.cc LoadParameters). Participant ids stay empty: the orchestrator spawns.
-            values["tensorrt_llm"]["gpu_device_ids"] = ",".join(map(str, spec.target_gpu_device_ids))
-            values["tensorrt_llm_draft"]["gpu_device_ids"] = ",".join(map(str, spec.draft_gpu_device_ids))
+        models.place_draft_target(spec, values)
         values["tensorrt_llm_bls"] = {
             "triton_max_batch_size": batch, "decoupled_mode": False, "bls_instance_count": 1,
             "accumulate_tokens": False, "tensorrt_llm_model_name": "tensorrt_llm",
@@ -234,7 +229,7 @@ def plan_values(spec, *, backend: RuntimeTarget, repo: Path, llm: LLMSource,
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: RuntimeTarget, tokenizer: Path,
+def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, models: EnsembleModels, tokenizer: Path,
                extra_parameters: dict[str, dict[str, str]] | None = None) -> None:
     """Render every model of `values` into `dest` (which must exist and be empty); `extra_parameters` (model ->
     key -> value) are added to the rendered configs."""
@@ -250,27 +245,13 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, backend: Runtim
         if model in extra_parameters:
             text = pbtxt.with_parameters(text, extra_parameters[model], name=name)
         (out / "config.pbtxt").write_text(text)
-        python = model != "ensemble" and not (template == "tensorrt_llm" and backend.compiles)
-        if python:
+        if model != "ensemble" and models.python_model(template):
             shutil.copy2(src / "1" / "model.py", out / "1" / "model.py")
             shutil.copy2(root / SHARED_MODULE, out / "1" / SHARED_MODULE)
         if model in ("preprocessing", "postprocessing"):
             (out / "tokenizer").mkdir()
             for f in _tokenizer_files(tokenizer):
                 shutil.copy2(f, out / "tokenizer" / f.name)
-
-
-def _draft_tokenizer(backend: RuntimeTarget, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
-    """The draft's tokenizer identity: its own tokenizer dir, or what its engine's manifest records."""
-    if draft_tokenizer_dir is not None:
-        return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
-    if not backend.compiles:
-        return identity(find_tokenizer(draft.path, error=PackageError))
-    recorded = EngineManifest.read(draft.path)
-    if recorded is None or recorded.tokenizer is None:
-        raise PackageError(f"draft engine {draft.path} records no tokenizer (no pipeline manifest); pass "
-                           "--draft-tokenizer-dir with the draft checkpoint's tokenizer", path=draft.path)
-    return recorded.tokenizer
 
 
 def _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
@@ -300,14 +281,104 @@ def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_di
     return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
 
 
-def _extra_parameters(spec, backend: RuntimeTarget, with_draft: bool) -> dict[str, Any]:
-    """Reference-backend parameters appended to the `tensorrt_llm` model(s); none for the GPU backend."""
-    if backend.gpu:
+class EnsembleModels(Protocol):
+    """What serves the `tensorrt_llm` model(s) of an ensemble repository: the C++ backend over engines, or the
+    Python reference backend over the checkpoint (`ENSEMBLE_MODELS`, by the row's `repo_kind`)."""
+
+    triton_backend: str  # the models' `backend:` in config.pbtxt
+
+    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
+                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
+        """(target source, draft source or None, the tokenizer dir, the build id the sources imply)."""
+        ...
+
+    def python_model(self, template: str) -> bool:
+        """Whether the model rendered from `template` (not the ensemble) runs a model.py of ours."""
+        ...
+
+    def check_draft_len(self, spec, llm: LLMSource) -> None:
+        """Refuse a target that cannot take the spec's draft tokens."""
+        ...
+
+    def place_draft_target(self, spec, values: dict[str, dict[str, Any]]) -> None:
+        """Add what the two models of a draft-target repository need to share a server."""
+        ...
+
+    def draft_tokenizer(self, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+        """The draft's tokenizer identity: its own tokenizer dir when given, else what the draft source holds."""
+        ...
+
+    def extra_parameters(self, spec, *, with_draft: bool) -> dict[str, Any]:
+        """Parameters appended to the `tensorrt_llm` model(s)."""
+        ...
+
+
+class EngineModels:
+    """target trtllm: Triton's C++ `tensorrtllm` backend over the trtllm-build engines."""
+
+    triton_backend = "tensorrtllm"
+
+    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
+                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
+        return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
+
+    def python_model(self, template: str) -> bool:
+        return template != "tensorrt_llm"
+
+    def check_draft_len(self, spec, llm: LLMSource) -> None:
+        if llm.max_draft_len < spec.draft_len:
+            raise PackageError(f"target engine max_draft_len={llm.max_draft_len} < draft_len {spec.draft_len}; "
+                               "rebuild the target with --speculative_decoding_mode draft_tokens_external")
+
+    def place_draft_target(self, spec, values: dict[str, dict[str, Any]]) -> None:
+        # Orchestrator mode (two tensorrtllm models in one server): each model's GPUs, comma-separated within one
+        # instance (model_state.cc LoadParameters). Participant ids stay empty: the orchestrator spawns.
+        values["tensorrt_llm"]["gpu_device_ids"] = ",".join(map(str, spec.target_gpu_device_ids))
+        values["tensorrt_llm_draft"]["gpu_device_ids"] = ",".join(map(str, spec.draft_gpu_device_ids))
+
+    def draft_tokenizer(self, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+        if draft_tokenizer_dir is not None:
+            return identity(find_tokenizer(draft_tokenizer_dir, error=PackageError))
+        recorded = EngineManifest.read(draft.path)
+        if recorded is None or recorded.tokenizer is None:
+            raise PackageError(f"draft engine {draft.path} records no tokenizer (no pipeline manifest); pass "
+                               "--draft-tokenizer-dir with the draft checkpoint's tokenizer", path=draft.path)
+        return recorded.tokenizer
+
+    def extra_parameters(self, spec, *, with_draft: bool) -> dict[str, Any]:
         return {}
-    extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
-    if with_draft:
-        extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
-    return extra
+
+
+class ReferenceModels:
+    """target reference: the Python reference backend over the checkpoint, on CPU."""
+
+    triton_backend = "python"
+
+    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
+                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
+        return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
+
+    def python_model(self, template: str) -> bool:
+        return True
+
+    def check_draft_len(self, spec, llm: LLMSource) -> None:
+        return None  # the reference proposes and verifies any number of draft tokens
+
+    def place_draft_target(self, spec, values: dict[str, dict[str, Any]]) -> None:
+        return None  # one CPU process holds both models
+
+    def draft_tokenizer(self, draft: LLMSource, draft_tokenizer_dir: Path | None) -> TokenizerIdentity:
+        return identity(find_tokenizer(draft_tokenizer_dir or draft.path, error=PackageError))
+
+    def extra_parameters(self, spec, *, with_draft: bool) -> dict[str, Any]:
+        """Parameters only the reference backend reads (the C++ backend takes them from the engine's config.json)."""
+        extra = {"tensorrt_llm": reference_parameters(spec, draft=False)}
+        if with_draft:
+            extra["tensorrt_llm_draft"] = reference_parameters(spec, draft=True)
+        return extra
+
+
+ENSEMBLE_MODELS: dict[str, EnsembleModels] = {"engine": EngineModels(), "reference": ReferenceModels()}
 
 
 def current_repo(final: Path, key: str, *, force: bool, verify: bool, check_only: bool) -> PackageResult | None:
@@ -362,16 +433,18 @@ def package_repo(
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
     backend = _ensemble_backend(target or spec.target)
-    llm, draft, tok, derived_id = _sources(spec, backend, engine_dir, draft_engine_dir, checkpoint_dir,
-                                           draft_checkpoint_dir, tokenizer_dir)
+    models = ENSEMBLE_MODELS[backend.repo_kind]
+    llm, draft, tok, derived_id = models.sources(spec, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir,
+                                                 checkpoint_dir=checkpoint_dir,
+                                                 draft_checkpoint_dir=draft_checkpoint_dir, tokenizer_dir=tokenizer_dir)
     build_id = build_id or derived_id
     final = repo_path(output, name, build_id, backend, spec_key)
-    values, warnings = plan_values(spec, backend=backend, repo=final, llm=llm, draft=draft)
+    values, warnings = plan_values(spec, models=models, repo=final, llm=llm, draft=draft)
     if draft is not None:
-        why = mismatch(identity(tok), _draft_tokenizer(backend, draft, draft_tokenizer_dir))
+        why = mismatch(identity(tok), models.draft_tokenizer(draft, draft_tokenizer_dir))
         if why:
             raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
-    extra = _extra_parameters(spec, backend, draft is not None)
+    extra = models.extra_parameters(spec, with_draft=draft is not None)
     key = stage_key({
         "stage": "package",
         "target": backend.target,
@@ -386,7 +459,7 @@ def package_repo(
     if cached is not None:
         return cached
     with atomic_dir(final) as tmp:
-        write_repo(tmp, values, backend=backend, tokenizer=tok, extra_parameters=extra)
+        write_repo(tmp, values, models=models, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
         manifest = _repo_manifest(spec, key, backend.target, build_id, spec_key, sorted(summary.models), values,
                                   warnings, llm, draft, tok, files=file_table(tmp))
@@ -402,15 +475,8 @@ def _ensemble_backend(target: str) -> RuntimeTarget:
         raise PackageError(f"target {target!r} is not one of trtllm, reference") from None
 
 
-def _sources(spec, backend: RuntimeTarget, engine_dir: Path | None, draft_engine_dir: Path | None,
-             checkpoint_dir: Path | None, draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None):
-    """(llm, draft, tokenizer dir, derived build id): engines for the C++ backend, checkpoints for the reference."""
-    if backend.compiles:
-        return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
-    return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
-
-
-def repo_path(output: Path | None, name: str | None, build_id: str, backend: RuntimeTarget, spec_key: str | None) -> Path:
+def repo_path(output: Path | None, name: str | None, build_id: str, backend: RuntimeTarget,
+              spec_key: str | None) -> Path:
     """`<output>/<name>`: output defaults to `triton_repo_dir()`, name to `repo_name(build_id, backend, spec_key)`."""
     out_root = Path(output) if output else triton_repo_dir()
     name = check_name(name, what="repository name", fix="pass a plain directory name") if name else \
