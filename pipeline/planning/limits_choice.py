@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec_rules import validate_spec
+from pipeline.planning.planner import plan_capacity
 
 if TYPE_CHECKING:
     from pipeline.core.spec import BuildSpec
@@ -29,8 +30,6 @@ def _with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
 def _fitting_batch(spec: BuildSpec) -> tuple[int | None, str]:
     """The batch the KV pool holds at the plan's typical request with a batch-`UPSTREAM_MAX_BATCH` engine, or None
     with the reason when not even one request fits."""
-    from pipeline.planning.planner import plan_capacity
-
     at_cap = plan_capacity(_with_batch(spec, UPSTREAM_MAX_BATCH))
     where = (f"{spec.parallelism.world_size} x {spec.hardware.gpu} at tp={spec.parallelism.tp} "
              f"pp={spec.parallelism.pp}")
