@@ -16,14 +16,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.stages.package.serve_plan import check_servable
 from pipeline.stages.build import locate_outputs
-from pipeline.stages.package.llmapi_options import engine_serve_options, llm_api_options
+from pipeline.stages.package.serve_plan import TrtllmServeBackend, trtllm_serve_backend
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,6 @@ def options_file_name(spec: BuildSpec) -> str:
     return f"llm_api_options-{spec.identity()[:8]}.yaml"
 
 
-def _options_yaml(spec: BuildSpec, draft_dir: Path | None) -> str:
-    if runtime_of(spec).compiles:
-        return engine_serve_options(spec).to_yaml()
-    return llm_api_options(spec, draft_dir=draft_dir).to_yaml()
-
-
 def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> LocalServeInputs:
     """The inputs of the finished build of `spec`; with `allow_pending`, the planned ones when there is none.
 
@@ -70,31 +63,28 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
         PipelineError: no finished build (the message says what to run), unless `allow_pending`.
         IntegrityError: a build output differs from its manifest (exit 3), even with `allow_pending`.
     """
-    check_servable(spec)
-    engine = runtime_of(spec).compiles
+    served = trtllm_serve_backend(spec)
     try:
-        out = locate_outputs(spec, until="compile" if engine else "calibrate")
+        out = locate_outputs(spec, until=served.served_stage)
     except IntegrityError:
         raise
     except PipelineError as exc:
         if not allow_pending:
             raise
-        return _pending(spec, reason=str(exc))
-    base = out.checkpoint.path.parent
-    options_file = base / options_file_name(spec)
-    if engine:
-        return LocalServeInputs(out.engine.path, out.layout.tokenizer, options_file, _options_yaml(spec, None), True)
-    draft = out.draft_checkpoint.path if out.draft_checkpoint else None
-    return LocalServeInputs(out.checkpoint.path, None, options_file, _options_yaml(spec, draft), True)
+        return _pending(spec, served, reason=str(exc))
+    model_dir, tokenizer_dir, draft = served.served_dirs(
+        checkpoint=out.checkpoint.path, engine=out.engine.path if out.engine else None, tokenizer=out.layout.tokenizer,
+        draft_checkpoint=out.draft_checkpoint.path if out.draft_checkpoint else None)
+    options_file = out.checkpoint.path.parent / options_file_name(spec)
+    return LocalServeInputs(model_dir, tokenizer_dir, options_file, served.options(spec, draft).to_yaml(), True)
 
 
-def _pending(spec: BuildSpec, *, reason: str) -> LocalServeInputs:
+def _pending(spec: BuildSpec, served: TrtllmServeBackend, *, reason: str) -> LocalServeInputs:
     base = engines_dir() / PENDING
+    ckpt = runtime_of(spec).checkpoint
+    model_dir, tokenizer_dir, draft = served.served_dirs(
+        checkpoint=base / ckpt.dirname, engine=base / "engine", tokenizer=ckpt.tokenizer_dir(base / ckpt.dirname),
+        draft_checkpoint=engines_dir() / f"{PENDING}-draft" / ckpt.dirname if spec.draft_model is not None else None)
     options_file = base / options_file_name(spec)
-    backend = runtime_of(spec)
-    ckpt = backend.checkpoint
-    if backend.compiles:
-        return LocalServeInputs(base / "engine", ckpt.tokenizer_dir(base / ckpt.dirname), options_file,
-                                _options_yaml(spec, None), False, reason)
-    draft = engines_dir() / f"{PENDING}-draft" / ckpt.dirname if spec.draft_model is not None else None
-    return LocalServeInputs(base / ckpt.dirname, None, options_file, _options_yaml(spec, draft), False, reason)
+    return LocalServeInputs(model_dir, tokenizer_dir, options_file, served.options(spec, draft).to_yaml(), False,
+                            reason)

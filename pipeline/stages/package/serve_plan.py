@@ -27,6 +27,7 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel
 
@@ -35,6 +36,8 @@ from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.placement import place
 from pipeline.stages.compile.engine_plan import effective_max_num_tokens
+from pipeline.stages.package.llmapi_options import (EngineServeOptions, LlmApiOptions, engine_serve_options,
+                                                    llm_api_options)
 
 TRTLLM_SERVE = "trtllm-serve"
 LLMAPI_LAUNCH = "trtllm-llmapi-launch"
@@ -56,21 +59,111 @@ class TrtllmServePlan(BaseModel):
         return shlex.join(self.argv)
 
 
+class TrtllmServeBackend(Protocol):
+    """How `trtllm-serve` serves one runtime × target (`TRTLLM_SERVE_BACKENDS`, by the row's trtllm-serve mode)."""
+
+    name: str  # trtllm-serve --backend
+    served_stage: str  # the build stage whose output it serves
+
+    def check(self, spec: BuildSpec) -> None:
+        """Refuse what this backend cannot serve (SpecError with the way out)."""
+        ...
+
+    def argv(self, spec: BuildSpec, *, model_dir: Path, tokenizer_dir: Path | None, options_file: Path, host: str,
+             port: int) -> list[str]:
+        """The one-process `trtllm-serve` command over `model_dir`."""
+        ...
+
+    def options(self, spec: BuildSpec, draft_dir: Path | None) -> LlmApiOptions | EngineServeOptions:
+        """The `--extra_llm_api_options` YAML's content."""
+        ...
+
+    def served_dirs(self, *, checkpoint: Path, engine: Path | None, tokenizer: Path,
+                    draft_checkpoint: Path | None) -> tuple[Path, Path | None, Path | None]:
+        """(model dir, tokenizer dir or None, draft dir or None) of a build's outputs."""
+        ...
+
+
+class EngineServe:
+    """`trtllm-serve ENGINE --backend tensorrt --tokenizer TOK`: the target engine, the checkpoint's tokenizer."""
+
+    name = ENGINE_BACKEND
+    served_stage = "compile"
+
+    def check(self, spec: BuildSpec) -> None:
+        if spec.draft_model is not None:
+            raise SpecError(f"trtllm-serve with draft {spec.draft_model.name}: TensorRT-LLM 1.2.1's tensorrt backend "
+                            "has no draft-target speculation (PyTorch backend only); serve these engines with Triton "
+                            "(serve --mode triton, deploy without --serve-mode), or build --runtime pytorch, or drop "
+                            "--draft")
+
+    def argv(self, spec: BuildSpec, *, model_dir: Path, tokenizer_dir: Path | None, options_file: Path, host: str,
+             port: int) -> list[str]:
+        if tokenizer_dir is None:
+            raise SpecError("trtllm_serve_plan: an engine build needs its tokenizer directory")
+        return engine_serve_argv(spec, engine_dir=model_dir, tokenizer_dir=tokenizer_dir, options_file=options_file,
+                                 host=host, port=port)
+
+    def options(self, spec: BuildSpec, draft_dir: Path | None) -> EngineServeOptions:
+        return engine_serve_options(spec)
+
+    def served_dirs(self, *, checkpoint: Path, engine: Path | None, tokenizer: Path,
+                    draft_checkpoint: Path | None) -> tuple[Path, Path | None, Path | None]:
+        return engine, tokenizer, None
+
+
+class CheckpointServe:
+    """`trtllm-serve HF_DIR --backend pytorch`: the Hugging Face checkpoint (tokenizer at its root), the draft's."""
+
+    name = CHECKPOINT_BACKEND
+    served_stage = "calibrate"
+
+    def check(self, spec: BuildSpec) -> None:
+        return None
+
+    def argv(self, spec: BuildSpec, *, model_dir: Path, tokenizer_dir: Path | None, options_file: Path, host: str,
+             port: int) -> list[str]:
+        return serve_argv(spec, model_dir=model_dir, options_file=options_file, host=host, port=port)
+
+    def options(self, spec: BuildSpec, draft_dir: Path | None) -> LlmApiOptions:
+        return llm_api_options(spec, draft_dir=draft_dir)
+
+    def served_dirs(self, *, checkpoint: Path, engine: Path | None, tokenizer: Path,
+                    draft_checkpoint: Path | None) -> tuple[Path, Path | None, Path | None]:
+        return checkpoint, None, draft_checkpoint
+
+
+class NotServed(CheckpointServe):
+    """The CPU reference: trtllm-serve serves only TensorRT-LLM builds."""
+
+    def check(self, spec: BuildSpec) -> None:
+        raise SpecError(f"trtllm-serve serves TensorRT-LLM builds, but this is --target {spec.target} (the CPU "
+                        "reference backend); serve it with Triton (serve --mode triton)")
+
+
+# the served runtime a row's `trtllm-serve` mode names (`RuntimeTarget.serve_modes`; None: the mode is refused)
+TRTLLM_SERVE_BACKENDS: dict[str | None, TrtllmServeBackend] = {
+    "trtllm-serve-engine": EngineServe(), "trtllm-serve-pytorch": CheckpointServe(), None: NotServed()}
+
+
+def trtllm_serve_backend(spec: BuildSpec) -> TrtllmServeBackend:
+    """How trtllm-serve serves `spec`, checked.
+
+    Raises:
+        SpecError: it cannot (the CPU reference target, an engine with a draft), with the way out (exit 2).
+    """
+    backend = TRTLLM_SERVE_BACKENDS[dict(runtime_of(spec).serve_modes).get("trtllm-serve")]
+    backend.check(spec)
+    return backend
+
+
 def check_servable(spec: BuildSpec) -> None:
     """Refuse what `trtllm-serve` cannot serve: the CPU reference target, and a draft on the tensorrt backend.
 
     Raises:
         SpecError: with the way out (exit 2).
     """
-    backend = runtime_of(spec)
-    if not backend.gpu:
-        raise SpecError(f"trtllm-serve serves TensorRT-LLM builds, but this is --target {spec.target} (the CPU "
-                        "reference backend); serve it with Triton (serve --mode triton)")
-    if backend.compiles and spec.draft_model is not None:
-        raise SpecError(f"trtllm-serve with draft {spec.draft_model.name}: TensorRT-LLM 1.2.1's tensorrt backend has "
-                        "no draft-target speculation (PyTorch backend only); serve these engines with Triton "
-                        "(serve --mode triton, deploy without --serve-mode), or build --runtime pytorch, or drop "
-                        "--draft")
+    trtllm_serve_backend(spec)
 
 
 def serve_argv(spec: BuildSpec, *, model_dir: Path | str, options_file: Path | str, host: str,
@@ -96,23 +189,17 @@ def trtllm_serve_plan(spec: BuildSpec, *, model_dir: Path, options_file: Path, h
                       port: int = 8000, tokenizer_dir: Path | None = None) -> TrtllmServePlan:
     """The trtllm-serve command of `spec`: over its HF checkpoint `model_dir` (runtime pytorch) or its engine
     directory `model_dir` with `tokenizer_dir` (runtime engine), and the options YAML."""
-    check_servable(spec)
+    backend = trtllm_serve_backend(spec)
     p = spec.parallelism
     placement = place(p.tp, p.pp, spec.hardware)
-    engine = runtime_of(spec).compiles
-    if engine:
-        if tokenizer_dir is None:
-            raise SpecError("trtllm_serve_plan: an engine build needs its tokenizer directory")
-        serve = engine_serve_argv(spec, engine_dir=model_dir, tokenizer_dir=tokenizer_dir,
-                                  options_file=options_file, host=host, port=port)
-    else:
-        serve = serve_argv(spec, model_dir=model_dir, options_file=options_file, host=host, port=port)
+    serve = backend.argv(spec, model_dir=model_dir, tokenizer_dir=tokenizer_dir, options_file=options_file, host=host,
+                         port=port)
     multi = placement.nodes > 1
     launch = ["srun", "--mpi=pmix", f"--nodes={placement.nodes}", f"--ntasks={placement.world_size}",
               f"--ntasks-per-node={placement.ranks_per_node}", LLMAPI_LAUNCH] if multi else []
     return TrtllmServePlan(argv=launch + serve, options_file=str(options_file), world_size=placement.world_size,
                            nodes=placement.nodes, multi_node=multi,
-                           backend=ENGINE_BACKEND if engine else CHECKPOINT_BACKEND)
+                           backend=backend.name)
 
 
 def require_trtllm_serve() -> str:
