@@ -81,6 +81,10 @@ class RuntimeTarget:
         """A word for the package lines (`llmapi`), or None."""
         return "llmapi" if self.layout == "llmapi" else None
 
+    def gpus(self, world_size: int) -> int:
+        """The GPUs a build of this pair holds at `world_size` ranks (0: the CPU reference)."""
+        return world_size if self.gpu else 0
+
     def deploys_on(self, platform: str) -> bool:
         return platform in self.deploy_platforms
 

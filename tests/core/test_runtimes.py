@@ -86,3 +86,9 @@ def test_layout_and_notes_follow_the_row(runtime, target):
     assert row.layout == ("llmapi" if row.llmapi else "ensemble")
     assert row.repo_note == ("llmapi" if row.llmapi else None)
     assert (row.check_note is None) is row.compiles
+
+
+@pytest.mark.parametrize("runtime, target", PAIRS)
+def test_a_cpu_reference_holds_no_gpus(runtime, target):
+    row = runtime_named(runtime, target)
+    assert row.gpus(4) == (4 if row.gpu else 0)

@@ -99,7 +99,7 @@ def serving_cpus(rt: Runtime, p: Placement) -> int:
 def matrix_cpus(cells: list[BuildSpec], time_limit: str) -> int:
     """Cores per build cell: MATRIX_CPUS_PER_GPU per GPU of the widest GPU cell; CPU cells: enough cores to
     calibrate the slowest cell within `time_limit` (the calibration CPU-time estimate), at least 1."""
-    gpus = max((c.parallelism.world_size for c in cells if runtime_of(c).gpu), default=0)
+    gpus = max((runtime_of(c).gpus(c.parallelism.world_size) for c in cells), default=0)
     if gpus:
         return MATRIX_CPUS_PER_GPU * gpus
     seconds = slurm.time_seconds(time_limit)

@@ -137,7 +137,7 @@ def _cell_args(spec: BuildSpec) -> list[str]:
 
 def render_matrix(o: DeployOptions, cells: list[BuildSpec], directory: Path, output: str) -> dict[str, str]:
     """filename -> content of a build matrix (Indexed Job / job array running build-cell.sh)."""
-    gpus = max((c.parallelism.world_size for c in cells if runtime_of(c).gpu), default=0)
+    gpus = max((runtime_of(c).gpus(c.parallelism.world_size) for c in cells), default=0)
     platform = PLATFORMS[o.platform]
     server, pipe = _images(o, platform, TRTLLM_VERSION)
     scripts = {"build-cell.sh": slurm.build_cell_script([_cell_args(c) for c in cells],
