@@ -7,8 +7,8 @@ Two binaries are supported:
   running interpreter; the server runs with `LD_LIBRARY_PATH=<python LIBDIR>:<nvidia_pytriton.libs>` and the running
   interpreter's `bin/` first on PATH (so python models import this venv's torch/transformers).
 - GPU (`tensorrtllm` backend): the NGC image's `/opt/tritonserver/bin/tritonserver` (or `tritonserver` on PATH),
-  started as the repository's launch plan says (`pipeline.stages.package.launch_plan`: one process, leader-mode ranks under
-  `mpirun`, or one orchestrator process that spawns each model's ranks).
+  started as the repository's launch plan says (`pipeline.stages.package.launch_plan`: one process, leader-mode
+  ranks under `mpirun`, or one orchestrator process that spawns each model's ranks).
 
 The server always runs on an *installed* copy of the repository under `cache_dir()/launch` (every path parameter
 absolute, see `pipeline.stages.package.install`), removed at stop. It runs in its own process group with a parent-death
@@ -367,8 +367,9 @@ def build_command(
     log_verbose: int = 0,
     exit_timeout_s: int = 10,
 ) -> ServerCommand:
-    """argv/env for `tritonserver` on `repo`, from the repository's launch plan (`pipeline.stages.package.launch_plan`): the CPU
-    bundle for a reference repository, else the GPU server (mpirun over the ranks in leader mode).
+    """argv/env for `tritonserver` on `repo`, from the repository's launch plan
+    (`pipeline.stages.package.launch_plan`): the CPU bundle for a reference repository, else the GPU server (mpirun
+    over the ranks in leader mode).
 
     `world_size` overrides the repository manifest's for `tensorrt_llm`; a `binary` serves even a repository without
     TensorRT-LLM models with the GPU server.

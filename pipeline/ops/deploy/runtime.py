@@ -2,17 +2,18 @@
 
 A `Runtime` is the slot a serving stack fills: the per-rank program, its health endpoints and ports, and what the
 node's fetch-verify step adds. The engine runtime runs `tritonserver` over the release's model repository as its
-launch plan says (`pipeline.stages.package.launch_plan`, the plan `serve` uses): leader mode, one process per rank (rank 0 serves
-HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode (draft-target), one
-process, `mpirun --allow-run-as-root --oversubscribe -n 1 tritonserver ...`, whose backend spawns each model's ranks;
-or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the
-release's Hugging Face checkpoint: the argv of `pipeline.stages.package.serve_plan` (`trtllm-serve MODEL --backend pytorch
-... --extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
+launch plan says (`pipeline.stages.package.launch_plan`, the plan `serve` uses): leader mode, one process per rank
+(rank 0 serves HTTP/gRPC/metrics and every model, the others load only `tensorrt_llm`); orchestrator mode
+(draft-target), one process, `mpirun --allow-run-as-root --oversubscribe -n 1 tritonserver ...`, whose backend spawns
+each model's ranks; or one process. The PyTorch runtime runs TensorRT-LLM's OpenAI server on the release's Hugging
+Face checkpoint: the argv of `pipeline.stages.package.serve_plan` (`trtllm-serve MODEL --backend pytorch ...
+--extra_llm_api_options YAML`), under `trtllm-llmapi-launch` on every rank when a launcher (mpirun over pods,
 `srun --mpi=pmix`) starts world-size ranks, as one process that spawns its own workers otherwise; probes on its
 `/health` route. An engine release can be served the same way instead of by tritonserver (`--serve-mode
 trtllm-serve`): serve_plan's `trtllm-serve ENGINE --backend tensorrt --tokenizer TOK ...` over the installed
 release's engine and tokenizer. The reference runtime (a --target reference build, CPU; tests and demos) runs the
-pipeline's own `invoke serve` on the installed repository as one process.
+pipeline's own `invoke serve` on the installed repository as one process. Which one runs is the spec's runtime ×
+target row's serve mode (`RuntimeTarget.served_as`), one `ServeMode` object each (`SERVED`).
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def _plan_word(arg: str) -> str:
     return '"$repo"'.join(shlex.quote(part) if part else "" for part in arg.split(REPO_WORD))
 
 
-# tritonserver's threads get SERVER_STACK_BYTES stacks on every rank, as `serve` gives them (see launch_plan.py): the soft
-# RLIMIT_STACK raised to it in KiB, capped by the hard limit, never lowered.
+# tritonserver's threads get SERVER_STACK_BYTES stacks on every rank, as `serve` gives them (see launch_plan.py):
+# the soft RLIMIT_STACK raised to it in KiB, capped by the hard limit, never lowered.
 STACK_LIMIT = f"""\
 stack_kib={SERVER_STACK_BYTES // 1024}
 hard_kib=$(ulimit -H -s)

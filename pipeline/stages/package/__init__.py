@@ -1,5 +1,7 @@
 """Triton model repository for a build: packaged templates (pipeline/templates/triton), strict rendering,
-validation and the package stage. See `pipeline.stages.package.package` for the layout."""
+validation and the package stage (`repository`: the layout a runtime × target row names), and how a build is
+launched (`launch_plan` for tritonserver, `serve_plan` for trtllm-serve; `serve` and `deploy` share them). See
+`pipeline.stages.package.package` for the ensemble layout."""
 
 import importlib
 
