@@ -37,6 +37,8 @@ from pipeline.core.artifacts import MANIFEST, SYMLINK, check_files
 from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError,
                                   PipelineError, VerifyError)
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, FileRecord, ReleaseDocument
+from pipeline.core.refs import mismatches
+from pipeline.core.spec import BuildSpec
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.release import RELEASE_JSON, tar_end, tar_header, tar_members
 from pipeline.stages.compile.preflight import probe_host as compile_probe
@@ -582,9 +584,6 @@ def _foreign_outputs(doc: ReleaseDocument, manifests: dict[str, dict[str, Any] |
     """Each checkpoint or engine of the release (arc dir -> its manifest) that records another model, precision or
     KV dtype than the spec in release.json (`refs.mismatches`), e.g. "engines/x/checkpoint: precision bf16 (this
     spec: fp8)". A release without a spec this pipeline reads (older formats) is not compared."""
-    from pipeline.core.refs import mismatches
-    from pipeline.core.spec import BuildSpec
-
     try:  # read back as `deploy` does: only non-default values count as given
         recorded = BuildSpec.model_validate((doc.model_extra or {}).get("spec"))
         spec = BuildSpec.model_validate(recorded.model_dump(mode="json", exclude_defaults=True))
