@@ -6,9 +6,10 @@
     engine   reference  TensorRT-LLM     no        no   ensemble    CPU PyTorch behind the Triton contract
     pytorch  reference  unified HF       no        no   llmapi      CPU transformers behind the Triton contract
 
-Rows are data only. What a pair *does* (package, export, deploy runtime) is chosen from its row by the layer that
-does it: `pipeline.stages.package.repository`, `pipeline.stages.calibrate.formats`, `pipeline.ops.deploy.modes`,
-and `pipeline.backends`, which gathers them for the CLI.
+Rows are data, with a few answers derived from it alone (no I/O, no imports above `core`). What a pair *does*
+(package, export, deploy runtime) is chosen from its row by the layer that does it:
+`pipeline.stages.package.repository`, `pipeline.stages.calibrate.formats`, `pipeline.ops.deploy.runtime`, and
+`pipeline.backends`, which gathers them for the CLI.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class RuntimeTarget:
     no_force_compile: str  # the `--force compile` error (empty when it compiles)
     check_note: str | None  # the `check` stage's line when there is nothing to preflight (None: run the preflight)
     deploy_platforms: tuple[str, ...]  # where `deploy` renders it
-    serve_modes: tuple[tuple[str, str], ...]  # deploy --serve-mode -> the served runtime (`ops.deploy.modes`); first: default
+    # deploy --serve-mode -> the served runtime (`pipeline.ops.deploy.runtime.SERVED`); the first is the default
+    serve_modes: tuple[tuple[str, str], ...]
     refused_modes: tuple[tuple[str, str], ...]  # deploy --serve-mode -> why this pair refuses it
 
     @property
