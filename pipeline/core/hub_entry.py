@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.architectures import UnsupportedArchitecture, UnusableConfigField
-from pipeline.core.errors import PipelineError, RegistryError
+from pipeline.core.errors import PipelineError, RegistryError, SpecError
 from pipeline.core.manifests import TokenizerIdentity
 from pipeline.core.model_entry import check_repo_id, hub_architecture
 from pipeline.core.tokenizer import identity, token_count
@@ -152,6 +152,21 @@ def tokenizer_mismatch(target: Any, draft: Any) -> str | None:
         return None
     return (f"tokenizer.json {d_id.sha256[:12]} ({d_n} tokens) vs {target.name}'s {t_id.sha256[:12]} "
             f"({t_n} tokens)")
+
+
+def check_hub_tokenizers(target: Any, draft: Any) -> None:
+    """Where the draft or the target is an `hf:` model (no tokenizer family declared), their Hub tokenizer.json files
+    (fetched alone, before any weights) must give the same token ids.
+
+    Raises:
+        SpecError: they differ. RegistryError: a tokenizer cannot be fetched.
+    """
+    if PREFIX not in (target.tokenizer_family[:3], draft.tokenizer_family[:3]):
+        return
+    mismatch = tokenizer_mismatch(target, draft)
+    if mismatch is not None:
+        raise SpecError(f"speculation.draft={draft.name}: its tokenizer differs: {mismatch}; draft and target must "
+                        "share one tokenizer")
 
 
 def hub_entry_fields(ref: str, *, endpoint: str | None = None, token: str | None = None) -> dict[str, Any]:

@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -16,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
+from pipeline.core.hub_entry import check_hub_tokenizers
 from pipeline.core.registry import MAX_BATCH, MAX_DRAFT_LEN, MAX_POSITIONS, ModelEntry, get_model
 from pipeline.core.untrusted import load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
@@ -293,10 +296,26 @@ def _or_registry(section: str, name: str, registry_section: str | None = None) -
     return property(value, doc=f"{section}.{name}, defaulting to the registry model's value")
 
 
-class BuildSpec(BaseModel):
-    """A whole, resolved build. `model`/`draft_model` are registry entries; everything else is the recipe."""
+class SpecNotes(BaseModel):
+    """What resolving a request said about its spec, apart from the recipe: never an artifact factor, never dumped."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warnings: tuple[str, ...] = ()
+    # engine limits the user left unset -> why they have their value (pipeline.planning.limits_choice)
+    limit_reasons: dict[str, str] = Field(default_factory=dict)
+    # TP the user left unset -> why it has its value (pipeline.planning.placement_choice)
+    placement_reason: str | None = None
+    # `precision: auto` before `build` chooses: `quantization.precision` holds the first candidate meanwhile, and the
+    # spec has no identity (nothing is named after a precision not chosen yet)
+    auto_precision: AutoPrecision | None = None
+
+
+class BuildSpec(BaseModel):
+    """A whole, resolved build, frozen: `model`/`draft_model` are registry entries, the sections the recipe and
+    `notes` what resolving it said (a changed spec is a copy: `model_copy`, `with_notes`, `with_precision`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelEntry
     draft_model: ModelEntry | None = None
@@ -312,15 +331,30 @@ class BuildSpec(BaseModel):
     serving: ServingSpec = ServingSpec()
     hardware: HardwareSpec = HardwareSpec()
     models_file: str | None = None
-    warnings: list[str] = Field(default_factory=list, exclude=True)
-    # engine limits the user left unset -> why they have their value (pipeline.planning.limits_choice fills it)
-    limit_reasons: dict[str, str] = Field(default_factory=dict, exclude=True)
-    # TP the user left unset -> why it has its value (pipeline.planning.placement_choice fills it)
-    placement_reason: str | None = Field(None, exclude=True)
-    # `precision: auto` before `build` chooses: `quantization.precision` holds the first candidate meanwhile, and the
-    # spec has no identity (nothing is named after a precision not chosen yet)
-    auto_precision: AutoPrecision | None = Field(None, exclude=True)
+    notes: SpecNotes = Field(default_factory=SpecNotes, exclude=True)
     serving_target: ServingTarget | None = None  # SLO, traffic and replicas (`plan --slo`); no artifact factor
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.notes.warnings)
+
+    @property
+    def limit_reasons(self) -> dict[str, str]:
+        return dict(self.notes.limit_reasons)
+
+    @property
+    def placement_reason(self) -> str | None:
+        return self.notes.placement_reason
+
+    @property
+    def auto_precision(self) -> AutoPrecision | None:
+        return self.notes.auto_precision
+
+    def with_notes(self, **changes: Any) -> BuildSpec:
+        """A copy whose notes have `changes` (SpecNotes fields; `warnings` as any sequence)."""
+        if "warnings" in changes:
+            changes["warnings"] = tuple(changes["warnings"])
+        return self.model_copy(update={"notes": self.notes.model_copy(update=changes)})
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
@@ -467,9 +501,8 @@ class BuildSpec(BaseModel):
         """
         quant = self.quantization.model_copy(update={"precision": precision})
         QuantizationSpec.model_validate(quant.model_dump())  # a precision name pydantic accepts
-        chosen = self.model_copy(update={"quantization": quant, "auto_precision": None})
-        chosen.warnings = validate_spec(chosen)
-        return chosen
+        chosen = self.model_copy(update={"quantization": quant}).with_notes(auto_precision=None)
+        return chosen.with_notes(warnings=validate_spec(chosen))
 
 
 # The spec factors each stage's output depends on (later stages add to earlier ones). Never part of any:
@@ -501,7 +534,7 @@ MAX_SPEC_BYTES = 1 << 20  # a spec file is a few hundred bytes
 SERVING_TARGET = "serving_target"  # a spec file's section that is no build recipe (`ServingTarget`)
 
 
-def _load_spec_file(path: str | Path) -> dict[str, Any]:
+def load_spec_file(path: str | Path) -> dict[str, Any]:
     """The spec file's mapping, its scalar types checked as written (`tp: true` is not 1, `tp: "4"` not 4)."""
     p = Path(path)
     raw = load_yaml_mapping(p, what="spec file", flag="--spec", cap=MAX_SPEC_BYTES, error=SpecError,
@@ -553,11 +586,13 @@ def _pydantic_error(exc: ValidationError) -> SpecError:
 def resolve_spec(
     *,
     spec_file: str | Path | None = None,
+    spec_data: Mapping[str, Any] | None = None,
     models_file: str | Path | None = None,
     validate: bool = True,
     **overrides: Any,
 ) -> BuildSpec:
-    """Build and validate a spec from an optional YAML file and flat overrides (None values are ignored).
+    """Build and validate a spec from an optional YAML file (or its mapping as `load_spec_file` returned it, so a
+    file is read and checked once however often its spec is resolved) and flat overrides (None values are ignored).
 
     Overrides use field names of the sections (`precision`, `tp`, `draft`, `gpu`, ...) plus `model`, `target`
     and `runtime`.
@@ -565,7 +600,8 @@ def resolve_spec(
     Raises:
         SpecError: a field has a bad value, a model is unknown, or a coherence rule is violated.
     """
-    data: dict[str, Any] = _load_spec_file(spec_file) if spec_file else {}
+    data: dict[str, Any] = (copy.deepcopy(dict(spec_data)) if spec_data is not None
+                            else load_spec_file(spec_file) if spec_file else {})
     models_file = overrides.pop("models_file", None) or models_file or data.get("models_file")
     for key, value in overrides.items():
         if value is None:
@@ -602,11 +638,13 @@ def resolve_spec(
         name = entry.default_draft if draft == "auto" else draft
         if not name:
             raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
-        spec.draft_model = get_model(name, models_file=models_file)
+        spec = spec.model_copy(update={"draft_model": get_model(name, models_file=models_file)})
     if auto:
-        return _auto_precision(spec, validate=validate)
-    if validate:
-        spec.warnings = validate_spec(spec)
+        spec = _auto_precision(spec, validate=validate)
+    elif validate:
+        spec = spec.with_notes(warnings=validate_spec(spec))
+    if validate and spec.draft_model is not None:
+        check_hub_tokenizers(spec.model, spec.draft_model)  # the one rule that reads the Hub, after the rules
     return spec
 
 
@@ -629,5 +667,4 @@ def _auto_precision(spec: BuildSpec, *, validate: bool) -> BuildSpec:
                         + "; ".join(f"{p}: {why}" for p, why in refused))
     first = spec.with_precision(allowed[0]) if validate else spec.model_copy(
         update={"quantization": spec.quantization.model_copy(update={"precision": allowed[0]})})
-    first.auto_precision = AutoPrecision(tuple(allowed), tuple(refused))
-    return first
+    return first.with_notes(auto_precision=AutoPrecision(tuple(allowed), tuple(refused)))

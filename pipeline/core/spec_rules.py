@@ -13,7 +13,6 @@ from pipeline.core.architectures import SOURCES, support_blocker
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
-from pipeline.core.hub_entry import tokenizer_mismatch
 from pipeline.core.model_entry import ModelEntry
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.trtllm_rules import (
@@ -267,19 +266,15 @@ def _check_moe(spec: BuildSpec) -> None:
 
 
 def _check_same_tokenizer(target: ModelEntry, draft: ModelEntry) -> None:
-    """Draft and target share one tokenizer: by declared `tokenizer_family` and size, or, where one is an `hf:`
-    model (no family declared), by the tokenizer.json both Hub repos hold (fetched alone, before any weights)."""
-    if HUB_PREFIX not in (target.tokenizer_family[:3], draft.tokenizer_family[:3]):
-        if draft.tokenizer_family == target.tokenizer_family and _tokens(draft) == _tokens(target):
-            return
-        why = (f"({draft.tokenizer_family}, vocab {_tokens(draft)}) differs from {target.name}'s "
-               f"({target.tokenizer_family}, vocab {_tokens(target)})")
-    else:
-        mismatch = tokenizer_mismatch(target, draft)
-        if mismatch is None:
-            return
-        why = f"differs: {mismatch}"
-    raise SpecError(f"speculation.draft={draft.name}: its tokenizer {why}; draft and target must share one tokenizer")
+    """Draft and target share one tokenizer by declared `tokenizer_family` and size. Where one is an `hf:` model (no
+    family declared) the Hub decides, after the rules (`hub_entry.check_hub_tokenizers`, called by `resolve_spec`)."""
+    if HUB_PREFIX in (target.tokenizer_family[:3], draft.tokenizer_family[:3]):
+        return
+    if draft.tokenizer_family == target.tokenizer_family and _tokens(draft) == _tokens(target):
+        return
+    raise SpecError(f"speculation.draft={draft.name}: its tokenizer ({draft.tokenizer_family}, vocab {_tokens(draft)}) "
+                    f"differs from {target.name}'s ({target.tokenizer_family}, vocab {_tokens(target)}); draft and "
+                    "target must share one tokenizer")
 
 
 def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:

@@ -66,7 +66,7 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
     if "max_num_tokens" not in given:
         reasons["max_num_tokens"] = (f"upstream's default {UPSTREAM_MAX_NUM_TOKENS} tokens per step, at least one "
                                      "whole prompt (max_input_len)")
-    chosen = spec.model_copy()  # the caller's spec stays as it was
+    chosen = spec
     if "max_batch_size" not in given:
         if not runtime_of(spec).gpu:
             reasons["max_batch_size"] = ("the registry's value: the reference target serves on CPU, where the GPU "
@@ -81,9 +81,10 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
                             "heavier traffic through the plain ensemble")
                 chosen = _with_batch(chosen, batch)
                 reasons["max_batch_size"] = why
-    chosen.limit_reasons = reasons
+    chosen = chosen.with_notes(limit_reasons=reasons)
     if chosen.max_batch_size != spec.max_batch_size and validate:
-        chosen.warnings = validate_spec(chosen)  # the rules again, at the chosen batch (not warning about it)
+        # the rules again, at the chosen batch (not warning about it)
+        chosen = chosen.with_notes(warnings=validate_spec(chosen))
     return chosen
 
 

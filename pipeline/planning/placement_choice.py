@@ -72,6 +72,4 @@ def choose_placement(spec: BuildSpec, at_tp: Callable[[int], BuildSpec]) -> Buil
               f"that fits (none keeps TPOT <= {DEFAULT_TPOT_TARGET_MS:g} ms)")
            + f": {_line(best)}" + (f"; runner-up {_line(runner)}" if runner else "")
            + "; --tp to choose")
-    chosen = chosen.model_copy()
-    chosen.placement_reason = why
-    return chosen
+    return chosen.with_notes(placement_reason=why)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GIB, GPUS
-from pipeline.core.spec import BuildSpec, resolve_spec
+from pipeline.core.spec import BuildSpec, load_spec_file, resolve_spec
 from pipeline.planning.limits_choice import choose_limits
 from pipeline.planning.placement_choice import choose_placement
 from pipeline.planning.placement import place
@@ -90,19 +90,20 @@ def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
 
 def check_spec_fits(spec: BuildSpec) -> BuildSpec:
     """Apply the placement, memory-fit and input-file rules to a spec that passed the intrinsic ones; their warnings
-    join `spec.warnings`. Returns `spec`."""
+    join the spec's warnings in the returned copy."""
     warnings: list[str] = []
     p = spec.parallelism
     place(p.tp, p.pp, spec.hardware)  # TP within a node, PP across nodes, within hardware.nodes
     _check_memory_fit(spec, warnings)
     _check_input_files(spec)
-    spec.warnings = [*spec.warnings, *warnings]
-    return spec
+    return spec.with_notes(warnings=[*spec.warnings, *warnings])
 
 
 def resolve_checked_spec(**kwargs) -> BuildSpec:
     """`resolve_spec(**kwargs)`, the TP it leaves unset chosen by cost (`choose_placement`) and the engine limits by
     the memory model (`choose_limits`), then every rule applied (intrinsic and fit): the spec every command acts on."""
+    if kwargs.get("spec_file"):  # read and checked once, whatever TP the placement tries
+        kwargs = {**kwargs, "spec_file": None, "spec_data": load_spec_file(kwargs["spec_file"])}
     spec = resolve_spec(**kwargs)
     if not kwargs.get("validate", True):
         return spec

@@ -166,3 +166,37 @@ def test_a_flag_value_of_thousands_of_digits_is_one_short_line():
     with pytest.raises(SpecError, match=r"^parallelism\.tp='9{29}\.\.\.\(long\): ") as err:
         resolve_spec(model="tiny-llama", tp="9" * 5000)
     assert len(str(err.value)) < 200
+
+
+def test_a_resolved_spec_is_frozen_and_its_notes_are_a_separate_record():
+    import pydantic
+
+    from pipeline.stages.check import resolve_checked_spec
+
+    spec = resolve_checked_spec(model="llama-70b", precision="fp8", gpu_count=8)
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        spec.runtime = "pytorch"
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        spec.notes.placement_reason = "mine"
+    assert spec.placement_reason.startswith("tp=") and spec.limit_reasons["max_batch_size"]
+    # the notes never name an artifact nor travel with the spec's document
+    bare = spec.model_copy(update={"notes": type(spec.notes)()})
+    assert bare.identity() == spec.identity()
+    assert "notes" not in spec.model_dump() and "warnings" not in spec.model_dump()
+    # a changed note is a copy; the spec it came from is untouched
+    noted = spec.with_notes(warnings=["w"])
+    assert noted.warnings == ["w"] and spec.warnings != ["w"]
+
+
+def test_a_spec_file_is_read_once_however_many_placements_are_tried(tmp_path, monkeypatch):
+    from pipeline.core import spec as spec_module
+    from pipeline.stages import check
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama-70b\nquantization:\n  precision: fp8\n")
+    reads = []
+    real = spec_module.load_spec_file
+    monkeypatch.setattr(check, "load_spec_file", lambda p: reads.append(p) or real(p))
+    spec = check.resolve_checked_spec(spec_file=str(path), gpu_count=8)
+    assert spec.placement_reason  # TP was chosen among several candidates, each resolved from the file's data
+    assert reads == [str(path)]

@@ -21,7 +21,7 @@ def with_parallelism(spec: BuildSpec, tp: int, pp: int, nodes: int) -> BuildSpec
     """A copy of `spec` at tp × pp on `nodes` nodes, with every spec rule applied again."""
     hw = spec.hardware.model_copy(update={"nodes": nodes})
     out = spec.model_copy(update={"parallelism": ParallelSpec(tp=tp, pp=pp), "hardware": hw})
-    out.warnings = validate_spec(out)
+    out = out.with_notes(warnings=validate_spec(out))
     return check_spec_fits(out)
 
 
