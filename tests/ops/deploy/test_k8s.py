@@ -536,6 +536,7 @@ def test_default_names_tell_variants_apart_within_the_length_limit():
              for kw in ({"tp": 4}, {"tp": 4, "draft": "llama-1b"}, {"tp": 8}, {"tp": 4, "pp": 2, "nodes": 2})}
     assert names == {"llama-70b-fp8-tp4", "llama-70b-fp8-tp4-draft", "llama-70b-fp8-tp8", "llama-70b-fp8-tp4-pp2"}
     long = resolve_spec(model="llama-70b", precision="int4_awq", tp=4, pp=2, nodes=2, draft="llama-1b")
-    long.model = long.model.model_copy(update={"name": "hf:" + "a-very-long-organisation/" + "model-name" * 5})
+    long = long.model_copy(update={"model": long.model.model_copy(
+        update={"name": "hf:" + "a-very-long-organisation/" + "model-name" * 5})})
     name = default_name(long)
     assert len(name) <= 40 and NAME_RE.fullmatch(name) and name.endswith("-int4-awq-tp4-pp2-draft")
