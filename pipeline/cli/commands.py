@@ -71,7 +71,7 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
         if f["compare"] or f["estimator"]:
             raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
         return _plan_slo(spec, f)
-    if any(f[name] for name in _SLO_ONLY):
+    if any(f[name] not in (None, False) for name in _SLO_ONLY):
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
                         "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
     terms = dict(input_len=f["input_len"], output_len=f["output_len"],
@@ -222,16 +222,19 @@ def build_command(spec: BuildSpec, **flags: Any) -> None:
     """
     from pipeline.planning.limits_choice import limits_record
     from pipeline.stages import build as build_stage
-    from pipeline.stages.host_check import check_host_fits
 
     f = parse_flags("build", flags)
-    host_check = None if f["skip_host_check"] else (
-        lambda stages: check_host_fits(spec, stages=stages, force=f["force"]).summary())
+
+    def host_check(stages: list[str]) -> str:  # called after the preflight, which rejects most builds faster
+        from pipeline.stages.host_check import check_host_fits
+
+        return check_host_fits(spec, stages=stages, force=f["force"]).summary()
+
     opts = build_stage.BuildOptions(offline=f["offline"], update=f["update"], verify_download=f["verify_download"],
                                     verify=f["verify"], revision=f["revision"], endpoint=f["endpoint"])
     with contextlib.redirect_stdout(sys.stderr):  # stages' library chatter must not corrupt --json on stdout
         report = build_stage.build(spec, until=f["until"], from_stage=f["from"], force=f["force"], options=opts,
-                                   host_check=host_check)
+                                   host_check=None if f["skip_host_check"] else host_check)
     if f["json"]:
         print(json.dumps(report.as_dict() | {"limits": limits_record(report.spec)}, indent=2))
 
@@ -378,7 +381,8 @@ def serve_command(spec: BuildSpec | None, **flags: Any) -> Any:
 
 
 def smoke_command(spec: BuildSpec | None, **flags: Any) -> None:
-    """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS draft-target; non-zero exit on failure."""
+    """Start a server (unless given), HTTP + gRPC (streaming, or unary with a draft) via the ensemble, BLS
+    draft-target; non-zero exit on failure."""
     from pipeline.serving import smoke
     from pipeline.serving.foreground import repo_for
 
@@ -390,11 +394,13 @@ def smoke_command(spec: BuildSpec | None, **flags: Any) -> None:
     print(f"ok: smoke passed ({len(results)} routes)")
 
 
-def install_repo_command(repo: str, **flags: Any) -> None:
+def install_repo_command(repo: str | None = None, **flags: Any) -> None:
     """Make every path parameter of a repository absolute (and checked) so bare `tritonserver` can serve it."""
     from pipeline.stages.package.install import install_command
 
     f = parse_flags("install_repo", {"repo": repo, **flags})
+    if not repo:
+        raise SpecError(f"give --repo DIR, the model repository to install (`{_program()} install-repo --help`)")
     install_command(repo, dest=f["dest"], engine_dir=f["engine_dir"], draft_engine_dir=f["draft_engine_dir"])
 
 

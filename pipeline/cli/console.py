@@ -29,7 +29,15 @@ from invoke.parser import ParserContext
 from pipeline import __version__
 from pipeline.cli import commands
 from pipeline.cli import flags as cli_flags
-from pipeline.cli.flags import SPEC_FLAGS, TASK_FLAGS, exit_on_error, option, sentence_first, spec_from_flags, value_name
+from pipeline.cli.flags import (
+    SPEC_FLAGS,
+    TASK_FLAGS,
+    exit_on_error,
+    option,
+    sentence_first,
+    spec_from_flags,
+    value_name,
+)
 from pipeline.core.errors import SpecError
 
 BINARY = "trtllm-pipeline"

@@ -28,7 +28,16 @@ from pipeline.core.errors import (
     os_error_in,
 )
 from pipeline.core.registry import MAX_DRAFT_LEN
-from pipeline.core.spec import AUTO, MAX_NODES, MAX_RATE, MAX_REPLICAS, MAX_REQUEST_TOKENS, MAX_SLO_MS, SECTIONS, BuildSpec
+from pipeline.core.spec import (
+    AUTO,
+    MAX_NODES,
+    MAX_RATE,
+    MAX_REPLICAS,
+    MAX_REQUEST_TOKENS,
+    MAX_SLO_MS,
+    SECTIONS,
+    BuildSpec,
+)
 
 MAX_SECONDS = 86_400.0  # a timeout or a time budget: a day
 MAX_SEED = 2**32 - 1
@@ -124,11 +133,12 @@ _SPEC_OPTIONS: dict[str, Option] = {
     "tp_across_nodes": _switch("allow a TP group to span nodes (all-reduce over the network; slow)"),
 }
 SPEC_FLAGS: tuple[str, ...] = tuple(_SPEC_OPTIONS)  # every task that takes a build spec takes exactly these
-_SPEC_SWITCHES = {"no_kv_reuse": ("enable_kv_cache_reuse", False), "no_chunked_context": ("enable_chunked_context", False),
-                  "no_quality_gate": ("quality_gate", False), "no_multiple_profiles": ("multiple_profiles", False),
-                  "tp_across_nodes": ("tp_across_nodes", True)}
+_SPEC_SWITCHES = {  # switch -> the spec field it sets, and to what
+    "no_kv_reuse": ("enable_kv_cache_reuse", False), "no_chunked_context": ("enable_chunked_context", False),
+    "no_quality_gate": ("quality_gate", False), "no_multiple_profiles": ("multiple_profiles", False),
+    "tp_across_nodes": ("tp_across_nodes", True),
+}
 
-_TOKENS = "an integer within 1..MAX_REQUEST_TOKENS"
 OPTIONS: dict[str, Option] = {
     **_SPEC_OPTIONS,
     # shared by several tasks

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.artifacts import engines_dir, replace_file
 from pipeline.core.errors import IntegrityError, SpecError
 from pipeline.core.manifests import PrecisionSearch
 from pipeline.core.spec import BuildSpec
-from pipeline.planning import planner, slo_search
+from pipeline.planning import planner
+
+if TYPE_CHECKING:
+    from pipeline.planning.slo_search import SloSearch
 
 
 def plan_resources(spec: BuildSpec):
@@ -36,9 +40,10 @@ class SloRequest:
     precision_search: str | None = None
 
 
-def slo_plan(spec: BuildSpec, r: SloRequest) -> slo_search.SloSearch:
+def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
     """The cheapest configuration of `spec`'s model meeting the SLO (pipeline.planning.slo_search); SpecError naming
     the nearest miss when none does."""
+    from pipeline.planning import slo_search
     from pipeline.stages.calibrate.quality_records import quality_verdicts
     from pipeline.stages.check import resolve_checked_spec
 
@@ -68,6 +73,8 @@ def passing_precisions(spec: BuildSpec, path: str | None) -> tuple[tuple[str, ..
     """The precisions that passed a `--precision auto` build's quality gate (`path`, else the newest such record of
     this spec's model, GPU, runtime and gate threshold under engines/), and where they came from; (None,
     "searched") when there is none."""
+    from pipeline.planning import slo_search
+
     if path:
         record = PrecisionSearch.read(Path(path))
         if record is None:
@@ -95,12 +102,13 @@ def check_pick_path(path: str) -> Path:
     return dest
 
 
-def write_pick(spec: BuildSpec, result: slo_search.SloSearch, path: str) -> Path:
+def write_pick(spec: BuildSpec, result: SloSearch, path: str) -> Path:
     """Write the search's pick as a spec YAML with its `serving_target` (replicas, SLO, traffic, estimate),
     atomically, after loading it back through the real spec loader and every `check` rule (a file that
     `check --spec` would refuse is never left behind)."""
     import yaml
 
+    from pipeline.planning import slo_search
     from pipeline.stages.check import resolve_checked_spec
 
     pick = result.pick

@@ -96,8 +96,8 @@ def _check_platform_flags(r: DeployRequest) -> None:
         raise DeployError("--monitoring-label labels the PrometheusRule, PodMonitor and dashboard ConfigMap; Slurm "
                           "deployments have none, so drop it or use --platform k8s")
     if r.release_secret and (r.platform != "k8s" or not r.release_url):
-        raise DeployError("--release-secret names a Kubernetes Secret; on Slurm export RELEASE_AUTH_HEADER in the shell "
-                          "that runs sbatch instead" if r.platform == "slurm" else
+        raise DeployError("--release-secret names a Kubernetes Secret; on Slurm export RELEASE_AUTH_HEADER in the "
+                          "shell that runs sbatch instead" if r.platform == "slurm" else
                           "--release-secret without --release-url; give the URL or drop --release-secret")
 
 
