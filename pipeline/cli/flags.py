@@ -46,6 +46,7 @@ MAX_BENCH_REQUESTS = 100_000  # pipeline.serving.bench.MAX_REQUESTS
 MAX_BENCH_RATE = 1e6  # pipeline.serving.bench.MAX_REQUEST_RATE
 PROGRAM = "invoke"  # the program the user ran; pipeline.cli.console.PipelineProgram.run sets it
 STAGES = ("check", "download", "calibrate", "compile", "package")  # pipeline.stages.build.STAGES
+NOT_A_STAGE = "{flag} {value!r} is not a stage; stages: {choices}"  # as pipeline.stages.build.stage_range says
 SERVE_MODES = ("triton", "trtllm-serve")  # pipeline.ops.deploy.runtime.SERVE_MODES
 MPI_TYPES = ("pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")  # pipeline.ops.deploy.slurm
 
@@ -53,15 +54,15 @@ MPI_TYPES = ("pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "no
 @dataclass(frozen=True)
 class Option:
     """One flag: `kind` is str, int, float, bool (a switch) or list (repeatable strings); numbers must lie within
-    `minimum`..`maximum` (every number has a finite bound); a value outside `choices` raises `error` saying
-    `refusal` (default: the choices)."""
+    `minimum`..`maximum` (every number has a finite bound); a value outside `choices` raises `error` with the
+    line `refusal` (a format string of `flag`, `value` and `choices`; default: the choices to use)."""
 
     help: str
     kind: type = str
     minimum: float = 1
     maximum: float | None = None
     choices: tuple[str, ...] = ()
-    refusal: str | None = None
+    refusal: str = "{flag} {value!r}: use one of {choices}"
     error: type[PipelineError] = SpecError
     default: Any = None
     field: str | None = None  # a spec flag: its `resolve_spec` override (values stay strings)
@@ -164,11 +165,11 @@ OPTIONS: dict[str, Option] = {
     # check / build
     "build.skip_host_check": _switch("do not compare GPU memory, RAM and disk with what the stages need (unusual "
                                      "setups)"),
-    "until": Option("last stage to run", choices=STAGES, error=BuildError),
+    "until": Option("last stage to run", choices=STAGES, error=BuildError, refusal=NOT_A_STAGE),
     "from": Option("first stage to run; earlier stages must already be current (they are located, not run)",
-                   choices=STAGES, error=BuildError),
+                   choices=STAGES, error=BuildError, refusal=NOT_A_STAGE),
     "build.force": Option("rebuild this stage and every stage after it even when current", choices=STAGES,
-                          error=BuildError),
+                          error=BuildError, refusal=NOT_A_STAGE),
     "build.json": _switch("print the build report as JSON on stdout (progress stays on stderr)"),
     "build.offline": _switch("download: use only the local cache"),
     "build.update": _switch("download: re-resolve a branch revision to its newest commit"),
@@ -188,8 +189,8 @@ OPTIONS: dict[str, Option] = {
     "prefix_hit": _share("prefix-cache hit ratio for the estimate, 0..1 (default 0)"),
     "estimator": Option("also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own venv under the "
                         "pipeline cache on first use) and print both estimates side by side",
-                        choices=("aiconfigurator",), refusal="the only second estimator is 'aiconfigurator'; drop "
-                        "the flag for the built-in estimate alone"),
+                        choices=("aiconfigurator",), refusal="{flag} {value!r}: the only second estimator is "
+                        "'aiconfigurator'; drop the flag for the built-in estimate alone"),
     "slo": _switch("search precision x TP x PP x max batch x draft/K (x runtime) for the cheapest configuration "
                    "meeting --ttft-ms and --tpot-ms at this traffic; print it, the Pareto front and why the others "
                    "lose (exit 2 naming the nearest miss when none meets the SLO). Flags the spec sets (--precision, "
@@ -275,7 +276,7 @@ OPTIONS: dict[str, Option] = {
                                   default=1.0),
     "speculation": Option("server (the route's default draft length), off (num_draft_tokens 0), or both (each level "
                           "twice: the crossover in the plot); default server", choices=("server", "off", "both"),
-                          error=BenchError),
+                          error=BenchError, refusal="{flag} {value!r}: expected server, off or both"),
     "dataset": Option('prompts as JSONL (one object a line) or one JSON array (ShareGPT as published, streamed): '
                       'objects {"prompt": ..., "output_len": N} (output_len optional) or the ShareGPT layout '
                       '{"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]}; every level replays one '
@@ -289,10 +290,11 @@ OPTIONS: dict[str, Option] = {
     "second_opinion": Option("also run NVIDIA AIPerf 0.13 on the same requests, concurrency and request rate (a "
                              "streaming ensemble or BLS) and print both tools' figures side by side",
                              choices=("aiperf",), error=BenchError,
-                             refusal="the only second opinion is 'aiperf'; drop the flag for ours alone"),
+                             refusal="{flag} {value!r}: the only second opinion is 'aiperf'; drop the flag for ours "
+                             "alone"),
     # deploy
     "platform": Option("k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)", choices=("k8s", "slurm"),
-                       error=DeployError, refusal="choose k8s or slurm"),
+                       error=DeployError, refusal="{flag} {value!r}: choose k8s or slurm"),
     "release": Option("release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags"),
     "deploy.output": Option("directory to write (default <output tree>/deploy/<platform>/<name>); replaced only with "
                             "--force"),
@@ -328,7 +330,7 @@ OPTIONS: dict[str, Option] = {
                               "pipeline's version); a --release-volume directory on this host must hold that file"),
     "exclusive": _switch("Slurm: whole nodes (#SBATCH --exclusive); default: only the placement's GPUs per node"),
     "mpi": Option("Slurm: srun --mpi of the serving ranks (default pmix)", choices=MPI_TYPES, error=DeployError,
-                  refusal=f"use one of {', '.join(MPI_TYPES)} (Slurm's srun --mpi types)"),
+                  refusal="{flag} {value!r}: use one of {choices} (Slurm's srun --mpi types)"),
     "keep_work": _switch("Slurm: leave the node-local work directory (the unpacked release) when the job ends"),
     "node_selector": Option("k8s: KEY=VALUE node label every pod requires (repeatable)", list),
     "toleration": Option("k8s: KEY[=VALUE]:EFFECT taint GPU pods tolerate besides nvidia.com/gpu:NoSchedule "
@@ -403,7 +405,7 @@ def parse_value(opt: Option, name: str, value: Any) -> Any:
     flag = flag_text(name)
     if opt.choices and opt.field is None:
         if value not in opt.choices:
-            raise opt.error(f"{flag} {value!r}: {opt.refusal or 'use one of ' + ', '.join(opt.choices)}")
+            raise opt.error(opt.refusal.format(flag=flag, value=value, choices=", ".join(opt.choices)))
         return value
     if opt.kind not in (int, float) or opt.field is not None:
         return value
