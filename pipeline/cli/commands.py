@@ -20,9 +20,6 @@ from pipeline.cli.flags import parse_flags
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import BuildSpec
 
-SERVE_MODES = cli_flags.SERVE_MODES
-STAGES = cli_flags.STAGES
-
 
 def _path(p: str | Path | None) -> Path | None:
     return Path(p) if p else None
