@@ -2,8 +2,9 @@
 
 When invoke loads this file to run a command line, the command line goes to that program, named `invoke`: the same
 tasks, help, messages and exit codes as `trtllm-pipeline`. `invoke --list` shows the tasks; `invoke TASK --help`
-the flags. Exit codes: see `pipeline.cli.console`. Imported otherwise (tests, `Collection.from_module`), it only
-exposes the collection and its tasks.
+the flags. Exit codes: see `pipeline.cli.console`. A bare `invoke --help` is invoke's own (printed before invoke loads
+this file); `trtllm-pipeline --help` lists the tasks. Imported otherwise (tests, `Collection.from_module`), this file
+only exposes the collection and its tasks.
 """
 
 from __future__ import annotations

@@ -202,3 +202,13 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_io_error(capsys):
     with pytest.raises(SystemExit) as info:
         exit_on_error(bench)()
     assert info.value.code == 5 and capsys.readouterr().err.startswith("error: `invoke bench` failed: ")
+
+
+def test_invoke_with_a_search_root_from_another_directory(tmp_path):
+    """The deployments' node scripts run `invoke -r /opt/trtllm-pipeline TASK`: invoke's -r (and -c) still work."""
+    r = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "check", "--model", "tiny-llama",
+                        "--skip-host-check"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok: tiny-llama"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "-c", "tasks", "nosuch"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: unknown task 'nosuch'; `invoke --list`"), r.stderr
