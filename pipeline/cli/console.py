@@ -109,7 +109,7 @@ def make_task(name: str, d: TaskDef) -> Task:
                                 f"{' or '.join(spec.auto_precision.candidates)} to `{cli_flags.PROGRAM} "
                                 f"{cli_flags.task_name(name)}`")
             for w in spec.warnings if d.spec_warnings else ():
-                print(f"warning: {w}", file=sys.stderr)
+                print(f"warning: {cli_flags.for_program(w)}", file=sys.stderr)
         return d.fn(spec, **values)
 
     body.__name__ = name

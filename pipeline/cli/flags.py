@@ -455,6 +455,12 @@ def task_name(name: str) -> str:
     return name.replace("_", "-")
 
 
+def for_program(text: str) -> str:
+    """A library message for the user: the commands it names as `invoke TASK ...` (the library's convention) with
+    the program the user ran."""
+    return text if PROGRAM == "invoke" else text.replace("`invoke ", f"`{PROGRAM} ")
+
+
 def stdout_closed() -> bool:
     """Whether stdout is a pipe whose reader has gone (`plan | head` after head exits)."""
     try:
@@ -476,7 +482,7 @@ def exit_on_error(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except PipelineError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {for_program(str(exc))}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
         except Exception as exc:
             if isinstance(exc, BrokenPipeError) and stdout_closed():

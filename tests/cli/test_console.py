@@ -171,10 +171,12 @@ def test_help_lists_the_tasks_not_invokes_own_options(tmp_path):
 def test_messages_name_the_program_the_user_ran(tmp_path, argv, program):
     other = "invoke" if program == "trtllm-pipeline" else "trtllm-pipeline"
     cwd = ROOT if program == "invoke" else tmp_path
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
     for args, needle in ((["plan", "--model", "tiny-llama", "--precision", "auto"], f"`{program} build`"),
                          (["plan", "--bogus"], f"`{program} plan --help`"),
-                         (["verify", "--help"], f"usage: {program} verify PATH")):
-        r = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+                         (["verify", "--help"], f"usage: {program} verify PATH"),
+                         (["release", "--model", "tiny-llama", "--target", "reference"], f"run `{program} build`")):
+        r = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
         assert f"`{other} " not in r.stderr and f"{other} verify" not in r.stderr, r.stderr
 
