@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from invoke import Collection, Program, Task
 from invoke.exceptions import Exit, ParseError
@@ -53,7 +53,7 @@ class TaskDef:
     on itself. `auto_precision`: it takes a `precision: auto` spec (build chooses, check shows the candidates)."""
 
     fn: Callable[..., Any]
-    spec: str | None = "required"
+    spec: Literal["required", "optional"] | None = "required"
     positional: tuple[str, ...] = ()
     spec_warnings: bool = True
     auto_precision: bool = False
@@ -117,9 +117,8 @@ def make_task(name: str, d: TaskDef) -> Task:
     body.__module__ = d.fn.__module__
     params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for flag in flags:
-        opt = option(name, flag)
-        default = inspect.Parameter.empty if flag in d.positional else (False if opt.kind is bool and not opt.field
-                                                                         else None)
+        switch = option(name, flag).kind is bool and option(name, flag).field is None  # a spec bool takes a value
+        default = inspect.Parameter.empty if flag in d.positional else (False if switch else None)
         params.append(inspect.Parameter(_param(flag), inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
     body.__signature__ = inspect.Signature(params)  # read by invoke's Task.argspec (inspect.signature)
     iterable = [flag for flag in flags if option(name, flag).kind is list]
