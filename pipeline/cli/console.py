@@ -1,122 +1,250 @@
-"""The task collection and the installed `trtllm-pipeline` command (an invoke `Program` over this collection).
+"""The task collection and the program that runs it: the installed `trtllm-pipeline` command, and `invoke` in a
+checkout (whose `tasks.py` hands the command line to this same program, named `invoke`).
 
-`trtllm-pipeline TASK ...` is `invoke TASK ...` in a checkout (whose `tasks.py` re-exports this module) and works
-from any directory: outputs go to $PIPELINE_ROOT or the current directory (`pipeline.core.artifacts.output_root`).
-Each task is a function of `pipeline.cli.commands` (its docstring is the task's help). Exit codes (pipeline/core/errors.py):
-0 ok; 2 bad input, a missing prerequisite or a command line invoke cannot parse; 3 an artifact differs from its
-manifest or release record; 4 this host lacks the GPU/toolchain (or an engine was built for another); 5 the work ran
-and failed (I/O error, failed requests).
+`trtllm-pipeline TASK ...` works from any directory: outputs go to $PIPELINE_ROOT or the current directory
+(`pipeline.core.artifacts.output_root`). Each task is a function of `pipeline.cli.commands` (its docstring is the
+task's help) with the flags `pipeline.cli.flags` lists for it. Exit codes (pipeline/core/errors.py): 0 ok; 2 bad
+input, a missing prerequisite or a command line that does not parse; 3 an artifact differs from its manifest or
+release record; 4 this host lacks the GPU/toolchain (or an engine was built for another); 5 the work ran and failed
+(I/O error, failed requests); 141 stdout was closed early (`trtllm-pipeline plan | head`: nothing more is printed,
+as a Unix tool killed by SIGPIPE reports 128 + 13).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
-import re
+import inspect
+import keyword
+import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from invoke import Collection, Program
+from invoke import Collection, Program, Task
 from invoke.exceptions import Exit, ParseError
+from invoke.parser import ParserContext
 
 from pipeline import __version__
 from pipeline.cli import commands
-from pipeline.cli.flags import command_task
+from pipeline.cli import flags as cli_flags
+from pipeline.cli.flags import (
+    SPEC_FLAGS,
+    TASK_FLAGS,
+    exit_on_error,
+    option,
+    sentence_first,
+    spec_from_flags,
+    value_name,
+)
 from pipeline.core.errors import SpecError
 
 BINARY = "trtllm-pipeline"
 CHOICES_INLINE = 16  # longer value lists are shown in the flag's help instead of its spec
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
+CORE_HELP = {"help", "list", "version", "complete", "print-completion-script"}  # core flags `--help` shows
 
-check = command_task(commands.check_command, auto_precision=True)
-plan = command_task(commands.plan_command)
-download = command_task(commands.download_command)
-calibrate = command_task(commands.calibrate_command)
-compile_engines = command_task(commands.compile_command)
-package = command_task(commands.package_command)
-build = command_task(commands.build_command, auto_precision=True)
-release = command_task(commands.release_command)
-verify = command_task(commands.verify_command, positional=["path"])
-install_repo = command_task(commands.install_repo_command)
-serve = command_task(commands.serve_command, optional_spec=True)
-smoke = command_task(commands.smoke_command, optional_spec=True)
-bench = command_task(commands.bench_command, iterable=["concurrency"])
-deploy = command_task(commands.deploy_command, optional_spec=True, spec_warnings=False,
-                      iterable=["node_selector", "toleration", "rdma_resource", "nccl_env", "monitoring_label"])
 
+@dataclass(frozen=True)
+class TaskDef:
+    """A task: its function, whether it takes a spec (`required`, `optional`: only with --model or --spec, or
+    None), and its positional flags. `spec_warnings=False`: the function prints the warnings of the spec it settles
+    on itself. `auto_precision`: it takes a `precision: auto` spec (build chooses, check shows the candidates)."""
+
+    fn: Callable[..., Any]
+    spec: Literal["required", "optional"] | None = "required"
+    positional: tuple[str, ...] = ()
+    spec_warnings: bool = True
+    auto_precision: bool = False
+
+
+TASKS: dict[str, TaskDef] = {
+    "check": TaskDef(commands.check_command, auto_precision=True),
+    "plan": TaskDef(commands.plan_command),
+    "download": TaskDef(commands.download_command),
+    "calibrate": TaskDef(commands.calibrate_command),
+    "compile": TaskDef(commands.compile_command),
+    "package": TaskDef(commands.package_command),
+    "build": TaskDef(commands.build_command, auto_precision=True),
+    "release": TaskDef(commands.release_command),
+    "verify": TaskDef(commands.verify_command, spec=None, positional=("path",)),
+    "install_repo": TaskDef(commands.install_repo_command, spec=None),
+    "serve": TaskDef(commands.serve_command, spec="optional"),
+    "smoke": TaskDef(commands.smoke_command, spec="optional"),
+    "bench": TaskDef(commands.bench_command),
+    "deploy": TaskDef(commands.deploy_command, spec="optional", spec_warnings=False),
+}
+
+
+def _param(flag: str) -> str:
+    return flag + "_" if keyword.iskeyword(flag) else flag  # `from` is --from
+
+
+def _help(task: str, flag: str) -> str:
+    opt = option(task, flag)
+    kind = value_name(opt)
+    if kind and len(kind) > CHOICES_INLINE:  # a long list of choices goes into the help, the column stays narrow
+        return f"{opt.help} (one of: {kind.replace('|', ', ')})"
+    return opt.help
+
+
+def make_task(name: str, d: TaskDef) -> Task:
+    """The invoke task `name` running `d.fn`: one keyword parameter per flag of the table (the signature invoke
+    reads), the spec flags resolved into the `BuildSpec` the function receives, errors as one line
+    (`exit_on_error`)."""
+    spec_flags = SPEC_FLAGS if d.spec else ()
+    flags = (*TASK_FLAGS[name], *spec_flags)
+
+    def body(c, **values):
+        values = {key.rstrip("_"): value for key, value in values.items()}
+        if d.spec is None:
+            return d.fn(**values)
+        given = {flag: values.pop(flag, None) for flag in spec_flags}
+        spec = None
+        if d.spec == "required" or given.get("model") or given.get("spec"):
+            spec = spec_from_flags(given)
+            if spec.auto_precision is not None and not d.auto_precision:
+                raise SpecError(f"precision=auto is chosen by `{cli_flags.PROGRAM} build`; pass --precision "
+                                f"{' or '.join(spec.auto_precision.candidates)} to `{cli_flags.PROGRAM} "
+                                f"{cli_flags.task_name(name)}`")
+            for w in spec.warnings if d.spec_warnings else ():
+                print(f"warning: {cli_flags.for_program(w)}", file=sys.stderr)
+        return d.fn(spec, **values)
+
+    body.__name__ = name
+    body.__doc__ = sentence_first(inspect.cleandoc(d.fn.__doc__ or ""))
+    body.__module__ = d.fn.__module__
+    params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for flag in flags:
+        switch = option(name, flag).kind is bool and option(name, flag).field is None  # a spec bool takes a value
+        default = inspect.Parameter.empty if flag in d.positional else (False if switch else None)
+        params.append(inspect.Parameter(_param(flag), inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+    body.__signature__ = inspect.Signature(params)  # read by invoke's Task.argspec (inspect.signature)
+    iterable = [flag for flag in flags if option(name, flag).kind is list]
+    return Task(exit_on_error(body), name=cli_flags.task_name(name), auto_shortflags=False,
+                help={flag: _help(name, flag) for flag in flags}, positional=list(d.positional), iterable=iterable)
+
+
+check, plan, download, calibrate, compile_engines, package, build, release, verify, install_repo, serve, smoke, \
+    bench, deploy = (make_task(name, d) for name, d in TASKS.items())
 namespace = Collection(check, plan, download, calibrate, compile_engines, package, build, release, verify,
                        install_repo, serve, smoke, bench, deploy)
 
 
-def usage_error(exc: ParseError, binary: str) -> str:
-    """One line for a command line invoke could not parse: the problem and the fix."""
-    text = str(exc).strip()
-    context = getattr(getattr(exc, "context", None), "name", None)
-    task_help = f"{binary} {context} --help" if context else f"{binary} TASK --help"
-    if m := re.match(r"No idea what '(.*)' is!", text):
-        what = m.group(1)
-        kind = "flag" if what.startswith("-") else "task"
-        where = f" of `{context}`" if context and kind == "flag" else ""
-        return (f"error: unknown {kind} {what!r}{where}; `{binary} --list` shows the tasks and `{task_help}` "
-                "a task's flags")
-    if m := re.match(r"Flag <Argument: ([\w-]+).*> needed value and was not given one!", text):
-        flag = "--" + m.group(1).replace("_", "-")
-        return f"error: {flag} needs a value ({flag}=VALUE); `{task_help}` shows what it takes"
-    return f"error: {text}; `{task_help}` shows the flags"
-
-
-@contextlib.contextmanager
-def _usage_errors(binary: str) -> Iterator[None]:
-    """Parse errors become one line and exit 2 (invoke's own handling exits 1, which pipeline/core/errors.py keeps for
-    bugs)."""
-    try:
-        yield
-    except ParseError as exc:
-        raise Exit(usage_error(exc, binary), code=SpecError.exit_code) from None
-
-
-def typed_help_tuples(tuples: list[tuple[str, str | None]], metavars: dict[str, str]) -> list[tuple[str, str | None]]:
+def typed_help_tuples(task: str, tuples: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
     """A task's (flag spec, help) pairs with each flag's value type (INT, FLOAT, a|b|c) instead of STRING."""
     out = []
     for spec, text in tuples:
         flag = spec.split("=")[0].split(",")[-1].strip().lstrip("-").replace("-", "_")
-        kind = metavars.get(flag)
+        kind = value_name(option(task, flag)) if flag in (*TASK_FLAGS[task], *SPEC_FLAGS) else None
         if kind and "=STRING" in spec:
-            if len(kind) > CHOICES_INLINE:  # a long list of choices goes into the help, the column stays narrow
-                spec, text = spec.replace("=STRING", "=CHOICE"), f"{text or ''} (one of: {kind.replace('|', ', ')})"
-            else:
-                spec = spec.replace("=STRING", f"={kind}")
+            spec = spec.replace("=STRING", "=CHOICE" if len(kind) > CHOICES_INLINE else f"={kind}")
         out.append((spec, text))
     return out
 
 
-def _print_task_help(program: Program, name: str) -> None:
-    context = program.parser.contexts[name]
-    tuples = typed_help_tuples(context.help_tuples(), getattr(program.collection[name], "metavars", {}))
-    context.help_tuples = lambda: tuples
-    try:
-        Program.print_task_help(program, name)
-    finally:
-        del context.help_tuples  # the class's method again
+def _diagnose(tokens: list[str], contexts: dict[str, ParserContext], initial: ParserContext):
+    """The first thing wrong in `tokens` (a command line invoke refused): ("task", word, None), ("flag", word,
+    task) or ("value", flag, task); None when it is something else."""
+    ctx, waiting, positional = None, None, 0
+    for token in tokens:
+        if waiting is not None:
+            waiting = None
+            continue
+        if token.startswith("-") and len(token) > 1:
+            name = token.split("=", 1)[0]
+            arg = (ctx.flags.get(name) or ctx.inverse_flags.get(name) if ctx else None) or initial.flags.get(name)
+            if arg is None:
+                return "flag", name, ctx.name if ctx else None
+            if arg.takes_value and not arg.optional and "=" not in token:
+                waiting = name
+        elif positional:
+            positional -= 1
+        elif token in contexts:
+            ctx = contexts[token]
+            positional = len(ctx.positional_args)
+        else:
+            return "task", token, None
+    if waiting is not None:
+        return "value", waiting, ctx.name if ctx else None
+    return None
+
+
+def _names(flag_spec: str) -> set[str]:
+    """{"h", "help"} of "-h [STRING], --help[=STRING]"."""
+    return {part.split()[0].split("=")[0].split("[")[0].lstrip("-") for part in flag_spec.split(",")}
 
 
 class PipelineProgram(Program):
-    """invoke's Program with this package's collection, typed flag help, and exit 2 for unparsable command lines."""
+    """invoke's Program over this package's collection: `--help` lists the tasks, task help shows each flag's type,
+    a command line that does not parse is one line naming this program and exit 2, a closed stdout a quiet exit."""
 
-    def parse_core(self, argv) -> None:
-        with _usage_errors(self.binary):
-            super().parse_core(argv)
+    def __init__(self, binary: str = BINARY, *, invoke_flags: bool = False) -> None:
+        super().__init__(name=binary, binary=binary, binary_names=[binary], namespace=namespace, version=__version__)
+        self.invoke_flags = invoke_flags
+
+    def core_args(self):
+        """invoke's core flags; run as `invoke` also -c/-r/--no-dedupe (`invoke -r DIR TASK` command lines)."""
+        return super().core_args() + (super().task_args() if self.invoke_flags else [])
+
+    def run(self, argv=None, exit: bool = True) -> None:
+        cli_flags.PROGRAM = self.binary
+        quick_exit()
+        try:
+            try:
+                super().run(argv, exit)
+            finally:
+                sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
+            raise SystemExit(SIGPIPE_EXIT) from None
+
+    def usage_error(self, exc: ParseError, tokens: list[str]) -> str:
+        """One line for a command line that does not parse: the problem and the fix."""
+        contexts = getattr(getattr(self, "parser", None), "contexts", {})
+        found = _diagnose(tokens, contexts, self.initial_context)
+        kind, word, task = found if found else (None, None, getattr(exc.context, "name", None))
+        task_help = f"{self.binary} {task} --help" if task else f"{self.binary} TASK --help"
+        if kind in ("task", "flag"):
+            where = f" of `{task}`" if task and kind == "flag" else ""
+            return (f"error: unknown {kind} {word!r}{where}; `{self.binary} --list` shows the tasks and `{task_help}` "
+                    "a task's flags")
+        if kind == "value":
+            return f"error: {word} needs a value ({word}=VALUE); `{task_help}` shows what it takes"
+        return f"error: {exc}; `{task_help}` shows the flags"
 
     def parse_tasks(self) -> None:
-        with _usage_errors(self.binary):
+        try:
             super().parse_tasks()
+        except ParseError as exc:
+            raise Exit(self.usage_error(exc, self.core.unparsed), code=SpecError.exit_code) from None
 
     def parse_cleanup(self) -> None:
-        with _usage_errors(self.binary):
+        try:
             super().parse_cleanup()
+        except ParseError as exc:  # --help NAME of no task
+            raise Exit(self.usage_error(exc, [str(self.args.help.value)]), code=SpecError.exit_code) from None
+
+    def print_help(self) -> None:
+        print(f"Usage: {self.binary} [--options] TASK [--task-options] ...")
+        print(f"       {self.binary} TASK --help   (a task's flags)")
+        print("")
+        self.list_tasks()
+        print("Options:")
+        print("")
+        self.print_columns([t for t in self.initial_context.help_tuples() if CORE_HELP & _names(t[0])])
 
     def print_task_help(self, name: str) -> None:
-        _print_task_help(self, name)
+        task = name.replace("-", "_")
+        tuples = typed_help_tuples(task, self.parser.contexts[name].help_tuples())
+        print(f"Usage: {self.binary} {name}{' [--options]' if tuples else ''}")
+        print("")
+        for line in (inspect.getdoc(self.collection[name]) or "").splitlines():
+            print(self.leading_indent + line if line.strip() else "")
+        print("")
+        print("Options:")
+        self.print_columns(tuples)
 
 
 def quick_exit() -> None:
@@ -129,31 +257,13 @@ def quick_exit() -> None:
         quick_exit.registered = True
 
 
-def adopt(program: Program, binary: str = "invoke") -> None:
-    """Give a running plain `invoke` Program (a checkout's `tasks.py` loading this collection) the same parse-error
-    exit code and typed help. Errors found before the collection loads (a core flag such as -c without its value)
-    keep invoke's exit 1."""
-
-    def guarded(step: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            with _usage_errors(binary):
-                step()
-        return run
-
-    if getattr(program, "_pipeline_adopted", False):
-        return
-    quick_exit()
-    program.parse_tasks = guarded(program.parse_tasks)
-    program.parse_cleanup = guarded(program.parse_cleanup)
-    program.print_task_help = lambda name: _print_task_help(program, name)
-    program._pipeline_adopted = True
-
-
-program = PipelineProgram(name=BINARY, binary=BINARY, binary_names=[BINARY], namespace=namespace,
-                          version=__version__)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `trtllm-pipeline` console script."""
-    quick_exit()
-    program.run(argv if argv is not None else sys.argv)
+    PipelineProgram().run(argv if argv is not None else sys.argv)
+
+
+def run_as_invoke(argv: list[str]) -> None:
+    """`invoke ...` in a checkout: the same program, named `invoke` (called by `tasks.py` as invoke loads it); exits,
+    so that invoke's own program does not go on to run the command line again."""
+    PipelineProgram("invoke", invoke_flags=True).run(argv)
+    raise SystemExit(0)

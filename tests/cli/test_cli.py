@@ -114,7 +114,7 @@ def test_every_spec_task_shares_the_flags():
     from pipeline.cli.flags import SPEC_FLAGS
 
     coll = Collection.from_module(tasks)
-    names = {f.name.replace("_", "-") for f in SPEC_FLAGS}
+    names = {name.replace("_", "-") for name in SPEC_FLAGS}
     for task_name in ("check", "plan"):
         args = {a.name.replace("_", "-") for a in coll[task_name].get_arguments()}
         assert names <= {n for n in args}, task_name

@@ -126,15 +126,15 @@ def test_installed_command_builds_and_smokes_from_an_empty_directory(tmp_path, p
 
 
 def test_typed_choices_match_the_library():
-    import typing
-
-    from pipeline.cli.commands import SERVE_MODES, Stage
+    from pipeline.cli.flags import option
+    from pipeline.ops.deploy.runtime import SERVE_MODES
+    from pipeline.ops.deploy.slurm import MPI_TYPES
     from pipeline.stages.build import STAGES
 
-    assert typing.get_args(Stage) == STAGES
-    hints = typing.get_type_hints(commands.serve_command)
-    assert typing.get_args(typing.get_args(hints["mode"])[0]) == SERVE_MODES
-
+    for task, flag in (("build", "until"), ("build", "from"), ("build", "force")):
+        assert option(task, flag).choices == STAGES
+    assert option("serve", "mode").choices == SERVE_MODES == option("deploy", "serve_mode").choices
+    assert option("deploy", "mpi").choices == MPI_TYPES
 
 
 @pytest.mark.parametrize("cli", [
@@ -151,3 +151,66 @@ def test_exit_freezes_the_heap_after_the_commands_exit_handlers(cli):
     *listing, last = r.stdout.strip().splitlines()
     assert any("build" in line for line in listing), r.stdout
     assert last.startswith("frozen objects at exit: ") and int(last.split()[-1]) > 10_000, r.stdout
+
+
+def test_help_lists_the_tasks_not_invokes_own_options(tmp_path):
+    r = console("--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Usage: trtllm-pipeline ")
+    for task in namespace.tasks:
+        assert f"\n  {task} " in r.stdout, task
+    for invoke_own in ("sudo", "--pty", "--echo", "--hide", "--command-timeout"):
+        assert invoke_own not in r.stdout, invoke_own
+    assert "--list" in r.stdout and "--version" in r.stdout
+
+
+@pytest.mark.parametrize("argv, program", [
+    ([sys.executable, "-c", MAIN], "trtllm-pipeline"),
+    ([sys.executable, "-m", "invoke"], "invoke"),
+])
+def test_messages_name_the_program_the_user_ran(tmp_path, argv, program):
+    other = "invoke" if program == "trtllm-pipeline" else "trtllm-pipeline"
+    cwd = ROOT if program == "invoke" else tmp_path
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "out"), PIPELINE_CACHE=str(tmp_path / "cache"))
+    for args, needle in ((["plan", "--model", "tiny-llama", "--precision", "auto"], f"`{program} build`"),
+                         (["plan", "--bogus"], f"`{program} plan --help`"),
+                         (["verify", "--help"], f"usage: {program} verify PATH"),
+                         (["release", "--model", "tiny-llama", "--target", "reference"], f"run `{program} build`")):
+        r = subprocess.run([*argv, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+        assert f"`{other} " not in r.stderr and f"{other} verify" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    [sys.executable, "-c", MAIN, "plan", "--model", "llama-70b", "--compare"],
+    [sys.executable, "-m", "invoke", "plan", "--model", "llama-70b", "--compare"],
+    [sys.executable, "-c", MAIN, "--list"],
+])
+def test_a_closed_stdout_exits_quietly_with_141(argv):
+    """`plan | head`: the reader is gone before the command writes; no message, exit 128 + SIGPIPE."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # long before the interpreter has started and written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_io_error(capsys):
+    from pipeline.cli.flags import exit_on_error
+
+    def bench():
+        raise BrokenPipeError(32, "Broken pipe")  # e.g. a server's socket
+
+    with pytest.raises(SystemExit) as info:
+        exit_on_error(bench)()
+    assert info.value.code == 5 and capsys.readouterr().err.startswith("error: `invoke bench` failed: ")
+
+
+def test_invoke_with_a_search_root_from_another_directory(tmp_path):
+    """The deployments' node scripts run `invoke -r /opt/trtllm-pipeline TASK`: invoke's -r (and -c) still work."""
+    r = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "check", "--model", "tiny-llama",
+                        "--skip-host-check"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok: tiny-llama"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "-c", "tasks", "nosuch"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: unknown task 'nosuch'; `invoke --list`"), r.stderr

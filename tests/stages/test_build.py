@@ -94,7 +94,7 @@ def test_package_and_compile_find_the_checkpoint_but_never_calibrate(pipeline_en
     """`invoke package` (and compile's lookup) ask the calibrate stage check-only: no checkpoint, one line."""
     import os
 
-    from pipeline.cli.commands import locate_checkpoints
+    from pipeline.stages.compile.inputs import locate_checkpoints
     from pipeline.core.errors import CalibrationError
 
     env = dict(os.environ)  # PIPELINE_ROOT/PIPELINE_CACHE from the fixture; the generated models are there
