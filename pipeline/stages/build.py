@@ -37,7 +37,7 @@ from pipeline.stages.compile.preflight import Toolchain, preflight
 from pipeline.stages.compile.stage import COMPILE
 from pipeline.stages.download.stage import DOWNLOAD
 from pipeline.stages.package.stage import PACKAGE
-from pipeline.stages.stage import BuildOptions, BuildOutputs, Stage, StageOutcome
+from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, Stage, StageOutcome
 
 STAGES = ("check", "download", "calibrate", "compile", "package")
 __all__ = ["STAGES", "BuildError", "BuildOptions", "BuildOutputs", "BuildReport", "StageOutcome", "build",
@@ -217,9 +217,9 @@ def _run_chain(spec: BuildSpec, chain: list[Stage], run: list[str], forced: set[
         t0 = time.perf_counter()
         oc = stage.run(spec, out, options, force=stage.name in forced)
         oc.elapsed_s = round(time.perf_counter() - t0, 3)
-        identity = stage.identity(spec)
-        if identity is not None:
-            write_ref(stage.name, identity, {role: getattr(out, role) for role in ROLES[stage.name]}, say=say)
+        if isinstance(stage, RefLocated):  # found by its build ref: point the ref at what the stage returned
+            write_ref(stage.name, stage.identity(spec), {role: getattr(out, role) for role in ROLES[stage.name]},
+                      say=say)
         outcomes.append(oc)
         detail = f" ({oc.detail})" if oc.detail else ""
         say(f"[{i}/{n}] {stage.name}: {oc.status}{detail} in {oc.elapsed_s:.2f}s")
