@@ -35,7 +35,7 @@ from pipeline.core.manifests import (
     StageResult,
 )
 from pipeline.core.registry import ModelEntry
-from pipeline.core.runtimes import CheckpointFormat, checkpoint_format
+from pipeline.core.runtimes import CheckpointFormat, checkpoint_format, runtime_of
 from pipeline.core.safetensors_file import check_safetensors_dir
 from pipeline.core.spec import BuildSpec
 from pipeline.core.stage_log import progress, stage_log
@@ -46,6 +46,7 @@ from pipeline.stages.calibrate import data, quality, recipes
 from pipeline.stages.calibrate.formats import copy_tokenizer, exporter
 from pipeline.stages.calibrate.checkpoint import LOADABLE_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from pipeline.stages.download.stage import DownloadResult, download_model, source_id
+from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, StageOutcome, outcome
 
 STAGE_VERSION = 1
 EVAL_SAMPLES = 16  # held-out sequences for the quality gate
@@ -480,3 +481,37 @@ def _device_fields(device) -> dict[str, Any]:
         "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
         "count": torch.cuda.device_count() if cuda else os.cpu_count(),
     }
+
+
+class CalibrateStage(RefLocated):
+    """The calibrate stage of a build (`run_calibrate` for the target and the draft); it names the build's layout."""
+
+    name = "calibrate"
+    error = CalibrationError
+    absent = ("no current target checkpoint for {model} {precision} with these inputs (none recorded for this spec); "
+              "run `invoke build` (or `invoke calibrate`) first")
+
+    def doing(self, spec: BuildSpec) -> str:
+        q = spec.quantization
+        return f"{q.precision} / KV {q.kv} quantization, quality gate, {runtime_of(spec).checkpoint.export_label}"
+
+    def locate(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions) -> None:
+        super().locate(spec, outputs, options)
+        outputs.set_layout(spec)
+
+    def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
+        outputs.checkpoint = run_calibrate(spec, role="target", source=outputs.download, force=force,
+                                           verify=options.verify)
+        if spec.draft_model is not None:
+            outputs.draft_checkpoint = run_calibrate(spec, role="draft", source=outputs.draft_download, force=force,
+                                                     verify=options.verify)
+        outputs.set_layout(spec)
+        results = {"target": outputs.checkpoint, "draft": outputs.draft_checkpoint}
+        detail = " ".join(f"{role} ppl Δ {r.manifest.quality.ppl_delta_pct:+.2f}%" for role, r in results.items() if r)
+        logs = [str(log_file(r.path)) for r in results.values() if r and r.built]
+        if logs:
+            detail += f"; library output: {', '.join(logs)}"
+        return outcome("calibrate", results, detail)
+
+
+CALIBRATE = CalibrateStage()

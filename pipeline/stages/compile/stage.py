@@ -7,6 +7,7 @@ from pathlib import Path
 from pipeline.core.artifacts import atomic_dir, stage_lock
 from pipeline.core.errors import CompileError
 from pipeline.core.manifests import CheckpointManifest, DraftRecord, EngineManifest, StageResult
+from pipeline.core.refs import Lookup
 from pipeline.core.spec import BuildSpec
 from pipeline.core.upstream import Upstream
 from pipeline.stages.compile.engine_check import verify_engine_dir
@@ -19,6 +20,7 @@ from pipeline.stages.compile.manifest import (
 )
 from pipeline.stages.compile.preflight import Toolchain, preflight
 from pipeline.stages.compile.runner import run_trtllm_build
+from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, StageOutcome, outcome
 
 EngineResult = StageResult[EngineManifest]
 CheckpointInput = StageResult[CheckpointManifest] | Upstream | Path | str
@@ -134,3 +136,36 @@ def run_compile(
         draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify, checkpoint=draft_in)
         record = draft_record(draft.path, tokenizer)
     return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in), draft
+
+
+class CompileStage(RefLocated):
+    """The compile stage of a build (`run_compile`): the target and draft engines from the located or built
+    checkpoints, into the build's layout, with the toolchain the check stage's preflight found."""
+
+    name = "compile"
+    error = CompileError
+    absent = ("no current target engine for {model} {precision} (none recorded for this spec); run `invoke compile` "
+              "or `invoke build` on a GPU host first")
+
+    def doing(self, spec: BuildSpec) -> str:
+        return f"trtllm-build tp={spec.parallelism.tp} pp={spec.parallelism.pp} for {spec.hardware.gpu}"
+
+    def chained(self, outputs: BuildOutputs) -> Lookup | None:
+        engine, checkpoint = outputs.engine, outputs.checkpoint
+        if engine is not None and checkpoint is not None and engine.manifest.checkpoint.key != checkpoint.manifest.key:
+            return Lookup("stale", reason=f"{engine.path} was compiled from another checkpoint", path=engine.path)
+        return None
+
+    def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
+        layout, checkpoint = outputs.layout, outputs.checkpoint
+        assert layout is not None and checkpoint is not None, "compile runs after calibrate"
+        outputs.engine, outputs.draft_engine = run_compile(
+            spec, checkpoint=checkpoint, output_dir=layout.engine, draft_checkpoint=outputs.draft_checkpoint,
+            draft_output_dir=layout.draft_engine, force=force, toolchain=outputs.toolchain, verify=options.verify,
+        )
+        m = outputs.engine.manifest
+        detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.sm}"
+        return outcome("compile", {"engine": outputs.engine, "draft_engine": outputs.draft_engine}, detail)
+
+
+COMPILE = CompileStage()

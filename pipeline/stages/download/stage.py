@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -45,6 +45,10 @@ from pipeline.core.tokenizer import token_count
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.stages.download import tinymodel
 from pipeline.stages.download.fetch import fetch_file
+from pipeline.stages.stage import BuildOptions, BuildOutputs, StageOutcome, outcome
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
 
 # Files a later stage uses (top level of the repo only).
 ALLOW_PATTERNS = (
@@ -700,3 +704,46 @@ def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path,
             m = _with_mtimes(final, m)
             m.write(final)
     return DownloadResult(final, m, "cached")
+
+
+class DownloadStage:
+    """The download stage of a build (`download_model` for the target and the draft): a cache found by each model's
+    pinned revision, so it has no build ref; `locate` asks it check-only (offline, nothing fetched)."""
+
+    name = "download"
+
+    def identity(self, spec: BuildSpec) -> None:
+        return None
+
+    def doing(self, spec: BuildSpec) -> str:
+        """Each model is either cached (checked from manifests and stats) or fetched."""
+        return " + ".join(f"{e.repo_id}@{e.revision} cached" if is_cached(e) else f"fetching {e.repo_id}@{e.revision}"
+                          for e in (spec.model, spec.draft_model) if e)
+
+    def locate(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions) -> None:
+        self._fetch(spec, outputs, options, force=False, check_only=True)
+
+    def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
+        self._fetch(spec, outputs, options, force=force, check_only=False)
+        found = (outputs.download, outputs.draft_download)
+        detail = " ".join(f"{r.manifest.model}@{r.manifest.sha[:12]}" for r in found if r)
+        return outcome("download", {"model": outputs.download, "draft": outputs.draft_download}, detail)
+
+    @staticmethod
+    def _fetch(spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool,
+               check_only: bool) -> None:
+        for role, entry in (("model", spec.model), ("draft", spec.draft_model)):
+            if entry is None:
+                continue
+            res = download_model(
+                entry, revision=(options.revision or None) if role == "model" else None,
+                offline=options.offline, update=options.update and not check_only,
+                verify=options.verify_download or options.verify or force, check_only=check_only,
+                endpoint=options.endpoint, token=options.token)
+            if role == "model":
+                outputs.download = res
+            else:
+                outputs.draft_download = res
+
+
+DOWNLOAD = DownloadStage()
