@@ -25,8 +25,10 @@ from pipeline.core.errors import DeployError, SpecError
 class Pair(Protocol):
     """What names a row: a spec, a manifest."""
 
-    runtime: str
-    target: str
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def target(self) -> str: ...
 
 
 @dataclass(frozen=True, eq=False)
