@@ -516,7 +516,7 @@ class ReleaseDocument(BaseModel):
         return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
 
 
-M = TypeVar("M", bound=Manifest)
+M = TypeVar("M", bound=Manifest, covariant=True)  # a StageResult[EngineManifest] is a StageResult[Manifest]
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ class _Plan:
 
 def _plan(spec: BuildSpec, role: Role) -> _Plan:
     q = spec.quantization
+    precision: str
     if role == "target":
         entry, precision = spec.model, q.precision
     elif role == "draft":
