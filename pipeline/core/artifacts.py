@@ -183,14 +183,14 @@ def read_config_json(path: Path, error: type[PipelineError], *, missing: str, fi
 def is_current(directory: Path, key: str) -> bool:
     """True when `directory` holds a finished stage output whose manifest key equals `key`."""
     m = read_manifest(directory) if Path(directory).is_dir() else None
-    return bool(m) and m.get("key") == key
+    return m is not None and m.get("key") == key
 
 
 def remove_stale_temps(final: Path) -> list[Path]:
     """Remove `.tmp-<name>-<pid>-*` / `.old-<name>-<pid>-*` siblings of `final` left by a process that died (e.g.
     SIGKILL mid-stage); temporaries of live processes are kept. Returns what was removed."""
     final = Path(final)
-    removed = []
+    removed: list[Path] = []
     if not final.parent.is_dir():
         return removed
     for prefix in _TEMP_PREFIXES:
@@ -235,7 +235,7 @@ def check_replaceable(path: Path, *, marker: str, fix: str) -> None:
     raise PipelineError(f"{path} {why}; nothing was deleted: {fix}", path=path)
 
 
-def replace_file(path: Path, write: Callable[[Path], None]) -> Path:
+def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
     """Write the file `path` (a report the user named) through `write(tmp)` on a temporary beside it, then rename it
     over `path`: a reader sees the old file or the whole new one, and on failure (a full disk) the temporary is gone
     and an existing `path` untouched."""

@@ -57,7 +57,7 @@ def _cache_dir() -> Path:
     return Path(root) / "hub-configs"
 
 
-def read_config(path: Path, *, where: str) -> dict:
+def read_config(path: Path, *, where: str) -> dict[str, Any]:
     """A Hub `config.json`: a regular file of at most `MAX_CONFIG_BYTES` holding a JSON object within the limits of
     `pipeline.core.untrusted`.
 

@@ -14,9 +14,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from pipeline.core.errors import IntegrityError
@@ -68,7 +71,7 @@ class Manifest(BaseModel):
     files: dict[str, FileRecord]
 
     @classmethod
-    def read(cls, directory: Path, *, strict: bool = True):
+    def read(cls, directory: Path, *, strict: bool = True) -> Self | None:
         """The manifest of `directory`, None when it has none (or, unless `strict`, when it is unusable: a stage
         about to build treats that like a stale output and replaces it).
 
@@ -90,7 +93,7 @@ class Manifest(BaseModel):
             ) from None
 
     @classmethod
-    def current(cls, directory: Path, key: str | None, *, verify: bool = False, strict: bool = False):
+    def current(cls, directory: Path, key: str | None, *, verify: bool = False, strict: bool = False) -> Self | None:
         """The manifest of `directory` when it is the output for `key` (None: any key) and its files still match
         it; None when there is none, it is for other inputs, or (unless `strict`) it is unreadable. Temporaries a
         killed run left beside `directory` are removed first, so a cached re-run cleans up too.
@@ -107,7 +110,8 @@ class Manifest(BaseModel):
 
     @classmethod
     def stage_name(cls) -> str:
-        return cls.model_fields["stage"].default
+        name: str = cls.model_fields["stage"].default
+        return name
 
     def write(self, directory: Path) -> Path:
         return write_manifest(directory, self.model_dump(mode="json"))
@@ -512,7 +516,7 @@ class ReleaseDocument(BaseModel):
         return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
 
 
-M = TypeVar("M", bound=Manifest)
+M = TypeVar("M", bound=Manifest, covariant=True)  # a StageResult[EngineManifest] is a StageResult[Manifest]
 
 
 @dataclass(frozen=True)

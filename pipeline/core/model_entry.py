@@ -5,12 +5,13 @@ builds one from the Hub."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
     model_serializer,
@@ -64,7 +65,7 @@ MAX_DRAFT_LEN = 64  # draft tokens per step: 4-10 in common use (examples/draft_
 MAX_BATCH = 1 << 16  # engine max batch size: TensorRT-LLM builds in practice use <= 2048
 
 
-def _count(value: Any, most: int) -> bool:
+def _count(value: object, most: int) -> TypeGuard[int]:
     """Whether `value` is an integer (not a bool) within 1..`most`."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most
 
@@ -120,15 +121,15 @@ class Architecture(BaseModel):
         return self
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        data = handler(self)
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
         return {k: v for k, v in data.items() if k not in _FAMILY_DEFAULTS or v != _FAMILY_DEFAULTS[k]}
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
-    def hf_config(self) -> dict:
+    def hf_config(self) -> dict[str, Any]:
         """The matching transformers `config.json` fields (the family's class)."""
         return hf_config_fields(self)
 
@@ -162,7 +163,7 @@ class Architecture(BaseModel):
         if not self.is_moe:
             return float(self.linear_params)
         e, k = self.num_experts, self.experts_per_token
-        experts = e * (1 - (1 - k / e) ** max(tokens, 1.0))
+        experts: float = e * (1 - (1 - k / e) ** max(tokens, 1.0))
         return self.attention_params + experts * self._mlp_params(1)
 
     @property
@@ -189,7 +190,7 @@ class Architecture(BaseModel):
         return self.total_params - self.linear_params + self.active_linear_params
 
 
-def hub_architecture(config: dict) -> Architecture:
+def hub_architecture(config: dict[str, Any]) -> Architecture:
     """The `Architecture` of a Hub `config.json`, its numbers taken as written: a JSON integer for every count (no
     bool, float or string), a finite positive number for `rope_theta`, each within the `MAX_*` bounds.
 
@@ -251,8 +252,8 @@ class ModelEntry(BaseModel):
     calibration: CalibrationDefaults = CalibrationDefaults()
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        data = handler(self)
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
         if data.get("tokenizer_size") is None:
             data.pop("tokenizer_size", None)  # unset: every entry that predates it dumps (and hashes) as before
         return data

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -49,7 +50,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def terminate(proc: subprocess.Popen, *, grace_s: float, signal_group: bool = False) -> int | None:
+def terminate(proc: subprocess.Popen[Any], *, grace_s: float, signal_group: bool = False) -> int | None:
     """Stop `proc`: SIGTERM (to its whole process group with `signal_group`), wait `grace_s`, then SIGKILL the
     group; afterwards SIGKILL whatever is left in the group (children that outlived the leader). Returns its code.
     """

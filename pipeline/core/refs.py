@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -73,7 +73,7 @@ class Lookup:
     `path`), or `absent` (no stage of this spec identity has finished here)."""
 
     state: Literal["found", "stale", "absent"]
-    results: dict[str, StageResult] = field(default_factory=dict)
+    results: dict[str, StageResult[Manifest]] = field(default_factory=dict)
     reason: str = ""
     path: Path | None = None
     problems: tuple[str, ...] = ()
@@ -94,7 +94,7 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult | None], *,
+def write_ref(stage: RefStage, identity: str, results: Mapping[str, StageResult[Manifest] | None], *,
               say: Callable[[str], None] = _stderr) -> BuildRef:
     """Point `stage`'s ref for `identity` at `results` (role -> result; None roles are left out), atomically.
 
@@ -176,7 +176,7 @@ def lookup(stage: RefStage, spec: BuildSpec, *, verify: bool = False) -> Lookup:
     if ref is None:
         return Lookup("absent", reason=f"no {stage} output recorded for this spec")
     source = ref_path(stage, identity)
-    results: dict[str, StageResult] = {}
+    results: dict[str, StageResult[Manifest]] = {}
     for role, out in ref.outputs.items():
         kind = ROLES[stage].get(role)
         if kind is None:
@@ -230,8 +230,11 @@ def mismatches(role: str, m: Manifest, spec: BuildSpec) -> list[str]:
         want = {"role": "draft" if draft else "target", "model": entry.name if entry else None,
                 "precision": spec.draft_precision if draft and entry else spec.quantization.precision,
                 "kv_cache": spec.quantization.kv}
-        got = {"role": m.role, "model": m.model.name, "precision": m.recipe.precision, "kv_cache": m.recipe.kv_cache} \
-            if isinstance(m, CheckpointManifest) else \
-            {"role": m.role, "model": m.model, "precision": m.precision, "kv_cache": m.kv_cache}
+        if isinstance(m, CheckpointManifest):
+            got = {"role": m.role, "model": m.model.name, "precision": m.recipe.precision,
+                   "kv_cache": m.recipe.kv_cache}
+        else:
+            e = cast(EngineManifest, m)  # ROLES: a checkpoint, engine or repository
+            got = {"role": e.role, "model": e.model, "precision": e.precision, "kv_cache": e.kv_cache}
         claims = {name: (got[name], want[name]) for name in want}
     return [f"{name} {got} (this spec: {want})" for name, (got, want) in claims.items() if got != want]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -30,12 +31,13 @@ PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 MAX_MODELS_FILE_BYTES = 4 << 20  # the packaged models.yaml is ~12 KB
 
 
-def _load_file(path: Path) -> dict[str, dict]:
+def _load_file(path: Path) -> dict[str, dict[str, Any]]:
     shape = " with a top-level 'models:' mapping of name -> entry"
     raw = load_yaml_mapping(path, what="models file", flag="--models-file", cap=MAX_MODELS_FILE_BYTES, shape=shape)
     if not isinstance(raw.get("models"), dict):
         raise RegistryError(f"models file {path} must be a YAML mapping{shape}", path=path)
-    return raw["models"]
+    models: dict[str, dict[str, Any]] = raw["models"]
+    return models
 
 
 @lru_cache(maxsize=16)

@@ -17,16 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, Protocol
+from typing import Literal, Mapping, Protocol
 
 from pipeline.core.errors import DeployError, SpecError
+
+
+RepoKind = Literal["engine", "llmapi", "reference"]  # a repository's kind in the launch plan
 
 
 class Pair(Protocol):
     """What names a row: a spec, a manifest."""
 
-    runtime: str
-    target: str
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def target(self) -> str: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +71,7 @@ class RuntimeTarget:
     gpu: bool  # serves on GPUs; False: the CPU reference
     llmapi: bool  # served through the LLM API (LLM-API options, the draft inside the target's LLM, no engines)
     layout: str  # the repository `package` renders: ensemble | llmapi
-    repo_kind: str  # the repository's kind in the launch plan: engine | llmapi | reference
+    repo_kind: RepoKind
     repo_suffix: str  # appended to repository and release names
     package_from: str  # the build output the repository serves: engine | checkpoint
     release_roles: tuple[str, str]  # the build outputs a release ships beside the repository (target, draft)

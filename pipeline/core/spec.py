@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
@@ -108,8 +108,8 @@ class ParallelSpec(_Section):
         "moe_expert_parallel_size")
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        data = handler(self)
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
         if data.get("moe_ep") is None:
             data.pop("moe_ep", None)  # unset: specs that predate it dump (and hash) as before
         return data
@@ -287,15 +287,6 @@ def auto_ladder(gpu: str) -> tuple[str, ...]:
     return ("fp8", "int4_awq") if GPUS[gpu].has_fp8 else ("int8_sq", "int4_awq")
 
 
-def _or_registry(section: str, name: str, registry_section: str | None = None) -> property:
-    """A resolved value: the spec's `section.name`, or the registry model's `registry_section.name` when unset."""
-
-    def value(spec: BuildSpec) -> Any:
-        return getattr(getattr(spec, section), name) or getattr(getattr(spec.model, registry_section or section), name)
-
-    return property(value, doc=f"{section}.{name}, defaulting to the registry model's value")
-
-
 class SpecNotes(BaseModel):
     """What resolving a request said about its spec, apart from the recipe: never an artifact factor, never dumped."""
 
@@ -357,19 +348,42 @@ class BuildSpec(BaseModel):
         return self.model_copy(update={"notes": self.notes.model_copy(update=changes)})
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        data = handler(self)
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
         if data.get(SERVING_TARGET) is None:
             data.pop(SERVING_TARGET, None)  # a spec without one dumps (and releases) as before
         return data
 
     # Resolved values (defaults filled from the registry). -------------------------------------------------------
-    max_batch_size = _or_registry("limits", "max_batch_size")
-    max_input_len = _or_registry("limits", "max_input_len")
-    max_seq_len = _or_registry("limits", "max_seq_len")
-    calib_size = _or_registry("quantization", "calib_size", "calibration")
-    calib_seq_len = _or_registry("quantization", "calib_seq_len", "calibration")
-    max_ppl_delta_pct = _or_registry("quantization", "max_ppl_delta_pct", "calibration")
+    @property
+    def max_batch_size(self) -> int:
+        """limits.max_batch_size, defaulting to the registry model's value."""
+        return self.limits.max_batch_size or self.model.limits.max_batch_size
+
+    @property
+    def max_input_len(self) -> int:
+        """limits.max_input_len, defaulting to the registry model's value."""
+        return self.limits.max_input_len or self.model.limits.max_input_len
+
+    @property
+    def max_seq_len(self) -> int:
+        """limits.max_seq_len, defaulting to the registry model's value."""
+        return self.limits.max_seq_len or self.model.limits.max_seq_len
+
+    @property
+    def calib_size(self) -> int:
+        """quantization.calib_size, defaulting to the registry model's value."""
+        return self.quantization.calib_size or self.model.calibration.calib_size
+
+    @property
+    def calib_seq_len(self) -> int:
+        """quantization.calib_seq_len, defaulting to the registry model's value."""
+        return self.quantization.calib_seq_len or self.model.calibration.calib_seq_len
+
+    @property
+    def max_ppl_delta_pct(self) -> float:
+        """quantization.max_ppl_delta_pct, defaulting to the registry model's value."""
+        return self.quantization.max_ppl_delta_pct or self.model.calibration.max_ppl_delta_pct
 
     @property
     def draft_len(self) -> int:
@@ -519,7 +533,7 @@ STAGE_FACTORS: dict[str, tuple[str, ...]] = {
 # ----------------------------------------------------------------------------------------------------------------
 # Resolution: YAML file + flat overrides (CLI flags) -> BuildSpec.
 
-SECTIONS = {
+SECTIONS: dict[str, type[BaseModel]] = {
     "quantization": QuantizationSpec,
     "parallelism": ParallelSpec,
     "limits": EngineLimits,
@@ -547,7 +561,8 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     for key in TOP_LEVEL:
         if key in raw and not isinstance(raw[key], str):
             raise SpecError(f"spec file {p}: {key}={raw[key]!r}: expected a string")
-    for section, cls in {**SECTIONS, SERVING_TARGET: ServingTarget}.items():
+    sections: dict[str, type[BaseModel]] = {**SECTIONS, SERVING_TARGET: ServingTarget}
+    for section, cls in sections.items():
         if section not in raw:
             continue
         if not isinstance(raw[section], dict):

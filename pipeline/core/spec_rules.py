@@ -29,17 +29,28 @@ from pipeline.core.trtllm_rules import (
 class BuildSpec(Protocol):
     """What the rules read of a spec: `pipeline.core.spec.BuildSpec` (whose module calls them) matches it."""
 
-    model: ModelEntry
-    draft_model: ModelEntry | None
-    runtime: str
-    target: str
-    limit_reasons: dict[str, str]
-    quantization: Any
-    parallelism: Any
-    limits: Any
-    speculation: Any
-    serving: Any
-    hardware: Any
+    @property
+    def model(self) -> ModelEntry: ...
+    @property
+    def draft_model(self) -> ModelEntry | None: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def limit_reasons(self) -> dict[str, str]: ...
+    @property
+    def quantization(self) -> Any: ...
+    @property
+    def parallelism(self) -> Any: ...
+    @property
+    def limits(self) -> Any: ...
+    @property
+    def speculation(self) -> Any: ...
+    @property
+    def serving(self) -> Any: ...
+    @property
+    def hardware(self) -> Any: ...
 
     @property
     def draft_len(self) -> int: ...

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO, TypeVar
 
@@ -48,8 +48,12 @@ def stage_log(path: str | Path, *, title: str = "") -> Iterator[Path]:
             stack.enter_context(contextlib.redirect_stdout(log))
             stack.enter_context(contextlib.redirect_stderr(log))
             stack.enter_context(warnings.catch_warnings())
-            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
-                warnings.formatwarning(message, category, filename, lineno, line))
+
+            def show_in_log(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                            file: TextIO | None = None, line: str | None = None) -> None:
+                log.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+            warnings.showwarning = show_in_log
             yield path
 
 
@@ -84,7 +88,7 @@ def _redirect_fds(log: TextIO) -> Iterator[TextIO]:
             os.close(fd)
 
 
-def _fileno(stream) -> int | None:
+def _fileno(stream: TextIO) -> int | None:
     try:
         return stream.fileno()
     except (AttributeError, OSError, ValueError):
@@ -96,7 +100,7 @@ def _library_logging_to(log: TextIO) -> Iterator[None]:
     """Point the console handlers of the library loggers (and the root logger) at `log`; afterwards restore them
     and point any handler created meanwhile on `log` (a library imported inside the block) at the entry stderr."""
     entry_err = sys.stderr
-    swapped: list[tuple[logging.StreamHandler, TextIO]] = []
+    swapped: list[tuple[logging.StreamHandler[TextIO], TextIO]] = []
     for h in _console_handlers(lambda name: name == "" or name.split(".")[0] in LIBRARY_LOGGERS):
         swapped.append((h, h.stream))
         _set_stream(h, log)
@@ -110,17 +114,20 @@ def _library_logging_to(log: TextIO) -> Iterator[None]:
                 _set_stream(h, entry_err)
 
 
-def _console_handlers(wanted) -> list[logging.StreamHandler]:
+def _console_handlers(wanted: Callable[[str], bool]) -> list[logging.StreamHandler[TextIO]]:
     """Plain StreamHandlers (not files, not pytest's capture handlers) of the root and the `wanted` named loggers."""
     loggers = [logging.getLogger()] + [lg for name, lg in list(logging.root.manager.loggerDict.items())
                                        if isinstance(lg, logging.Logger) and wanted(name)]
     return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
 
 
-def _set_stream(handler: logging.StreamHandler, stream: TextIO) -> None:
+def _set_stream(handler: logging.StreamHandler[TextIO], stream: TextIO) -> None:
     """setStream without flushing the old stream (which may be closed)."""
-    with handler.lock:
+    handler.acquire()
+    try:
         handler.stream = stream
+    finally:
+        handler.release()
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifests import TokenizerIdentity
 from pipeline.core.untrusted import read_bytes, read_json
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 TOKENIZER_DIR = "tokenizer"
 # tokenizer.json sections that decide token ids (chat templates and other tokenizer_config.json fields do not).
@@ -62,7 +66,7 @@ def mismatch(target: TokenizerIdentity, draft: TokenizerIdentity) -> str | None:
             "needs one shared tokenizer: choose a draft of the same family")
 
 
-def load_tokenizer_json(path: Path, *, fix: str, error: type[PipelineError] = PipelineError):
+def load_tokenizer_json(path: Path, *, fix: str, error: type[PipelineError] = PipelineError) -> Tokenizer:
     """A `tokenizers.Tokenizer` from a tokenizer.json read through `pipeline.core.untrusted` (a regular file of at
     most `MAX_TOKENIZER_BYTES`).
 
@@ -92,7 +96,8 @@ def token_count(tokenizer_dir: Path) -> int:
     fix = "re-fetch the model"
     try:
         if tj.is_file():
-            return load_tokenizer_json(tj, fix=fix).get_vocab_size(with_added_tokens=True)
+            size: int = load_tokenizer_json(tj, fix=fix).get_vocab_size(with_added_tokens=True)
+            return size
         if (d / "tokenizer.model").is_file():
             from transformers import AutoTokenizer
 

@@ -16,7 +16,8 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import IO, Any
+from collections.abc import Hashable
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
@@ -113,12 +114,18 @@ def read_json(path: str | Path, *, what: str, fix: str, error: type[PipelineErro
         raise error(f"{what} is not JSON; {fix}", path=path) from None
 
 
-class _SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+if TYPE_CHECKING:
+    _BaseLoader = yaml.SafeLoader
+else:
+    _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _SafeLoader(_BaseLoader):
     """SafeLoader (libyaml's parser where PyYAML has it) that refuses a mapping with the same key twice (PyYAML keeps
     the last one silently), a complex key (a list or mapping as a key) and an over-long integer."""
 
-    def construct_mapping(self, node, deep=False):
-        seen = set()
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise yaml.constructor.ConstructorError(None, None, "complex key (a list or mapping as a key)",
@@ -130,7 +137,7 @@ class _SafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
-    def construct_yaml_int(self, node):
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         if len(node.value) > MAX_INT_DIGITS + 1:
             raise yaml.constructor.ConstructorError(None, None, f"integer of more than {MAX_INT_DIGITS} digits",
                                                     node.start_mark)

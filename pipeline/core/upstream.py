@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.core.artifacts import MANIFEST, read_manifest, sha256_file
-from pipeline.core.manifests import InputRecord, StageResult
+from pipeline.core.manifests import InputRecord, Manifest, StageResult
 
 OUTSIDE = "file names, sizes and *.json contents (no pipeline manifest)"
 
@@ -25,7 +25,7 @@ class Upstream:
     source: Literal["stage", "outside"]
 
     @classmethod
-    def of(cls, res: StageResult) -> Upstream:
+    def of(cls, res: StageResult[Manifest]) -> Upstream:
         """The input a stage result is to the next stage."""
         path = Path(res.path)
         return cls(path, res.manifest.key, sha256_file(path / MANIFEST) if (path / MANIFEST).is_file() else None,

@@ -85,8 +85,9 @@ def _qa(r: random.Random) -> str:
             out.append(f"Question: What day comes after {DAYS[i]}? Answer: After {DAYS[i]} comes "
                        f"{DAYS[(i + 1) % 7]}.")
         elif kind == 3:
-            a = r.choice(list(ANIMALS))
-            out.append(f"Question: Where does the {a} live? Answer: The {a} lives in the {ANIMALS[a][0]}.")
+            animal = r.choice(list(ANIMALS))
+            out.append(f"Question: Where does the {animal} live? Answer: The {animal} lives in the "
+                       f"{ANIMALS[animal][0]}.")
         else:
             t = r.choice(list(TOOLS))
             out.append(f"Question: What do you use a {t} for? Answer: You use a {t} for {TOOLS[t]}.")

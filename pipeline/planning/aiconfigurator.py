@@ -125,7 +125,7 @@ def ensure_installed(*, quiet: bool = False) -> str:
     return TOOL.ensure(quiet=quiet)
 
 
-def run_offline(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+def run_offline(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run it offline (no network: it reads its bundled model configs and databases)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     try:

@@ -8,6 +8,7 @@ acceptance rate, so the break-even is found by bisection on 0..1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.core.gpus import GPUS
 from pipeline.core.spec import BuildSpec
@@ -32,8 +33,8 @@ def speculation_break_even(spec: BuildSpec, *, input_len: int | None = None, out
     plan = plan_capacity(spec, input_len=input_len, output_len=output_len, prefix_hit_ratio=prefix_hit_ratio)
     batch = max(1, min(plan.decode_batch, spec.speculation.max_batch_for_speculation))
     gpu = GPUS[spec.hardware.gpu]
-    common = dict(tp=spec.parallelism.tp, input_len=plan.input_len, output_len=plan.output_len,
-                  prefix_hit_ratio=prefix_hit_ratio)
+    common: dict[str, Any] = dict(tp=spec.parallelism.tp, input_len=plan.input_len, output_len=plan.output_len,
+                                  prefix_hit_ratio=prefix_hit_ratio)
     plain, _ = serving_estimate(spec.model_copy(update={"draft_model": None}), gpu, batch=batch, acceptance=0.0,
                                 **common)
 

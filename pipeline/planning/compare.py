@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPU, GPUS, gpu_price
@@ -45,7 +46,7 @@ class CompareRow:
     output_len: int = 0
     note: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -64,13 +65,13 @@ class Comparison:
     rows: list[CompareRow]
     skipped: list[str]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None):
+def _variant(spec: BuildSpec, *, precision: str, tp: int, draft: str | None) -> BuildSpec:
     """`spec` with another precision (its default KV dtype), TP and draft; limits, serving and hardware kept."""
-    overrides: dict = {}
+    overrides: dict[str, Any] = {}
     for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
         overrides.update(section.model_dump())
     overrides.update(precision=precision, kv_cache=None, tp=tp, draft=draft, draft_precision=None,

@@ -9,7 +9,7 @@ module: the CLI applies it to every spec it resolves (`pipeline.cli.flags.spec_f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec_rules import validate_spec
@@ -99,7 +99,7 @@ def limit_lines(spec: BuildSpec) -> list[str]:
     return [f"limits: {name}={values[name]:,} ({why})" for name, why in spec.limit_reasons.items()]
 
 
-def limits_record(spec: BuildSpec) -> dict[str, dict]:
+def limits_record(spec: BuildSpec) -> dict[str, dict[str, Any]]:
     """Every engine limit with its value and where it comes from (plan's JSON)."""
     return {name: {"value": value, "reason": spec.limit_reasons.get(name, "given")}
             for name, value in _values(spec).items()}

@@ -59,7 +59,7 @@ def choose_placement(spec: BuildSpec, at_tp: Callable[[int], BuildSpec]) -> Buil
     if not plans:
         return spec  # nothing fits: `check` says so, with the minimum TP
 
-    def rank(item: tuple[CapacityPlan, BuildSpec]) -> tuple:
+    def rank(item: tuple[CapacityPlan, BuildSpec]) -> tuple[bool, float | None, int]:
         p = item[0]
         meets = p.tpot_ms_estimate <= DEFAULT_TPOT_TARGET_MS
         return (not meets, p.cost_per_1m_output_tokens_usd, p.gpus)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.errors import SpecError
@@ -106,8 +106,8 @@ def engine_shapes(
     seq = spec.max_seq_len if max_seq_len is None else max_seq_len
     base = spec.base_max_num_tokens if max_num_tokens is None else max_num_tokens
     k = spec.draft_len
-    common = dict(max_input_len=min(spec.max_input_len, seq), tokens_per_block=lim.tokens_per_block,
-                  context_fmha=lim.context_fmha)
+    common: dict[str, Any] = dict(max_input_len=min(spec.max_input_len, seq), tokens_per_block=lim.tokens_per_block,
+                                  context_fmha=lim.context_fmha)
     target = EngineShape(
         spec.model.architecture, q.precision, q.kv, tp, spec.parallelism.pp, batch, seq + k,
         engine_max_num_tokens(base, max_batch_size=batch, max_seq_len=seq, draft_len=k, **common),
@@ -158,7 +158,7 @@ def gpu_budgets(spec: BuildSpec, target: EngineShape, draft: EngineShape | None,
             if spec.serving.max_tokens_in_paged_kv_cache:
                 b.target_pool = min(b.target_pool, spec.serving.max_tokens_in_paged_kv_cache
                                     * target.kv_per_token_per_gpu())
-        if "draft" in engines:
+        if "draft" in engines and draft is not None:
             need = draft.max_batch * draft.sequence_tokens(spec.limits.tokens_per_block) * draft.kv_per_token_per_gpu()
             b.draft_pool = min(max(0.0, free) * spec.serving.draft_kv_cache_free_gpu_mem_fraction, need)
         budgets.append(b)
@@ -178,7 +178,7 @@ def fit_shortfall(spec: BuildSpec, target: EngineShape, draft: EngineShape | Non
     worst = -math.inf
     for b in gpu_budgets(spec, target, draft, gpu):
         for role, shape in (("target", target), ("draft", draft)):
-            if role in b.engines:
+            if role in b.engines and shape is not None:
                 needed_free = shape.sequence_tokens(block) * shape.kv_per_token_per_gpu() / fractions[role]
                 worst = max(worst, needed_free - b.free)
     return worst
@@ -231,17 +231,17 @@ class CapacityPlan:
     draft_kv_cache_tokens: int | None = None
     draft_max_concurrent_requests: int | None = None
     nodes: int = 1
-    per_node: list[dict] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
-    moe: dict | None = None  # MoE models only: `moe_placement` (parameters total/active, expert TP/EP per GPU)
+    per_node: list[dict[str, Any]] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
+    moe: dict[str, Any] | None = None  # MoE models only: `moe_placement` (total/active parameters, expert TP/EP per GPU)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if data["moe"] is None:
             data.pop("moe")  # dense models: the plan is what it was before MoE
         return data
 
 
-def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp: int) -> dict:
+def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp: int) -> dict[str, Any]:
     target, draft = engine_shapes(spec, tp=tp)
     budgets = gpu_budgets(spec, target, draft, gpu)
     tb = [b for b in budgets if "target" in b.engines]
@@ -250,8 +250,8 @@ def _capacity(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int, *, tp:
     tokens = int(tight.target_pool // kv_gpu)
     block = spec.limits.tokens_per_block
     per_request = math.ceil((input_len + output_len + spec.draft_len) / block) * block
-    out = dict(target=target, draft=draft, tight=tight, tokens=tokens, kv_gpu=kv_gpu,
-               concurrent=tokens // per_request, fits=tight.free > 0 and tokens >= per_request)
+    out: dict[str, Any] = dict(target=target, draft=draft, tight=tight, tokens=tokens, kv_gpu=kv_gpu,
+                               concurrent=tokens // per_request, fits=tight.free > 0 and tokens >= per_request)
     if draft is not None:
         db = [b for b in budgets if "draft" in b.engines]
         dtight = min(db, key=lambda b: b.draft_pool)
@@ -273,7 +273,7 @@ def kv_concurrency(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -
     return r["fits"], r["concurrent"]
 
 
-def moe_placement(spec: BuildSpec) -> dict | None:
+def moe_placement(spec: BuildSpec) -> dict[str, Any] | None:
     """Total vs active parameters and where the experts go, as TensorRT-LLM 1.2.1 maps them
     (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size = tp_size; layers/moe.py: each EP rank holds
     num_experts / moe_ep_size experts, each expert's FFN split moe_tp_size ways). None for a dense model."""
@@ -336,7 +336,7 @@ def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_le
     target = EngineCost(spec.model.architecture, q.precision, q.kv, tp, gpu)
     active = spec.draft_model is not None and 0 < batch <= spec.speculation.max_batch_for_speculation
     speculation = None
-    if active:
+    if active and spec.draft_model is not None:
         draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
         speculation = Speculation(draft, spec.draft_len, acceptance)
     block = spec.limits.tokens_per_block
@@ -351,7 +351,7 @@ def cost_per_1m(gpus: int, price_per_hour: float, tokens_per_s: float) -> float 
     return round(gpus * price_per_hour / 3600 / tokens_per_s * 1e6, 4) if tokens_per_s > 0 else None
 
 
-def _draft_fields(spec: BuildSpec, r: dict) -> dict:
+def _draft_fields(spec: BuildSpec, r: dict[str, Any]) -> dict[str, Any]:
     draft = r["draft"]
     if draft is None:
         return {}
@@ -366,7 +366,7 @@ def _draft_fields(spec: BuildSpec, r: dict) -> dict:
     )
 
 
-def operating_point(spec: BuildSpec, gpu: GPU, *, ceiling: int, tpot_target_ms: float | None, **terms
+def operating_point(spec: BuildSpec, gpu: GPU, *, ceiling: int, tpot_target_ms: float | None, **terms: Any
                     ) -> tuple[int, str]:
     """The batch to estimate at, and why: the highest output tok/s (so the lowest $ per 1M) with TPOT within
     `tpot_target_ms` among OPERATING_BATCHES up to `ceiling` and the ceiling itself; the ceiling when the target is
@@ -404,8 +404,8 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     r = _capacity(spec, gpu, input_len, output_len, tp=tp)
     target, draft = r["target"], r["draft"]
     ceiling = min(spec.max_batch_size, r["concurrent"])
-    terms = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=acceptance,
-                 prefix_hit_ratio=prefix_hit_ratio)
+    terms: dict[str, Any] = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=acceptance,
+                                 prefix_hit_ratio=prefix_hit_ratio)
     batch, why = operating_point(spec, gpu, ceiling=ceiling, tpot_target_ms=tpot_target_ms, **terms)
     est, active = serving_estimate(spec, gpu, batch=batch, **terms)
     # with speculation the bound counts every expected token of a target step and the draft's steps as free
@@ -467,7 +467,7 @@ def format_capacity_plan(p: CapacityPlan) -> str:
     return format_table(rows)
 
 
-def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:
+def _moe_rows(moe: dict[str, Any] | None) -> list[tuple[str, str]]:
     if moe is None:
         return []
     opts = ", ".join(f"{k}={v}" for k, v in moe["runtime_options"].items())

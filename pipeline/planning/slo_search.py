@@ -11,7 +11,7 @@ fit at a batch does not fit at a larger one. The spec's intrinsic rules (`resolv
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from pipeline.planning.planner import (
 )
 
 if TYPE_CHECKING:
+    from pipeline.core.manifests import PrecisionSearch
     from pipeline.core.spec import BuildSpec
 
 SEARCH_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
@@ -39,7 +40,7 @@ RUNTIMES = ("engine", "pytorch")
 BENCH_REPORT_MAX_BYTES = 16 << 20  # a bench report is a few KB
 LOSSES = ("refused", "does not fit", "misses TTFT", "misses TPOT", "quality unchecked", "costs more")
 REFERENCE_PRECISIONS = ("bf16", "fp16")  # unquantized: what a quality gate compares against, checked by definition
-QUALITY_RANK = {"checked": 0, "unchecked": 1, "failed": 2}  # the pick prefers the first
+QUALITY_RANK: dict[str | None, int] = {"checked": 0, "unchecked": 1, "failed": 2}  # the pick prefers the first
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class SloSearch:
     precision_source: str = "searched"  # or the quality record whose passing set they are
     quality_note: str = ""  # how quality weighed in the pick ("" when not judged)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -150,6 +151,7 @@ def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple
     tps = (p.tp,) if "tp" in p.model_fields_set and not placed else tuple(t for t in TP_CHOICES if t <= gpus)
     pps = (p.pp,) if "pp" in p.model_fields_set and not placed else PP_CHOICES
     draft_name = spec.model.default_draft
+    drafts: tuple[tuple[str | None, int | None], ...]
     if "draft" in sp.model_fields_set:
         drafts = ((spec.draft_model.name, spec.draft_len),) if spec.draft_model else ((None, None),)
     elif draft_name and speculation:
@@ -219,7 +221,7 @@ def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, pric
     if traffic.rate:  # provisioned replicas, paid whether busy or not, over the tokens the traffic asks for
         demand = traffic.rate * traffic.output_len
         replicas = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
-        cost = cost_per_1m(replicas * gpus, price, demand)
+        cost = cost_per_1m(replicas * gpus, price, demand) or math.inf
     return Candidate(
         precision=s.precision, kv_cache=spec.quantization.kv, tp=s.tp, pp=s.pp, max_batch=batch, draft=s.draft,
         draft_len=s.draft_len, runtime=s.runtime, gpus=gpus, ttft_ms=round(est.ttft_ms, 1),
@@ -228,7 +230,7 @@ def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, pric
         replicas=replicas, cost_per_1m_output_tokens_usd=cost)
 
 
-def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]):
+def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]) -> Iterator[tuple[Structure, BuildSpec]]:
     """(structure, its spec) for each structure some runtime's rules accept; refusals counted in `losses`."""
     gate = spec.speculation.max_batch_for_speculation
     for precision in space.precisions:
@@ -237,7 +239,7 @@ def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]):
                 if tp * pp > capacity(spec.hardware):
                     continue
                 for draft, k in space.drafts:
-                    refusal = None
+                    refusal = ""
                     for runtime in space.runtimes:  # the first runtime whose rules accept it
                         s = Structure(precision, tp, pp, draft, k, runtime)
                         try:
@@ -276,7 +278,7 @@ def _miss_ratio(c: Candidate, slo: Slo) -> float:
     return max(c.ttft_ms / slo.ttft_ms, c.tpot_ms / slo.tpot_ms)
 
 
-def _order(c: Candidate) -> tuple:
+def _order(c: Candidate) -> tuple[float, int, float, float]:
     return (c.cost_per_1m_output_tokens_usd, c.gpus * c.replicas, c.tpot_ms, c.ttft_ms)
 
 
@@ -470,7 +472,7 @@ def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
     return terms
 
 
-def _same_build(p: Path, data: dict, model: str, precision: str | None) -> None:
+def _same_build(p: Path, data: dict[str, Any], model: str, precision: str | None) -> None:
     """Refuse a report measured on another model or precision (an unnamed one counts as another)."""
     theirs = [v if isinstance(v, str) and v else "unknown" for v in (data.get("model"), data.get("precision"))]
     if theirs[0] == model and precision in (None, theirs[1]) and theirs[1] != "unknown":
@@ -481,7 +483,7 @@ def _same_build(p: Path, data: dict, model: str, precision: str | None) -> None:
                     "use its acceptance and prefix share anyway")
 
 
-def passing_precisions(record, spec: BuildSpec, path: Path) -> tuple[str, ...]:
+def passing_precisions(record: PrecisionSearch, spec: BuildSpec, path: Path) -> tuple[str, ...]:
     """The precisions a `precision: auto` record (`PrecisionSearch`) found within the quality gate, for `spec`.
 
     Raises:
@@ -520,11 +522,11 @@ def format_search(r: SloSearch) -> str:
             "$/1M tok", "SLO", "quality")
     rows = [head]
     for c in r.front:
-        meets = _verdict(c, slo) is None
+        verdict = _verdict(c, slo)
         rows.append(("*" if c is r.pick else "", c.precision, c.kv_cache, str(c.tp), str(c.pp), str(c.max_batch),
                      _draft_cell(c), c.runtime, f"{c.ttft_ms:,.0f}", f"{c.tpot_ms:.1f}",
                      f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.cost_per_1m_output_tokens_usd:.4f}",
-                     "meets" if meets else _verdict(c, slo), c.quality or "-"))
+                     verdict or "meets", c.quality or "-"))
     lines += ["", f"Pareto front within TTFT {slo.ttft_ms:g} ms (tok/s per GPU vs TPOT; * the pick)",
               format_table(rows, header=True), "",
               "why the others lose"]

@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,12 +92,16 @@ class RequestSample:
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
+def percentile(values: Iterable[float | None], q: float) -> float | None:
     """`numpy.percentile` (linear interpolation) of the values that are not None; None for no values."""
+    xs = [v for v in values if v is not None]
+    return _percentile(xs, q) if xs else None
+
+
+def _percentile(xs: Sequence[float], q: float) -> float:
     import numpy as np
 
-    xs = [v for v in values if v is not None]
-    return float(np.percentile(xs, q)) if xs else None
+    return float(np.percentile(xs, q))
 
 
 def cost_per_1m_tokens(tokens_per_s: float, *, gpus: int, price_per_gpu_hour: float) -> float | None:
@@ -212,7 +216,7 @@ def length_stats(lengths: Iterable[int]) -> dict[str, float] | None:
     if not xs:
         return None
     stats = {"count": len(xs), "mean": round(sum(xs) / len(xs), 2), "min": min(xs)}
-    stats |= {f"p{q}": round(percentile(xs, q), 2) for q in (50, 90, 99)}
+    stats |= {f"p{q}": round(_percentile(xs, q), 2) for q in (50, 90, 99)}
     return stats | {"max": max(xs)}
 
 
@@ -949,7 +953,7 @@ def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level:
     digest = workload_sha256(texts, outs)
     arrivals = poisson_arrivals(n, request_rate, seed) if request_rate else None
     run = uuid.uuid4().hex[:8]  # unshared prefixes stay unshared across levels and runs on one server
-    plans = []
+    plans: list[LevelPlan] = []
     for mode in ("server", "off") if speculation == "both" else (speculation,):
         for c in levels:
             sent = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer,

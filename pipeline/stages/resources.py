@@ -50,11 +50,12 @@ CPU calibration time (an estimate, said as such): 2 FLOPs per parameter per toke
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.core.runtimes import runtime_of
+from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GIB
 from pipeline.core.registry import Architecture, ModelEntry
 from pipeline.core.spec import BuildSpec
@@ -219,6 +220,8 @@ def _host_bytes(arch: Architecture, rank: int, eval_tokens: int, *, cpu: bool, r
 def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> CalibrationMemory:
     """GPU and host memory to calibrate `role` (see the module docstring for the terms)."""
     entry = spec.model if role == "target" else spec.draft_model
+    if entry is None:
+        raise SpecError(f"calibration_memory: role={role!r}, but the spec has no draft model")
     precision = spec.quantization.precision if role == "target" else spec.draft_precision
     arch, q = entry.architecture, spec.quantization
     params = arch.total_params
@@ -238,8 +241,8 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
     tp, pp = (spec.draft_tp, 1) if role == "draft" else (spec.parallelism.tp, spec.parallelism.pp)
     rank = checkpoint_bytes(arch, precision, tp=tp, pp=pp) // (tp * pp)
     eval_n, eval_len = _eval_shape(arch, spec.calib_seq_len)
-    host = dict(rank=rank, eval_tokens=eval_n * eval_len, roundtrip=roundtrip, calib_tokens=tokens,
-                export_copy=export_copy)
+    host: dict[str, Any] = dict(rank=rank, eval_tokens=eval_n * eval_len, roundtrip=roundtrip, calib_tokens=tokens,
+                                export_copy=export_copy)
     samples = spec.calib_size
     if precision in AWQ and q.calib_size is None:
         samples = min(samples, AWQ_DEFAULT_CALIB_CAP)
@@ -253,7 +256,8 @@ def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> 
 
 def _roles(spec: BuildSpec) -> list[tuple[str, ModelEntry, str, int, int]]:
     """(role, entry, precision, tp, pp) of the target and the draft."""
-    out = [("target", spec.model, spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp)]
+    out: list[tuple[str, ModelEntry, str, int, int]] = [
+        ("target", spec.model, spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp)]
     if spec.draft_model is not None:
         out.append(("draft", spec.draft_model, spec.draft_precision, spec.draft_tp, 1))
     return out

@@ -72,17 +72,17 @@ class K8sOptions(BaseModel):
     @field_validator("namespace")
     @classmethod
     def _label(cls, v: str, info: ValidationInfo) -> str:
-        return names.dns1123_label(v, FLAGS[info.field_name])
+        return names.dns1123_label(v, FLAGS[str(info.field_name)])
 
     @field_validator("release_pvc", "output_pvc", "hf_secret", "release_secret")
     @classmethod
     def _subdomain(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return v if v is None else names.dns1123_subdomain(v, FLAGS[info.field_name])
+        return v if v is None else names.dns1123_subdomain(v, FLAGS[str(info.field_name)])
 
     @field_validator("server_image", "pipeline_image")
     @classmethod
     def _image(cls, v: str, info: ValidationInfo) -> str:
-        return names.image_reference(v, FLAGS[info.field_name])
+        return names.image_reference(v, FLAGS[str(info.field_name)])
 
 
 def work_bytes(spec: BuildSpec, *, download: bool) -> int:
@@ -140,7 +140,7 @@ def _fetch_container(o: K8sOptions, gpus: int, *, copy_kubectl: bool) -> dict[st
     if o.release_secret:
         env.append({"name": "RELEASE_AUTH_HEADER",
                     "valueFrom": {"secretKeyRef": {"name": o.release_secret, "key": "header"}}})
-    mounts = [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG}]
+    mounts: list[dict[str, Any]] = [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG}]
     if o.release_pvc:
         mounts.append({"name": "releases", "mountPath": "/releases", "readOnly": True})
     return {"name": "fetch-verify", "image": o.pipeline_image, "command": ["/bin/sh", f"{CONFIG}/fetch-verify.sh"],

@@ -27,6 +27,7 @@ from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
 from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
+from pipeline.ops.monitoring.rules import Source
 from pipeline.planning.placement import Placement
 from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, plan_launch,
                                                  shape_from_spec)
@@ -48,7 +49,7 @@ class Scrape:
 
     port: str  # a name in Runtime.ports
     path: str
-    source: str  # triton | trtllm-serve
+    source: Source
 
 
 TRITON_SCRAPE = Scrape(METRICS_PORT_NAME, "/metrics", "triton")

@@ -48,7 +48,9 @@ def _tar_release_json(path: Path, fix: str) -> bytes:
                     if member.size > MAX_METADATA_BYTES:
                         raise DeployError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
                                           f"{MAX_METADATA_BYTES >> 20} MiB limit; not a release of this pipeline")
-                    return tar.extractfile(member).read()
+                    data = tar.extractfile(member)  # None only for a member that is not a regular file
+                    if data is not None:
+                        return data.read()
     except (tarfile.TarError, OSError, EOFError, zlib.error):
         raise DeployError(f"--release {path}: not a readable release tarball; give a release made by "
                           "`invoke release`") from None

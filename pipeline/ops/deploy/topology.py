@@ -62,9 +62,9 @@ def choose(spec: BuildSpec, *, explicit: bool, max_nodes: int | None = None) -> 
             raise DeployError(str(exc)) from None
         return chosen, place(p.tp, p.pp, chosen.hardware)
     for tp, pp, nodes in _candidates(spec, limit):
-        chosen = _fits(spec, tp, pp, nodes)
-        if chosen is not None:
-            return chosen, place(tp, pp, chosen.hardware)
+        fit = _fits(spec, tp, pp, nodes)
+        if fit is not None:
+            return fit, place(tp, pp, fit.hardware)
     raise DeployError(
         f"{spec.model.name} {spec.quantization.precision} does not fit {limit} node(s) of "
         f"{node_gpus(spec.hardware)} x {spec.hardware.gpu}; raise --max-nodes, quantize (--precision fp8) or lower "

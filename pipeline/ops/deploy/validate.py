@@ -23,7 +23,7 @@ from pipeline.core.errors import DeployError
 K8S_VERSION = "1.31"
 SCHEMAS = Path(__file__).parent / "schemas"
 LWS_SCHEMA = SCHEMAS / "leaderworkerset-v1.json"
-CUSTOM_KINDS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LWS_SCHEMA,
+CUSTOM_KINDS: dict[tuple[object, object], Path] = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LWS_SCHEMA,
                 ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-v1.json",
                 ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor-v1.json"}
 

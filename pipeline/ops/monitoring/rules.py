@@ -146,7 +146,7 @@ def _triton_rules(w: WatchPlan) -> list[dict[str, Any]]:
     success = f"sum by (job) (rate(nv_inference_request_success{{{m}}}[{r}]))"
     failure = f"sum by (job) (rate(nv_inference_request_failure{{{m}}}[{r}]))"
     output = f'sum by (job) (rate(nv_llm_output_token_len_sum{{{m},response_metric_type="total_output_tokens"}}[{r}]))'
-    rules = [
+    rules: list[dict[str, Any]] = [
         # reuse is counted at prefill, prompt tokens when a request ends: a window that cuts a burst can exceed 1
         {"record": HIT_RATIO, "expr": f"clamp_max({reused_tokens} / {prompt_tokens}, 1)"},
         {"record": QUEUE_US,

@@ -48,9 +48,9 @@ def load_texts(path: str | Path | None) -> tuple[list[str], str]:
         return _bundled()[0], "bundled-corpus"
     p = Path(path).expanduser()
     try:
-        raw = read_bytes(p, cap=MAX_CALIB_BYTES, what=f"calibration file {p}",
-                         fix="pass a .jsonl or text file to --calib-data", error=CalibrationError)
-        raw = raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it; a BOM is fine
+        data = read_bytes(p, cap=MAX_CALIB_BYTES, what=f"calibration file {p}",
+                          fix="pass a .jsonl or text file to --calib-data", error=CalibrationError)
+        raw = data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it; a BOM is fine
     except FileNotFoundError:
         raise CalibrationError(f"calibration file {p} does not exist; pass an existing .jsonl or text file to "
                                "--calib-data") from None

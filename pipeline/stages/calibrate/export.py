@@ -99,11 +99,11 @@ def share_expert_input_amax(model) -> None:
             continue
         for name, _ in experts[0].named_children():
             quantizers = [getattr(getattr(e, name), "input_quantizer", None) for e in experts]
-            amaxes = [q.amax for q in quantizers if q is not None and q.is_enabled and q.amax is not None]
-            if len(amaxes) != len(experts):
+            live = [q for q in quantizers if q is not None and q.is_enabled and q.amax is not None]
+            if len(live) != len(experts):
                 continue
-            top = torch.stack([a.float().reshape(()) for a in amaxes]).max()
-            for q in quantizers:
+            top = torch.stack([q.amax.float().reshape(()) for q in live]).max()
+            for q in live:
                 q.amax = top.to(q.amax.dtype).reshape(q.amax.shape)
 
 

@@ -42,7 +42,7 @@ _RENAME = {
     "pre_quant_scale": "prequant_scaling_factor",
 }
 _KV_SCALES = ("k_scale", "v_scale")
-_ACT_KIND = {"FP8": "fp8", "W4A8_AWQ": "fp8"}
+_ACT_KIND: dict[str | None, str] = {"FP8": "fp8", "W4A8_AWQ": "fp8"}
 _SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")  # a file name in the checkpoint directory
 
 

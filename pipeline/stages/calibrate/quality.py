@@ -47,7 +47,7 @@ def reference_logprobs(model, samples: list[list[int]], device) -> list[torch.Te
     """Next-token log-probabilities of the unquantized model (float32, CPU), one tensor per sample."""
     import torch
 
-    out = []
+    out: list[torch.Tensor] = []
     with torch.no_grad():
         for ids in _batches(samples, device):
             out.extend(torch.log_softmax(model(ids).logits[:, :-1].float(), -1).cpu().unbind(0))

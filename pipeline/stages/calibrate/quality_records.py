@@ -5,6 +5,8 @@ either runtime's export). `plan --slo` prefers the precisions checked here (`slo
 
 from __future__ import annotations
 
+from typing import get_args
+
 from pipeline.core.runtimes import checkpoint_format
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import IntegrityError
@@ -30,7 +32,7 @@ def quality_verdicts(model: str) -> dict[str, bool]:
         if record is not None and record.model == model:
             for c in record.candidates:
                 note(c.precision, c.passed)
-    for runtime in Runtime.__args__:
+    for runtime in get_args(Runtime):
         for directory in root.glob(f"*/{checkpoint_format(runtime).dirname}"):
             m = CheckpointManifest.read(directory, strict=False)
             if m is not None and m.role == "target" and m.model.name == model:

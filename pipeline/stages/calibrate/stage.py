@@ -87,6 +87,7 @@ class _Plan:
 
 def _plan(spec: BuildSpec, role: Role) -> _Plan:
     q = spec.quantization
+    precision: str
     if role == "target":
         entry, precision = spec.model, q.precision
     elif role == "draft":

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.core.artifacts import atomic_dir, cache_dir, file_table, is_current, stage_key, stage_lock
 from pipeline.core.errors import DownloadError
@@ -39,9 +39,22 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+class TrainSettings(TypedDict):
+    """The tiny model's training recipe."""
+
+    seed: int
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    init_std: float
+
+
 # Training recipe (part of the cache key). Steps are fixed, not timed, so the result is deterministic.
-TRAIN = {"seed": 1234, "steps": 120, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup": 20,
-         "weight_decay": 0.01, "init_std": 0.02}
+TRAIN: TrainSettings = {"seed": 1234, "steps": 120, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup": 20,
+                        "weight_decay": 0.01, "init_std": 0.02}
 
 
 def corpus_path() -> Path:

@@ -50,7 +50,7 @@ from typing import Literal
 
 from pipeline.core.errors import PipelineError, ServeError
 from pipeline.core.manifests import RepoManifest
-from pipeline.core.runtimes import runtime_named, runtime_of
+from pipeline.core.runtimes import RepoKind, runtime_named, runtime_of
 from pipeline.stages.package import pbtxt
 from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH
 
@@ -95,7 +95,7 @@ class EngineModel:
 class RepoShape:
     """What the launch depends on: the repository's kind and its TensorRT-LLM models."""
 
-    kind: Literal["engine", "llmapi", "reference"]
+    kind: RepoKind
     engine_models: tuple[EngineModel, ...] = ()
 
 
@@ -201,7 +201,7 @@ def shape_from_repo(repo: Path, *, world_size: int | None = None,
     """
     manifest = RepoManifest.read(repo, strict=False)
     backend = runtime_named(manifest.runtime, manifest.target) if manifest is not None else None
-    if backend is not None and backend.llmapi:
+    if manifest is not None and backend is not None and backend.llmapi:
         return RepoShape(backend.repo_kind, (EngineModel(TARGET_MODEL, world_size or manifest.world_size),))
     models = []
     for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):

@@ -14,7 +14,7 @@ batch, sequence lengths, TP/PP and the KV dtype, so only the runtime KV-cache se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,7 +54,7 @@ class KvCacheConfig(BaseModel):
 #   of that name and every 1.2.x alias take.
 FROM_DICT_DECODING_TYPES = ("MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
                             "UserProvided", "AUTO")
-DRAFT_TARGET_DECODING_TYPE = "DraftTarget"
+DRAFT_TARGET_DECODING_TYPE: Final = "DraftTarget"
 SPECULATIVE_MODEL_INPUT_NAMES = ("speculative_model", "speculative_model_dir")
 
 

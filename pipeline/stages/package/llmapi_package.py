@@ -55,8 +55,8 @@ class LlmapiModel(Protocol):
 class TrtllmModel:
     """TensorRT-LLM's LLM on GPUs (the PyTorch backend)."""
 
-    model_py = "model_trtllm.py"
-    files = ("llmapi_io.py",)
+    model_py: str = "model_trtllm.py"
+    files: tuple[str, ...] = ("llmapi_io.py",)
 
     def check_sources(self, sources: dict[str, dict[str, Any] | None]) -> None:
         return None
@@ -68,8 +68,8 @@ class TrtllmModel:
 class ReferenceModel:
     """The CPU reference: transformers over the dequantized checkpoint."""
 
-    model_py = "model_reference.py"
-    files = ("llmapi_io.py", "hf_reference.py")
+    model_py: str = "model_reference.py"
+    files: tuple[str, ...] = ("llmapi_io.py", "hf_reference.py")
 
     def check_sources(self, sources: dict[str, dict[str, Any] | None]) -> None:
         for what, facts in sources.items():

@@ -20,7 +20,7 @@ _LEFTOVER = re.compile(r"\$\{|\$[A-Za-z_]")
 def templates_root(layout: str = "triton") -> Path:
     """A packaged template tree: pipeline/templates/triton/<model>/{config.pbtxt,1/model.py} (engine runtime), or
     pipeline/templates/llmapi/tensorrt_llm/ (`layout="llmapi"`, PyTorch runtime)."""
-    return Path(str(resources.files("pipeline").joinpath("templates", layout)))
+    return Path(str(resources.files("pipeline").joinpath("templates").joinpath(layout)))
 
 
 def templates_hash(layout: str = "triton") -> str:

@@ -62,11 +62,13 @@ class LlmapiLayout:
     def package(self, spec: BuildSpec, row: RuntimeTarget, inputs: PackageInputs, *, force: bool, check_only: bool,
                 verify: bool) -> Any:
         """Raises:
-            SpecError: the spec has a draft but no draft checkpoint is given.
+            SpecError: no checkpoint is given, or the spec has a draft but no draft checkpoint.
         """
         from pipeline.stages.package.llmapi_options import llm_api_options
         from pipeline.stages.package.llmapi_package import package_llmapi_repo
 
+        if inputs.checkpoint is None:
+            raise SpecError("the llmapi repository serves the checkpoint: pass --checkpoint-dir")
         draft = inputs.draft_checkpoint if spec.draft_model else None
         if spec.draft_model and draft is None:
             raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")

@@ -109,6 +109,8 @@ class EngineServe:
 
     def served_dirs(self, *, checkpoint: Path, engine: Path | None, tokenizer: Path,
                     draft_checkpoint: Path | None) -> tuple[Path, Path | None, Path | None]:
+        if engine is None:
+            raise SpecError("trtllm_serve_plan: an engine build needs its engine directory")
         return engine, tokenizer, None
 
 
