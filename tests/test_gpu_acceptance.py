@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.spec import resolve_spec
-from pipeline.serving.launch_plan import shape_from_repo
+from pipeline.stages.package.launch_plan import shape_from_repo
 from pipeline.serving.serve import TritonServer, find_gpu_tritonserver
 from pipeline.serving.smoke import smoke_server
 from pipeline.stages.build import build
