@@ -113,7 +113,8 @@ _SPEC_OPTIONS: dict[str, Option] = {
     "model": Option("registry model name (llama-70b, qwen2.5-7b, qwen3-8b, mistral-7b, mixtral-8x7b, tiny-llama, "
                     "...) or hf:ORG/NAME[@REVISION] (numbers from that Hub repo's config.json)", field="model"),
     **{name: _spec(name) for name in ("precision", "kv_cache", "tp", "pp", "moe_ep", "gpu", "gpu_count", "nodes",
-                                      "gpus_per_node", "draft", "draft_len", "draft_precision", "draft_tp",
+                                      "gpus_per_node", "draft", "speculative_decoding", "draft_len",
+                                      "max_matching_ngram_size", "draft_precision", "draft_tp",
                                       "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
                                       "calib_data", "calib_size", "calib_seq_len", "decoupled")},
     "draft_max_batch": _spec("draft_max_batch_size"),
