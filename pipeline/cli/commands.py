@@ -137,12 +137,12 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
 
 def download_command(spec: BuildSpec, **flags: Any) -> None:
     """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path."""
-    from pipeline.stages.download.stage import download_model
+    from pipeline.stages.download.stage import HubAccess, download_model
 
     f = parse_flags("download", flags)
     for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
         res = download_model(entry, revision=f["revision"] if i == 0 else None, update=f["update"],
-                             offline=f["offline"], verify=f["verify"], endpoint=f["endpoint"])
+                             offline=f["offline"], verify=f["verify"], hub=HubAccess(endpoint=f["endpoint"]))
         m = res.manifest
         print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
               f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
