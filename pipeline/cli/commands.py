@@ -190,10 +190,10 @@ def compile_command(spec: BuildSpec, **flags: Any) -> dict[str, Any]:
         print(plan.to_json() if f["json"] else plan.format())
         return plan.as_dict()
     from pipeline.core.refs import write_ref
-    from pipeline.stages.compile.stage import run_compile
+    from pipeline.stages.compile.stage import CompileIO, run_compile
 
-    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
-                                 draft_output_dir=draft_output, force=f["force"], toolchain=toolchain)
+    res, draft_res = run_compile(spec, CompileIO(target, engine_dir, draft, draft_output), force=f["force"],
+                                 toolchain=toolchain)
     if f["checkpoint_dir"] is None and f["draft_checkpoint_dir"] is None:  # the spec's own build: its ref points here
         write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
