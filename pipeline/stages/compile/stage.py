@@ -152,21 +152,22 @@ def run_compile(
                                      draft_checkpoint_dir=draft_in.path if draft_in else None,
                                      draft_output_dir=io.draft_output_dir, allow_derived=False)
     draft = _draft_of(plan, draft_in)
-    engine: EngineResult | None = None
+    draft_engine: EngineResult | None = None
     record: DraftRecord | None = None
     if check_only:
         if draft is not None:
-            engine = _locate_one(draft.plan, draft.checkpoint, draft=None, verify=verify)
-            record = draft_record(engine.path, draft.tokenizer)
-        return _locate_one(plan.target, target_in, draft=record, verify=verify), engine
+            draft_engine = _locate_one(draft.plan, draft.checkpoint, draft=None, verify=verify)
+            record = draft_record(draft_engine.path, draft.tokenizer)
+        return _locate_one(plan.target, target_in, draft=record, verify=verify), draft_engine
     workers = max(p.workers for p in plan.engines)
     if toolchain is None or toolchain.gpu_count < workers:
         toolchain = preflight(gpu=spec.hardware.gpu, workers=workers)
     if draft is not None:
-        engine = _compile_one(draft.plan, toolchain, force=force, draft=None, verify=verify,
-                              checkpoint=draft.checkpoint)
-        record = draft_record(engine.path, draft.tokenizer)
-    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in), engine
+        draft_engine = _compile_one(draft.plan, toolchain, force=force, draft=None, verify=verify,
+                                    checkpoint=draft.checkpoint)
+        record = draft_record(draft_engine.path, draft.tokenizer)
+    target = _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in)
+    return target, draft_engine
 
 
 class CompileStage(RefLocated):
