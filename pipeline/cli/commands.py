@@ -137,12 +137,12 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
 
 def download_command(spec: BuildSpec, **flags: Any) -> None:
     """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path."""
-    from pipeline.stages.download.stage import download_model
+    from pipeline.stages.download.stage import HubAccess, download_model
 
     f = parse_flags("download", flags)
     for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
         res = download_model(entry, revision=f["revision"] if i == 0 else None, update=f["update"],
-                             offline=f["offline"], verify=f["verify"], endpoint=f["endpoint"])
+                             offline=f["offline"], verify=f["verify"], hub=HubAccess(endpoint=f["endpoint"]))
         m = res.manifest
         print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
               f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
@@ -190,10 +190,10 @@ def compile_command(spec: BuildSpec, **flags: Any) -> dict[str, Any]:
         print(plan.to_json() if f["json"] else plan.format())
         return plan.as_dict()
     from pipeline.core.refs import write_ref
-    from pipeline.stages.compile.stage import run_compile
+    from pipeline.stages.compile.stage import CompileIO, run_compile
 
-    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
-                                 draft_output_dir=draft_output, force=f["force"], toolchain=toolchain)
+    res, draft_res = run_compile(spec, CompileIO(target, engine_dir, draft, draft_output), force=f["force"],
+                                 toolchain=toolchain)
     if f["checkpoint_dir"] is None and f["draft_checkpoint_dir"] is None:  # the spec's own build: its ref points here
         write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
