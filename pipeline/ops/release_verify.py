@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.core.artifacts import MANIFEST, SYMLINK, check_files
 from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError,
-                                  PipelineError, VerifyError)
+                                  PipelineError, SpecError, VerifyError)
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, FileRecord, ReleaseDocument
 from pipeline.core.refs import mismatches
-from pipeline.core.spec import BuildSpec
+from pipeline.core.spec import spec_from_document
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.release import RELEASE_JSON, tar_end, tar_header, tar_members
 from pipeline.stages.compile.preflight import probe_host as compile_probe
@@ -584,10 +584,9 @@ def _foreign_outputs(doc: ReleaseDocument, manifests: dict[str, dict[str, Any] |
     """Each checkpoint or engine of the release (arc dir -> its manifest) that records another model, precision or
     KV dtype than the spec in release.json (`refs.mismatches`), e.g. "engines/x/checkpoint: precision bf16 (this
     spec: fp8)". A release without a spec this pipeline reads (older formats) is not compared."""
-    try:  # read back as `deploy` does: only non-default values count as given
-        recorded = BuildSpec.model_validate((doc.model_extra or {}).get("spec"))
-        spec = BuildSpec.model_validate(recorded.model_dump(mode="json", exclude_defaults=True))
-    except ValidationError:
+    try:
+        spec = spec_from_document((doc.model_extra or {}).get("spec"))
+    except (ValidationError, SpecError):
         return []
     out = []
     for arc, data in sorted(manifests.items()):
