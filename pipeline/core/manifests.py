@@ -14,12 +14,9 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from pipeline.core.errors import IntegrityError
