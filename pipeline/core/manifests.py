@@ -27,12 +27,18 @@ from pipeline.core.untrusted import read_bytes
 class SpecFacts(Protocol):
     """What a record is compared with (`PrecisionSearch.differences`): a `pipeline.core.spec.BuildSpec`."""
 
-    model: Any
-    hardware: Any
-    runtime: str
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def hardware(self) -> Any: ...
+
+    @property
+    def runtime(self) -> str: ...
 
     @property
     def max_ppl_delta_pct(self) -> float: ...
+
 
 MAX_LISTED = 3
 MAX_RECORD_BYTES = 16 << 20  # manifest.json, precision_search.json: a few KB (a file table of thousands of files)
