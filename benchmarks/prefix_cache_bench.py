@@ -15,12 +15,14 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.serving.bench import format_report, parse_levels, run_bench, tokenizer_dir_of
+from pipeline.serving.bench import (ServerUrls, SweepOptions, WorkloadOptions, format_report, parse_levels, run_bench,
+                                    tokenizer_dir_of)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -49,12 +51,12 @@ def main() -> None:
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
         repo = package_repo(spec, checkpoint_dir=models["tiny-llama"], draft_checkpoint_dir=models["tiny-llama-draft"],
                             build_id="prefix-cache-bench").path
-        common = dict(model="ensemble", concurrency=parse_levels(args.concurrency),
-                      requests_per_level=args.requests, max_tokens=4, shared_prefix_tokens=args.prefix)
+        workload = WorkloadOptions(concurrency=parse_levels(args.concurrency), requests_per_level=args.requests,
+                                   max_tokens=4, shared_prefix_tokens=args.prefix)
         with TritonServer(repo, ready_timeout_s=300) as server:
-            kw = dict(grpc_url=server.grpc_url, metrics_url=server.metrics_url, tokenizer_dir=tokenizer_dir_of(repo))
-            shared = run_bench(**kw, **common, shared_prefix_share=args.share)
-            none = run_bench(**kw, **common, shared_prefix_share=0.0)
+            urls, sweep = ServerUrls(server.grpc_url, server.metrics_url), SweepOptions(model="ensemble")
+            shared, none = (run_bench(urls, replace(workload, shared_prefix_share=share), sweep=sweep,
+                                      tokenizer_dir=tokenizer_dir_of(repo)) for share in (args.share, 0.0))
     for name, r in (("shared prefix", shared), ("no shared prefix (peer)", none)):
         print(f"--- {name}\n{format_report(r)}\n")
     ttft = lambda r: r.ttft_ms_warm_p50 if r.ttft_ms_warm_p50 is not None else r.ttft_ms_cold_p50  # noqa: E731

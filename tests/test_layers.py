@@ -119,3 +119,28 @@ def test_a_cycle_is_found(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "circular", raising=False)
     assert import_cycles("circular") == [["circular.a", "circular.b"]]
+
+
+def _spec_walk():
+    import importlib.util
+
+    loaded = importlib.util.spec_from_file_location("spec_walk", ROOT / "scripts" / "spec_walk.py")
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules["spec_walk"] = module  # its dataclasses look their module up
+    loaded.loader.exec_module(module)
+    return module
+
+
+def test_builds_spec_reaches_the_stages_from_the_cli_in_few_stays_and_climbs():
+    walk = _spec_walk().walk_from("pipeline.cli.commands:build_command", "spec")
+    assert walk.stays[0] == "pipeline.cli.commands:build_command" and "pipeline.stages.build:build" in walk.stays
+    assert {"Stage.run", "Stage.locate"} <= walk.stages, walk.stages
+    assert walk.unresolved == []
+    assert len(walk.stays) <= 20 and walk.climbs() <= 3, (len(walk.stays), walk.climbs(), walk.stays)
+
+
+def test_the_walk_counts_climbs_and_returns():
+    walk = _spec_walk().Walk(stays=["pipeline.cli.a:f", "pipeline.core.b:g", "pipeline.stages.c:h",
+                                    "pipeline.core.b:k", "pipeline.cli.a:m"])
+    assert (walk.climbs(), walk.returns(), walk.files()) == (2, 2, ["pipeline.cli.a", "pipeline.core.b",
+                                                                    "pipeline.stages.c"])

@@ -137,12 +137,12 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
 
 def download_command(spec: BuildSpec, **flags: Any) -> None:
     """Download (or generate) the model's checkpoint, pinned to a commit and verified; prints the local path."""
-    from pipeline.stages.download.stage import download_model
+    from pipeline.stages.download.stage import HubAccess, download_model
 
     f = parse_flags("download", flags)
     for i, entry in enumerate(e for e in (spec.model, spec.draft_model) if e is not None):
         res = download_model(entry, revision=f["revision"] if i == 0 else None, update=f["update"],
-                             offline=f["offline"], verify=f["verify"], endpoint=f["endpoint"])
+                             offline=f["offline"], verify=f["verify"], hub=HubAccess(endpoint=f["endpoint"]))
         m = res.manifest
         print(f"{entry.name}: {m.source} {entry.repo_id}@{m.sha[:12]} {len(m.files)} files "
               f"{m.total_bytes / 1e6:.1f} MB [{res.status}] -> {res.path}")
@@ -191,10 +191,10 @@ def compile_command(spec: BuildSpec, **flags: Any) -> dict[str, Any]:
         print(plan.to_json() if f["json"] else plan.format())
         return plan.as_dict()
     from pipeline.core.refs import write_ref
-    from pipeline.stages.compile.stage import run_compile
+    from pipeline.stages.compile.stage import CompileIO, run_compile
 
-    res, draft_res = run_compile(spec, checkpoint=target, output_dir=engine_dir, draft_checkpoint=draft,
-                                 draft_output_dir=draft_output, force=f["force"], toolchain=toolchain)
+    res, draft_res = run_compile(spec, CompileIO(target, engine_dir, draft, draft_output), force=f["force"],
+                                 toolchain=toolchain)
     if f["checkpoint_dir"] is None and f["draft_checkpoint_dir"] is None:  # the spec's own build: its ref points here
         write_ref("compile", spec.identity("compile"), {"engine": res, "draft_engine": draft_res})
     m = res.manifest
@@ -297,10 +297,13 @@ def bench_command(spec: BuildSpec, **flags: Any) -> None:
     from pipeline.serving import bench as bench_lib
 
     f = parse_flags("bench", flags)  # every number checked before any file, install or server
-    options = dict(concurrency=bench_lib.parse_levels(",".join(map(str, f["concurrency"])) or "1,2,4"),
-                   requests_per_level=f["requests"], max_tokens=f["max_tokens"], level_budget_s=f["budget"],
-                   shared_prefix_tokens=f["shared_prefix_tokens"], shared_prefix_share=f["shared_prefix_share"],
-                   request_rate=f["request_rate"], seed=f["seed"])
+    workload = bench_lib.WorkloadOptions(
+        concurrency=bench_lib.parse_levels(",".join(map(str, f["concurrency"])) or "1,2,4"),
+        requests_per_level=f["requests"], max_tokens=f["max_tokens"], shared_prefix_tokens=f["shared_prefix_tokens"],
+        shared_prefix_share=f["shared_prefix_share"], speculation=f["speculation"] or "server", dataset=f["dataset"],
+        request_rate=f["request_rate"], seed=f["seed"])
+    sweep = bench_lib.SweepOptions(model=f["model_name"], stream=False if f["no_stream"] else None,
+                                   level_budget_s=f["budget"])
     if f["json_file"]:
         bench_lib.check_output_file("--json-file", f["json_file"])
     if f["plot"]:
@@ -309,10 +312,9 @@ def bench_command(spec: BuildSpec, **flags: Any) -> None:
     as_json = f["json"]
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():  # stdout: the JSON only
         other = aiperf.Aiperf.installed() if f["second_opinion"] else None
-        report = bench_lib.bench_spec(
-            spec, url=f["url"], metrics_url=f["metrics_url"], repo=f["repo"], model=f["model_name"],
-            http_url=f["http_url"], second_opinion=other, stream=False if f["no_stream"] else None,
-            speculation=f["speculation"] or "server", dataset=f["dataset"], **options)
+        server = bench_lib.ServerUrls.given(f["url"], f["metrics_url"], f["http_url"])
+        report = bench_lib.bench_spec(spec, workload=workload, server=server, repo=f["repo"], sweep=sweep,
+                                      second_opinion=other)
     said = sys.stderr if as_json else sys.stdout
     print(bench_lib.report_json(report) if as_json else bench_lib.format_report(report))
     if other is not None and not as_json and any(lv.aiperf for lv in report.levels):

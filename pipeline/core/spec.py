@@ -1,7 +1,9 @@
 """The typed build spec: one pydantic model per concern, resolved from the registry, a YAML file and CLI flags.
 
-`resolve_spec(...)` is the only way in; it validates field types (pydantic) and then every coherence rule
-(`pipeline.core.spec_rules`), raising `SpecError` with one line naming the field, the value and the fix.
+`resolve_spec(...)` is the way in. Like TensorRT-LLM's `llm_args.py`, the classes validate themselves: field types and
+bounds on each section, and `BuildSpec`'s model validator applies every coherence rule (`pipeline.core.spec_rules`)
+to each spec validated, raising `SpecError` with one line naming the field, the value and the fix. A changed spec is
+validated again (`BuildSpec.revised`); `model_copy` makes unchecked what-if variants (the planner's candidates).
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
@@ -347,6 +358,28 @@ class BuildSpec(BaseModel):
             changes["warnings"] = tuple(changes["warnings"])
         return self.model_copy(update={"notes": self.notes.model_copy(update=changes)})
 
+    @model_validator(mode="after")
+    def _coherent(self, info: ValidationInfo) -> BuildSpec:
+        """Every coherence rule (`spec_rules.validate_spec`): the first violation raises `SpecError`. Its warnings go
+        to the validation context's `warnings` list where the caller collects them (`revised`); a context with
+        `unchecked` skips the rules (a spec resolved with `validate=False`)."""
+        context = info.context if isinstance(info.context, dict) else {}
+        if not context.get(UNCHECKED):
+            found = validate_spec(self)
+            if isinstance(context.get(WARNINGS), list):
+                context[WARNINGS][:] = found
+        return self
+
+    def revised(self, *, checked: bool = True, **update: Any) -> BuildSpec:
+        """A copy with `update` (BuildSpec fields), validated again: by every rule (its warnings replace
+        `notes.warnings`) unless `checked` is False.
+
+        Raises:
+            SpecError: an updated field has a bad value, or a rule refuses the revised spec.
+        """
+        data = {name: getattr(self, name) for name in self.model_fields_set} | update
+        return _validated(data, checked=checked)
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
@@ -515,8 +548,7 @@ class BuildSpec(BaseModel):
         """
         quant = self.quantization.model_copy(update={"precision": precision})
         QuantizationSpec.model_validate(quant.model_dump())  # a precision name pydantic accepts
-        chosen = self.model_copy(update={"quantization": quant}).with_notes(auto_precision=None)
-        return chosen.with_notes(warnings=validate_spec(chosen))
+        return self.revised(quantization=quant, notes=self.notes.model_copy(update={"auto_precision": None}))
 
 
 # The spec factors each stage's output depends on (later stages add to earlier ones). Never part of any:
@@ -598,6 +630,21 @@ def _pydantic_error(exc: ValidationError) -> SpecError:
     return SpecError(f"{loc}={_shown(err.get('input'))}: {err['msg']}")
 
 
+UNCHECKED = "unchecked"  # validation-context keys of `BuildSpec._coherent`
+WARNINGS = "warnings"
+
+
+def _validated(data: Mapping[str, Any], *, checked: bool) -> BuildSpec:
+    """`BuildSpec` validated from `data`: field types always, the coherence rules when `checked` (their warnings in
+    `notes.warnings`)."""
+    context: dict[str, Any] = {UNCHECKED: not checked, WARNINGS: []}
+    try:
+        spec = BuildSpec.model_validate(data, context=context)
+    except ValidationError as exc:
+        raise _pydantic_error(exc) from None
+    return spec.with_notes(warnings=context[WARNINGS]) if checked else spec
+
+
 def resolve_spec(
     *,
     spec_file: str | Path | None = None,
@@ -640,27 +687,31 @@ def resolve_spec(
     if not isinstance(model_name, str):
         raise SpecError(f"model must be a registry name, got {model_name!r}")
     entry = get_model(model_name, models_file=models_file)
-    try:
-        spec = BuildSpec(
-            model=entry,
-            models_file=str(models_file) if models_file else None,
-            **{k: v for k, v in data.items() if k != "models_file"},
-        )
-    except ValidationError as exc:
-        raise _pydantic_error(exc) from None
-    draft = spec.speculation.draft
-    if draft:
-        name = entry.default_draft if draft == "auto" else draft
-        if not name:
-            raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
-        spec = spec.model_copy(update={"draft_model": get_model(name, models_file=models_file)})
+    fields: dict[str, Any] = {k: v for k, v in data.items() if k != "models_file"}
+    fields["model"] = entry
+    if models_file:
+        fields["models_file"] = str(models_file)
+    draft = _draft_entry(entry, data.get("speculation"), models_file)
+    if draft is not None:
+        fields["draft_model"] = draft
+    spec = _validated(fields, checked=validate and not auto)
     if auto:
         spec = _auto_precision(spec, validate=validate)
-    elif validate:
-        spec = spec.with_notes(warnings=validate_spec(spec))
     if validate and spec.draft_model is not None:
         check_hub_tokenizers(spec.model, spec.draft_model)  # the one rule that reads the Hub, after the rules
     return spec
+
+
+def _draft_entry(entry: ModelEntry, speculation: Any, models_file: str | Path | None) -> ModelEntry | None:
+    """The registry entry of `speculation.draft` ('auto': the model's default draft), None without one (a draft that is
+    no string is left to the field's validation)."""
+    draft = speculation.get("draft") if isinstance(speculation, dict) else None
+    if not draft or not isinstance(draft, str):
+        return None
+    name = entry.default_draft if draft == AUTO else draft
+    if not name:
+        raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")
+    return get_model(name, models_file=models_file)
 
 
 def _auto_precision(spec: BuildSpec, *, validate: bool) -> BuildSpec:
@@ -680,6 +731,6 @@ def _auto_precision(spec: BuildSpec, *, validate: bool) -> BuildSpec:
     if not allowed:
         raise SpecError("precision=auto: no candidate fits this spec: "
                         + "; ".join(f"{p}: {why}" for p, why in refused))
-    first = spec.with_precision(allowed[0]) if validate else spec.model_copy(
-        update={"quantization": spec.quantization.model_copy(update={"precision": allowed[0]})})
+    first = spec.with_precision(allowed[0]) if validate else spec.revised(
+        checked=False, quantization=spec.quantization.model_copy(update={"precision": allowed[0]}))
     return first.with_notes(auto_precision=AutoPrecision(tuple(allowed), tuple(refused)))

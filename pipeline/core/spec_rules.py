@@ -1,4 +1,5 @@
-"""Intrinsic coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix). Pure, instant.
+"""Coherence rules of a build spec (TensorRT-LLM 1.2.1 rules and the support matrix), applied by the model validator
+of `pipeline.core.spec.BuildSpec` to every spec validated. Pure, instant.
 
 Each rule raises `SpecError` with one line: the field, the value, and what to do instead. Soft problems are
 returned as warnings. Where a rule mirrors TensorRT-LLM 1.2.1 (NVIDIA/TensorRT-LLM), the function says which

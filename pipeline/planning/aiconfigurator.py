@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
@@ -76,18 +77,27 @@ class AicResult(BaseModel):
     kv_capacity_exceeded: bool = False  # fits in memory, but the batch's KV exceeds the pool (requests queue)
 
 
-def case_for(*, model: str, gpu: str, precision: str, kv: str, tp: int, isl: int, osl: int, batch: int,
-             prefix: int = 0) -> AicCase | AicResult:
-    """The AIConfigurator case for a plan, or a no-data result naming what it lacks."""
+@dataclass(frozen=True)
+class Workload:
+    """The load an estimate is for: prompt and output lengths, the batch, prompt tokens already in the KV cache."""
+
+    isl: int
+    osl: int
+    batch: int
+    prefix: int = 0
+
+
+def case_for(*, model: str, gpu: str, precision: str, kv: str, tp: int, load: Workload) -> AicCase | AicResult:
+    """The AIConfigurator case for a plan under `load`, or a no-data result naming what it lacks."""
     missing = [f"{what} {value!r}" for what, value, table in (
         ("model", model, MODEL_PATHS), ("GPU", gpu, SYSTEMS), ("precision", precision, GEMM_MODES),
         ("KV cache dtype", kv, KV_MODES)) if value not in table]
     if missing:
         return AicResult(status="no_data", reason=f"AIConfigurator has no data for {', '.join(missing)}")
-    if batch < 1:
+    if load.batch < 1:
         return AicResult(status="no_data", reason="no batch fits, nothing to estimate")
-    return AicCase(model_path=MODEL_PATHS[model], system=SYSTEMS[gpu], tp=tp, isl=isl, osl=osl, batch=batch,
-                   gemm=GEMM_MODES[precision], kv=KV_MODES[kv], prefix=prefix)
+    return AicCase(model_path=MODEL_PATHS[model], system=SYSTEMS[gpu], tp=tp, isl=load.isl, osl=load.osl,
+                   batch=load.batch, gemm=GEMM_MODES[precision], kv=KV_MODES[kv], prefix=load.prefix)
 
 
 _FIELDS = {"ttft_ms": r"TTFT:\s+([\d,.]+) ms", "tpot_ms": r"TPOT:\s+([\d,.]+) ms",
@@ -154,7 +164,7 @@ def second_opinion(plan: CapacityPlan, *, tokens_per_block: int) -> SecondOpinio
     """Run AIConfigurator on the plan's case: its model, GPU, precision, TP, lengths, batch and prefix reuse."""
     reused = int(plan.prefix_hit_ratio * plan.input_len) // tokens_per_block * tokens_per_block
     case = case_for(model=plan.model, gpu=plan.gpu, precision=plan.precision, kv=plan.kv_cache, tp=plan.tp,
-                    isl=plan.input_len, osl=plan.output_len, batch=plan.decode_batch, prefix=reused)
+                    load=Workload(plan.input_len, plan.output_len, plan.decode_batch, prefix=reused))
     note = ""
     if plan.speculation_active:
         note = "AIConfigurator does not model draft-target speculation: its numbers are without the draft"
@@ -274,8 +284,8 @@ def pick_in_its_space(search: AicSearch, *, model: str, gpu: str, check: Callabl
 
 def pick_case(pick: Candidate, *, model: str, gpu: str, isl: int, osl: int) -> AicCase:
     """The `cli estimate` case of a `plan --slo` pick (pp is not passed: its estimate is for pp=1)."""
-    case = case_for(model=model, gpu=gpu, precision=pick.precision, kv=pick.kv_cache, tp=pick.tp, isl=isl, osl=osl,
-                    batch=pick.max_batch)
+    case = case_for(model=model, gpu=gpu, precision=pick.precision, kv=pick.kv_cache, tp=pick.tp,
+                    load=Workload(isl, osl, pick.max_batch))
     if isinstance(case, AicResult):
         raise SpecError(f"aiconfigurator: {case.reason}")
     return case

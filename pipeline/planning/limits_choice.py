@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.runtimes import runtime_of
-from pipeline.core.spec_rules import validate_spec
 from pipeline.planning.planner import plan_capacity
 
 if TYPE_CHECKING:
@@ -83,8 +82,7 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
                 reasons["max_batch_size"] = why
     chosen = chosen.with_notes(limit_reasons=reasons)
     if chosen.max_batch_size != spec.max_batch_size and validate:
-        # the rules again, at the chosen batch (not warning about it)
-        chosen = chosen.with_notes(warnings=validate_spec(chosen))
+        chosen = chosen.revised()  # the rules again, at the chosen batch (not warning about it)
     return chosen
 
 

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,22 +100,55 @@ def dataset_jsonl(texts: list[str], output_lens: list[int]) -> str:
                    for t, n in zip(texts, output_lens, strict=True))
 
 
-def profile_argv(exe: str, *, http_url: str, model: str, concurrency: int, requests: int, request_rate: float | None,
-                 seed: int, tokenizer_dir: str, input_file: Path, template_file: Path, artifact_dir: Path,
-                 request_timeout_s: float) -> list[str]:
-    """`aiperf profile` for one level: `requests` requests of `input_file` in order, at most `concurrency` in
-    flight, with `request_rate` Poisson arrivals (seeded by `seed`) when given."""
-    argv = [exe, "profile", "--model", model, "--url", f"http://{http_url}", "--endpoint-type", "template",
+@dataclass(frozen=True)
+class Target:
+    """What AIPerf drives: the server's HTTP address, the Triton model, and the build's tokenizer (its token
+    counts)."""
+
+    http_url: str
+    model: str
+    tokenizer_dir: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """One level's load: `requests` requests, at most `concurrency` in flight, with `request_rate` Poisson
+    arrivals (seeded by `seed`) when given."""
+
+    concurrency: int
+    requests: int
+    request_rate: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LevelFiles:
+    """One level's files: its requests (`single_turn` JSONL), its payload template and AIPerf's artifact
+    directory."""
+
+    requests: Path
+    template: Path
+    artifacts: Path
+
+    @classmethod
+    def under(cls, root: Path) -> LevelFiles:
+        return cls(root / "requests.jsonl", root / "payload.jinja", root / "artifacts")
+
+
+def profile_argv(exe: str, target: Target, load: Load, files: LevelFiles, *, request_timeout_s: float) -> list[str]:
+    """`aiperf profile` for one level: the `load` of the requests in `files.requests`, in order."""
+    model = target.model
+    argv = [exe, "profile", "--model", model, "--url", f"http://{target.http_url}", "--endpoint-type", "template",
             "--custom-endpoint", f"/v2/models/{model}/generate_stream", "--streaming",
-            "--extra-inputs", f"payload_template:{template_file}", "--extra-inputs", "response_field:text_output",
-            "--input-file", str(input_file), "--custom-dataset-type", "single_turn",
-            "--dataset-sampling-strategy", "sequential", "--request-count", str(requests),
-            "--concurrency", str(concurrency)]
-    if request_rate is not None:
-        argv += ["--request-rate", f"{request_rate:g}", "--arrival-pattern", "poisson"]
-    return argv + ["--random-seed", str(seed), "--tokenizer", tokenizer_dir,
-                   "--request-timeout-seconds", f"{request_timeout_s:g}", "--output-artifact-dir", str(artifact_dir),
-                   "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry"]
+            "--extra-inputs", f"payload_template:{files.template}", "--extra-inputs", "response_field:text_output",
+            "--input-file", str(files.requests), "--custom-dataset-type", "single_turn",
+            "--dataset-sampling-strategy", "sequential", "--request-count", str(load.requests),
+            "--concurrency", str(load.concurrency)]
+    if load.request_rate is not None:
+        argv += ["--request-rate", f"{load.request_rate:g}", "--arrival-pattern", "poisson"]
+    return argv + ["--random-seed", str(load.seed), "--tokenizer", target.tokenizer_dir,
+                   "--request-timeout-seconds", f"{request_timeout_s:g}", "--output-artifact-dir",
+                   str(files.artifacts), "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry"]
 
 
 class Aiperf:
@@ -151,18 +185,16 @@ class Aiperf:
         Raises:
             RunError: AIPerf failed or wrote no export (its first ERROR line quoted).
         """
+        target = Target(http_url, report.triton_model, tokenizer_dir)
         with tempfile.TemporaryDirectory(prefix="bench-aiperf-") as tmp:
             for i, (plan, stats) in enumerate(zip(workload, report.levels, strict=True)):
-                level = Path(tmp) / f"level-{i}"
-                level.mkdir()
-                (level / "requests.jsonl").write_text(dataset_jsonl(plan.texts, plan.max_tokens), encoding="utf-8")
-                (level / "payload.jinja").write_text(payload_template(0 if plan.mode == "off" else None))
-                argv = profile_argv(self.exe, http_url=http_url, model=report.triton_model,
-                                    concurrency=plan.concurrency, requests=len(plan.texts),
-                                    request_rate=report.request_rate, seed=report.seed, tokenizer_dir=tokenizer_dir,
-                                    input_file=level / "requests.jsonl", template_file=level / "payload.jinja",
-                                    artifact_dir=level / "artifacts", request_timeout_s=self.request_timeout_s)
-                stats.aiperf = self._profile(argv, level / "artifacts" / EXPORT_FILE,
+                (Path(tmp) / f"level-{i}").mkdir()
+                files = LevelFiles.under(Path(tmp) / f"level-{i}")
+                files.requests.write_text(dataset_jsonl(plan.texts, plan.max_tokens), encoding="utf-8")
+                files.template.write_text(payload_template(0 if plan.mode == "off" else None))
+                load = Load(plan.concurrency, len(plan.texts), report.request_rate, report.seed)
+                argv = profile_argv(self.exe, target, load, files, request_timeout_s=self.request_timeout_s)
+                stats.aiperf = self._profile(argv, files.artifacts / EXPORT_FILE,
                                              level_budget_s + self.request_timeout_s + STARTUP_S).model_dump()
 
     @staticmethod

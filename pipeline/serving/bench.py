@@ -36,15 +36,16 @@ from pipeline.core.errors import BenchError, PipelineError, RequestsFailed, RunE
 from pipeline.core.gpus import gpu_price
 from pipeline.core.local_url import check_local
 from pipeline.core.runtimes import runtime_of
+from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
 from pipeline.planning.perf_model import HIT_RATIO_WARNING
 from pipeline.serving.dataset import DatasetRequest, load_dataset
+from pipeline.serving.foreground import built_repo
 from pipeline.serving.llmapi import client as llmapi
 from pipeline.serving.serve import TritonServer
 from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
 from pipeline.serving.token_count import (PROMPT_CHUNK_CHARS, count_output_tokens, load_tokenizer, prompt_tokens,
                                            server_count)
-from pipeline.stages.build import locate_outputs
 from pipeline.stages.package import llmapi_yaml, pbtxt
 
 MAX_CONCURRENCY = 4096  # clients per level; each is one gRPC stream and one thread, opened only for requests that exist
@@ -588,18 +589,29 @@ def _text(result) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
+@dataclass(frozen=True)
+class _Route:
+    """How a level's clients call the server: its gRPC address, the model, streaming or not, the per-request
+    timeout, and the build's tokenizer (output token counts; None without one)."""
+
+    url: str
+    info: _ModelInfo
+    stream: bool
+    timeout_s: float
+    tokenizer: Any = None
+
+
 class _Worker:
     """One gRPC client with its own stream; sends requests one after another."""
 
-    def __init__(self, url: str, info: _ModelInfo, stream: bool, timeout_s: float, tokenizer=None,
-                 draft_tokens: int | None = None):
+    def __init__(self, route: _Route, draft_tokens: int | None = None):
         import tritonclient.grpc as grpcclient
 
-        self.client = grpcclient.InferenceServerClient(url)
-        self.info = info
-        self.stream = stream
-        self.timeout_s = timeout_s
-        self.tokenizer = tokenizer
+        self.client = grpcclient.InferenceServerClient(route.url)
+        self.info = route.info
+        self.stream = route.stream
+        self.timeout_s = route.timeout_s
+        self.tokenizer = route.tokenizer
         self.draft_tokens = draft_tokens
         self.responses: queue.Queue = queue.Queue()
         self.client.start_stream(
@@ -715,15 +727,14 @@ def server_ttft_s(stamps: dict[str, int]) -> float | None:
     return (first - start) / 1e9 if first and start and first >= start else None
 
 
-def _level(url, info, stream, concurrency, n_requests, max_tokens: int | list[int], budget_s, timeout_s, tokenizer,
-           texts: list[str] | None = None, draft_tokens: int | None = None,
-           arrivals: list[float] | None = None) -> tuple:
-    """Send `n_requests` with at most `concurrency` in flight: min(concurrency, n_requests) clients, one thread
-    each; request i asks for `max_tokens[i]` tokens (or `max_tokens`) and, with `arrivals`, is sent no earlier than
+def _level(route: _Route, plan: LevelPlan, budget_s: float) -> tuple[list[RequestSample], float]:
+    """Send the plan's requests with at most `plan.concurrency` in flight: min(concurrency, requests) clients, one
+    thread each; request i asks for `plan.max_tokens[i]` tokens and, with `plan.arrivals`, is sent no earlier than
     `arrivals[i]` seconds after the level starts (later when every client is busy); (samples, wall seconds)."""
-    workers = [_Worker(url, info, stream, timeout_s, tokenizer, draft_tokens)
-               for _ in range(clients_for(concurrency, n_requests))]
-    texts = texts or prompts(n_requests)
+    texts, max_tokens, arrivals, concurrency = plan.texts, plan.max_tokens, plan.arrivals, plan.concurrency
+    n_requests = len(texts)
+    draft_tokens = 0 if plan.mode == "off" else None
+    workers = [_Worker(route, draft_tokens) for _ in range(clients_for(concurrency, n_requests))]
     samples: list[RequestSample] = []
     lock = threading.Lock()
     next_idx = [0]
@@ -740,8 +751,7 @@ def _level(url, info, stream, concurrency, n_requests, max_tokens: int | list[in
                 if arrivals[i] > budget_s:
                     return
                 time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
-            n_out = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
-            s = w.request(texts[i], n_out, f"bench-{concurrency}-{i}")
+            s = w.request(texts[i], max_tokens[i], f"bench-{concurrency}-{i}")
             with lock:
                 samples.append(s)
             if not s.ok:
@@ -752,7 +762,7 @@ def _level(url, info, stream, concurrency, n_requests, max_tokens: int | list[in
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=budget_s + timeout_s + 5)
+            t.join(timeout=budget_s + route.timeout_s + 5)
     finally:
         for w in workers:
             w.close()
@@ -780,90 +790,156 @@ def tokenizer_dir_of(repo: str | Path) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ServerUrls:
+    """The running server a bench calls, on 127.0.0.1: its gRPC address (the requests), its metrics endpoint
+    (prefix-cache counters, optional) and its HTTP address (for a second opinion, optional)."""
+
+    grpc: str
+    metrics: str | None = None
+    http: str | None = None
+
+    @classmethod
+    def given(cls, url: str | None, metrics_url: str | None = None, http_url: str | None = None) -> ServerUrls | None:
+        """The server at `url` (`--url`, `--metrics-url`, `--http-url`); None without `url` (bench starts one).
+
+        Raises:
+            BenchError: an address that is not local, or `http_url` without `url`.
+        """
+        if url:
+            check_local(url)
+        if http_url:
+            if not url:
+                raise BenchError("--http-url names the HTTP address of the server at --url; pass --url too, or drop "
+                                 "both so that bench starts the server")
+            check_local(http_url)
+        return cls(url, metrics_url, http_url) if url else None
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """What every level sends (`plan_workload`).
+
+    Attributes:
+        concurrency: the levels: at most this many requests in flight.
+        shared_prefix_tokens: > 0: the shared-prefix workload (`shared_prefix_prompts`): `shared_prefix_share` of
+            the requests start with one prefix of this many tokens, each request has a distinct suffix.
+        speculation: "server" (the route's default draft length), "off" (num_draft_tokens 0) or "both" (every
+            level twice, with the route's default and off; needs a model with a num_draft_tokens input).
+        dataset: a JSONL or JSON-array file of prompts (`pipeline.serving.dataset`): a sample of
+            `requests_per_level` of them seeded by `seed`, each asking for its output length (else `max_tokens`).
+        request_rate: Poisson arrivals per second within each level (seeded by `seed`), the concurrency level
+            capping how many are in flight; None: each client sends its next request at once.
+    """
+
+    concurrency: Sequence[int] = (1, 2, 4)
+    requests_per_level: int = 8
+    max_tokens: int = 32
+    shared_prefix_tokens: int = 0
+    shared_prefix_share: float = 1.0
+    speculation: str = "server"
+    dataset: str | Path | None = None
+    request_rate: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How the sweep drives the server.
+
+    Attributes:
+        model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`, else the
+            LLM-API `tensorrt_llm`.
+        stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
+            draft-target BLS does not stream).
+        level_budget_s, request_timeout_s: time budget of one level and of one request.
+        warmup: send one short request before the first level.
+    """
+
+    model: str | None = None
+    stream: bool | None = None
+    level_budget_s: float = 60.0
+    request_timeout_s: float = 120.0
+    warmup: bool = True
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the cost figures assume: the GPUs serving, $ per GPU-hour, and where that price comes from."""
+
+    gpus: int = 1
+    usd_per_gpu_hour: float = 3.0
+    source: str = "given"
+
+    @classmethod
+    def of(cls, spec: BuildSpec) -> Pricing:
+        """The spec's world size (TP×PP) at its $/GPU-hour (`cost_basis`)."""
+        price, source = cost_basis(spec)
+        return cls(spec.parallelism.world_size, price, source)
+
+
 def run_bench(
+    server: ServerUrls,
+    workload: WorkloadOptions = WorkloadOptions(),
     *,
-    grpc_url: str,
-    metrics_url: str | None = None,
-    model: str | None = None,
-    concurrency: Iterable[int] = (1, 2, 4),
-    requests_per_level: int = 8,
-    max_tokens: int = 32,
-    stream: bool | None = None,
-    level_budget_s: float = 60.0,
-    request_timeout_s: float = 120.0,
-    gpus: int = 1,
-    gpu_price_per_hour: float = 3.0,
-    gpu_price_source: str = "given",
+    sweep: SweepOptions = SweepOptions(),
+    pricing: Pricing = Pricing(),
     tokenizer_dir: str | Path | None = None,
-    warmup: bool = True,
-    shared_prefix_tokens: int = 0,
-    shared_prefix_share: float = 1.0,
-    speculation: str = "server",
-    max_input_len: int | None = None,
-    max_seq_len: int | None = None,
-    dataset: str | Path | None = None,
-    request_rate: float | None = None,
-    seed: int = 0,
-    workload: list[LevelPlan] | None = None,
-    http_url: str | None = None,
+    planned: list[LevelPlan] | None = None,
     second_opinion: SecondOpinion | None = None,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
     Args:
-        model: model to call; default: `tensorrt_llm_bls` when served (speculation), else `ensemble`.
-        stream: stream responses (TTFT measurable); default: on for a decoupled model, off for the BLS (upstream
-            draft-target BLS does not stream).
         tokenizer_dir: the served build's tokenizer (exact prompt lengths and output token counts).
-        shared_prefix_tokens: > 0: the shared-prefix workload (`shared_prefix_prompts`): `shared_prefix_share` of
-            the requests start with one prefix of this many tokens, each request has a distinct suffix.
-        speculation: "server" (the route's default draft length), "off" (num_draft_tokens 0) or "both" (every
-            level twice, with the route's default and off; needs a model with a num_draft_tokens input).
-        max_input_len, max_seq_len: the build's limits: every prompt is checked against them before anything is
-            sent (`check_prompt_limits`).
-        dataset, request_rate, seed: prompts from a dataset file and Poisson arrivals (`plan_workload`).
-        workload: the levels `plan_workload` planned from these options already (default: plan them here).
-        http_url: the same server's HTTP address (for `second_opinion`).
+        planned: the levels `plan_workload` planned from `workload` already, checked against the build's limits
+            (default: plan them here, with no limits).
         second_opinion: another load generator (`pipeline.serving.aiperf.Aiperf`), checked before the first
-            request and run on every level after ours; its failure is kept in `second_opinion_error`.
+            request and run on every level after ours (at `server.http`); its failure is kept in
+            `second_opinion_error`.
 
     Raises:
         BenchError: non-local URL, unreachable server, missing model, bad options, prompts over the limits.
     """
-    check_local(grpc_url)
+    check_local(server.grpc)
     tokenizer = load_tokenizer(tokenizer_dir)
-    workload = workload or plan_workload(
-        concurrency=concurrency, requests_per_level=requests_per_level, max_tokens=max_tokens,
-        shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share, speculation=speculation,
-        tokenizer=tokenizer, max_input_len=max_input_len, max_seq_len=max_seq_len, dataset=dataset,
-        request_rate=request_rate, seed=seed)
-    info = _served_model(grpc_url, model)
-    stream = _stream_mode(info, stream, speculation)
-    report = BenchReport(grpc_url, info.name, stream, max_tokens, requests_per_level, gpus, gpu_price_per_hour,
-                         gpu_price_source=gpu_price_source, shared_prefix_tokens=shared_prefix_tokens,
-                         shared_prefix_share=shared_prefix_share if shared_prefix_tokens else 0.0,
-                         request_rate=request_rate, dataset=str(dataset) if dataset is not None else None,
-                         min_tokens=info.exact_lengths, seed=seed)
+    levels = planned or plan_workload(workload, tokenizer=tokenizer)
+    info = _served_model(server.grpc, sweep.model)
+    stream = _stream_mode(info, sweep.stream, workload.speculation)
+    w = workload
+    report = BenchReport(server.grpc, info.name, stream, w.max_tokens, w.requests_per_level, pricing.gpus,
+                         pricing.usd_per_gpu_hour, gpu_price_source=pricing.source,
+                         shared_prefix_tokens=w.shared_prefix_tokens,
+                         shared_prefix_share=w.shared_prefix_share if w.shared_prefix_tokens else 0.0,
+                         request_rate=w.request_rate, dataset=str(w.dataset) if w.dataset is not None else None,
+                         min_tokens=info.exact_lengths, seed=w.seed)
     tokenizer_path = str(tokenizer_dir) if tokenizer_dir is not None else None
     if second_opinion is not None:
-        second_opinion.check(report, http_url=http_url, tokenizer_dir=tokenizer_path)
-    if warmup:
-        _level(grpc_url, info, stream, 1, 1, min(4, max_tokens), level_budget_s, request_timeout_s, tokenizer,
-               texts=[WARMUP_PROMPT])
-    before = scrape_metrics(metrics_url) if metrics_url else None
-    samples = _sweep(report, info, tokenizer, workload, level_budget_s, request_timeout_s)
-    after = scrape_metrics(metrics_url) if metrics_url else None
+        second_opinion.check(report, http_url=server.http, tokenizer_dir=tokenizer_path)
+    route = _Route(server.grpc, info, stream, sweep.request_timeout_s, tokenizer)
+    if sweep.warmup:
+        _level(route, LevelPlan(1, "server", [WARMUP_PROMPT], [min(4, w.max_tokens)]), sweep.level_budget_s)
+    before = scrape_metrics(server.metrics) if server.metrics else None
+    samples = _sweep(report, route, levels, sweep.level_budget_s)
+    after = scrape_metrics(server.metrics) if server.metrics else None
     ok = [s for s in samples if s.ok]
-    _run_figures(report, ok, workload, tokenizer)
+    _run_figures(report, ok, levels, tokenizer)
     _prefix_cache_ratio(report, ok, before, after)
-    _add_notes(report, ok, workload)
+    _add_notes(report, ok, levels)
     if second_opinion is not None:
-        try:
-            second_opinion.run(report, workload, http_url=http_url, tokenizer_dir=tokenizer_path,
-                               level_budget_s=level_budget_s)
-        except PipelineError as exc:
-            report.second_opinion_error = str(exc)
+        _second_opinion(second_opinion, report, levels, server.http, tokenizer_path, sweep.level_budget_s)
     return report
+
+
+def _second_opinion(other: SecondOpinion, report: BenchReport, levels: list[LevelPlan], http_url: str | None,
+                    tokenizer_dir: str | None, level_budget_s: float) -> None:
+    """Run `other` on every level; its failure is kept in `report.second_opinion_error`."""
+    if http_url is None or tokenizer_dir is None:  # `check` refused the run before the first request
+        raise BenchError("a second opinion needs the server's HTTP address and the build's tokenizer")
+    try:
+        other.run(report, levels, http_url=http_url, tokenizer_dir=tokenizer_dir, level_budget_s=level_budget_s)
+    except PipelineError as exc:
+        report.second_opinion_error = str(exc)
 
 
 class SecondOpinion(Protocol):
@@ -884,7 +960,7 @@ class LevelPlan:
     concurrency: int
     mode: str
     texts: list[str]
-    max_tokens: list[int] = field(default_factory=list)
+    max_tokens: list[int]
     arrivals: list[float] | None = None
     workload_sha256: str = ""
 
@@ -905,63 +981,55 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     return [0.0, *np.cumsum(gaps[:-1]).round(6).tolist()][:n]
 
 
-def _sample(n: int, *, max_tokens: int, dataset: list[DatasetRequest] | None, shared_prefix_tokens: int,
-            shared_prefix_share: float, tokenizer) -> tuple[list[str], list[int]]:
+def _sample(n: int, options: WorkloadOptions, dataset: list[DatasetRequest] | None,
+            tokenizer: Any) -> tuple[list[str], list[int]]:
     """The run's requests (prompts and output lengths): the dataset's sample in order (cycling when it has fewer
     than `n`), the shared-prefix workload, or the fixed prompt set."""
     if dataset:
         reqs = [dataset[i % len(dataset)] for i in range(n)]
-        return [r.prompt for r in reqs], [r.output_len or max_tokens for r in reqs]
-    texts = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer)
-             if shared_prefix_tokens else prompts(n))
-    return texts, [max_tokens] * n
+        return [r.prompt for r in reqs], [r.output_len or options.max_tokens for r in reqs]
+    texts = (shared_prefix_prompts(n, options.shared_prefix_tokens, options.shared_prefix_share, tokenizer)
+             if options.shared_prefix_tokens else prompts(n))
+    return texts, [options.max_tokens] * n
 
 
-def plan_workload(*, concurrency: Iterable[int] = (1, 2, 4), requests_per_level: int = 8, max_tokens: int = 32,
-                  shared_prefix_tokens: int = 0, shared_prefix_share: float = 1.0, speculation: str = "server",
-                  tokenizer=None, max_input_len: int | None = None, max_seq_len: int | None = None,
-                  dataset: str | Path | None = None, request_rate: float | None = None, seed: int = 0,
-                  **_server_options: Any) -> list[LevelPlan]:
-    """Every level's requests, checked against the options' caps and the build's limits before anything is sent.
+def plan_workload(options: WorkloadOptions = WorkloadOptions(), *, tokenizer: Any = None,
+                  max_input_len: int | None = None, max_seq_len: int | None = None) -> list[LevelPlan]:
+    """Every level's requests, checked against the options' caps and the build's limits (`max_input_len`,
+    `max_seq_len`, with the build's `tokenizer`) before anything is sent.
 
     Every level and speculation arm replays one sample of `requests_per_level` requests in the same order (and,
     with a request rate, on the same arrival schedule), so levels differ only in concurrency. The shared-prefix
     workload's unshared prefixes are salted per level and run so that they stay cold; its `workload_sha256`
     hashes them unsalted.
 
-    Args:
-        dataset: a JSONL or JSON-array file of prompts (`pipeline.serving.dataset`): a sample of
-            `requests_per_level` of them seeded by `seed`, each asking for its output length (else `max_tokens`).
-        request_rate: Poisson arrivals per second within each level (seeded by `seed`), the concurrency level
-            capping how many are in flight; None: each client sends its next request at once.
-
     Raises:
         BenchError: bad options, a level over `MAX_CONCURRENCY`, requests over `MAX_REQUESTS`, prompts over the
             build's limits, an unreadable or malformed dataset.
     """
-    levels = sorted({int(c) for c in concurrency})
-    _check_options(levels, requests_per_level, max_tokens, shared_prefix_tokens, shared_prefix_share, speculation)
-    if request_rate is not None and not 0 < request_rate <= MAX_REQUEST_RATE:
-        raise BenchError(f"--request-rate {request_rate:g}: expected requests per second within "
+    o = options
+    levels = sorted({int(c) for c in o.concurrency})
+    _check_options(levels, o)
+    if o.request_rate is not None and not 0 < o.request_rate <= MAX_REQUEST_RATE:
+        raise BenchError(f"--request-rate {o.request_rate:g}: expected requests per second within "
                          f"0..{MAX_REQUEST_RATE:g}")
-    if dataset is not None and shared_prefix_tokens:
+    if o.dataset is not None and o.shared_prefix_tokens:
         raise BenchError("--dataset and --shared-prefix-tokens both choose the prompts; pass one of them")
-    n = requests_per_level
-    data = load_dataset(dataset, tokenizer=tokenizer, sample=n, seed=seed) if dataset is not None else None
-    texts, outs = _sample(n, max_tokens=max_tokens, dataset=data, tokenizer=tokenizer,
-                          shared_prefix_tokens=shared_prefix_tokens, shared_prefix_share=shared_prefix_share)
+    n = o.requests_per_level
+    data = load_dataset(o.dataset, tokenizer=tokenizer, sample=n, seed=o.seed) if o.dataset is not None else None
+    texts, outs = _sample(n, o, data, tokenizer)
     digest = workload_sha256(texts, outs)
-    arrivals = poisson_arrivals(n, request_rate, seed) if request_rate else None
+    arrivals = poisson_arrivals(n, o.request_rate, o.seed) if o.request_rate else None
     run = uuid.uuid4().hex[:8]  # unshared prefixes stay unshared across levels and runs on one server
     plans: list[LevelPlan] = []
-    for mode in ("server", "off") if speculation == "both" else (speculation,):
+    for mode in ("server", "off") if o.speculation == "both" else (o.speculation,):
         for c in levels:
-            sent = (shared_prefix_prompts(n, shared_prefix_tokens, shared_prefix_share, tokenizer,
-                                          run=f"{run}-{len(plans)}-") if shared_prefix_tokens else texts)
+            sent = (shared_prefix_prompts(n, o.shared_prefix_tokens, o.shared_prefix_share, tokenizer,
+                                          run=f"{run}-{len(plans)}-") if o.shared_prefix_tokens else texts)
             plans.append(LevelPlan(c, mode, sent, list(outs), arrivals, digest))
-    check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=max_tokens,
-                        shared_prefix_tokens=shared_prefix_tokens, max_input_len=max_input_len,
-                        max_seq_len=max_seq_len, output_lens=[o for p in plans for o in p.max_tokens])
+    check_prompt_limits([t for p in plans for t in p.texts], tokenizer, max_tokens=o.max_tokens,
+                        shared_prefix_tokens=o.shared_prefix_tokens, max_input_len=max_input_len,
+                        max_seq_len=max_seq_len, output_lens=[m for p in plans for m in p.max_tokens])
     return plans
 
 
@@ -1019,18 +1087,17 @@ def _check_dataset_lengths(texts: list[str], lengths: dict[str, int], output_len
                              f"max_seq_len {max_seq_len}; lower its output_len or build with a larger --max-seq-len")
 
 
-def _check_options(levels: list[int], requests_per_level: int, max_tokens: int, shared_prefix_tokens: int,
-                   shared_prefix_share: float, speculation: str) -> None:
-    if not levels or levels[0] < 1 or requests_per_level < 1 or max_tokens < 1:
+def _check_options(levels: list[int], o: WorkloadOptions) -> None:
+    if not levels or levels[0] < 1 or o.requests_per_level < 1 or o.max_tokens < 1:
         raise BenchError("concurrency levels, requests per level and max tokens must be >= 1")
     _check_cap(levels)
-    if requests_per_level > MAX_REQUESTS:
-        raise BenchError(f"--requests {requests_per_level} exceeds the cap of {MAX_REQUESTS} requests per level "
+    if o.requests_per_level > MAX_REQUESTS:
+        raise BenchError(f"--requests {o.requests_per_level} exceeds the cap of {MAX_REQUESTS} requests per level "
                          "(pipeline.serving.bench.MAX_REQUESTS); pass a smaller --requests")
-    if shared_prefix_tokens < 0 or not 0.0 <= shared_prefix_share <= 1.0:
+    if o.shared_prefix_tokens < 0 or not 0.0 <= o.shared_prefix_share <= 1.0:
         raise BenchError("--shared-prefix-tokens must be >= 0 and --shared-prefix-share within 0..1")
-    if speculation not in ("server", "off", "both"):
-        raise BenchError(f"--speculation {speculation!r}: expected server, off or both")
+    if o.speculation not in ("server", "off", "both"):
+        raise BenchError(f"--speculation {o.speculation!r}: expected server, off or both")
 
 
 def _check_cap(levels: list[int]) -> None:
@@ -1073,15 +1140,12 @@ def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> boo
     return stream
 
 
-def _sweep(report: BenchReport, info: _ModelInfo, tokenizer, workload: list[LevelPlan], level_budget_s: float,
-           request_timeout_s: float) -> list[RequestSample]:
+def _sweep(report: BenchReport, route: _Route, workload: list[LevelPlan], level_budget_s: float
+           ) -> list[RequestSample]:
     """Every planned level in order; appends each level's stats to `report`."""
     samples: list[RequestSample] = []
     for plan in workload:
-        level, wall = _level(report.url, info, report.streaming, plan.concurrency, len(plan.texts),
-                             plan.max_tokens or report.max_tokens, level_budget_s, request_timeout_s, tokenizer,
-                             texts=plan.texts, draft_tokens=0 if plan.mode == "off" else None,
-                             arrivals=plan.arrivals)
+        level, wall = _level(route, plan, level_budget_s)
         samples += level
         stats = summarize(plan.concurrency, level, wall, gpus=report.gpus,
                           price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode)
@@ -1203,56 +1267,51 @@ def cost_basis(spec) -> tuple[float, str]:
 
 
 def bench_spec(
-    spec,
+    spec: BuildSpec,
     *,
-    url: str | None = None,
-    metrics_url: str | None = None,
+    workload: WorkloadOptions,
+    server: ServerUrls | None = None,
     repo: str | Path | None = None,
+    sweep: SweepOptions = SweepOptions(),
+    second_opinion: SecondOpinion | None = None,
     ready_timeout_s: float = 300.0,
-    http_url: str | None = None,
-    **kwargs: Any,
 ) -> BenchReport:
-    """Benchmark the deployment of `spec`: a running server at `url`, or start tritonserver on its repo first.
+    """Benchmark the deployment of `spec`: a running `server`, or start tritonserver on its repo first.
 
     Cost figures use the spec's $/GPU-hour and world size (TP×PP); prompts are counted with the build's tokenizer
     and checked against its max_input_len/max_seq_len before anything is sent. The repo is `repo`, else the
-    build's Triton repo located check-only (`invoke build` first). With `url` and no build here the fixed prompt
-    set still runs (no token counts); the shared-prefix workload needs the tokenizer and is refused. Without `url`
-    the server is started on free 127.0.0.1 ports and stopped after. `http_url` is the HTTP address of the server
-    at `url` (for a `second_opinion`).
+    build's Triton repo located check-only (`invoke build` first). With a `server` and no build here the fixed
+    prompt set still runs (no token counts); the shared-prefix workload needs the tokenizer and is refused. Without
+    a `server` one is started on free 127.0.0.1 ports and stopped after.
     """
-    gpus = spec.parallelism.world_size
-    price, source = cost_basis(spec)
-    if url:
-        check_local(url)
-    if http_url:
-        if not url:
-            raise BenchError("--http-url names the HTTP address of the server at --url; pass --url too, or drop both "
-                             "so that bench starts the server")
-        check_local(http_url)
+    pricing = Pricing.of(spec)
     missing = None
     if repo is None:
         try:
-            repo = locate_outputs(spec).triton_repo.path
+            repo = built_repo(spec)
         except PipelineError as exc:
-            if not url:
+            if server is None:
                 raise
             missing = str(exc)
     tokenizer_dir = tokenizer_dir_of(repo) if repo else None
     tokenizer = load_tokenizer(tokenizer_dir)
-    if kwargs.get("shared_prefix_tokens") and tokenizer is None:
+    if workload.shared_prefix_tokens and tokenizer is None:
         raise BenchError(f"--shared-prefix-tokens needs the build's tokenizer to make prompts of that many tokens: "
                          f"{missing or f'{repo} names no tokenizer.json'}; build it here or pass --repo")
-    limits = dict(max_input_len=spec.max_input_len, max_seq_len=spec.max_seq_len)
-    workload = plan_workload(tokenizer=tokenizer, **limits, **kwargs)  # refused before starting or calling a server
-    common = dict(gpus=gpus, gpu_price_per_hour=price, gpu_price_source=source, tokenizer_dir=tokenizer_dir,
-                  workload=workload, **limits, **kwargs)
-    if url:
-        report = run_bench(grpc_url=url, metrics_url=metrics_url, http_url=http_url, **common)
+    planned = plan_workload(workload, tokenizer=tokenizer, max_input_len=spec.max_input_len,
+                            max_seq_len=spec.max_seq_len)  # refused before starting or calling a server
+
+    def run(urls: ServerUrls) -> BenchReport:
+        return run_bench(urls, workload, sweep=sweep, pricing=pricing, tokenizer_dir=tokenizer_dir, planned=planned,
+                         second_opinion=second_opinion)
+
+    if server is not None:
+        report = run(server)
     else:
-        with TritonServer(Path(repo), world_size=gpus if runtime_of(spec).gpu else 1,
-                          ready_timeout_s=ready_timeout_s) as server:
-            report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, http_url=server.http_url,
-                               **common)
+        if repo is None:  # located above, or that raised
+            raise BenchError("no model repository to serve; pass --repo")
+        with TritonServer(Path(repo), world_size=pricing.gpus if runtime_of(spec).gpu else 1,
+                          ready_timeout_s=ready_timeout_s) as started:
+            report = run(ServerUrls(started.grpc_url, started.metrics_url, started.http_url))
     report.model, report.precision = spec.model.name, spec.quantization.precision
     return report

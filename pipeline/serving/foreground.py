@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.core.artifacts import triton_repo_dir
-from pipeline.core.errors import PipelineError, ServeError, ServerFailed, SpecError
+from pipeline.core.errors import BuildError, PipelineError, ServeError, ServerFailed, SpecError
 from pipeline.core.layout import PENDING, SPEC_KEY_CHARS
 from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
@@ -19,15 +19,27 @@ from pipeline.serving.serve import TritonServer
 from pipeline.stages.package import launch_plan
 
 
-def repo_for(spec: BuildSpec | None, repo: str | None) -> Path:
+def repo_for(spec: BuildSpec | None, repo: str | Path | None) -> Path:
     """`repo`, else the current repository of `spec`'s build."""
-    from pipeline.stages.build import locate_outputs
-
     if repo:
         return Path(repo)
     if spec is None:
         raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
-    return locate_outputs(spec).triton_repo.path
+    return built_repo(spec)
+
+
+def built_repo(spec: BuildSpec) -> Path:
+    """The model repository of `spec`'s finished build, located check-only.
+
+    Raises:
+        PipelineError: the build is not finished (the message says what to run).
+    """
+    from pipeline.stages.build import locate_outputs
+
+    found = locate_outputs(spec).triton_repo
+    if found is None:  # locate_outputs raises for a missing stage output: a build without a package stage
+        raise BuildError(f"the build of {spec.model.name} makes no model repository; run `invoke build`")
+    return found.path
 
 
 def _print_addresses(server: TritonServer, path: Path) -> None:
@@ -52,7 +64,7 @@ def serve_until_stopped(server: TritonServer, path: Path) -> None:
         server.start()
         _print_addresses(server, path)
         while not stop["flag"]:
-            if server._proc is None or server._proc.poll() is not None:
+            if not server.running:
                 raise ServerFailed(f"tritonserver exited; see {server.log_file}: {server.log_tail()}")
             dead = server.dead_stubs()
             if dead:
@@ -71,10 +83,9 @@ def planned_repo(spec: BuildSpec) -> Path:
     """The repository `package` makes (or made) for `spec`: its current path, else its name with the build id that
     calibration will fix."""
     from pipeline.core.runtimes import runtime_of
-    from pipeline.stages.build import locate_outputs
 
     with contextlib.suppress(PipelineError):
-        return locate_outputs(spec).triton_repo.path
+        return built_repo(spec)
     name = f"{PENDING}-{spec.identity()[:SPEC_KEY_CHARS]}" + runtime_of(spec).repo_suffix
     return triton_repo_dir() / name
 

@@ -35,6 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from pipeline.core.artifacts import atomic_dir, cache_dir, stage_lock
 from pipeline.core.errors import ServeError
@@ -354,20 +355,34 @@ class ServerCommand:
     plan: LaunchPlan | None = None
 
 
+@dataclass(frozen=True)
+class _Process:
+    """What every launch plan of one server shares: its repository, addresses, shared-memory prefix and logging."""
+
+    repo: str
+    endpoints: Endpoints
+    shm_prefix: str
+    log_verbose: int
+    exit_timeout_s: int
+
+    def plan(self, shape: RepoShape, binary: str, *, gpus_per_node: int | None = None,
+             extra_args: tuple[str, ...] = ()) -> LaunchPlan:
+        return plan_launch(shape, repo=self.repo, binary=binary, endpoints=self.endpoints, shm_prefix=self.shm_prefix,
+                           gpus_per_node=gpus_per_node, extra_args=extra_args, log_verbose=self.log_verbose,
+                           exit_timeout_s=self.exit_timeout_s)
+
+
 def build_command(
     repo: Path,
+    endpoints: Endpoints,
     *,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
     shm_prefix: str,
-    host: str = "127.0.0.1",
     binary: str | Path | None = None,
     world_size: int | None = None,
     log_verbose: int = 0,
     exit_timeout_s: int = 10,
 ) -> ServerCommand:
-    """argv/env for `tritonserver` on `repo`, from the repository's launch plan
+    """argv/env for `tritonserver` on `repo` listening on `endpoints`, from the repository's launch plan
     (`pipeline.stages.package.launch_plan`): the CPU bundle for a reference repository, else the GPU server (mpirun
     over the ranks in leader mode).
 
@@ -380,11 +395,9 @@ def build_command(
     shape = shape_from_repo(repo, world_size=world_size)
     if shape.kind == "reference" and binary:
         shape = RepoShape("engine")
-    endpoints = Endpoints(host, http_port, grpc_port, metrics_port)
-    kw = dict(repo=str(repo), endpoints=endpoints, shm_prefix=shm_prefix, log_verbose=log_verbose,
-              exit_timeout_s=exit_timeout_s)
+    process = _Process(str(repo), endpoints, shm_prefix, log_verbose, exit_timeout_s)
     if shape.kind == "reference":
-        return _cpu_command(kw, env)
+        return _cpu_command(process, env)
     exe = Path(binary) if binary else find_gpu_tritonserver()
     if exe is None:
         raise ServeError(
@@ -393,12 +406,12 @@ def build_command(
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
             "--target reference for CPU"
         )
-    plan = plan_launch(shape, binary=str(exe), gpus_per_node=visible_gpu_count(), **kw)
+    plan = process.plan(shape, str(exe), gpus_per_node=visible_gpu_count())
     env.update(plan.env)
     return ServerCommand(plan.local_argv(shutil.which("mpirun") or "mpirun"), env, "gpu-ngc", plan)
 
 
-def _cpu_command(kw: dict, env: dict[str, str]) -> ServerCommand:
+def _cpu_command(process: _Process, env: dict[str, str]) -> ServerCommand:
     """The pytriton wheel's tritonserver with the Python backend, running this venv's interpreter and sources."""
     dist = _pytriton_dist()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -413,7 +426,7 @@ def _cpu_command(kw: dict, env: dict[str, str]) -> ServerCommand:
     src_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = ":".join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
     extra = (f"--backend-directory={cpu_backends_dir()}", f"--cache-directory={dist / 'caches'}")
-    plan = plan_launch(RepoShape("reference"), binary=str(dist / "bin" / "tritonserver"), extra_args=extra, **kw)
+    plan = process.plan(RepoShape("reference"), str(dist / "bin" / "tritonserver"), extra_args=extra)
     return ServerCommand(plan.local_argv(), env, "cpu-pytriton", plan)
 
 
@@ -432,7 +445,7 @@ def _server_preexec():
     return preexec
 
 
-def spawn(cmd: ServerCommand, log) -> subprocess.Popen:
+def spawn(cmd: ServerCommand, log: IO[bytes] | int | None) -> subprocess.Popen[bytes]:
     """Start `cmd` (tritonserver, or mpirun with one per rank) in its own process group with SIGTERM as its
     parent-death signal: a parent killed even by SIGKILL makes it shut down cleanly (ports, /dev/shm released;
     mpirun forwards SIGTERM to its ranks). Its threads get SERVER_STACK_BYTES stacks (see there)."""
@@ -468,10 +481,10 @@ class TritonServer:
     draft_engine_dir: Path | None = None
     bound: dict[str, str | None] = field(default_factory=dict)  # endpoint -> "host:port" it listens on
     command: ServerCommand | None = field(default=None, init=False, repr=False)  # what start() ran
-    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _stubs: set[str] = field(default_factory=set, init=False, repr=False)
     _launch: Path | None = field(default=None, init=False, repr=False)
-    _log: object = field(default=None, init=False, repr=False)
+    _log: IO[bytes] | None = field(default=None, init=False, repr=False)
 
     # URLs (a server bound to every address is reached on loopback) -------------------------------------------------
     @property
@@ -500,7 +513,7 @@ class TritonServer:
         return self._launch
 
     # Lifecycle --------------------------------------------------------------------------------------------------
-    def _choose_ports(self) -> None:
+    def _choose_ports(self) -> Endpoints:
         given = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
         for what, port in given.items():
             if port is not None:
@@ -512,29 +525,21 @@ class TritonServer:
         self.http_port = self.http_port or next(spare)
         self.grpc_port = self.grpc_port or next(spare)
         self.metrics_port = self.metrics_port or next(spare)
+        return Endpoints(self.host, self.http_port, self.grpc_port, self.metrics_port)
 
     def start(self) -> TritonServer:
         """Start the server and wait until it reports ready; raises ServeError (with the log's tail) otherwise."""
         repo = Path(self.repo)
         if not repo.is_dir():
             raise ServeError(f"model repository {repo} does not exist; run `invoke package` first")
-        self._choose_ports()
+        endpoints = self._choose_ports()
         prune_orphan_stubs()
         prune_shm_regions()
         self._launch = launch_repo(repo, engine_dir=self.engine_dir, draft_engine_dir=self.draft_engine_dir,
                                    validate=self.validate)
         try:
-            cmd = build_command(
-                self._launch,
-                http_port=self.http_port,
-                grpc_port=self.grpc_port,
-                metrics_port=self.metrics_port,
-                shm_prefix=self.shm_prefix,
-                host=self.host,
-                binary=self.binary,
-                world_size=self.world_size,
-                log_verbose=self.log_verbose,
-            )
+            cmd = build_command(self._launch, endpoints, shm_prefix=self.shm_prefix, binary=self.binary,
+                                world_size=self.world_size, log_verbose=self.log_verbose)
             if self.log_file is None:
                 self.log_file = cache_dir() / "logs" / f"tritonserver-{self.shm_prefix.rstrip('-')}.log"
             self.log_file = Path(self.log_file)
@@ -584,12 +589,23 @@ class TritonServer:
         finally:
             client.close()
 
+    @property
+    def running(self) -> bool:
+        """Started, not stopped, and its process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise ServeError(f"tritonserver on {self.repo} is not started (or was stopped); start() it first")
+        return self._proc
+
     def wait_ready(self) -> None:
+        proc = self._started()
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:
                 raise ServeError(
-                    f"tritonserver exited with code {self._proc.returncode} while loading {self.repo}; "
+                    f"tritonserver exited with code {proc.returncode} while loading {self.repo}; "
                     f"see {self.log_file}: {self.log_tail()}"
                 )
             if self.is_ready():
@@ -610,12 +626,13 @@ class TritonServer:
         ports = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
         if not Path("/proc/net/tcp").is_file():
             return dict.fromkeys(ports)
+        proc = self._started()
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._proc.poll() is not None:
-                raise ServeError(f"tritonserver exited with code {self._proc.returncode} (another process answers on "
+            if proc.poll() is not None:
+                raise ServeError(f"tritonserver exited with code {proc.returncode} (another process answers on "
                                  f"its ports?); see {self.log_file}: {self.log_tail()}")
-            listening = listening_addresses(self._proc.pid)
+            listening = listening_addresses(proc.pid)
             bound = {what: next((f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in sorted(listening) if p == port),
                                 None) for what, port in ports.items()}
             missing = [what for what, addr in bound.items() if addr is None]
@@ -629,9 +646,11 @@ class TritonServer:
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 5) -> str:
+        if self.log_file is None:
+            return ""
         try:
             text = Path(self.log_file).read_text(errors="replace").strip().splitlines()
-        except (OSError, TypeError):
+        except OSError:
             return ""
         return " | ".join(text[-lines:])
 

@@ -200,3 +200,27 @@ def test_a_spec_file_is_read_once_however_many_placements_are_tried(tmp_path, mo
     spec = check.resolve_checked_spec(spec_file=str(path), gpu_count=8)
     assert spec.placement_reason  # TP was chosen among several candidates, each resolved from the file's data
     assert reads == [str(path)]
+
+
+def test_the_spec_class_validates_itself_wherever_a_spec_is_validated():
+    from pipeline.core.spec import BuildSpec, ParallelSpec
+
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="auto")
+    assert spec.draft_model.name == "llama-1b" and any("speculation" in w for w in spec.warnings)
+    # a document read back (a release's or a deploy source's spec) is checked by the same rules
+    document = spec.model_dump(mode="json")
+    assert BuildSpec.model_validate(document).identity() == spec.identity()
+    document["parallelism"]["tp"] = 3
+    with pytest.raises(SpecError, match=r"^parallelism\.tp=3: target llama-70b has 64 attention heads"):
+        BuildSpec.model_validate(document)
+    # a revision is checked again (its warnings replace the old ones); model_copy is an unchecked what-if
+    with pytest.raises(SpecError, match=r"^parallelism\.tp=3"):
+        spec.revised(parallelism=ParallelSpec(tp=3))
+    assert spec.model_copy(update={"parallelism": ParallelSpec(tp=3)}).parallelism.tp == 3
+    plain = spec.revised(draft_model=None, speculation=spec.speculation.model_copy(update={"draft": None}))
+    assert plain.draft_model is None and not any("speculation" in w for w in plain.warnings)
+    with pytest.raises(SpecError, match=r"^hardware\.gpu="):
+        spec.revised(hardware=spec.hardware.model_copy(update={"gpu": "a100"}))
+    # fields left unset stay unset (the SLO search reads which ones the user gave)
+    assert "runtime" not in spec.revised(draft_model=None).model_fields_set
+    assert resolve_spec(model="llama-70b", precision="fp8", tp=3, validate=False).parallelism.tp == 3

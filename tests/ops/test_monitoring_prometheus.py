@@ -254,11 +254,12 @@ def watched(prometheus_installed, tiny_reference_repo, tmp_path_factory):
 
 
 def _bench(repo, server, share: float, model: str = "ensemble", requests: int = 12):
-    from pipeline.serving.bench import run_bench, tokenizer_dir_of
+    from pipeline.serving.bench import ServerUrls, SweepOptions, WorkloadOptions, run_bench, tokenizer_dir_of
 
-    report = run_bench(grpc_url=server.grpc_url, tokenizer_dir=tokenizer_dir_of(repo), model=model,
-                       max_tokens=4, concurrency=[2], requests_per_level=requests, shared_prefix_tokens=PREFIX,
-                       shared_prefix_share=share)
+    report = run_bench(ServerUrls(server.grpc_url),
+                       WorkloadOptions(max_tokens=4, concurrency=[2], requests_per_level=requests,
+                                       shared_prefix_tokens=PREFIX, shared_prefix_share=share),
+                       sweep=SweepOptions(model=model), tokenizer_dir=tokenizer_dir_of(repo))
     assert report.failed == 0, report.notes
     return report
 

@@ -46,16 +46,16 @@ def test_parser_refuses_what_it_does_not_understand():
 
 
 def test_case_and_command_line_for_a_plan():
-    case = aic.case_for(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=4, isl=1024, osl=256,
-                        batch=64)
+    case = aic.case_for(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=4,
+                        load=aic.Workload(isl=1024, osl=256, batch=64))
     assert case.argv("aiconfigurator") == (
         "aiconfigurator cli estimate --model-path meta-llama/Meta-Llama-3.1-70B --system h100_sxm --backend trtllm "
         "--tp-size 4 --isl 1024 --osl 256 --batch-size 64 --gemm-quant-mode fp8_static --kvcache-quant-mode fp8 "
         "--fmha-quant-mode fp8").split()
     recorded = json.loads((Path(__file__).resolve().parents[1] / "data" / "aiconfigurator_0.12.json").read_text())["records"]
     assert " ".join(case.argv("aiconfigurator")) in {r["command"] for r in recorded}
-    reuse = aic.case_for(model="llama-8b", gpu="h200", precision="bf16", kv="bf16", tp=1, isl=1024, osl=256,
-                         batch=8, prefix=512)
+    reuse = aic.case_for(model="llama-8b", gpu="h200", precision="bf16", kv="bf16", tp=1,
+                         load=aic.Workload(isl=1024, osl=256, batch=8, prefix=512))
     assert reuse.argv("x")[-6:] == ["--kvcache-quant-mode", "bfloat16", "--fmha-quant-mode", "bfloat16",
                                     "--prefix", "512"]
 
@@ -66,7 +66,8 @@ def test_case_and_command_line_for_a_plan():
     (dict(gpu="h100-nvl"), "GPU 'h100-nvl'"),
 ])
 def test_cases_outside_its_data_are_no_data(kw, missing):
-    args = dict(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=4, isl=1024, osl=256, batch=8) | kw
+    args = dict(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=4,
+                load=aic.Workload(isl=1024, osl=256, batch=8)) | kw
     r = aic.case_for(**args)
     assert isinstance(r, aic.AicResult) and r.status == "no_data" and missing in r.reason
 
@@ -131,5 +132,5 @@ def test_real_aiconfigurator_agrees_with_the_recording(tmp_path, monkeypatch):
     other = aic.second_opinion(plan, tokens_per_block=64)
     assert other.result.status == "ok" and other.result.tokens_per_s == 2559.55
     assert abs(plan.output_tokens_per_s_estimate / other.result.tokens_per_s - 1) < 0.35
-    assert aic.run_case(aic.case_for(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=1, isl=1024,
-                                     osl=256, batch=48), exe).status == "oom"
+    assert aic.run_case(aic.case_for(model="llama-70b", gpu="h100-sxm", precision="fp8", kv="fp8", tp=1,
+                                     load=aic.Workload(isl=1024, osl=256, batch=48)), exe).status == "oom"

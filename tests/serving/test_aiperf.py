@@ -76,10 +76,10 @@ def test_the_dataset_is_single_turn_jsonl_in_order():
 
 
 def test_profile_argv_closed_loop_and_at_a_rate(tmp_path):
-    common = dict(http_url="127.0.0.1:8000", model="ensemble", concurrency=4, requests=16, seed=3,
-                  tokenizer_dir="/repo/preprocessing/tokenizer", input_file=tmp_path / "r.jsonl",
-                  template_file=tmp_path / "p.jinja", artifact_dir=tmp_path / "a", request_timeout_s=120.0)
-    argv = aiperf.profile_argv("aiperf", request_rate=None, **common)
+    target = aiperf.Target("127.0.0.1:8000", "ensemble", "/repo/preprocessing/tokenizer")
+    files = aiperf.LevelFiles(requests=tmp_path / "r.jsonl", template=tmp_path / "p.jinja", artifacts=tmp_path / "a")
+    argv = aiperf.profile_argv("aiperf", target, aiperf.Load(concurrency=4, requests=16, request_rate=None, seed=3),
+                               files, request_timeout_s=120.0)
     assert argv == [
         "aiperf", "profile", "--model", "ensemble", "--url", "http://127.0.0.1:8000", "--endpoint-type", "template",
         "--custom-endpoint", "/v2/models/ensemble/generate_stream", "--streaming",
@@ -88,7 +88,8 @@ def test_profile_argv_closed_loop_and_at_a_rate(tmp_path):
         "--dataset-sampling-strategy", "sequential", "--request-count", "16", "--concurrency", "4",
         "--random-seed", "3", "--tokenizer", "/repo/preprocessing/tokenizer", "--request-timeout-seconds", "120",
         "--output-artifact-dir", str(tmp_path / "a"), "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry"]
-    rated = aiperf.profile_argv("aiperf", request_rate=2.5, **common)
+    rated = aiperf.profile_argv("aiperf", target, aiperf.Load(concurrency=4, requests=16, request_rate=2.5, seed=3),
+                                files, request_timeout_s=120.0)
     assert rated[rated.index("--request-rate"):][:4] == ["--request-rate", "2.5", "--arrival-pattern", "poisson"]
 
 

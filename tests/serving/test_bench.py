@@ -246,7 +246,7 @@ def served(request, tiny_models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_smoke_and_bench_follow_the_layout(served):
-    from pipeline.serving.bench import check_failures, run_bench
+    from pipeline.serving.bench import ServerUrls, SweepOptions, WorkloadOptions, check_failures, run_bench
     from pipeline.serving.smoke import smoke_server
 
     draft, repo, server = served
@@ -260,8 +260,9 @@ def test_smoke_and_bench_follow_the_layout(served):
         assert routes == ["http ensemble (greedy)", "grpc ensemble (stream)"]
         assert results[1].extra["responses"] >= 2
     assert all(r.tokens > 0 and r.text for r in results)
-    report = run_bench(grpc_url=server.grpc_url, concurrency=[1, 2], requests_per_level=2, max_tokens=8,
-                       warmup=False)
+    report = run_bench(ServerUrls(server.grpc_url),
+                       WorkloadOptions(concurrency=[1, 2], requests_per_level=2, max_tokens=8),
+                       sweep=SweepOptions(warmup=False))
     assert report.triton_model == ("tensorrt_llm_bls" if draft else "ensemble")
     assert report.streaming is (not draft)
     assert report.failed == 0, report.notes
@@ -364,9 +365,9 @@ def test_bench_refuses_levels_over_the_cap_with_one_line(capsys):
     assert err == [f"error: --concurrency {MAX_CONCURRENCY + 1} exceeds the cap of {MAX_CONCURRENCY} concurrent "
                    f"clients per level (pipeline.serving.bench.MAX_CONCURRENCY); pick levels <= {MAX_CONCURRENCY}"]
     with pytest.raises(BenchError, match="cap of 100000 requests"):
-        from pipeline.serving.bench import plan_workload
+        from pipeline.serving.bench import WorkloadOptions, plan_workload
 
-        plan_workload(concurrency=[1], requests_per_level=100_001)
+        plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=100_001))
 
 
 class _WordTokenizer:
@@ -381,15 +382,15 @@ class _WordTokenizer:
 
 
 def test_prompts_over_the_builds_limits_are_refused_before_sending():
-    from pipeline.serving.bench import check_prompt_limits, plan_workload
+    from pipeline.serving.bench import WorkloadOptions, check_prompt_limits, plan_workload
 
     tok = _WordTokenizer()
-    plans = plan_workload(concurrency=[1, 2], requests_per_level=2, max_tokens=8, shared_prefix_tokens=128,
-                          tokenizer=tok, max_input_len=256, max_seq_len=512)
+    plans = plan_workload(WorkloadOptions(concurrency=[1, 2], requests_per_level=2, max_tokens=8,
+                                          shared_prefix_tokens=128), tokenizer=tok, max_input_len=256, max_seq_len=512)
     assert [len(p.texts) for p in plans] == [2, 2]
     assert max(len(tok.encode(t).ids) for p in plans for t in p.texts) < 256
     with pytest.raises(BenchError) as info:
-        plan_workload(concurrency=[1], requests_per_level=2, shared_prefix_tokens=250, tokenizer=tok,
+        plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=2, shared_prefix_tokens=250), tokenizer=tok,
                       max_input_len=256)
     msg = str(info.value)
     assert "over its max_input_len 256" in msg and "--shared-prefix-tokens to at most" in msg

@@ -11,6 +11,7 @@ from pipeline.core.errors import BenchError
 from pipeline.serving.bench import (
     BenchReport,
     RequestSample,
+    WorkloadOptions,
     format_report,
     length_stats,
     plan_workload,
@@ -161,27 +162,28 @@ def test_every_level_and_arm_replays_one_seeded_sample(tmp_path):
 
     lines = [json.dumps({"prompt": f"prompt {i}", "output_len": i + 1}) for i in range(20)]
     path = _jsonl(tmp_path, *lines)
-    plans = plan_workload(concurrency=[1, 2, 4], requests_per_level=5, max_tokens=9, dataset=path, request_rate=4.0,
-                          seed=3, speculation="both")
+    plans = plan_workload(WorkloadOptions(concurrency=[1, 2, 4], requests_per_level=5, max_tokens=9, dataset=path,
+                                          request_rate=4.0, seed=3, speculation="both"))
     assert len(plans) == 6 and all((p.texts, p.max_tokens, p.arrivals) == (plans[0].texts, plans[0].max_tokens,
                                                                             plans[0].arrivals) for p in plans)
     assert plans[0].texts != [f"prompt {i}" for i in range(5)]  # a sample of the file, not its first lines
     assert plans[0].max_tokens == [int(t.split()[1]) + 1 for t in plans[0].texts]  # each its own output length
     assert {p.workload_sha256 for p in plans} == {workload_sha256(plans[0].texts, plans[0].max_tokens)}
-    other = plan_workload(concurrency=[1], requests_per_level=5, dataset=path, seed=4)[0]
+    other = plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=5, dataset=path, seed=4))[0]
     assert other.workload_sha256 != plans[0].workload_sha256
     assert plans[0].arrivals == poisson_arrivals(5, 4.0, 3)
 
 
 def test_a_dataset_smaller_than_a_level_cycles_in_file_order(tmp_path):
     path = _jsonl(tmp_path, '{"prompt": "one", "output_len": 5}', '{"prompt": "two"}', '{"prompt": "three"}')
-    plans = plan_workload(concurrency=[1, 2], requests_per_level=4, max_tokens=9, dataset=path)
+    plans = plan_workload(WorkloadOptions(concurrency=[1, 2], requests_per_level=4, max_tokens=9, dataset=path))
     assert [p.texts for p in plans] == [["one", "two", "three", "one"]] * 2
     assert [p.max_tokens for p in plans] == [[5, 9, 9, 5]] * 2 and plans[0].arrivals is None
 
 
 def test_shared_prefix_levels_share_a_hash_and_keep_their_cold_prefixes_cold():
-    plans = plan_workload(concurrency=[1, 2], requests_per_level=4, shared_prefix_tokens=8, shared_prefix_share=0.5)
+    plans = plan_workload(WorkloadOptions(concurrency=[1, 2], requests_per_level=4, shared_prefix_tokens=8,
+                                          shared_prefix_share=0.5))
     assert plans[0].workload_sha256 == plans[1].workload_sha256
     assert [t for t in plans[0].texts if t in plans[1].texts] == plans[0].texts[1::2]  # the shared ones only
 
@@ -199,21 +201,22 @@ def test_dataset_lengths_are_checked_when_every_request_asks_the_same(tmp_path):
     path = _jsonl(tmp_path, '{"prompt": "a b", "output_len": 4094}', '{"prompt": "c", "output_len": 4094}')
     with pytest.raises(BenchError, match="dataset request 0: prompt 3 \\+ output_len 4094 tokens exceed the build's "
                                          "max_seq_len 4096"):
-        plan_workload(concurrency=[1], requests_per_level=2, max_tokens=32, dataset=path, tokenizer=_WordTokenizer(),
-                      max_input_len=2048, max_seq_len=4096)
+        plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=2, max_tokens=32, dataset=path),
+                      tokenizer=_WordTokenizer(), max_input_len=2048, max_seq_len=4096)
     fits = _jsonl(tmp_path, '{"prompt": "a b", "output_len": 4093}', name="fits.jsonl")
-    plan_workload(concurrency=[1], requests_per_level=1, dataset=fits, tokenizer=_WordTokenizer(), max_seq_len=4096)
+    plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=1, dataset=fits), tokenizer=_WordTokenizer(),
+                  max_seq_len=4096)
 
 
 def test_dataset_options_are_checked_before_anything_is_sent(tmp_path):
     path = _jsonl(tmp_path, '{"prompt": "a b c", "output_len": 5}', '{"prompt": "a", "output_len": 9}')
     with pytest.raises(BenchError, match="--dataset and --shared-prefix-tokens both choose the prompts"):
-        plan_workload(dataset=path, shared_prefix_tokens=8)
+        plan_workload(WorkloadOptions(dataset=path, shared_prefix_tokens=8))
     with pytest.raises(BenchError, match="--request-rate 0: expected requests per second"):
-        plan_workload(dataset=path, request_rate=0.0)
+        plan_workload(WorkloadOptions(dataset=path, request_rate=0.0))
     with pytest.raises(BenchError, match="dataset request 1: prompt 2 \\+ output_len 9 tokens exceed the build's "
                                          "max_seq_len 10"):
-        plan_workload(concurrency=[1], requests_per_level=2, dataset=path, tokenizer=_WordTokenizer(),
+        plan_workload(WorkloadOptions(concurrency=[1], requests_per_level=2, dataset=path), tokenizer=_WordTokenizer(),
                       max_seq_len=10)
 
 

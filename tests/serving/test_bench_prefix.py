@@ -19,11 +19,12 @@ def served(tiny_reference_repo):
         yield repo, server
 
 
-def bench(repo, server, **kwargs):
-    from pipeline.serving.bench import format_report, run_bench, tokenizer_dir_of
+def bench(repo, server, model, **workload):
+    from pipeline.serving.bench import (ServerUrls, SweepOptions, WorkloadOptions, format_report, run_bench,
+                                        tokenizer_dir_of)
 
-    report = run_bench(grpc_url=server.grpc_url, metrics_url=server.metrics_url, tokenizer_dir=tokenizer_dir_of(repo),
-                       max_tokens=4, **kwargs)
+    report = run_bench(ServerUrls(server.grpc_url, server.metrics_url), WorkloadOptions(max_tokens=4, **workload),
+                       sweep=SweepOptions(model=model), tokenizer_dir=tokenizer_dir_of(repo))
     print("\n" + format_report(report))
     assert report.failed == 0, report.notes
     return report

@@ -80,6 +80,7 @@ def test_ordinary_values_stay(value):
 
 def test_server_command_env_has_no_secrets(tmp_path, monkeypatch):
     from pipeline.serving.serve import build_command
+    from pipeline.stages.package.launch_plan import Endpoints
 
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
@@ -87,7 +88,7 @@ def test_server_command_env_has_no_secrets(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "m" / "1").mkdir(parents=True)
     (repo / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
-    env = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-").env
+    env = build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-").env
     assert "HF_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert env["PATH"] and env["PYTHONDONTWRITEBYTECODE"] == "1"
 
@@ -261,10 +262,11 @@ PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from pipeline.serving.serve import ServerCommand, build_command, spawn
+    from pipeline.stages.package.launch_plan import Endpoints
     mode, exe, mark, repo = sys.argv[1:5]
     if mode == "mpirun":
-        cmd = build_command(Path(repo), http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-", binary=exe,
-                            world_size=2)
+        cmd = build_command(Path(repo), Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-",
+                            binary=exe, world_size=2)
         cmd.argv = [a for a in cmd.argv if not a.startswith("--")]  # the stand-in takes no server flags
         cmd.argv = [x for a in cmd.argv for x in ([a, mark] if a == exe else [a])]
     else:

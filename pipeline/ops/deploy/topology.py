@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pipeline.core.errors import DeployError, SpecError
 from pipeline.core.spec import BuildSpec, ParallelSpec
-from pipeline.core.spec_rules import validate_spec
 from pipeline.planning.placement import Placement, node_gpus, place
 from pipeline.planning.planner import TP_CHOICES, plan_capacity
 from pipeline.stages.check import check_spec_fits
@@ -20,9 +19,7 @@ MAX_NODES = 16
 def with_parallelism(spec: BuildSpec, tp: int, pp: int, nodes: int) -> BuildSpec:
     """A copy of `spec` at tp × pp on `nodes` nodes, with every spec rule applied again."""
     hw = spec.hardware.model_copy(update={"nodes": nodes})
-    out = spec.model_copy(update={"parallelism": ParallelSpec(tp=tp, pp=pp), "hardware": hw})
-    out = out.with_notes(warnings=validate_spec(out))
-    return check_spec_fits(out)
+    return check_spec_fits(spec.revised(parallelism=ParallelSpec(tp=tp, pp=pp), hardware=hw))
 
 
 def _fits(spec: BuildSpec, tp: int, pp: int, nodes: int) -> BuildSpec | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.artifacts import engines_dir
-from pipeline.core.errors import IntegrityError, PipelineError, io_error
+from pipeline.core.errors import BuildError, IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
@@ -72,6 +72,8 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
         if not allow_pending:
             raise
         return _pending(spec, served, reason=str(exc))
+    if out.checkpoint is None or out.layout is None:  # located up to the served stage, which follows calibrate
+        raise BuildError(f"the build of {spec.model.name} has no checkpoint located; run `invoke build`")
     model_dir, tokenizer_dir, draft = served.served_dirs(
         checkpoint=out.checkpoint.path, engine=out.engine.path if out.engine else None, tokenizer=out.layout.tokenizer,
         draft_checkpoint=out.draft_checkpoint.path if out.draft_checkpoint else None)

@@ -47,6 +47,7 @@ _LINEARS = {  # TensorRT-LLM name -> (HF module path inside a decoder layer, par
     "mlp.gate": ("mlp.up_proj", "column"),
     "mlp.proj": ("mlp.down_proj", "row"),
 }
+_ACTIVATION_KINDS = {"FP8": "fp8", "W4A8_AWQ": "fp8", "W8A8_SQ_PER_CHANNEL": "int8"}  # quant_algo -> activations
 _QK_NORMS = {"attention.q_layernorm": "self_attn.q_norm", "attention.k_layernorm": "self_attn.k_norm"}
 _LAYER_RE = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 
@@ -167,6 +168,14 @@ def _merge(parts: list[torch.Tensor], style: str) -> torch.Tensor:
     return torch.cat(parts, dim=0 if style == "column" else 1)
 
 
+def _on_every_rank(parts: list[torch.Tensor | None], what: str) -> list[torch.Tensor]:
+    """`parts` when every tensor-parallel rank holds the tensor; raise when only some do."""
+    present = [p for p in parts if p is not None]
+    if len(present) != len(parts):
+        raise CheckpointError(f"{what} is missing on some tensor-parallel ranks; the checkpoint is inconsistent")
+    return present
+
+
 def _same(parts: list[torch.Tensor], what: str) -> torch.Tensor:
     import torch
 
@@ -205,7 +214,9 @@ def _merge_qkv(parts: list[torch.Tensor], cfg: dict[str, Any], tp: int, gid: int
                 f"{q_rows + 2 * kv_rows} (heads {heads}, kv heads {kv_heads}, tp {tp})"
             )
         q, k, v = x.split([q_rows, kv_rows, kv_rows], dim=0)
-        qs.append(q), ks.append(k), vs.append(v)
+        qs.append(q)
+        ks.append(k)
+        vs.append(v)
     rep = max(1, tp // kv_heads)  # tp > kv heads: each kv head is replicated on `rep` ranks
     return {"q_proj": torch.cat(qs), "k_proj": torch.cat(ks[::rep]), "v_proj": torch.cat(vs[::rep])}
 
@@ -214,7 +225,7 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
                  sd: dict[str, torch.Tensor], act_q: dict[str, tuple]) -> None:
     """Dequantize and merge one decoder layer's per-rank tensors into `sd` (and activation quant into `act_q`)."""
     algo = (cfg.get("quantization") or {}).get("quant_algo")
-    act_kind = {"FP8": "fp8", "W4A8_AWQ": "fp8", "W8A8_SQ_PER_CHANNEL": "int8"}.get(algo)
+    act_kind = _ACTIVATION_KINDS.get(algo) if algo is not None else None
     hf = f"model.layers.{gid}"
     for trt, hf_name in (("input_layernorm", "input_layernorm"), ("post_layernorm", "post_attention_layernorm")):
         sd[f"{hf}.{hf_name}.weight"] = _same([lp[f"{trt}.weight"].float() for lp in layer_parts], f"layer {gid} {trt}")
@@ -227,14 +238,13 @@ def _merge_layer(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict
         lins = [dequant_linear(_linear_tensors(lp, trt), algo, f"layers.{gid}.{trt}") for lp in layer_parts]
         pqs = None
         if lins[0].prequant is not None:
-            pqs = (
-                _merge([x.prequant for x in lins], "column")
-                if style == "row"
-                else _same([x.prequant for x in lins], f"layer {gid} {trt} prequant_scaling_factor")
-            )
+            what = f"layer {gid} {trt} prequant_scaling_factor"
+            prequants = _on_every_rank([x.prequant for x in lins], what)
+            pqs = _merge(prequants, "column") if style == "row" else _same(prequants, what)
         act = lins[0].act_scale
         if act is not None:
-            act = _same([x.act_scale for x in lins], f"layer {gid} {trt} activation_scaling_factor")
+            what = f"layer {gid} {trt} activation_scaling_factor"
+            act = _same(_on_every_rank([x.act_scale for x in lins], what), what)
         if trt == "attention.qkv":
             merged = _merge_qkv([x.weight for x in lins], cfg, tp, gid)
         else:
@@ -257,10 +267,10 @@ def _merge_biases(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dic
     """The linears' biases (Qwen2's q/k/v): column-parallel ones concatenated across ranks, row-parallel ones
     replicated (added once after the all-reduce)."""
     for trt, (hf_mod, style) in _LINEARS.items():
-        parts = [lp.get(f"{trt}.bias") for lp in layer_parts]
-        if parts[0] is None:
+        found = [lp.get(f"{trt}.bias") for lp in layer_parts]
+        if found[0] is None:
             continue
-        parts = [p.float() for p in parts]
+        parts = [p.float() for p in _on_every_rank(found, f"layer {gid} {trt}.bias")]
         parent, name = hf_mod.split(".")
         if trt == "attention.qkv":
             merged = _merge_qkv(parts, cfg, tp, gid)
@@ -318,7 +328,8 @@ def _merge_moe(layer_parts: list[dict[str, torch.Tensor]], gid: int, cfg: dict[s
             key = f"{hf}.experts.{e}.{name}"
             sd[f"{key}.weight"] = weight
             if lins[0].act_scale is not None and act_kind:
-                act_q[key] = (act_kind, _same([x.act_scale for x in lins], f"{key} activation_scaling_factor"), None)
+                what = f"{key} activation_scaling_factor"
+                act_q[key] = (act_kind, _same(_on_every_rank([x.act_scale for x in lins], what), what), None)
 
 
 def _merge_stage_globals(split: list, cfg: dict[str, Any], tp: int, sd: dict[str, torch.Tensor]) -> None:
@@ -388,7 +399,7 @@ def hf_config_from(cfg: dict[str, Any]):
     from transformers import CONFIG_MAPPING
 
     heads = int(cfg["num_attention_heads"])
-    shape = dict(
+    shape: dict[str, Any] = dict(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
         intermediate_size=int(cfg["intermediate_size"]),

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 from pipeline.core.artifacts import engines_dir
+from pipeline.core.errors import CompileError
 from pipeline.core.layout import PENDING
 from pipeline.core.spec import BuildSpec
 
@@ -42,7 +43,9 @@ def locate_checkpoints(
             draft = engines_dir() / f"{PENDING}-draft" / "checkpoint"
         return target, draft
     out = locate_outputs(spec, until="calibrate")
-    target = target or out.checkpoint.path
-    if need_draft:
+    if out.checkpoint is None or (need_draft and out.draft_checkpoint is None):
+        raise CompileError(f"no current checkpoint for {spec.model.name} {spec.quantization.precision}; run "
+                           "`invoke calibrate` (or `invoke build --until calibrate`) first")
+    if need_draft and out.draft_checkpoint is not None:
         draft = out.draft_checkpoint.path
-    return target, draft
+    return target or out.checkpoint.path, draft

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,24 @@ def build_config_hash(engine_config: dict[str, Any]) -> str:
     return _sha_json(engine_config["build_config"])
 
 
+@dataclass(frozen=True)
+class BuildRun:
+    """One trtllm-build run: the engine config.json it wrote (verified), how long it took, where its log is."""
+
+    engine_config: dict[str, Any]
+    seconds: float | None = None
+    log_path: Path | None = None
+
+
 def engine_manifest(
     engine_dir: Path,
     plan: EnginePlan,
     *,
     key: str,
-    engine_config: dict[str, Any],
+    run: BuildRun,
     toolchain: dict[str, Any],
     checkpoint: InputRecord,
     draft: DraftRecord | None = None,
-    build_seconds: float | None = None,
-    log_path: Path | None = None,
 ) -> EngineManifest:
     """The manifest of a verified engine directory (files hashed as they are now; the checkpoint's tokenizer)."""
     engine_dir = Path(engine_dir)
@@ -95,18 +103,18 @@ def engine_manifest(
         tp=plan.tp,
         pp=plan.pp,
         world_size=plan.world_size,
-        engine_version=engine_config["version"],
+        engine_version=run.engine_config["version"],
         toolchain={k: toolchain.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")},
         gpu=GpuRecord(name=toolchain.get("gpu_name"), sm=toolchain.get("sm"), count=toolchain.get("gpu_count")),
         argv=plan.argv,  # as run, with the final engine directory
         planned_build_config=plan.expected_build_config,
-        build_config_sha256=build_config_hash(engine_config),
+        build_config_sha256=build_config_hash(run.engine_config),
         files=file_table(engine_dir),
         checkpoint=checkpoint,
         tokenizer=tokenizer,
         draft=draft,
-        build_seconds=round(build_seconds, 1) if build_seconds is not None else None,
-        log=str(log_path) if log_path else None,
+        build_seconds=round(run.seconds, 1) if run.seconds is not None else None,
+        log=str(run.log_path) if run.log_path else None,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 

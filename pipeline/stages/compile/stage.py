@@ -2,28 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.artifacts import atomic_dir, stage_lock
 from pipeline.core.errors import CompileError
-from pipeline.core.manifests import CheckpointManifest, DraftRecord, EngineManifest, StageResult
+from pipeline.core.manifests import CheckpointManifest, DraftRecord, EngineManifest, StageResult, TokenizerIdentity
 from pipeline.core.refs import Lookup
 from pipeline.core.spec import BuildSpec
 from pipeline.core.upstream import Upstream
 from pipeline.stages.compile.engine_check import verify_engine_dir
 from pipeline.stages.compile.engine_plan import CompilePlan, EnginePlan, plan_compile
-from pipeline.stages.compile.manifest import (
-    check_same_tokenizer,
-    compile_key,
-    draft_record,
-    engine_manifest,
-)
+from pipeline.stages.compile.manifest import BuildRun, check_same_tokenizer, compile_key, draft_record, engine_manifest
 from pipeline.stages.compile.preflight import Toolchain, preflight
 from pipeline.stages.compile.runner import run_trtllm_build
 from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, StageOutcome, outcome
 
 EngineResult = StageResult[EngineManifest]
 CheckpointInput = StageResult[CheckpointManifest] | Upstream | Path | str
+
+
+@dataclass(frozen=True)
+class CompileIO:
+    """What compile reads and writes: the target's checkpoint and engine directory, and the draft's.
+
+    A checkpoint is the calibrate stage's result, or a directory from outside the pipeline (identified once, by
+    `Upstream.of_dir`); `draft_checkpoint` is required when the spec has a draft, whose engine directory defaults
+    to `draft_engine` beside `output_dir` (as `plan_compile` takes them).
+    """
+
+    checkpoint: CheckpointInput
+    output_dir: Path | str
+    draft_checkpoint: CheckpointInput | None = None
+    draft_output_dir: Path | str | None = None
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """The draft engine to compile: its plan, its checkpoint, and the tokenizer it shares with the target."""
+
+    plan: EnginePlan
+    checkpoint: Upstream
+    tokenizer: TokenizerIdentity
 
 
 def _upstream(checkpoint: CheckpointInput) -> Upstream:
@@ -44,7 +65,7 @@ def _current(out: Path, key: str | None, *, verify: bool) -> EngineManifest | No
     return EngineManifest.current(out, key, verify=verify, strict=key is None)
 
 
-def _recorded_toolchain(m: EngineManifest) -> dict:
+def _recorded_toolchain(m: EngineManifest) -> dict[str, Any]:
     """The toolchain an engine was built with, shaped like `Toolchain.as_dict()` (for its stage key)."""
     return {**m.toolchain, "sm": m.gpu.sm, "gpu_name": m.gpu.name}
 
@@ -78,20 +99,31 @@ def _compile_one(plan: EnginePlan, toolchain: Toolchain, *, force: bool, draft: 
         with atomic_dir(out) as tmp:
             seconds = run_trtllm_build(plan.argv_for(tmp), log_path=log)
             config = verify_engine_dir(tmp, plan, trtllm_version=toolchain.tensorrt_llm)
-            manifest = engine_manifest(tmp, plan, key=key, engine_config=config, toolchain=tc,
-                                       checkpoint=checkpoint.record(), draft=draft, build_seconds=seconds,
-                                       log_path=log)
+            manifest = engine_manifest(tmp, plan, key=key, run=BuildRun(config, seconds, log), toolchain=tc,
+                                       checkpoint=checkpoint.record(), draft=draft)
             manifest.write(tmp)
     return EngineResult(out, manifest, "built")
 
 
+def _draft_of(plan: CompilePlan, checkpoint: Upstream | None) -> _Draft | None:
+    """The plan's draft with its checkpoint and the tokenizer it shares with the target (None: no draft).
+
+    Raises:
+        CompileError: no draft checkpoint, or the two checkpoints' tokenizers differ.
+    """
+    if plan.draft is None:
+        return None
+    if checkpoint is None:
+        raise CompileError(f"the plan has draft {plan.draft.model} but no draft checkpoint was given; run "
+                           "`invoke calibrate` for the draft or pass --draft-checkpoint-dir DIR")
+    tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))
+    return _Draft(plan.draft, checkpoint, tokenizer)
+
+
 def run_compile(
     spec: BuildSpec,
+    io: CompileIO,
     *,
-    checkpoint: CheckpointInput,
-    output_dir: Path | str,
-    draft_checkpoint: CheckpointInput | None = None,
-    draft_output_dir: Path | str | None = None,
     force: bool = False,
     toolchain: Toolchain | None = None,
     check_only: bool = False,
@@ -104,9 +136,7 @@ def run_compile(
     the target's manifest records the draft as a pair. `invoke compile --dry-run` plans without this function.
 
     Args:
-        checkpoint: the calibrate stage's result, or a checkpoint directory from outside the pipeline (identified
-            once, by `Upstream.of_dir`); `draft_checkpoint` likewise, required when the spec has a draft.
-        output_dir, draft_output_dir: the engine directories, as `plan_compile` takes them.
+        io: the checkpoints read and the engine directories written.
         toolchain: the result of an earlier `preflight()` on this host (skips a second one).
         check_only: return the existing engines (no preflight, works on any host) or raise `CompileError`.
         verify: re-hash every file of current engines (default: sizes and mtimes, hashing what changed).
@@ -116,26 +146,28 @@ def run_compile(
         ToolchainError: this host cannot compile (exit 4).
         IntegrityError: a current engine differs from its manifest (exit 3).
     """
-    target_in = _upstream(checkpoint)
-    draft_in = _upstream(draft_checkpoint) if draft_checkpoint is not None else None
-    plan: CompilePlan = plan_compile(spec, checkpoint_dir=target_in.path, output_dir=output_dir,
+    target_in = _upstream(io.checkpoint)
+    draft_in = _upstream(io.draft_checkpoint) if io.draft_checkpoint is not None else None
+    plan: CompilePlan = plan_compile(spec, checkpoint_dir=target_in.path, output_dir=io.output_dir,
                                      draft_checkpoint_dir=draft_in.path if draft_in else None,
-                                     draft_output_dir=draft_output_dir, allow_derived=False)
-    tokenizer = None
-    if plan.draft is not None:
-        tokenizer = check_same_tokenizer(Path(plan.target.checkpoint_dir), Path(plan.draft.checkpoint_dir))
+                                     draft_output_dir=io.draft_output_dir, allow_derived=False)
+    draft = _draft_of(plan, draft_in)
+    draft_engine: EngineResult | None = None
+    record: DraftRecord | None = None
     if check_only:
-        draft = _locate_one(plan.draft, draft_in, draft=None, verify=verify) if plan.draft is not None else None
-        record = draft_record(draft.path, tokenizer) if draft is not None else None
-        return _locate_one(plan.target, target_in, draft=record, verify=verify), draft
+        if draft is not None:
+            draft_engine = _locate_one(draft.plan, draft.checkpoint, draft=None, verify=verify)
+            record = draft_record(draft_engine.path, draft.tokenizer)
+        return _locate_one(plan.target, target_in, draft=record, verify=verify), draft_engine
     workers = max(p.workers for p in plan.engines)
     if toolchain is None or toolchain.gpu_count < workers:
         toolchain = preflight(gpu=spec.hardware.gpu, workers=workers)
-    draft = record = None
-    if plan.draft is not None:
-        draft = _compile_one(plan.draft, toolchain, force=force, draft=None, verify=verify, checkpoint=draft_in)
-        record = draft_record(draft.path, tokenizer)
-    return _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in), draft
+    if draft is not None:
+        draft_engine = _compile_one(draft.plan, toolchain, force=force, draft=None, verify=verify,
+                                    checkpoint=draft.checkpoint)
+        record = draft_record(draft_engine.path, draft.tokenizer)
+    target = _compile_one(plan.target, toolchain, force=force, draft=record, verify=verify, checkpoint=target_in)
+    return target, draft_engine
 
 
 class CompileStage(RefLocated):
@@ -159,10 +191,9 @@ class CompileStage(RefLocated):
     def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
         layout, checkpoint = outputs.layout, outputs.checkpoint
         assert layout is not None and checkpoint is not None, "compile runs after calibrate"
-        outputs.engine, outputs.draft_engine = run_compile(
-            spec, checkpoint=checkpoint, output_dir=layout.engine, draft_checkpoint=outputs.draft_checkpoint,
-            draft_output_dir=layout.draft_engine, force=force, toolchain=outputs.toolchain, verify=options.verify,
-        )
+        io = CompileIO(checkpoint, layout.engine, outputs.draft_checkpoint, layout.draft_engine)
+        outputs.engine, outputs.draft_engine = run_compile(spec, io, force=force, toolchain=outputs.toolchain,
+                                                           verify=options.verify)
         m = outputs.engine.manifest
         detail = f"TensorRT-LLM {m.toolchain.get('tensorrt_llm')}, SM {m.gpu.sm}"
         return outcome("compile", {"engine": outputs.engine, "draft_engine": outputs.draft_engine}, detail)

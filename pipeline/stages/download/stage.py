@@ -21,8 +21,9 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from filelock import FileLock
 
@@ -71,6 +72,30 @@ _ATTEMPTS = 3  # fetch rounds: resume after a dropped connection / re-fetch corr
 
 
 DownloadResult = StageResult[DownloadManifest]
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """How to reach the Hub: its URL (None: HF_ENDPOINT or https://huggingface.co), the token (None: HF_TOKEN or the
+    token saved by `hf auth login`; never logged or stored) and the parallel file downloads."""
+
+    endpoint: str | None = None
+    token: str | None = field(default=None, repr=False)
+    max_workers: int = MAX_WORKERS
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One pinned commit of a model's repo and the files the pipeline fetches from it (name -> size and oids)."""
+
+    entry: ModelEntry
+    requested: str  # the branch, tag or commit asked for
+    sha: str
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def where(self) -> str:
+        return f"{self.entry.repo_id}@{self.sha[:12]}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -133,12 +158,12 @@ def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str
         raise DownloadError(f"{where}: {exc}; check the repo/revision") from None
     except UnsupportedArchitecture as exc:
         raise DownloadError(f"{where}: {exc}; this pipeline builds only those families") from None
-    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-                  "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta"):
-        want, found = getattr(arch, field), getattr(got, field)
+    for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                 "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta"):
+        want, found = getattr(arch, name), getattr(got, name)
         if want != found:
             raise DownloadError(
-                f"{where}: config.json {HF_KEYS.get(field, field)}={found} does not match the registry's {want} for "
+                f"{where}: config.json {HF_KEYS.get(name, name)}={found} does not match the registry's {want} for "
                 f"model '{model}'; fix the registry entry (or --models-file) or the repo/revision"
             )
     for key in ("family", "num_experts", "experts_per_token"):
@@ -249,20 +274,24 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
     path = tinymodel.model_dir(entry.name)
     remove_stale_temps(path)  # a killed generation's temporary, even when this run finds the model current
     gen = GeneratedManifest.read(path) if path.is_dir() else None
-    current = gen is not None and gen.key == tinymodel.generation_key(entry.name)
-    if check_only and not current:
+    if gen is not None and gen.key != tinymodel.generation_key(entry.name):
+        gen = None  # another generator's output: generated again
+    if check_only and gen is None:
         raise DownloadError(f"{entry.name} has not been generated in {path.parent}; run `invoke build` first",
                             path=path)
-    problems = gen.problems(path, full=verify) if current else []
+    problems = gen.problems(path, full=verify) if gen is not None else []
     if problems and (check_only or not verify):
         raise integrity_error(path, problems, fix=_generated_hint(entry))
-    if problems or not current:
+    status: Literal["built", "cached"] = "cached" if gen is not None and not problems else "built"
+    if gen is None or problems:
         if problems:
             print(f"warning: generated model {entry.name} in {path} is corrupt; regenerating", file=sys.stderr)
             with stage_lock(path):
                 shutil.rmtree(path, ignore_errors=True)
         path = tinymodel.ensure_tiny_model(entry.name)
         gen = GeneratedManifest.read(path)
+        if gen is None:
+            raise integrity_error(path, ["manifest.json is missing"], fix=_generated_hint(entry))
     config = json.loads((path / "config.json").read_text())
     check_architecture(config, entry.architecture, where=f"{entry.repo_id} (generated)", model=entry.name)
     check_tokenizer_size(path, config, entry, where=f"{entry.repo_id} (generated)")
@@ -278,7 +307,7 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
         files=gen.files,
         total_bytes=sum(v.size for v in gen.files.values()),
     )
-    return DownloadResult(path, manifest, "cached" if current and not problems else "built")
+    return DownloadResult(path, manifest, status)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -426,8 +455,7 @@ def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError))
 
 
-def _fetch_round(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], names: list[str], staging: Path,
-                 *, endpoint: str, headers: dict[str, str], max_workers: int,
+def _fetch_round(snap: Snapshot, names: list[str], staging: Path, *, hub: HubAccess, headers: dict[str, str],
                  streams: dict[str, tuple[str | None, Any]]) -> BaseException | None:
     """Fetch `names` into `staging` in parallel (largest first), recording each file's streamed sha256 in
     `streams`; returns the first lost connection (those files resume next round), raises any other error."""
@@ -436,16 +464,17 @@ def _fetch_round(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], 
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import tqdm
 
+    files = snap.files
     bar = tqdm(total=sum(files[n]["size"] or 0 for n in names), unit="B", unit_scale=True,
                desc=f"Fetching {len(names)} files", name="huggingface_hub.snapshot_download")
 
     def one(name: str) -> tuple[str | None, Any]:
-        url = hf_hub_url(entry.repo_id, name, revision=sha, endpoint=endpoint)
+        url = hf_hub_url(snap.entry.repo_id, name, revision=snap.sha, endpoint=hub.endpoint)
         digest = fetch_file(url, staging / name, headers=headers, size=files[name]["size"], progress=bar.update)
         return digest, _stat_key(staging / name)
 
     lost = None
-    with bar, ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+    with bar, ThreadPoolExecutor(max_workers=max(1, hub.max_workers)) as pool:
         jobs = {pool.submit(one, n): n for n in sorted(names, key=lambda n: -(files[n]["size"] or 0))}
         for job in as_completed(jobs):
             exc = job.exception()
@@ -459,12 +488,12 @@ def _fetch_round(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], 
     return lost
 
 
-def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]], staging: Path, *,
-                    endpoint: str, token: str | None, max_workers: int, errors: _HubErrors) -> list[str]:
+def _fetch_verified(snap: Snapshot, staging: Path, *, hub: HubAccess, errors: _HubErrors) -> list[str]:
     """Fetch every file `staging` lacks until each matches its oid; returns the names fetched again."""
     from huggingface_hub.utils import build_hf_headers
 
-    headers = build_hf_headers(token=token or False)
+    files = snap.files
+    headers = build_hf_headers(token=hub.token or False)
     staging.mkdir(parents=True, exist_ok=True)
     refetched: list[str] = []
     bad: dict[str, str] = {}
@@ -473,24 +502,23 @@ def _fetch_verified(entry: ModelEntry, sha: str, files: dict[str, dict[str, Any]
     for attempt in range(1, _ATTEMPTS + 1):
         todo = [n for n in files if not (staging / n).is_file()]
         with errors:
-            lost = _fetch_round(entry, sha, files, todo, staging, endpoint=endpoint, headers=headers,
-                                max_workers=max_workers, streams=streams)
+            lost = _fetch_round(snap, todo, staging, hub=hub, headers=headers, streams=streams)
             if lost is not None and attempt == _ATTEMPTS:
                 raise lost
         if lost is not None:
-            print(f"warning: connection to {endpoint} lost while fetching {entry.repo_id}; resuming",
+            print(f"warning: connection to {hub.endpoint} lost while fetching {snap.entry.repo_id}; resuming",
                   file=sys.stderr)
             continue
         bad = _verify_staging(staging, files, verified, streams)
         if not bad:
             return refetched
         for name, reason in bad.items():
-            print(f"warning: {entry.repo_id}@{sha[:12]}/{name} failed verification ({reason}); fetching it again",
+            print(f"warning: {snap.where}/{name} failed verification ({reason}); fetching it again",
                   file=sys.stderr)
             (staging / name).unlink(missing_ok=True)
             refetched.append(name)
     name, reason = next(iter(bad.items()))
-    raise DownloadError(f"{entry.repo_id}@{sha[:12]}/{name} still fails verification after {_ATTEMPTS} fetches "
+    raise DownloadError(f"{snap.where}/{name} still fails verification after {_ATTEMPTS} fetches "
                         f"({reason}); the server or a proxy is serving corrupt data, retry later")
 
 
@@ -520,9 +548,7 @@ def download_model(
     update: bool = False,
     offline: bool = False,
     verify: bool = False,
-    endpoint: str | None = None,
-    token: str | None = None,
-    max_workers: int = MAX_WORKERS,
+    hub: HubAccess = HubAccess(),
     lock_file: Path | None = None,
     check_only: bool = False,
 ) -> DownloadResult:
@@ -534,9 +560,7 @@ def download_model(
         update: re-resolve a branch/tag to its current commit instead of using the lock file.
         offline: no network; use a previous download (HF_HUB_OFFLINE=1 implies it).
         verify: re-hash every file of an existing download (corrupt files are fetched again when online).
-        endpoint: Hub URL (default: HF_ENDPOINT or https://huggingface.co).
-        token: Hub token (default: HF_TOKEN or the token saved by `hf auth login`); never logged or stored.
-        max_workers: parallel file downloads.
+        hub: the Hub's URL, the token and the parallel file downloads.
         lock_file: revision lock file (default `<output root>/models.lock.json`).
         check_only: return the existing download (offline) or fail; never fetch or generate anything.
 
@@ -557,7 +581,7 @@ def download_model(
     if offline and update:
         raise DownloadError("--update needs the network to re-resolve the revision; drop --offline")
     requested = revision or entry.revision
-    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    endpoint = (hub.endpoint or constants.ENDPOINT).rstrip("/")
     lock_path = Path(lock_file) if lock_file else lock_file_path()
     repo_dir = _repo_dir(entry.repo_id)
 
@@ -572,19 +596,20 @@ def download_model(
 
     from huggingface_hub import HfApi, get_token
 
-    token = token or get_token()
+    token = hub.token or get_token()
+    hub = replace(hub, endpoint=endpoint, token=token)
     if entry.gated and not token:  # the registry knows it is gated: fail before any request
         raise DownloadError(_gated_message(entry.repo_id, f"{endpoint}/{entry.repo_id}", False))
     errors = _HubErrors(entry, requested, endpoint, have_token=bool(token))
     api = HfApi(endpoint=endpoint, token=token or False)
-    sha, files = _resolve_files(api, errors, entry, requested, sha, lock_path, endpoint)
-    return _fetch_download(entry, repo_dir, sha, requested, files, verify=verify, endpoint=endpoint, token=token,
-                           max_workers=max_workers, errors=errors)
+    snap = _resolve_files(api, errors, entry, requested, sha, lock_path, endpoint)
+    return _fetch_download(snap, repo_dir, verify=verify, hub=hub, errors=errors)
 
 
-def _resolve_files(api, errors: _HubErrors, entry: ModelEntry, requested: str, sha: str | None, lock_path: Path,
-                   endpoint: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(commit SHA, files to fetch) from the Hub; an unpinned revision is resolved and written to the lock file."""
+def _resolve_files(api: Any, errors: _HubErrors, entry: ModelEntry, requested: str, sha: str | None,
+                   lock_path: Path, endpoint: str) -> Snapshot:
+    """The commit and the files to fetch, from the Hub; an unpinned revision is resolved and written to the lock
+    file."""
     with errors:
         info = api.model_info(entry.repo_id, revision=sha or requested, files_metadata=True)
     if sha is None:
@@ -592,26 +617,22 @@ def _resolve_files(api, errors: _HubErrors, entry: ModelEntry, requested: str, s
         if not sha or not _SHA_RE.match(sha):
             raise DownloadError(f"{endpoint} returned no commit SHA for {entry.repo_id}@{requested}; retry later")
         write_lock(lock_path, entry, requested, sha)
-    return sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}")
+    return Snapshot(entry, requested, sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}"))
 
 
-def _fetch_download(entry: ModelEntry, repo_dir: Path, sha: str, requested: str, files: dict[str, dict[str, Any]],
-                    *, verify: bool, endpoint: str, token: str | None, max_workers: int,
+def _fetch_download(snap: Snapshot, repo_dir: Path, *, verify: bool, hub: HubAccess,
                     errors: _HubErrors) -> DownloadResult:
-    """Reuse `<repo_dir>/<sha>` when it still matches `files`; otherwise fetch what is missing into a staging
-    dir, verify it and publish it atomically."""
-    where = f"{entry.repo_id}@{sha[:12]}"
-    final = repo_dir / sha
-    staging = repo_dir / f".partial-{sha}"
+    """Reuse `<repo_dir>/<sha>` when it still matches the snapshot's files; otherwise fetch what is missing into a
+    staging dir, verify it and publish it atomically."""
+    final = repo_dir / snap.sha
+    staging = repo_dir / f".partial-{snap.sha}"
     with stage_lock(final):
-        reused = _reuse_or_stage(final, staging, files, where=where, verify=verify)
+        reused = _reuse_or_stage(final, staging, snap.files, where=snap.where, verify=verify)
         if reused is not None:
             return reused
         t0 = time.monotonic()
-        refetched = _fetch_verified(entry, sha, files, staging, endpoint=endpoint, token=token,
-                                    max_workers=max_workers, errors=errors)
-        manifest = _finish_staging(entry, staging, files, sha=sha, requested=requested, where=where,
-                                   refetched=refetched, seconds=time.monotonic() - t0)
+        refetched = _fetch_verified(snap, staging, hub=hub, errors=errors)
+        manifest = _finish_staging(snap, staging, refetched=refetched, seconds=time.monotonic() - t0)
         os.replace(staging, final)
     return DownloadResult(final, manifest, "built")
 
@@ -644,9 +665,10 @@ def _reuse_or_stage(final: Path, staging: Path, files: dict[str, dict[str, Any]]
     return None
 
 
-def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str, Any]], *, sha: str,
-                    requested: str, where: str, refetched: Any, seconds: float) -> DownloadManifest:
-    """Check the fetched config against the registry, drop everything not in `files`, write the manifest."""
+def _finish_staging(snap: Snapshot, staging: Path, *, refetched: list[str], seconds: float) -> DownloadManifest:
+    """Check the fetched config against the registry, drop everything not in the snapshot's files, write the
+    manifest."""
+    entry, files, sha, where = snap.entry, snap.files, snap.sha, snap.where
     config = read_config(staging / "config.json", where=where)
     check_architecture(config, entry.architecture, where=where, model=entry.name)
     check_tokenizer_size(staging, config, entry, where=where)
@@ -659,7 +681,7 @@ def _finish_staging(entry: ModelEntry, staging: Path, files: dict[str, dict[str,
         key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {n: t["sha256"] for n, t in table.items()}}),
         model=entry.name,
         repo_id=entry.repo_id,
-        revision=requested,
+        revision=snap.requested,
         sha=sha,
         source="hub",
         allow_patterns=list(ALLOW_PATTERNS),
@@ -689,11 +711,11 @@ def _offline(entry: ModelEntry, requested: str, sha: str | None, repo_dir: Path,
             if m and m.revision == requested:
                 found.append(((d / MANIFEST).stat().st_mtime_ns, d.name))
         sha = max(found)[1] if found else None
-    final = repo_dir / sha if sha else None
-    m = _read(final) if final is not None else None
-    if m is None:
+    m = _read(repo_dir / sha) if sha else None
+    if sha is None or m is None:
         raise DownloadError(f"offline: {entry.repo_id}@{requested} has not been downloaded to {cache_dir()}; "
                             f"run `invoke download --model {entry.name}` with network access first")
+    final = repo_dir / sha
     unchanged = _unchanged(final, m)
     if (verify or not unchanged) and m.problems(final, full=True):
         raise DownloadError(f"offline: the download of {entry.repo_id}@{sha[:12]} in {final} is incomplete or "
@@ -739,7 +761,7 @@ class DownloadStage:
                 entry, revision=(options.revision or None) if role == "model" else None,
                 offline=options.offline, update=options.update and not check_only,
                 verify=options.verify_download or options.verify or force, check_only=check_only,
-                endpoint=options.endpoint, token=options.token)
+                hub=HubAccess(endpoint=options.endpoint, token=options.token))
             if role == "model":
                 outputs.download = res
             else:

@@ -60,11 +60,12 @@ def watched(tmp_path, monkeypatch, request):
     in tmp_path/work; yields (rank process, server pid, http port). Parametrized "mpirun": the server runs below an
     mpirun stand-in (`mpirun -n 1 tritonserver ...`, orchestrator mode), so its stubs' parent is not the watched pid."""
     from pipeline.serving.serve import build_command, free_ports, launch_repo, process_tree
+    from pipeline.stages.package.launch_plan import Endpoints
 
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     launch = launch_repo(_echo_repo(tmp_path / "repo"), validate=False)
     http, grpc, metrics = free_ports(3)
-    cmd = build_command(launch, http_port=http, grpc_port=grpc, metrics_port=metrics,
+    cmd = build_command(launch, Endpoints(http_port=http, grpc_port=grpc, metrics_port=metrics),
                         shm_prefix=f"tripipe-{os.getpid()}-watch-")
     script = STUB_WATCH + 'serve_watched "$PORT" "$@"\n'
     argv = cmd.argv

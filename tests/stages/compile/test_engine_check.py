@@ -16,6 +16,7 @@ from pipeline.core.spec import resolve_spec
 from pipeline.stages.compile import plan_compile, run_compile
 from pipeline.stages.compile.engine_check import verify_engine_dir
 from pipeline.stages.compile.manifest import (
+    BuildRun,
     build_config_hash,
     check_same_tokenizer,
     checkpoint_identity,
@@ -24,7 +25,7 @@ from pipeline.stages.compile.manifest import (
     engine_manifest,
 )
 from pipeline.stages.compile.preflight import Toolchain
-from pipeline.stages.compile.stage import _compile_one, log_path_for
+from pipeline.stages.compile.stage import CompileIO, _compile_one, log_path_for
 from tests.support.compile_fixtures import write_fabricated_checkpoint, write_fabricated_engine
 
 TOOLCHAIN = Toolchain(tensorrt_llm="1.2.1", tensorrt="10.14.1.48", cuda="13.0", driver="580.95.05",
@@ -170,10 +171,10 @@ def test_verify_needs_config_json(tmp_path, pair):
         verify_engine_dir(tmp_path / "fabricated-engine", pair.target, trtllm_version="1.2.1")
 
 
-def _engine_manifest(eng, plan, key, **kw):
+def _engine_manifest(eng, plan, key, draft=None, build_seconds=None):
     config = verify_engine_dir(eng, plan, trtllm_version="1.2.1")
-    return engine_manifest(eng, plan, key=key, engine_config=config, toolchain=TOOLCHAIN.as_dict(),
-                           checkpoint=checkpoint_identity(plan.checkpoint_dir), **kw)
+    return engine_manifest(eng, plan, key=key, run=BuildRun(config, build_seconds), toolchain=TOOLCHAIN.as_dict(),
+                           checkpoint=checkpoint_identity(plan.checkpoint_dir), draft=draft)
 
 
 def test_manifest_records_toolchain_files_checkpoint_and_draft(tmp_path, pair):
@@ -220,7 +221,7 @@ def test_run_compile_rejects_other_tokenizer_before_preflight(tmp_path):
     d = write_fabricated_checkpoint(tmp_path / "fabricated-draft", precision="fp8", kv_cache="fp8", vocab_size=1024,
                                     tokenizer_variant="other-family")
     with pytest.raises(CompileError, match="different tokenizer"):
-        run_compile(spec, checkpoint=t, output_dir=tmp_path / "e", draft_checkpoint=d)
+        run_compile(spec, CompileIO(checkpoint=t, output_dir=tmp_path / "e", draft_checkpoint=d))
     assert not (tmp_path / "e").exists()
 
 
@@ -246,11 +247,11 @@ def test_current_engine_is_not_rebuilt_unless_its_files_changed(pair):
     _engine_manifest(eng, plan, key).write(eng)
     res = _compile_one(plan, TOOLCHAIN, force=False, draft=None)
     assert res.status == "cached" and res.manifest.key == key and res.path == eng
-    located, draft = run_compile(spec, checkpoint=plan.checkpoint_dir, output_dir=eng, check_only=True)
+    located, draft = run_compile(spec, CompileIO(checkpoint=plan.checkpoint_dir, output_dir=eng), check_only=True)
     assert located.status == "cached" and located.manifest.key == key and draft is None
     (eng / "rank0.engine").write_bytes(b"tampered")
     for call in (lambda: _compile_one(plan, TOOLCHAIN, force=False, draft=None),
-                 lambda: run_compile(spec, checkpoint=plan.checkpoint_dir, output_dir=eng, check_only=True)):
+                 lambda: run_compile(spec, CompileIO(checkpoint=plan.checkpoint_dir, output_dir=eng), check_only=True)):
         with pytest.raises(IntegrityError, match=r"rank0\.engine: \d+ bytes, recorded \d+; re-run `invoke build "
                            r"--force compile`") as err:
             call()

@@ -31,14 +31,14 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from pipeline.stages.calibrate.stage import run_calibrate
-    from pipeline.stages.compile import run_compile
+    from pipeline.stages.compile.stage import CompileIO, run_compile
 
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft", gpu_count=1)
     target_ckpt = Path(run_calibrate(spec, role="target").path)
     draft_ckpt = Path(run_calibrate(spec, role="draft").path)
     out, draft_out = target_ckpt.parent / "engine", target_ckpt.parent / "draft_engine"
-    res, draft_res = run_compile(spec, checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
-                                 draft_output_dir=draft_out)
+    res, draft_res = run_compile(spec, CompileIO(checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
+                                                 draft_output_dir=draft_out))
     m = res.manifest
     assert res.status == "built" and m.engine_version == "1.2.1" and m.toolchain["tensorrt_llm"] == "1.2.1"
     assert m.gpu.sm == 90
@@ -47,7 +47,7 @@ def test_real_build_tiny_llama_fp8_with_draft(tmp_path, monkeypatch):
     assert "timing.cache" in m.files
     # Same inputs on the same toolchain + arch: no rebuild, the manifest is returned as is.
     start = time.monotonic()
-    again, _ = run_compile(spec, checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
-                           draft_output_dir=draft_out)
+    again, _ = run_compile(spec, CompileIO(checkpoint=target_ckpt, output_dir=out, draft_checkpoint=draft_ckpt,
+                                           draft_output_dir=draft_out))
     assert again.status == "cached" and again.manifest.key == m.key and again.manifest.created == m.created
     assert time.monotonic() - start < 120  # preflight import only, no trtllm-build

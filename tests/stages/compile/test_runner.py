@@ -181,12 +181,12 @@ def test_killed_build_publishes_nothing(tmp_path):
 @pytest.mark.skipif(not CPU_HOST, reason="this host has TensorRT-LLM and a GPU driver")
 def test_run_compile_on_cpu_host_stops_at_preflight(tmp_path, monkeypatch):
     from pipeline.core.spec import resolve_spec
-    from pipeline.stages.compile import run_compile
+    from pipeline.stages.compile.stage import CompileIO, run_compile
 
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "root"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="tiny-llama-draft")
     t = write_fabricated_checkpoint(tmp_path / "fabricated-t", precision="fp8", kv_cache="fp8", vocab_size=1024)
     d = write_fabricated_checkpoint(tmp_path / "fabricated-d", precision="fp8", kv_cache="fp8", vocab_size=1024)
     with pytest.raises(CompileError, match="compiling needs an H100-class GPU"):
-        run_compile(spec, checkpoint=t, output_dir=tmp_path / "b" / "engine", draft_checkpoint=d)
+        run_compile(spec, CompileIO(checkpoint=t, output_dir=tmp_path / "b" / "engine", draft_checkpoint=d))
     assert not (tmp_path / "b").exists()

@@ -13,7 +13,7 @@ import pytest
 from pipeline.core.errors import DownloadError
 from pipeline.core.manifests import StageResult
 from pipeline.core.registry import get_model
-from pipeline.stages.download.stage import download_model, lock_file_path, read_lock
+from pipeline.stages.download.stage import HubAccess, download_model, lock_file_path, read_lock
 from tests.support.hubserver import LocalHub, serve_directory
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,7 +83,7 @@ def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
     check = dl._check_file
     monkeypatch.setattr(dl, "_check_file", lambda path, meta: hashed_from_disk.append(path.name) or check(path, meta))
     sha = hub.add_commit("test-org/tiny", _files())
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert not [n for n in hashed_from_disk if n.endswith(".safetensors")]  # LFS files were hashed while streaming
     assert isinstance(res, StageResult) and res.status == "built" and res.manifest.sha == sha
     assert res.path == env / "cache" / "downloads" / "test-org--tiny" / sha
@@ -102,7 +102,7 @@ def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
     # the second run touches no network and no file contents
     before = _hub_requests(hub)
     manifest_mtime = (res.path / "manifest.json").stat().st_mtime_ns
-    again = download_model(_entry(), endpoint=hub.endpoint)
+    again = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert again.status == "cached" and again.path == res.path and again.manifest.key == m.key
     assert _hub_requests(hub) == before
     assert (res.path / "manifest.json").stat().st_mtime_ns == manifest_mtime
@@ -110,19 +110,19 @@ def test_download_pins_verifies_and_second_run_is_a_noop(hub, env, monkeypatch):
 
 def test_locked_revision_holds_until_update(hub, env):
     old = hub.add_commit("test-org/tiny", _files(seed=1))
-    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
+    assert download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint)).manifest.sha == old
     new = hub.add_commit("test-org/tiny", _files(seed=2))  # the branch moves
-    assert download_model(_entry(), endpoint=hub.endpoint).manifest.sha == old
-    res = download_model(_entry(), endpoint=hub.endpoint, update=True)
+    assert download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint)).manifest.sha == old
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint), update=True)
     assert res.manifest.sha == new and res.status == "built"
     assert read_lock(lock_file_path())["models"]["hub-tiny"]["sha"] == new
-    assert download_model(_entry(), endpoint=hub.endpoint, revision=old).manifest.sha == old  # explicit commit
+    assert download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint), revision=old).manifest.sha == old  # explicit commit
 
 
 def test_resume_after_dropped_connection(hub, env, capsys):
     hub.add_commit("test-org/tiny", _files())
     hub.drop[SHARD1] = 1_400_000
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
     ranges = hub.file_gets(SHARD1)
     assert ranges[0] is None and len(ranges) == 2 and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
@@ -134,7 +134,7 @@ def test_resume_against_a_server_that_ignores_range(hub, env):
     hub.add_commit("test-org/tiny", _files())
     hub.drop[SHARD1] = 1_400_000
     hub.ignore_range = True  # the client must restart the file from byte 0 (and the stream hash with it)
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert (res.path / SHARD1).read_bytes() == _files()[SHARD1] and res.manifest.refetched == []
     assert len(hub.file_gets(SHARD1)) == 2
 
@@ -142,7 +142,7 @@ def test_resume_against_a_server_that_ignores_range(hub, env):
 def test_corrupt_file_is_reported_and_refetched(hub, env, capsys):
     hub.add_commit("test-org/tiny", _files())
     hub.corrupt[SHARD2] = 1
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert res.manifest.refetched == [SHARD2]
     assert (res.path / SHARD2).read_bytes() == _files()[SHARD2]
     assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
@@ -159,7 +159,7 @@ def test_xet_backed_file_is_fetched_and_verified_like_any_other(hub, env, capsys
     meta = get_hf_file_metadata(hf_hub_url("test-org/tiny", SHARD2, revision=sha, endpoint=hub.endpoint),
                                 token=False, endpoint=hub.endpoint)
     assert meta.xet_file_data is not None  # what makes huggingface_hub's download take its xet_get path
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert res.manifest.refetched == [SHARD2] and (res.path / SHARD2).read_bytes() == _files()[SHARD2]
     assert f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
     assert hub.file_gets(SHARD2) == [None, None]  # both copies came over the verified stream
@@ -212,7 +212,7 @@ def paused(*args, **kwargs):  # every file is fetched into the staging dir; stop
 
 d._verify_staging = paused
 entry = get_model("tiny-llama").model_copy(update={"name": "hub-tiny", "repo_id": "test-org/tiny", "source": "hub"})
-d.download_model(entry, endpoint=sys.argv[1])
+d.download_model(entry, hub=d.HubAccess(endpoint=sys.argv[1]))
 """
 
 
@@ -230,7 +230,7 @@ def test_sigkill_mid_download_then_rerun_resumes_and_leaves_nothing(hub, env):
         proc.wait()
     repo_dir = env / "cache" / "downloads" / "test-org--tiny"
     assert (repo_dir / f".partial-{sha}").is_dir() and not (repo_dir / sha).exists()
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert res.status == "built" and res.path == repo_dir / sha
     assert (res.path / SHARD1).read_bytes() == _files()[SHARD1]
     assert len(hub.file_gets(SHARD1)) == 1  # the killed run's bytes were kept, not fetched again
@@ -247,7 +247,7 @@ def test_complete_incomplete_files_are_checked_not_fetched(hub, env, capsys):
     bad = bytearray(_files()[SHARD2])
     bad[-1] ^= 0xFF
     (staging / f"{SHARD2}.incomplete").write_bytes(bytes(bad))
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert hub.file_gets(SHARD1) == [] and hub.file_gets(SHARD2) == [None]
     assert res.manifest.refetched == [SHARD2] and f"{SHARD2} failed verification (sha256" in capsys.readouterr().err
     for name in (SHARD1, SHARD2):
@@ -258,35 +258,35 @@ def test_persistently_corrupt_file_fails_and_publishes_nothing(hub, env):
     sha = hub.add_commit("test-org/tiny", _files())
     hub.corrupt[SHARD2] = 99
     with pytest.raises(DownloadError, match=f"{SHARD2} still fails verification after 3 fetches"):
-        download_model(_entry(), endpoint=hub.endpoint)
+        download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert not (env / "cache" / "downloads" / "test-org--tiny" / sha).exists()
 
 
 def test_local_corruption_needs_verify_and_is_repaired(hub, env):
     hub.add_commit("test-org/tiny", _files())
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     shard = res.path / SHARD1
     st = shard.stat()
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only hashing can tell
-    assert download_model(_entry(), endpoint=hub.endpoint).status == "cached"
+    assert download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint)).status == "cached"
     with pytest.raises(DownloadError, match="incomplete or corrupt"):
-        download_model(_entry(), endpoint=hub.endpoint, offline=True, verify=True)
-    fixed = download_model(_entry(), endpoint=hub.endpoint, verify=True)
+        download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint), offline=True, verify=True)
+    fixed = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint), verify=True)
     assert fixed.path == res.path and shard.read_bytes() == _files()[SHARD1]
     # a truncated file is caught by the cheap size check
     shard.write_bytes(b"short")
-    assert download_model(_entry(), endpoint=hub.endpoint).status == "built"
+    assert download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint)).status == "built"
     assert shard.read_bytes() == _files()[SHARD1]
 
 
 def test_offline_reuses_cache_without_network(hub, env):
     hub.add_commit("test-org/tiny", _files())
     with pytest.raises(DownloadError, match=r"offline: test-org/tiny@main has not been downloaded"):
-        download_model(_entry(), endpoint=hub.endpoint, offline=True)
-    res = download_model(_entry(), endpoint=hub.endpoint)
+        download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint), offline=True)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     before = _hub_requests(hub)
     lock_file_path().unlink()  # even without the lock file, the cached download of 'main' is found
     off = download_model(_entry(), offline=True)
@@ -330,7 +330,7 @@ def test_hf_hub_offline_implies_offline(env, monkeypatch):
     ],
 )
 def test_errors_are_one_line(hub, env, monkeypatch, case, message):
-    files, entry, kw = _files(), _entry(), {"endpoint": hub.endpoint}
+    files, entry, kw, access = _files(), _entry(), {}, HubAccess(endpoint=hub.endpoint)
     if case == "missing_repo":
         entry = _entry("test-org/nope")
     elif case == "missing_revision":
@@ -339,7 +339,7 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
         hub.add_commit("test-org/gated", files, gated=True)
         entry = _entry("test-org/gated")
         if case == "gated_bad_token":
-            kw["token"] = "hf_wrong"
+            access = HubAccess(endpoint=hub.endpoint, token="hf_wrong")
     elif case == "missing_file":
         hub.hide.add(SHARD2)
     elif case == "no_tokenizer":
@@ -351,7 +351,7 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
     elif case == "no_architectures":
         files = _files(**{"config.json": _config(architectures=None)})
     elif case == "unreachable":
-        kw["endpoint"] = "http://127.0.0.1:9"
+        access = HubAccess(endpoint="http://127.0.0.1:9")
     elif case == "bad_repo_id":
         entry = _entry("../../etc")
     elif case == "tokenizer_size":
@@ -363,7 +363,7 @@ def test_errors_are_one_line(hub, env, monkeypatch, case, message):
     if "test-org/tiny" not in hub.repos and entry.repo_id == "test-org/tiny":
         hub.add_commit("test-org/tiny", files)
     with pytest.raises(DownloadError, match=message) as err:
-        download_model(entry, **kw)
+        download_model(entry, hub=access, **kw)
     assert "\n" not in str(err.value)
     assert not list((env / "cache" / "downloads").glob("*/[0-9a-f]*"))  # nothing published under a final name
 
@@ -373,14 +373,14 @@ def test_registry_gated_without_token_fails_before_any_request(hub, env, monkeyp
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
     hub.add_commit("test-org/gated", _files(), gated=True)
     with pytest.raises(DownloadError, match=r"test-org/gated is a gated repo and no Hugging Face token") as err:
-        download_model(_entry("test-org/gated", gated=True), endpoint=hub.endpoint)
+        download_model(_entry("test-org/gated", gated=True), hub=HubAccess(endpoint=hub.endpoint))
     assert "\n" not in str(err.value) and _hub_requests(hub) == 0
     assert not (env / "cache" / "downloads").exists() and not lock_file_path().exists()
 
 
 def test_gated_repo_with_token_never_leaks_it(hub, env, capsys):
     hub.add_commit("test-org/gated", _files(), gated=True)
-    res = download_model(_entry("test-org/gated"), endpoint=hub.endpoint, token=TOKEN)
+    res = download_model(_entry("test-org/gated"), hub=HubAccess(endpoint=hub.endpoint, token=TOKEN))
     assert res.status == "built"
     assert all(auth for m, p, _, auth in hub.requests if "/resolve/" in p)
     out = capsys.readouterr()
@@ -421,7 +421,7 @@ def test_generated_files_round_trip_through_the_hub(tiny_models, hub, env):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sha = serve_directory(hub, "test-org/tiny-llama", tiny_models["tiny-llama"])
-    res = download_model(_entry("test-org/tiny-llama"), endpoint=hub.endpoint)
+    res = download_model(_entry("test-org/tiny-llama"), hub=HubAccess(endpoint=hub.endpoint))
     assert res.manifest.sha == sha
     for name in res.manifest.files:
         assert (res.path / name).read_bytes() == (tiny_models["tiny-llama"] / name).read_bytes()
@@ -502,7 +502,7 @@ def test_a_cached_download_is_reported_as_cached_not_fetching(hub, env):
     hub.add_commit("test-org/tiny", _files())
     spec = SimpleNamespace(model=_entry(), draft_model=None)
     assert not is_cached(_entry()) and _doing("download", spec) == "fetching test-org/tiny@main"
-    res = download_model(_entry(), endpoint=hub.endpoint)
+    res = download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint))
     assert is_cached(_entry()) and _doing("download", spec) == "test-org/tiny@main cached"
     (res.path / SHARD2).write_bytes(b"changed")  # no longer what the manifest records: it will be fetched
     assert not is_cached(_entry())

@@ -243,8 +243,7 @@ def _serve_processes(spec, tmp_path, monkeypatch) -> tuple[list[list[str]], dict
     repo = _write_repo(tmp_path / "repo", {m.name: "tensorrtllm" for m in shape.engine_models},
                        {m.name: ",".join(map(str, m.gpu_device_ids)) for m in shape.engine_models if m.gpu_device_ids})
     monkeypatch.setattr(serve, "visible_gpu_count", lambda: spec.hardware.gpu_count)
-    cmd = serve.build_command(repo, http_port=8000, grpc_port=8001, metrics_port=8002, shm_prefix="prefix",
-                              host="0.0.0.0", binary="/opt/tritonserver/bin/tritonserver",
+    cmd = serve.build_command(repo, EP, shm_prefix="prefix", binary="/opt/tritonserver/bin/tritonserver",
                               world_size=spec.parallelism.world_size)
     argv = cmd.argv
     if Path(argv[0]).name == "mpirun":  # leader and orchestrator mode: one mpirun, a `-n 1 ...` segment per process

@@ -231,19 +231,20 @@ def test_validation_catches_model_yaml_drift(tmp_path, exports):
 
 def test_serve_command_per_target(tmp_path, exports, monkeypatch):
     from pipeline.serving.serve import build_command
+    from pipeline.stages.package.launch_plan import Endpoints
 
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     _, gpu = _package(tmp_path / "g", exports, target="trtllm")
     _, ref = _package(tmp_path / "r", exports, target="reference")
-    ports = {"http_port": 1, "grpc_port": 2, "metrics_port": 3, "shm_prefix": "p-"}
-    cmd = build_command(gpu.path, binary="/opt/tritonserver/bin/tritonserver", world_size=2, **ports)
+    ports = Endpoints(http_port=1, grpc_port=2, metrics_port=3)
+    cmd = build_command(gpu.path, ports, shm_prefix="p-", binary="/opt/tritonserver/bin/tritonserver", world_size=2)
     # TP 2: two MPI processes, each `trtllm-llmapi-launch tritonserver` (launch_triton_server.py
     # --trtllm_llmapi_launch); the LLM API spawns no workers of its own under MGMN
     assert cmd.flavour == "gpu-ngc" and cmd.argv[:2] == ["mpirun", "--allow-run-as-root"]
     assert cmd.argv.count("trtllm-llmapi-launch") == 2 and cmd.argv.count("/opt/tritonserver/bin/tritonserver") == 2
     assert "--disable-auto-complete-config" in cmd.argv  # LLM spawns its own workers; config.pbtxt is complete
     assert "TRTLLM_ORCHESTRATOR" not in cmd.env
-    assert build_command(ref.path, **ports).flavour == "cpu-pytriton"
+    assert build_command(ref.path, ports, shm_prefix="p-").flavour == "cpu-pytriton"
 
 
 # ------------------------------------------------------------------------------------------------ verify

@@ -240,11 +240,13 @@ def test_smoke_speaks_to_the_llmapi_model(llmapi_server):
 
 
 def test_bench_speaks_to_the_llmapi_model(llmapi_server):
-    from pipeline.serving.bench import run_bench
+    from pipeline.serving.bench import ServerUrls, SweepOptions, WorkloadOptions, run_bench
 
     srv, target = llmapi_server
-    report = run_bench(grpc_url=srv.grpc_url, concurrency=(1, 2), requests_per_level=4, max_tokens=6,
-                       tokenizer_dir=target, shared_prefix_tokens=80, shared_prefix_share=1.0, warmup=False)
+    report = run_bench(ServerUrls(srv.grpc_url),
+                       WorkloadOptions(concurrency=(1, 2), requests_per_level=4, max_tokens=6, shared_prefix_tokens=80,
+                                       shared_prefix_share=1.0),
+                       sweep=SweepOptions(warmup=False), tokenizer_dir=target)
     assert report.triton_model == "tensorrt_llm" and report.streaming and report.failed == 0
     for level in report.levels:
         assert level.requests == 4 and level.output_tokens > 0 and level.ttft_ms_p50 is not None

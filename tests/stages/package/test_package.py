@@ -12,6 +12,7 @@ import pytest
 from pipeline.core.errors import PackageError, PipelineError, ServeError
 from pipeline.core.spec import resolve_spec
 from pipeline.stages.package import package_repo, render, validate_repo
+from pipeline.stages.package.launch_plan import Endpoints
 from tests.support.triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
 
@@ -104,7 +105,7 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
         validate_repo(launch)
     finally:
         shutil.rmtree(launch)
-    cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-",
+    cmd = build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-",
                         binary="/opt/tritonserver/bin/tritonserver")
     # draft + TP 4 target: ONE tritonserver in orchestrator mode under `mpirun -n 1` (launch_triton_server.py
     # --multi-model asserts world size 1 and keeps MPI on); the backend spawns the target's 4 ranks and the draft's on
@@ -130,7 +131,7 @@ def test_trtllm_tp4_without_draft_is_leader_mode(out_env):
     fake_tokenizer(base / "checkpoint" / "tokenizer")
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, target="trtllm")
     repo = package_repo(spec, engine_dir=target).path
-    cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-",
+    cmd = build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-",
                         binary="/opt/tritonserver/bin/tritonserver")  # world size 4 from the repo's manifest
     assert Path(cmd.argv[0]).name == "mpirun" and cmd.argv.count("-n") == 4 and cmd.plan.mode == "leader"
     assert cmd.argv.count("--load-model=tensorrt_llm") == 3 and "TRTLLM_ORCHESTRATOR" not in cmd.env
@@ -143,7 +144,7 @@ def test_cpu_command_uses_pytriton_bundle_on_loopback(out_env, tmp_path, monkeyp
     repo = tmp_path / "repo"
     (repo / "m" / "1").mkdir(parents=True)
     (repo / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
-    cmd = build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-")
+    cmd = build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-")
     assert cmd.flavour == "cpu-pytriton" and cmd.argv[0].endswith("pytriton/tritonserver/bin/tritonserver")
     for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
                  "--backend-config=python,shm-region-prefix-name=p-0_"):
@@ -162,7 +163,7 @@ def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, 
     repo = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").path
     monkeypatch.setattr(serve, "find_gpu_tritonserver", lambda: None)
     with pytest.raises(ServeError, match="--target reference"):
-        serve.build_command(repo, http_port=1, grpc_port=2, metrics_port=3, shm_prefix="p-")
+        serve.build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-")
 
 
 def test_serve_engine_dir_rewrites_gpt_model_path(llama70b_engines, tmp_path):
