@@ -250,7 +250,7 @@ def cpu_backends_dir() -> Path:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = dist / "python_backend_stubs" / py / "triton_python_backend_stub"
     if not stub.is_file():
-        raise ServeError(f"nvidia-pytriton has no Python backend stub for Python {py}; use Python 3.10-3.12")
+        raise ServeError(f"nvidia-pytriton has no Python backend stub for Python {py}; use Python 3.11-3.12")
     final = cache_dir() / "tritonserver" / f"pytriton-{_pytriton_version()}-py{py}" / "backends"
     with stage_lock(final):
         if not (final / "python" / "triton_python_backend_stub").is_file():
