@@ -5,17 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pipeline.core.errors import PackageError
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-
-# The directory flags of `invoke package` -> the `PackageInputs` field each one sets.
-DIR_FLAGS = {"output": "output", "engine_dir": "engine", "draft_engine_dir": "draft_engine",
-             "checkpoint_dir": "checkpoint", "draft_checkpoint_dir": "draft_checkpoint",
-             "tokenizer_dir": "tokenizer", "draft_tokenizer_dir": "draft_tokenizer"}
-
 
 @dataclass(frozen=True)
 class PackageInputs:
@@ -37,9 +31,15 @@ class PackageInputs:
     spec_key: str | None = None
 
     @classmethod
-    def of(cls, flags: dict[str, Any]) -> PackageInputs:
-        """The directories a task's typed flags name (`DIR_FLAGS`; an empty or absent flag is None)."""
-        return cls(**{field: Path(flags[flag]) if flags.get(flag) else None for flag, field in DIR_FLAGS.items()})
+    def of(cls, flags: Mapping[str, Any]) -> PackageInputs:
+        """The directories `invoke package`'s typed flags name (`--engine-dir` and the like; empty or absent: None)."""
+
+        def path(flag: str) -> Path | None:
+            return Path(flags[flag]) if flags.get(flag) else None
+
+        return cls(output=path("output"), engine=path("engine_dir"), draft_engine=path("draft_engine_dir"),
+                   checkpoint=path("checkpoint_dir"), draft_checkpoint=path("draft_checkpoint_dir"),
+                   tokenizer=path("tokenizer_dir"), draft_tokenizer=path("draft_tokenizer_dir"))
 
 
 def package_inputs(spec: BuildSpec, given: PackageInputs) -> PackageInputs:
