@@ -336,11 +336,11 @@ def package_command(spec: BuildSpec, **flags: Any) -> Any:
     """
     from pipeline.backends import backend_for
     from pipeline.core.refs import write_ref
-    from pipeline.stages.package.inputs import PackageDirs, package_inputs
+    from pipeline.stages.package.inputs import PackageInputs, package_inputs
 
     f = parse_flags("package", flags)
     backend = backend_for(spec)
-    inputs = package_inputs(spec, PackageDirs.of(f))
+    inputs = package_inputs(spec, PackageInputs.of(f))
     res = backend.package(spec, inputs, force=f["force"])
     if inputs.build_id is not None and f["output"] is None:  # the spec's own build: its ref points here
         write_ref("package", spec.identity("package"), {"triton_repo": res})
