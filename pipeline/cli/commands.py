@@ -336,7 +336,8 @@ def package_command(spec: BuildSpec, **flags: Any) -> Any:
     """
     from pipeline.backends import backend_for
     from pipeline.core.refs import write_ref
-    from pipeline.stages.package.inputs import PackageInputs, package_inputs
+    from pipeline.stages.package.inputs import PackageInputs
+    from pipeline.stages.package.located import package_inputs
 
     f = parse_flags("package", flags)
     backend = backend_for(spec)
