@@ -42,6 +42,7 @@ def main() -> None:
     from pipeline.serving.serve import TritonServer
     from pipeline.stages.download.tinymodel import ensure_tiny_model
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_cache:
@@ -49,8 +50,9 @@ def main() -> None:
         models = {name: ensure_tiny_model(name) for name in ("tiny-llama", "tiny-llama-draft")}
         os.environ.update(PIPELINE_ROOT=f"{tmp}/out", PIPELINE_CACHE=f"{tmp}/cache")
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-        repo = package_repo(spec, checkpoint_dir=models["tiny-llama"], draft_checkpoint_dir=models["tiny-llama-draft"],
-                            build_id="prefix-cache-bench").path
+        repo = package_repo(spec, PackageInputs(checkpoint=models["tiny-llama"],
+                                                draft_checkpoint=models["tiny-llama-draft"],
+                                                build_id="prefix-cache-bench")).path
         workload = WorkloadOptions(concurrency=parse_levels(args.concurrency), requests_per_level=args.requests,
                                    max_tokens=4, shared_prefix_tokens=args.prefix)
         with TritonServer(repo, ready_timeout_s=300) as server:

@@ -111,6 +111,7 @@ def tiny_reference_repo(tiny_models, tmp_path_factory):
     """
     from pipeline.core.spec import resolve_spec
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     def make(build_id: str, **spec_overrides) -> Path:
         base = tmp_path_factory.mktemp(build_id)
@@ -119,7 +120,8 @@ def tiny_reference_repo(tiny_models, tmp_path_factory):
             mp.setenv("PIPELINE_CACHE", str(base / "cache"))
             spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference",
                                 **spec_overrides)
-            return package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                                draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id=build_id).path
+            inputs = PackageInputs(checkpoint=tiny_models["tiny-llama"],
+                                   draft_checkpoint=tiny_models["tiny-llama-draft"], build_id=build_id)
+            return package_repo(spec, inputs).path
 
     return make

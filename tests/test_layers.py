@@ -13,10 +13,7 @@ import grimp
 import pytest
 from importlinter.cli import lint_imports
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: import-linter's own TOML reader
-    import tomli as tomllib
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"

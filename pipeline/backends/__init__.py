@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.runtimes import RUNTIMES, RuntimeTarget, runtime_named
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.placement import Placement
-from pipeline.stages.package.repository import PackageInputs, package
+from pipeline.stages.package.inputs import PackageInputs
+from pipeline.stages.package.repository import package
 
 if TYPE_CHECKING:
     from pipeline.ops.deploy.runtime import Runtime

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.cli import flags as cli_flags
 from pipeline.cli.flags import parse_flags
-from pipeline.core.errors import SpecError
+from pipeline.core.errors import BuildError, SpecError
 from pipeline.core.spec import BuildSpec
 
 
@@ -153,11 +153,12 @@ def calibrate_command(spec: BuildSpec, **flags: Any) -> None:
     (runtime pytorch: unified Hugging Face checkpoints with hf_quant_config.json).
     """
     from pipeline.core.refs import write_ref
-    from pipeline.stages.calibrate.stage import log_file, run_calibrate
+    from pipeline.stages.calibrate.stage import Role, log_file, run_calibrate
 
     f = parse_flags("calibrate", flags)
     results = {}
-    for role, output in (("target", "checkpoint"), ("draft", "draft_checkpoint"))[: 2 if spec.draft_model else 1]:
+    roles: tuple[tuple[Role, str], ...] = (("target", "checkpoint"), ("draft", "draft_checkpoint"))
+    for role, output in roles[: 2 if spec.draft_model else 1]:
         res = results[output] = run_calibrate(spec, role=role, force=f["force"])
         q = res.manifest.quality
         print(
@@ -233,6 +234,8 @@ def build_command(spec: BuildSpec, **flags: Any) -> None:
         report = build_stage.build(spec, until=f["until"], from_stage=f["from"], force=f["force"], options=opts,
                                    host_check=None if f["skip_host_check"] else host_check)
     if f["json"]:
+        if report.spec is None:
+            raise BuildError("build returned no spec: its --json report has no limits to show")
         print(json.dumps(report.as_dict() | {"limits": limits_record(report.spec)}, indent=2))
 
 
@@ -333,11 +336,12 @@ def package_command(spec: BuildSpec, **flags: Any) -> Any:
     """
     from pipeline.backends import backend_for
     from pipeline.core.refs import write_ref
-    from pipeline.stages.package.inputs import PackageDirs, package_inputs
+    from pipeline.stages.package.inputs import PackageInputs
+    from pipeline.stages.package.located import package_inputs
 
     f = parse_flags("package", flags)
     backend = backend_for(spec)
-    inputs = package_inputs(spec, PackageDirs.of(f))
+    inputs = package_inputs(spec, PackageInputs.of(f))
     res = backend.package(spec, inputs, force=f["force"])
     if inputs.build_id is not None and f["output"] is None:  # the spec's own build: its ref points here
         write_ref("package", spec.identity("package"), {"triton_repo": res})

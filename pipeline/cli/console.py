@@ -13,6 +13,7 @@ as a Unix tool killed by SIGPIPE reports 128 + 13).
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import inspect
 import keyword
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 from invoke import Collection, Program, Task
 from invoke.exceptions import Exit, ParseError
-from invoke.parser import ParserContext
+from invoke.parser import Argument, ParserContext
 
 from pipeline import __version__
 from pipeline.cli import commands
@@ -120,7 +121,8 @@ def make_task(name: str, d: TaskDef) -> Task:
         switch = option(name, flag).kind is bool and option(name, flag).field is None  # a spec bool takes a value
         default = inspect.Parameter.empty if flag in d.positional else (False if switch else None)
         params.append(inspect.Parameter(_param(flag), inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
-    body.__signature__ = inspect.Signature(params)  # read by invoke's Task.argspec (inspect.signature)
+    # what invoke's Task.argspec reads (inspect.signature honours `__signature__`, which functions do not declare)
+    setattr(body, "__signature__", inspect.Signature(params))
     iterable = [flag for flag in flags if option(name, flag).kind is list]
     return Task(exit_on_error(body), name=cli_flags.task_name(name), auto_shortflags=False,
                 help={flag: _help(name, flag) for flag in flags}, positional=list(d.positional), iterable=iterable)
@@ -144,7 +146,14 @@ def typed_help_tuples(task: str, tuples: list[tuple[str, str | None]]) -> list[t
     return out
 
 
-def _diagnose(tokens: list[str], contexts: dict[str, ParserContext], initial: ParserContext):
+def _argument(ctx: ParserContext | None, initial: ParserContext, flag: str) -> Argument | None:
+    """What `flag` sets: an argument of the task context `ctx` (`--no-x`: `--x`), else a core flag."""
+    found = ctx.flags.get(ctx.inverse_flags.get(flag, flag)) if ctx else None
+    return found or initial.flags.get(flag)
+
+
+def _diagnose(tokens: list[str], contexts: dict[str, ParserContext],
+              initial: ParserContext) -> tuple[str, str, str | None] | None:
     """The first thing wrong in `tokens` (a command line invoke refused): ("task", word, None), ("flag", word,
     task) or ("value", flag, task); None when it is something else."""
     ctx, waiting, positional = None, None, 0
@@ -154,7 +163,7 @@ def _diagnose(tokens: list[str], contexts: dict[str, ParserContext], initial: Pa
             continue
         if token.startswith("-") and len(token) > 1:
             name = token.split("=", 1)[0]
-            arg = (ctx.flags.get(name) or ctx.inverse_flags.get(name) if ctx else None) or initial.flags.get(name)
+            arg = _argument(ctx, initial, name)
             if arg is None:
                 return "flag", name, ctx.name if ctx else None
             if arg.takes_value and not arg.optional and "=" not in token:
@@ -247,14 +256,13 @@ class PipelineProgram(Program):
         self.print_columns(tuples)
 
 
+@functools.cache  # once
 def quick_exit() -> None:
     """Make interpreter shutdown skip the final garbage collection over everything the command imported (0.1-0.3 s
     per command on a small host): at exit, every live object moves to the permanent generation (`gc.freeze`).
     atexit handlers, `weakref.finalize` callbacks and the flush of stdout/stderr still run; only objects kept alive
     by reference cycles are not finalized, and our writers close their files (`with`) before returning."""
-    if not getattr(quick_exit, "registered", False):
-        atexit.register(gc.freeze)  # registered first, so it runs after every later-registered handler
-        quick_exit.registered = True
+    atexit.register(gc.freeze)  # registered first, so it runs after every later-registered handler
 
 
 def main(argv: list[str] | None = None) -> None:

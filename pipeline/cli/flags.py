@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from pipeline.core.errors import (
     BenchError,
     BuildError,
@@ -69,7 +71,8 @@ class Option:
 
 
 def _spec_field(field: str) -> tuple[str, Any]:
-    for cls in (BuildSpec, *SECTIONS.values()):
+    classes: tuple[type[BaseModel], ...] = (BuildSpec, *SECTIONS.values())
+    for cls in classes:
         if field in cls.model_fields:
             info = cls.model_fields[field]
             return info.description or field, info.annotation
@@ -93,7 +96,7 @@ def _spec(field: str, help: str | None = None) -> Option:
     choices = tuple(kind.split("|")) if kind and "|" in kind else ()
     if field == "precision":
         choices += (AUTO,)  # `auto`: resolve_spec's request, never held
-    kinds = {"INT": int, "FLOAT": float, "BOOL": bool}
+    kinds: dict[str | None, type] = {"INT": int, "FLOAT": float, "BOOL": bool}
     return Option(help or text, kinds.get(kind, str) if not choices else str, choices=choices, field=field)
 
 

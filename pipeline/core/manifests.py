@@ -14,12 +14,9 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 from pipeline.core.artifacts import MANIFEST, check_files, remove_stale_temps, write_manifest
 from pipeline.core.errors import IntegrityError
@@ -30,12 +27,18 @@ from pipeline.core.untrusted import read_bytes
 class SpecFacts(Protocol):
     """What a record is compared with (`PrecisionSearch.differences`): a `pipeline.core.spec.BuildSpec`."""
 
-    model: Any
-    hardware: Any
-    runtime: str
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def hardware(self) -> Any: ...
+
+    @property
+    def runtime(self) -> str: ...
 
     @property
     def max_ppl_delta_pct(self) -> float: ...
+
 
 MAX_LISTED = 3
 MAX_RECORD_BYTES = 16 << 20  # manifest.json, precision_search.json: a few KB (a file table of thousands of files)

@@ -740,6 +740,18 @@ def resolve_spec(
     return spec
 
 
+def spec_from_document(data: Any) -> BuildSpec:
+    """A spec read back from its dump (a release's or a deploy source's `spec`): a dump sets every field, so it is
+    parsed first and then validated, by the rules too, with only its non-default values given.
+
+    Raises:
+        pydantic.ValidationError: a field of the document is not a spec field or has a bad value.
+        SpecError: a rule refuses the recorded spec.
+    """
+    parsed = BuildSpec.model_validate(data, context={UNCHECKED: True})
+    return BuildSpec.model_validate(parsed.model_dump(mode="json", exclude_defaults=True))
+
+
 def _draft_entry(entry: ModelEntry, speculation: Any, models_file: str | Path | None) -> ModelEntry | None:
     """The registry entry of `speculation.draft` ('auto': the model's default draft), None without one (a draft that is
     no string is left to the field's validation)."""

@@ -105,13 +105,15 @@ def check_pick_path(path: str) -> Path:
 def write_pick(spec: BuildSpec, result: SloSearch, path: str) -> Path:
     """Write the search's pick as a spec YAML with its `serving_target` (replicas, SLO, traffic, estimate),
     atomically, after loading it back through the real spec loader and every `check` rule (a file that
-    `check --spec` would refuse is never left behind)."""
+    `check --spec` would refuse is never left behind). SpecError when the search picked nothing."""
     import yaml
 
     from pipeline.planning import slo_search
     from pipeline.stages.check import resolve_checked_spec
 
     pick = result.pick
+    if pick is None:
+        raise SpecError(f"--write-spec {path}: the search picked no configuration, so there is no spec to write")
     dest = check_pick_path(path)
     doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
     doc["serving_target"] = slo_search.serving_target(result).model_dump(mode="json", exclude_none=True)

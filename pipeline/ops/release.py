@@ -28,8 +28,8 @@ from pipeline import __version__
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.artifacts import MANIFEST, check_name, output_root, remove_stale_temps, sha256_file
 from pipeline.core.errors import IntegrityError, ReleaseError
-from pipeline.core.layout import RELEASE_SUFFIX, release_name
-from pipeline.core.manifests import ReleaseDocument, integrity_error
+from pipeline.core.layout import RELEASE_SUFFIX, BuildLayout, release_name
+from pipeline.core.manifests import CheckpointManifest, ReleaseDocument, StageResult, integrity_error
 from pipeline.core.spec import BuildSpec
 from pipeline.core.trtllm_rules import TRTLLM_VERSION
 from pipeline.planning.planner import plan_capacity
@@ -148,12 +148,14 @@ class _TarWriter:
         while view:
             view = view[self._raw.write(view):]
 
-    def add(self, info: tarfile.TarInfo, src: Path | None = None, data: bytes = b"") -> str | None:
-        """Append a member: its header, then `data` or the `info.size` bytes of `src` (whose sha256 is returned)."""
+    def add(self, info: tarfile.TarInfo, data: bytes = b"") -> None:
+        """Append a member: its header, then `data`."""
         self._write(tar_header(info))
-        if src is None:
-            self._write(data + bytes(-len(data) % _BLOCK))
-            return None
+        self._write(data + bytes(-len(data) % _BLOCK))
+
+    def add_file(self, info: tarfile.TarInfo, src: Path) -> str:
+        """Append a member: its header, then the `info.size` bytes of `src`; their sha256."""
+        self._write(tar_header(info))
         file_sha = hashlib.sha256()
         left, i = info.size, 0
         with open(src, "rb", buffering=0) as f:
@@ -244,7 +246,7 @@ def write_tarball(dest: Path, *, document: bytes, files: dict[str, Path], table:
                 rel = info.name[len(doc.name) + 1:]
                 if info.isdir():
                     tar.add(info)
-                elif (got := tar.add(info, files[rel])) != table[rel]["sha256"]:
+                elif (got := tar.add_file(info, files[rel])) != table[rel]["sha256"]:
                     raise _Changed(rel, got)
             tar.close(raw.tell())
             os.fsync(raw.fileno())
@@ -379,6 +381,7 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
         return {"repo_id": entry.repo_id, "requested": entry.revision,
                 "resolved": download.manifest.sha if download else None}
 
+    layout, checkpoint = _finished(out)
     engine = out.engine.manifest if out.engine else None
     results = out.results()
     return {
@@ -391,14 +394,14 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
         "serving": {"runtime": spec.runtime, "tensorrt_llm": TRTLLM_VERSION,
                     "sm_pinned": runtime_of(spec).compiles},
         "spec": spec.model_dump(mode="json"),
-        "spec_key": out.layout.spec_key,
+        "spec_key": layout.spec_key,
         "summary": spec.summary(),
         "revisions": {"model": revision(spec.model, out.download),
                       "draft": revision(spec.draft_model, out.draft_download)},
         "toolchain": {"engine": engine.toolchain if engine else None,
-                      "calibrate": out.checkpoint.manifest.toolchain},
+                      "calibrate": checkpoint.manifest.toolchain},
         "gpu": engine.gpu.model_dump(mode="json") if engine else {"planned": spec.hardware.gpu, "built_on": None},
-        "quality_gate": out.checkpoint.manifest.quality.model_dump(mode="json"),
+        "quality_gate": checkpoint.manifest.quality.model_dump(mode="json"),
         "plan": plan_capacity(spec).as_dict(),
         "components": {arc: sorted(_component_manifests(arc, src)) for arc, src in sorted(components.items())},
         "stage_keys": {role: r.manifest.key for role, r in sorted(results.items())},
@@ -407,6 +410,13 @@ def release_metadata(spec: BuildSpec, *, out: BuildOutputs, version: str,
             "files": {n: {"sha256": f.sha256, "size": f.size} for n, f in r.manifest.files.items()}}
             for role, r in (("model", out.download), ("draft", out.draft_download)) if r},
     }
+
+
+def _finished(out: BuildOutputs) -> tuple[BuildLayout, StageResult[CheckpointManifest]]:
+    """The layout and target checkpoint every finished build has (ReleaseError when `out` has none)."""
+    if out.layout is None or out.checkpoint is None:
+        raise ReleaseError("the build has no calibrated checkpoint to release; run `invoke build` with this spec first")
+    return out.layout, out.checkpoint
 
 
 def _component_manifests(arc: str, source: Path) -> list[str]:
@@ -435,7 +445,7 @@ def _components(spec: BuildSpec, out: BuildOutputs) -> tuple[dict[str, Path], di
                                path=res.path) from None
         components[arc] = Path(res.path)
         recorded[arc] = (res.manifest.stage, res.manifest.files)
-    ckpt = out.checkpoint
+    _, ckpt = _finished(out)
     tokenizer = backend.checkpoint.tokenizer_dir(ckpt.path)
     if tokenizer == ckpt.path:  # a Hugging Face checkpoint holds its tokenizer at its root
         return components, recorded

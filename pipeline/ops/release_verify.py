@@ -29,16 +29,16 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.core.artifacts import MANIFEST, SYMLINK, check_files
 from pipeline.core.errors import (CorruptArtifactError, HashMismatchError, HostMismatchError, PackageError,
-                                  PipelineError, VerifyError)
+                                  PipelineError, SpecError, VerifyError)
 from pipeline.core.manifests import CheckpointManifest, EngineManifest, FileRecord, ReleaseDocument
 from pipeline.core.refs import mismatches
-from pipeline.core.spec import BuildSpec
+from pipeline.core.spec import spec_from_document
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.release import RELEASE_JSON, tar_end, tar_header, tar_members
 from pipeline.stages.compile.preflight import probe_host as compile_probe
@@ -160,7 +160,8 @@ def engine_record(manifest: dict[str, Any] | None, config: dict[str, Any] | None
     m = manifest if isinstance(manifest, dict) else {}
     tc = m.get("toolchain") or m.get("versions")
     tc = tc if isinstance(tc, dict) else {}
-    gpu = m.get("gpu") if isinstance(m.get("gpu"), dict) else {}
+    gpu = m.get("gpu")
+    gpu = gpu if isinstance(gpu, dict) else {}
     trtllm = tc.get("tensorrt_llm") or tc.get("trtllm") or (config if isinstance(config, dict) else {}).get("version")
     sm = tc.get("sm") or gpu.get("sm") or m.get("sm")
     try:
@@ -317,7 +318,7 @@ class _Layout:
 
     def __init__(self, tap: _Tap, document: bytes, doc: ReleaseDocument):
         self._tap, self._members = tap, tar_members(document, doc)
-        self._at = 0  # the next member, once broken: None (a mismatch is reported once)
+        self._at: int | None = 0  # the next member, once broken: None (a mismatch is reported once)
         self._pad = 0  # zero bytes owed by the previous member's contents
 
     def member(self, rel: str) -> str | None:
@@ -396,7 +397,9 @@ def _verify_tarball(path: Path, report: VerifyReport, sha256: str | None = None,
                           error=VerifyError) as raw, ThreadPoolExecutor(1) as pool:
             compressed = os.pread(raw.fileno(), 6, 0).startswith(_COMPRESSED)
             tap = _Tap(raw, pool)
-            with tarfile.open(fileobj=tap, mode="r|*", bufsize=_CHUNK) as tar:
+            # typeshed's `_Fileobj` also asks for write/tell/seek/close; a stream ("r|") TarFile only reads a file
+            # object it is given
+            with tarfile.open(fileobj=tap, mode="r|*", bufsize=_CHUNK) as tar:  # type: ignore[call-overload]
                 for member in tar:
                     name = member.name
                     if prefix is None:
@@ -477,12 +480,21 @@ def _release_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, r
         raise CorruptArtifactError(f"{path}: {RELEASE_JSON} is {member.size} bytes, over the "
                                    f"{MAX_METADATA_BYTES >> 20} MiB limit; it is not a release made by "
                                    "`invoke release`", path=path)
-    return tar.extractfile(member).read()
+    return _contents(tar, member).read()
+
+
+def _contents(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    """The contents of a regular file member (`_member_problem` lets no other kind through)."""
+    f = tar.extractfile(member)
+    if f is None:
+        raise CorruptArtifactError(f"{member.name}: not a regular file (links and devices are never part of a "
+                                   "release)")
+    return f
 
 
 def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: bool) -> tuple[str, bytes]:
     """The member's sha256 (and its bytes when `keep`: small metadata for the host check)."""
-    f = tar.extractfile(member)
+    f = _contents(tar, member)
     h = hashlib.sha256()
     buf = bytearray()
     while chunk := f.read(_CHUNK):
@@ -577,21 +589,22 @@ def verify(path: str | Path, *, host: HostInfo | None = None, check_host: bool =
     return report
 
 
-_STAGE_MANIFESTS = {"calibrate": CheckpointManifest, "compile": EngineManifest}
+_STAGE_MANIFESTS: dict[str, type[CheckpointManifest] | type[EngineManifest]] = {
+    "calibrate": CheckpointManifest, "compile": EngineManifest}
 
 
 def _foreign_outputs(doc: ReleaseDocument, manifests: dict[str, dict[str, Any] | None]) -> list[str]:
     """Each checkpoint or engine of the release (arc dir -> its manifest) that records another model, precision or
     KV dtype than the spec in release.json (`refs.mismatches`), e.g. "engines/x/checkpoint: precision bf16 (this
     spec: fp8)". A release without a spec this pipeline reads (older formats) is not compared."""
-    try:  # read back as `deploy` does: only non-default values count as given
-        recorded = BuildSpec.model_validate((doc.model_extra or {}).get("spec"))
-        spec = BuildSpec.model_validate(recorded.model_dump(mode="json", exclude_defaults=True))
-    except ValidationError:
+    try:
+        spec = spec_from_document((doc.model_extra or {}).get("spec"))
+    except (ValidationError, SpecError):
         return []
     out = []
     for arc, data in sorted(manifests.items()):
-        kind = _STAGE_MANIFESTS.get((data or {}).get("stage"))
+        stage = (data or {}).get("stage")
+        kind = _STAGE_MANIFESTS.get(stage) if isinstance(stage, str) else None
         if kind is None:
             continue
         try:

@@ -106,8 +106,8 @@ def print_launch_plan(spec: BuildSpec | None, repo: str | None,
     else:
         raise ServeError("give --repo PATH (a model repository) or the build's spec (--model ... / --spec FILE)")
     binary = "tritonserver" if shape.kind == "reference" else str(find_gpu_tritonserver() or NGC_TRITONSERVER)
-    plan = launch_plan.plan_launch(shape, repo=str(path), binary=binary, endpoints=endpoints, shm_prefix="tripipe-",
-                                   gpus_per_node=gpus)
+    server = launch_plan.ServerArgs(str(path), binary, endpoints, shm_prefix="tripipe-")
+    plan = launch_plan.plan_launch(shape, server, gpus_per_node=gpus)
     print(plan.format())
     if plan.mode == "cpu-reference":
         print("# serve runs the nvidia-pytriton tritonserver with --backend-directory/--cache-directory of its bundle "

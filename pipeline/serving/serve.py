@@ -33,7 +33,7 @@ import sys
 import sysconfig
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -41,8 +41,8 @@ from pipeline.core.artifacts import atomic_dir, cache_dir, stage_lock
 from pipeline.core.errors import ServeError
 from pipeline.core.host import visible_gpu_count
 from pipeline.core.procs import parent_death_preexec, pid_alive, terminate
-from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, RepoShape, plan_launch,
-                                                 shape_from_repo)
+from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, RepoShape, ServerArgs,
+                                                 plan_launch, shape_from_repo)
 from pipeline.stages.package.install import install_repo
 
 SHM_DIR = Path("/dev/shm")
@@ -250,7 +250,7 @@ def cpu_backends_dir() -> Path:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = dist / "python_backend_stubs" / py / "triton_python_backend_stub"
     if not stub.is_file():
-        raise ServeError(f"nvidia-pytriton has no Python backend stub for Python {py}; use Python 3.10-3.12")
+        raise ServeError(f"nvidia-pytriton has no Python backend stub for Python {py}; use Python 3.11-3.12")
     final = cache_dir() / "tritonserver" / f"pytriton-{_pytriton_version()}-py{py}" / "backends"
     with stage_lock(final):
         if not (final / "python" / "triton_python_backend_stub").is_file():
@@ -355,23 +355,6 @@ class ServerCommand:
     plan: LaunchPlan | None = None
 
 
-@dataclass(frozen=True)
-class _Process:
-    """What every launch plan of one server shares: its repository, addresses, shared-memory prefix and logging."""
-
-    repo: str
-    endpoints: Endpoints
-    shm_prefix: str
-    log_verbose: int
-    exit_timeout_s: int
-
-    def plan(self, shape: RepoShape, binary: str, *, gpus_per_node: int | None = None,
-             extra_args: tuple[str, ...] = ()) -> LaunchPlan:
-        return plan_launch(shape, repo=self.repo, binary=binary, endpoints=self.endpoints, shm_prefix=self.shm_prefix,
-                           gpus_per_node=gpus_per_node, extra_args=extra_args, log_verbose=self.log_verbose,
-                           exit_timeout_s=self.exit_timeout_s)
-
-
 def build_command(
     repo: Path,
     endpoints: Endpoints,
@@ -395,9 +378,10 @@ def build_command(
     shape = shape_from_repo(repo, world_size=world_size)
     if shape.kind == "reference" and binary:
         shape = RepoShape("engine")
-    process = _Process(str(repo), endpoints, shm_prefix, log_verbose, exit_timeout_s)
+    server = ServerArgs(str(repo), endpoints=endpoints, shm_prefix=shm_prefix, log_verbose=log_verbose,
+                        exit_timeout_s=exit_timeout_s)
     if shape.kind == "reference":
-        return _cpu_command(process, env)
+        return _cpu_command(server, env)
     exe = Path(binary) if binary else find_gpu_tritonserver()
     if exe is None:
         raise ServeError(
@@ -406,12 +390,12 @@ def build_command(
             "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 (TensorRT-LLM 1.2.1), or package with "
             "--target reference for CPU"
         )
-    plan = process.plan(shape, str(exe), gpus_per_node=visible_gpu_count())
+    plan = plan_launch(shape, replace(server, binary=str(exe)), gpus_per_node=visible_gpu_count())
     env.update(plan.env)
     return ServerCommand(plan.local_argv(shutil.which("mpirun") or "mpirun"), env, "gpu-ngc", plan)
 
 
-def _cpu_command(process: _Process, env: dict[str, str]) -> ServerCommand:
+def _cpu_command(server: ServerArgs, env: dict[str, str]) -> ServerCommand:
     """The pytriton wheel's tritonserver with the Python backend, running this venv's interpreter and sources."""
     dist = _pytriton_dist()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -426,7 +410,8 @@ def _cpu_command(process: _Process, env: dict[str, str]) -> ServerCommand:
     src_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = ":".join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
     extra = (f"--backend-directory={cpu_backends_dir()}", f"--cache-directory={dist / 'caches'}")
-    plan = process.plan(RepoShape("reference"), str(dist / "bin" / "tritonserver"), extra_args=extra)
+    plan = plan_launch(RepoShape("reference"), replace(server, binary=str(dist / "bin" / "tritonserver"),
+                                                       extra_args=extra))
     return ServerCommand(plan.local_argv(), env, "cpu-pytriton", plan)
 
 

@@ -214,3 +214,17 @@ def test_invoke_with_a_search_root_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "-c", "tasks", "nosuch"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error: unknown task 'nosuch'; `invoke --list`"), r.stderr
+
+
+def test_a_refused_command_line_with_an_inverse_flag_is_diagnosed():
+    """`--no-cache` (invoke's inverse of a switch that defaults to true) stands for `--cache`: the diagnosis reads that
+    argument, and still names the flag that is missing its value after it."""
+    from invoke.parser import Argument, ParserContext
+
+    from pipeline.cli.console import _diagnose
+
+    task = ParserContext(name="t", args=[Argument(names=("cache",), kind=bool, default=True),
+                                         Argument(names=("count",), kind=int)])
+    initial = ParserContext(args=[Argument(names=("help",), kind=bool)])
+    assert _diagnose(["t", "--no-cache", "--count"], {"t": task}, initial) == ("value", "--count", "t")
+    assert _diagnose(["t", "--no-y"], {"t": task}, initial) == ("flag", "--no-y", "t")

@@ -49,8 +49,8 @@ def test_values_are_typed_defaulted_and_refused_in_one_line():
         parse_flags("plan", {"no_such_flag": 1})
 
 
-def test_no_cli_function_takes_more_than_8_parameters_and_no_lazy_modules():
-    files = [*(ROOT / "pipeline" / "cli").glob("*.py"), ROOT / "tasks.py"]
+def test_no_function_takes_more_than_8_parameters_and_no_lazy_modules():
+    files = [*(ROOT / "pipeline").rglob("*.py"), ROOT / "tasks.py"]
     for path in files:
         text = path.read_text()
         assert "LazyLoader" not in text and "_lazy(" not in text, path
@@ -58,4 +58,5 @@ def test_no_cli_function_takes_more_than_8_parameters_and_no_lazy_modules():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
                 count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
-                assert count <= 8, (path.name, node.name, count)
+                count -= bool(a.args) and a.args[0].arg in ("self", "cls")
+                assert count <= 8, (str(path.relative_to(ROOT)), node.name, count)

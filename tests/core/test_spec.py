@@ -224,3 +224,15 @@ def test_the_spec_class_validates_itself_wherever_a_spec_is_validated():
     # fields left unset stay unset (the SLO search reads which ones the user gave)
     assert "runtime" not in spec.revised(draft_model=None).model_fields_set
     assert resolve_spec(model="llama-70b", precision="fp8", tp=3, validate=False).parallelism.tp == 3
+
+
+def test_a_dumped_spec_reads_back_by_its_given_values_and_the_rules():
+    from pipeline.core.spec import spec_from_document
+
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    document = spec.model_dump(mode="json")
+    assert document["speculation"]["draft_tp"] == 1  # a dump sets every field, engine-only ones too
+    assert spec_from_document(document).identity() == spec.identity()
+    document["quantization"]["precision"] = "int8_sq"
+    with pytest.raises(SpecError, match=r"no PyTorch-backend kernels"):
+        spec_from_document(document)

@@ -231,6 +231,7 @@ def served(request, tiny_models, tmp_path_factory):
     from pipeline.core.spec import resolve_spec
     from pipeline.serving.serve import TritonServer
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     draft = request.param == "draft-target"
     base = tmp_path_factory.mktemp("bench-server")
@@ -238,8 +239,9 @@ def served(request, tiny_models, tmp_path_factory):
         mp.setenv("PIPELINE_ROOT", str(base / "out"))
         mp.setenv("PIPELINE_CACHE", str(base / "cache"))
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto" if draft else None, target="reference")
-        repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"], build_id=f"bench-{request.param}",
-                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"] if draft else None).path
+        repo = package_repo(spec, PackageInputs(
+            checkpoint=tiny_models["tiny-llama"], build_id=f"bench-{request.param}",
+            draft_checkpoint=tiny_models["tiny-llama-draft"] if draft else None)).path
         with TritonServer(repo, ready_timeout_s=300) as server:
             yield draft, repo, server
 

@@ -37,12 +37,13 @@ def test_invoke_bench_second_opinion_aiperf_agrees_on_ttft_and_throughput(tiny_m
     import tasks
     from pipeline.core.spec import resolve_spec
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     monkeypatch.setenv("PIPELINE_AIPERF", EXE)
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
-    repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"], build_id="bench-aiperf").path
+    repo = package_repo(spec, PackageInputs(checkpoint=tiny_models["tiny-llama"], build_id="bench-aiperf")).path
     out_json = tmp_path / "report.json"
     tasks.bench.body(None, model="tiny-llama", precision="fp8", target="reference", repo=str(repo),
                      concurrency="1,2", requests="8", max_tokens="16", second_opinion="aiperf",

@@ -251,11 +251,12 @@ def test_invoke_bench_dataset_at_a_request_rate_reports_p99_ttft(tiny_models, tm
     from pipeline.serving.serve import TritonServer
     from pipeline.serving.token_count import load_tokenizer
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
-    repo = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"], build_id="bench-dataset").path
+    repo = package_repo(spec, PackageInputs(checkpoint=tiny_models["tiny-llama"], build_id="bench-dataset")).path
     conv = {"conversations": [{"from": "human", "value": "Tell me about the sea."},
                               {"from": "gpt", "value": "The sea is large and deep and blue."}]}
     data = _jsonl(tmp_path, '{"prompt": "Once upon a time", "output_len": 6}',

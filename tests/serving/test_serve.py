@@ -32,14 +32,16 @@ def ref_repo(tiny_models, tmp_path_factory):
     """
     from pipeline.core.spec import resolve_spec
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     base = tmp_path_factory.mktemp("serve")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PIPELINE_ROOT", str(base / "out"))
         mp.setenv("PIPELINE_CACHE", str(base / "cache"))
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", decoupled=True)
-        res = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                           draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="tiny-llama-fp8-test")
+        res = package_repo(spec, PackageInputs(checkpoint=tiny_models["tiny-llama"],
+                                               draft_checkpoint=tiny_models["tiny-llama-draft"],
+                                               build_id="tiny-llama-fp8-test"))
         assert res.path.name == "tiny-llama-fp8-test-reference"
         yield res.path
 

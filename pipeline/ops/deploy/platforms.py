@@ -14,7 +14,7 @@ from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s, names, scheduling, slurm
 from pipeline.ops.deploy.options import DeployOptions
-from pipeline.ops.deploy.runtime import Runtime, kubexec_script, leader_script
+from pipeline.ops.deploy.runtime import Runtime, Scrape, kubexec_script, leader_script
 from pipeline.ops.deploy.source import DeploySource
 from pipeline.ops.deploy.validate import validate_objects
 from pipeline.ops.monitoring.dashboard import dashboard_config_map, dashboard_json
@@ -50,9 +50,10 @@ class DeployPlatform(Protocol):
         """(the deployment's kind, filename -> content) of a serving deployment."""
         ...
 
-    def monitoring_files(self, o: DeployOptions, p: Placement, rt: Runtime, w: WatchPlan,
+    def monitoring_files(self, o: DeployOptions, p: Placement, scrape: Scrape, w: WatchPlan,
                          directory: Path) -> dict[str, str]:
-        """The rules, the scrape configuration and the dashboard of a serving deployment."""
+        """The rules, the configuration scraping the server as `scrape` says, and the dashboard of a serving
+        deployment."""
         ...
 
     def matrix_files(self, o: DeployOptions, cells: list[BuildSpec], gpus: int, scripts: dict[str, str], server: str,
@@ -144,12 +145,12 @@ class Kubernetes:
         kind = "LeaderWorkerSet" if p.multi_node else "Deployment"
         return kind, {"serving.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
 
-    def monitoring_files(self, o: DeployOptions, p: Placement, rt: Runtime, w: WatchPlan,
+    def monitoring_files(self, o: DeployOptions, p: Placement, scrape: Scrape, w: WatchPlan,
                          directory: Path) -> dict[str, str]:
         labels = {**o.monitoring_labels, "app.kubernetes.io/name": "trtllm-pipeline",
                   "app.kubernetes.io/instance": o.name}
         objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
-                   pod_monitor(o.name, namespace=o.namespace, labels=labels, port=rt.scrape.port, path=rt.scrape.path,
+                   pod_monitor(o.name, namespace=o.namespace, labels=labels, port=scrape.port, path=scrape.path,
                                pod_selector=k8s.server_pod_selector(o.name, multi_node=p.multi_node)),
                    dashboard_config_map(w, namespace=o.namespace, labels=labels)]
         validate_objects(objects)
@@ -190,11 +191,11 @@ class Slurm:
             files[slurm.REMOVE_WORK] = slurm.remove_work_script()
         return "sbatch", files
 
-    def monitoring_files(self, o: DeployOptions, p: Placement, rt: Runtime, w: WatchPlan,
+    def monitoring_files(self, o: DeployOptions, p: Placement, scrape: Scrape, w: WatchPlan,
                          directory: Path) -> dict[str, str]:
         targets = slurm.replica_targets(str(directory / SCRAPE_TARGETS), o.replicas)
         return {"prometheus-rules.yml": rules_file(w),
-                "prometheus-scrape.yml": scrape_config_file(o.name, targets, path=rt.scrape.path),
+                "prometheus-scrape.yml": scrape_config_file(o.name, targets, path=scrape.path),
                 "dashboard.json": dashboard_json(w)}
 
     def matrix_files(self, o: DeployOptions, cells: list[BuildSpec], gpus: int, scripts: dict[str, str], server: str,

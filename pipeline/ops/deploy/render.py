@@ -108,7 +108,7 @@ def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runt
     platform = PLATFORMS[o.platform]
     w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * o.replicas, source=rt.scrape.source,
                    prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o))
-    return platform.monitoring_files(o, p, rt, w, directory)
+    return platform.monitoring_files(o, p, rt.scrape, w, directory)
 
 
 def matrix_cells(matrix: str, base: dict[str, Any]) -> list[BuildSpec]:

@@ -137,7 +137,7 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     if r.matrix:
         if given := r.given(_SERVING_ONLY):
             raise DeployError(f"{', '.join(given)}: serving options; drop them with --matrix")
-        return _deploy_matrix(spec, r)
+        return _deploy_matrix(spec, r, r.matrix)
     if r.release:
         if r.release_version:
             raise DeployError("--release-version names a spec's release; --release reads its own name, drop one")
@@ -157,7 +157,7 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     o = deploy_options(r, r.name or render.default_name(chosen), render.replicas_for(chosen, r.replicas))
     if r.platform == "slurm" and r.release_volume and not r.release_url:
         source.check_released(r.release_volume, src)
-    dest = render.deploy_dir(r.output, o.name, r.platform)
+    dest = render.deploy_dir(r.output, o.name, o.platform)
     files = render.render_serving(o, src, placement, dest)
     render.write_directory(dest, files, force=r.force)
     summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
@@ -168,13 +168,13 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     return Deployed(summary, tuple(chosen.warnings), line)
 
 
-def _deploy_matrix(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
+def _deploy_matrix(spec: BuildSpec | None, r: DeployRequest, matrix: str) -> Deployed:
     base = {"target": r.matrix_target or "trtllm"}
     if spec is not None:
         base["gpu"] = spec.hardware.gpu
-    cells = render.matrix_cells(r.matrix, base)
+    cells = render.matrix_cells(matrix, base)
     o = deploy_options(_matrix_request(r), r.name or "build-matrix")
-    dest = render.deploy_dir(r.output, o.name, r.platform)
+    dest = render.deploy_dir(r.output, o.name, o.platform)
     if r.platform == "slurm" and not (r.matrix_output and Path(r.matrix_output).is_absolute()):
         raise DeployError("--matrix on slurm: give --matrix-output /shared/dir (absolute) for the cells' outputs")
     if r.platform == "k8s" and r.matrix_output:

@@ -29,7 +29,7 @@ from pipeline.ops.deploy.serve_inputs import OPTIONS_FILE, TOKENIZER_LINK
 from pipeline.ops.deploy.stub_watch import STUB_WATCH, ready_script
 from pipeline.ops.monitoring.rules import Source
 from pipeline.planning.placement import Placement
-from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, plan_launch,
+from pipeline.stages.package.launch_plan import (SERVER_STACK_BYTES, Endpoints, LaunchPlan, ServerArgs, plan_launch,
                                                  shape_from_spec)
 from pipeline.stages.package.serve_plan import LLMAPI_LAUNCH, engine_serve_argv, serve_argv
 
@@ -143,8 +143,8 @@ def engine_launch_plan(spec: BuildSpec, p: Placement) -> LaunchPlan:
             node's GPUs).
     """
     endpoints = Endpoints("0.0.0.0", HTTP_PORT, GRPC_PORT, METRICS_PORT)
-    return plan_launch(shape_from_spec(spec), repo=REPO_WORD, binary="tritonserver", endpoints=endpoints,
-                       shm_prefix="prefix", nodes=p.nodes, gpus_per_node=p.ranks_per_node, error=DeployError)
+    server = ServerArgs(REPO_WORD, "tritonserver", endpoints, shm_prefix="prefix")
+    return plan_launch(shape_from_spec(spec), server, nodes=p.nodes, gpus_per_node=p.ranks_per_node, error=DeployError)
 
 
 def _plan_word(arg: str) -> str:

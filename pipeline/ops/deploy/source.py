@@ -16,9 +16,9 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from pipeline import __version__
-from pipeline.core.errors import DeployError, PipelineError
+from pipeline.core.errors import DeployError, PipelineError, SpecError
 from pipeline.core.layout import LEGACY_SUFFIX, RELEASE_SUFFIX, release_file, release_name_ok
-from pipeline.core.spec import BuildSpec
+from pipeline.core.spec import BuildSpec, spec_from_document
 from pipeline.core.untrusted import open_regular, parse_json, read_bytes
 from pipeline.ops.deploy.images import TRTLLM_VERSION
 from pipeline.ops.release import RELEASE_JSON
@@ -94,10 +94,10 @@ def from_release(path: str | Path) -> DeploySource:
     path = Path(path)
     doc, digest = _read_document(path)
     try:
-        # A dump sets every field; read back, only non-default values count as given (the rules re-run on a new
-        # placement refuse some fields when given, e.g. engine-only draft settings on runtime pytorch).
-        spec = BuildSpec.model_validate(BuildSpec.model_validate(doc["spec"]).model_dump(mode="json",
-                                                                                           exclude_defaults=True))
+        spec = spec_from_document(doc["spec"])
+    except SpecError as exc:
+        raise DeployError(f"--release {path}: recorded spec: {exc}; re-create the release with this pipeline "
+                          "version") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         raise DeployError(f"--release {path}: recorded spec field {'.'.join(map(str, err['loc']))}: {err['msg']}; "

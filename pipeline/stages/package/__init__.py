@@ -7,8 +7,8 @@ import importlib
 
 from pipeline.stages.package.render import render  # eager: the function, not its submodule, is the package's `render`
 
-_EXPORTS = {"InstallResult": "install", "install_repo": "install", "PackageResult": "package",
-            "package_repo": "package", "repo_name": "package", "validate_repo": "repo_check"}
+_EXPORTS = {"InstallResult": "install", "install_repo": "install", "PackageInputs": "inputs",
+            "PackageResult": "package", "package_repo": "package", "repo_name": "package", "validate_repo": "repo_check"}
 __all__ = ["render", *sorted(_EXPORTS)]
 
 

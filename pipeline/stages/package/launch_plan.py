@@ -1,6 +1,6 @@
 """How a Triton model repository is launched: one pure plan shared by `serve` (this host), Kubernetes and Slurm.
 
-`plan_launch(shape, ...)` maps what the repository holds (its TensorRT-LLM models and their world sizes, or an
+`plan_launch(shape, server, ...)` maps what the repository holds (its TensorRT-LLM models and their world sizes, or an
 LLM-API model, or the CPU reference backend) and the host shape (nodes, GPUs per node) to a mode, the processes
 the platform starts (each one's exact `tritonserver` argv, rank 0 first) and the environment they need.
 
@@ -105,6 +105,26 @@ class Endpoints:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What every tritonserver process of a plan is started with.
+
+    Args:
+        repo: the repository (a path, or a shell word the caller substitutes).
+        binary: the tritonserver program (the pytriton bundle's for cpu-reference; default: on PATH).
+        shm_prefix: Python-backend shared-memory prefix; process i uses `rank_shm_prefix(shm_prefix, i)`.
+        extra_args: appended to the single process's argv (cpu-reference: backend and cache directories).
+    """
+
+    repo: str
+    binary: str = "tritonserver"
+    endpoints: Endpoints = Endpoints()
+    shm_prefix: str = "prefix"
+    log_verbose: int = 0
+    exit_timeout_s: int = 10
+    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,24 +243,26 @@ def rank_shm_prefix(shm_prefix: str, rank: int) -> str:
     return f"{shm_prefix}{rank}_"
 
 
-def _common(repo: str, ep: Endpoints, shm: str, log_verbose: int, exit_timeout_s: int) -> list[str]:
+def _common(server: ServerArgs) -> list[str]:
+    ep = server.endpoints
     return [
-        f"--model-repository={repo}",
+        f"--model-repository={server.repo}",
         f"--http-address={ep.host}", f"--http-port={ep.http_port}",
         f"--grpc-address={ep.host}", f"--grpc-port={ep.grpc_port}",
         f"--metrics-address={ep.host}", f"--metrics-port={ep.metrics_port}",
-        f"--backend-config=python,shm-region-prefix-name={shm}",
-        f"--exit-timeout-secs={exit_timeout_s}",
-        f"--log-verbose={log_verbose}",
+        f"--backend-config=python,shm-region-prefix-name={rank_shm_prefix(server.shm_prefix, 0)}",
+        f"--exit-timeout-secs={server.exit_timeout_s}",
+        f"--log-verbose={server.log_verbose}",
     ]
 
 
-def _worker(binary: str, repo: str, model: str, shm: str, log_verbose: int, exit_timeout_s: int) -> tuple[str, ...]:
+def _worker(server: ServerArgs, model: str, rank: int) -> tuple[str, ...]:
     """Rank >= 1 (leader mode, LLM-API ranks): only the TensorRT-LLM model, no endpoints."""
-    return (binary, f"--model-repository={repo}", "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
-            "--model-control-mode=explicit", f"--load-model={model}",
-            f"--backend-config=python,shm-region-prefix-name={shm}",
-            f"--exit-timeout-secs={exit_timeout_s}", f"--log-verbose={log_verbose}", "--disable-auto-complete-config")
+    return (server.binary, f"--model-repository={server.repo}", "--allow-http=false", "--allow-grpc=false",
+            "--allow-metrics=false", "--model-control-mode=explicit", f"--load-model={model}",
+            f"--backend-config=python,shm-region-prefix-name={rank_shm_prefix(server.shm_prefix, rank)}",
+            f"--exit-timeout-secs={server.exit_timeout_s}", f"--log-verbose={server.log_verbose}",
+            "--disable-auto-complete-config")
 
 
 def _check_orchestrator(models: tuple[EngineModel, ...], nodes: int, gpus_per_node: int | None,
@@ -270,26 +292,22 @@ def _check_orchestrator(models: tuple[EngineModel, ...], nodes: int, gpus_per_no
     return gpus_per_node or max(used) + 1
 
 
-def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoints = Endpoints(),
-                shm_prefix: str = "prefix", nodes: int = 1, gpus_per_node: int | None = None,
-                extra_args: tuple[str, ...] = (), log_verbose: int = 0, exit_timeout_s: int = 10,
+def plan_launch(shape: RepoShape, server: ServerArgs, *, nodes: int = 1, gpus_per_node: int | None = None,
                 error: type[PipelineError] = ServeError) -> LaunchPlan:
-    """The launch plan of a repository of `shape` at `repo` (a path, or a shell word the caller substitutes).
+    """The launch plan of a repository of `shape`, each process started as `server` says.
 
     Args:
-        binary: the tritonserver program (the pytriton bundle's for cpu-reference).
-        shm_prefix: Python-backend shared-memory prefix; process i uses `rank_shm_prefix(shm_prefix, i)`.
         nodes, gpus_per_node: the host shape (`serve`: this host; deploy: the placement). GPUs per node, when
             known, bound each model's `gpu_device_ids` and size the orchestrator's memory-pool flags.
-        extra_args: appended to the single process's argv (cpu-reference: backend and cache directories).
         error: the error class for layouts upstream cannot launch (ServeError / DeployError, exit 2).
 
     Raises:
         `error`: a draft-target repository whose target spans nodes or whose GPU ids the backend refuses.
     """
-    common = _common(repo, endpoints, rank_shm_prefix(shm_prefix, 0), log_verbose, exit_timeout_s)
+    binary, common = server.binary, _common(server)
     if shape.kind == "reference":
-        return LaunchPlan("cpu-reference", ((binary, *common, *extra_args),), source=UPSTREAM["cpu-reference"])
+        return LaunchPlan("cpu-reference", ((binary, *common, *server.extra_args),),
+                          source=UPSTREAM["cpu-reference"])
     models = shape.engine_models
     if shape.kind == "llmapi":
         world = models[0].world_size if models else 1
@@ -297,8 +315,7 @@ def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoint
         if world <= 1:
             return LaunchPlan("llmapi", (first,), source=UPSTREAM["llmapi"])
         ranks = [(LLMAPI_LAUNCH, *first)] + [
-            (LLMAPI_LAUNCH, *_worker(binary, repo, models[0].name, rank_shm_prefix(shm_prefix, r), log_verbose,
-                                     exit_timeout_s)) for r in range(1, world)]
+            (LLMAPI_LAUNCH, *_worker(server, models[0].name, r)) for r in range(1, world)]
         return LaunchPlan("llmapi", tuple(ranks), nodes=nodes, source=UPSTREAM["llmapi"], mpi=True)
     if len(models) > 1:
         gpus = _check_orchestrator(models, nodes, gpus_per_node, error)
@@ -310,7 +327,5 @@ def plan_launch(shape: RepoShape, *, repo: str, binary: str, endpoints: Endpoint
     first = (binary, *common, "--disable-auto-complete-config")
     if world <= 1:
         return LaunchPlan("single", (first,), source=UPSTREAM["single"])
-    name = models[0].name
-    ranks = [first] + [_worker(binary, repo, name, rank_shm_prefix(shm_prefix, r), log_verbose, exit_timeout_s)
-                       for r in range(1, world)]
+    ranks = [first] + [_worker(server, models[0].name, r) for r in range(1, world)]
     return LaunchPlan("leader", tuple(ranks), nodes=nodes, source=UPSTREAM["leader"], mpi=True)

@@ -1,7 +1,7 @@
 """The package stage for the PyTorch runtime: a Triton repository with TensorRT-LLM's LLM-API (`llmapi`) model
 serving the exported Hugging Face checkpoint.
 
-Layout (`<out_dir>/<name>/`, name as for the engine runtime: `pipeline.core.layout.repo_name`):
+Layout (`<output>/<name>/`, name as for the engine runtime: `pipeline.core.layout.repo_name`):
 
     tensorrt_llm/config.pbtxt            python backend, the 1.2 `llmapi` tensor contract; decoupled per the spec
     tensorrt_llm/1/model.yaml            LLM(...) arguments (LlmApiOptions) + `model` + `triton_config`
@@ -30,6 +30,7 @@ from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate.hf_checkpoint import HF_QUANT_CONFIG
 from pipeline.stages.calibrate.hf_checkpoint import SUPPORTED_QUANT_ALGOS as REFERENCE_QUANT_ALGOS
 from pipeline.stages.package import llmapi_yaml, pbtxt
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import LlmApiOptions
 from pipeline.stages.package.package import PackageResult, current_repo, repo_path
 from pipeline.stages.package.render import render, templates_hash, templates_root
@@ -164,33 +165,35 @@ def _sources(model: LlmapiModel, checkpoint_dir, draft_dir):
     return ckpt, draft
 
 
-def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, options: LlmApiOptions,
-                        out_dir: Path | None = None, target: str | None = None, build_id: str | None = None,
-                        tokenizer_dir: Path | None = None, name: str | None = None, spec_key: str | None = None,
+def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, target: str | None = None,
                         force: bool = False, check_only: bool = False, verify: bool = False) -> PackageResult:
     """Render, validate and publish the `llmapi` repository of `spec` for `target` ("trtllm" | "reference").
 
-    `checkpoint_dir`/`draft_dir`: the exported HF checkpoints (`draft_dir` exactly when `options` speculate).
-    Same caching, `name`, `force`, `check_only` and `verify` semantics as `package_repo`.
+    `inputs.checkpoint`/`inputs.draft_checkpoint`: the exported HF checkpoints (the draft exactly when `options`
+    speculate); `inputs.tokenizer`: the tokenizer when not the checkpoint's. Same output, naming, caching, `force`,
+    `check_only` and `verify` semantics as `package_repo`.
 
     Raises:
         PackageError: missing/invalid checkpoints, a quantization the reference cannot serve, a draft with another
             tokenizer, options that disagree with the draft, or a repository that fails validation.
         IntegrityError: the current repository differs from its manifest (exit 3).
     """
+    if inputs.checkpoint is None:
+        raise PackageError("the llmapi repository serves the checkpoint: pass --checkpoint-dir")
     backend = _llmapi_backend(target or spec.target)
     model = LLMAPI_MODELS[backend.repo_kind]
-    checkpoint_dir = Path(checkpoint_dir).resolve()
-    draft_dir = Path(draft_dir).resolve() if draft_dir is not None else None
+    checkpoint_dir = Path(inputs.checkpoint).resolve()
+    draft_dir = Path(inputs.draft_checkpoint).resolve() if inputs.draft_checkpoint is not None else None
     ckpt, draft = _sources(model, checkpoint_dir, draft_dir)
+    tokenizer_dir = Path(inputs.tokenizer).resolve() if inputs.tokenizer is not None else None
     tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
     if draft_dir is not None:
         why = mismatch(identity(tok), identity(find_tokenizer(draft_dir, error=PackageError)))
         if why:
             raise PackageError(f"the draft {draft_dir} has a different tokenizer than the target's {tok} ({why})")
-    build_id = build_id or (checkpoint_dir.parent.name if checkpoint_dir.name.endswith("checkpoint")
-                            else checkpoint_dir.name)
-    final = repo_path(out_dir, name, build_id, backend, spec_key)
+    build_id = inputs.build_id or (checkpoint_dir.parent.name if checkpoint_dir.name.endswith("checkpoint")
+                                   else checkpoint_dir.name)
+    final = repo_path(inputs.output, inputs.name, build_id, backend, inputs.spec_key)
     base = (final / llmapi_yaml.MODEL_YAML).parent
 
     def rel(p: Path) -> str:
@@ -212,7 +215,7 @@ def package_llmapi_repo(spec, *, checkpoint_dir: Path, draft_dir: Path | None, o
         summary = validate_repo(tmp)
         manifest = RepoManifest(
             key=key, target=backend.target, runtime=backend.runtime, build_id=build_id, spec=spec.summary(),
-            spec_key=spec_key,
+            spec_key=inputs.spec_key,
             models=sorted(summary.models),
             speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft_dir else None,
             sources={"llm": str(checkpoint_dir), "draft": str(draft_dir) if draft_dir else None,

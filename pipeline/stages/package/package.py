@@ -13,7 +13,7 @@ Layout (`<output>/<name>/`, default output = `pipeline.core.artifacts.triton_rep
     manifest.json
 
 `<name>` is chosen by the build layout (`pipeline.core.layout.repo_name`: the build id plus the spec's key) when the
-build or a task packages; a direct call names it `<build-id>[-reference]` unless given `name`.
+build or a task packages; a direct call names it `<build-id>[-reference]` unless its inputs give a `name`.
 
 `gpt_model_path` and `tokenizer_dir` are written *relative to the model's directory* (e.g.
 `../../../engines/<id>/engine`), so the repository and `engines/` move together. The C++ backend (and upstream's
@@ -38,6 +38,7 @@ from pipeline.core.manifests import EngineManifest, RepoManifest, StageResult, T
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
 from pipeline.core.upstream import Upstream
 from pipeline.stages.package import pbtxt
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.render import render, templates_hash, templates_root
 from pipeline.stages.package.repo_check import MAX_MEMORY_FRACTION_SUM, validate_repo
 
@@ -144,8 +145,9 @@ EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 
 
 def _llm_values(name: str, models: EnsembleModels, src: LLMSource, rel_path: str, *, decoupled: bool,
-                fraction: float, spec, kv_reuse: bool, chunked: bool) -> dict[str, Any]:
-    """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default)."""
+                fraction: float, spec) -> dict[str, Any]:
+    """Template values of one `tensorrt_llm` model: every parameter the 1.2.1 backend reads (empty = default).
+    KV-cache reuse and chunked context are on when the spec asks and the source's KV cache allows them."""
     return {
         "model_name": name,
         "triton_backend": models.triton_backend,
@@ -159,8 +161,8 @@ def _llm_values(name: str, models: EnsembleModels, src: LLMSource, rel_path: str
         "batch_scheduler_policy": spec.serving.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": fraction,
         "max_tokens_in_paged_kv_cache": spec.serving.max_tokens_in_paged_kv_cache,
-        "enable_kv_cache_reuse": kv_reuse,
-        "enable_chunked_context": chunked,
+        "enable_kv_cache_reuse": spec.serving.enable_kv_cache_reuse and src.kv_reuse_ok,
+        "enable_chunked_context": spec.serving.enable_chunked_context and src.kv_reuse_ok,
         "exclude_input_in_output": False,  # the backend's default; upstream's draft-target clients rely on it
         "normalize_log_probs": True,
         "executor_worker_path": EXECUTOR_WORKER,
@@ -188,8 +190,6 @@ def plan_values(spec, *, models: EnsembleModels, repo: Path, llm: LLMSource,
     if speculative and fraction + draft_fraction > MAX_MEMORY_FRACTION_SUM + 1e-9:
         raise PackageError(f"KV memory fractions target {fraction} + draft {draft_fraction} > "
                            f"{MAX_MEMORY_FRACTION_SUM}; lower --mem-fraction")
-    kv_reuse = spec.serving.enable_kv_cache_reuse and llm.kv_reuse_ok
-    chunked = spec.serving.enable_chunked_context and llm.kv_reuse_ok
     if spec.serving.enable_kv_cache_reuse and not llm.kv_reuse_ok:
         warnings.append("engine built without paged context FMHA: KV-cache reuse and chunked context stay off")
     if speculative:
@@ -208,14 +208,13 @@ def plan_values(spec, *, models: EnsembleModels, repo: Path, llm: LLMSource,
                            "tokenizer_dir": "tokenizer", "skip_special_tokens": True},
         "tensorrt_llm": _llm_values("tensorrt_llm", models, llm, rel(llm.path, "tensorrt_llm"),
                                     decoupled=spec.serving.target_decoupled(speculative), fraction=fraction,
-                                    spec=spec, kv_reuse=kv_reuse, chunked=chunked),
+                                    spec=spec),
         "ensemble": {"triton_max_batch_size": batch},
     }
     if draft is not None:
         values["tensorrt_llm_draft"] = _llm_values(
             "tensorrt_llm_draft", models, draft, rel(draft.path, "tensorrt_llm_draft"), decoupled=False,
-            fraction=draft_fraction, spec=spec, kv_reuse=spec.serving.enable_kv_cache_reuse and draft.kv_reuse_ok,
-            chunked=spec.serving.enable_chunked_context and draft.kv_reuse_ok)
+            fraction=draft_fraction, spec=spec)
         values["tensorrt_llm_draft"]["max_tokens_in_paged_kv_cache"] = spec.draft_max_tokens_in_paged_kv_cache
         models.place_draft_target(spec, values)
         values["tensorrt_llm_bls"] = {
@@ -254,29 +253,31 @@ def write_repo(dest: Path, values: dict[str, dict[str, Any]], *, models: Ensembl
                 shutil.copy2(f, out / "tokenizer" / f.name)
 
 
-def _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+def _engine_sources(spec, inputs: PackageInputs) -> tuple[LLMSource, LLMSource | None, Path, str]:
     """--target trtllm: the target (and draft) engine sources, the tokenizer and the build id the engines imply."""
+    engine_dir = inputs.engine
     if engine_dir is None:
         raise PackageError("--target trtllm needs the engine dir (engines/<build-id>/engine); run `invoke compile`")
     llm = read_engine_source(Path(engine_dir))
     draft = None
     if spec.draft_model is not None:
-        draft = read_engine_source(Path(draft_engine_dir or Path(engine_dir).parent / "draft_engine"))
-    tok = find_tokenizer(tokenizer_dir, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
+        draft = read_engine_source(Path(inputs.draft_engine or Path(engine_dir).parent / "draft_engine"))
+    tok = find_tokenizer(inputs.tokenizer, Path(engine_dir).parent / "checkpoint", engine_dir, error=PackageError)
     return llm, draft, tok, Path(engine_dir).resolve().parent.name
 
 
-def _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir) -> tuple[Any, Any, Path, str]:
+def _checkpoint_sources(spec, inputs: PackageInputs) -> tuple[LLMSource, LLMSource | None, Path, str]:
     """--target reference: the target (and draft) checkpoint sources, the tokenizer and the implied build id."""
+    checkpoint_dir = inputs.checkpoint
     if checkpoint_dir is None:
         raise PackageError("--target reference needs the checkpoint dir; run `invoke calibrate`")
     llm = read_checkpoint_source(Path(checkpoint_dir), spec)
     draft = None
     if spec.draft_model is not None:
-        if draft_checkpoint_dir is None:
+        if inputs.draft_checkpoint is None:
             raise PackageError("speculation needs the draft checkpoint dir (--draft-checkpoint-dir)")
-        draft = read_checkpoint_source(Path(draft_checkpoint_dir), spec)
-    tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
+        draft = read_checkpoint_source(Path(inputs.draft_checkpoint), spec)
+    tok = find_tokenizer(inputs.tokenizer, checkpoint_dir, error=PackageError)
     resolved = Path(checkpoint_dir).resolve()
     return llm, draft, tok, resolved.parent.name if resolved.name == "checkpoint" else resolved.name
 
@@ -287,8 +288,7 @@ class EnsembleModels(Protocol):
 
     triton_backend: str  # the models' `backend:` in config.pbtxt
 
-    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
-                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
+    def sources(self, spec, inputs: PackageInputs) -> tuple[LLMSource, LLMSource | None, Path, str]:
         """(target source, draft source or None, the tokenizer dir, the build id the sources imply)."""
         ...
 
@@ -318,9 +318,8 @@ class EngineModels:
 
     triton_backend = "tensorrtllm"
 
-    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
-                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
-        return _engine_sources(spec, engine_dir, draft_engine_dir, tokenizer_dir)
+    def sources(self, spec, inputs: PackageInputs) -> tuple[LLMSource, LLMSource | None, Path, str]:
+        return _engine_sources(spec, inputs)
 
     def python_model(self, template: str) -> bool:
         return template != "tensorrt_llm"
@@ -354,9 +353,8 @@ class ReferenceModels:
 
     triton_backend = "python"
 
-    def sources(self, spec, *, engine_dir: Path | None, draft_engine_dir: Path | None, checkpoint_dir: Path | None,
-                draft_checkpoint_dir: Path | None, tokenizer_dir: Path | None) -> tuple[Any, Any, Path, str]:
-        return _checkpoint_sources(spec, checkpoint_dir, draft_checkpoint_dir, tokenizer_dir)
+    def sources(self, spec, inputs: PackageInputs) -> tuple[LLMSource, LLMSource | None, Path, str]:
+        return _checkpoint_sources(spec, inputs)
 
     def python_model(self, template: str) -> bool:
         return True
@@ -397,34 +395,33 @@ def current_repo(final: Path, key: str, *, force: bool, verify: bool, check_only
     return None
 
 
-def package_repo(
-    spec,
-    *,
-    target: str | None = None,
-    build_id: str | None = None,
-    output: Path | None = None,
-    engine_dir: Path | None = None,
-    draft_engine_dir: Path | None = None,
-    checkpoint_dir: Path | None = None,
-    draft_checkpoint_dir: Path | None = None,
-    tokenizer_dir: Path | None = None,
-    draft_tokenizer_dir: Path | None = None,
-    name: str | None = None,
-    spec_key: str | None = None,
-    force: bool = False,
-    check_only: bool = False,
-    verify: bool = False,
-) -> PackageResult:
+@dataclass(frozen=True)
+class RepoPlan:
+    """What an ensemble repository is rendered from: its sources, the template values and the key over them."""
+
+    key: str
+    target: str
+    build_id: str
+    spec_key: str | None
+    llm: LLMSource
+    draft: LLMSource | None
+    tokenizer: Path
+    values: dict[str, dict[str, Any]]
+    warnings: list[str]
+
+
+def package_repo(spec, inputs: PackageInputs, *, target: str | None = None, force: bool = False,
+                 check_only: bool = False, verify: bool = False) -> PackageResult:
     """Render, validate and publish the repository of `spec` for `target` ("trtllm" | "reference").
 
-    trtllm needs `engine_dir` (+ `draft_engine_dir` with speculation); reference needs `checkpoint_dir`
-    (+ `draft_checkpoint_dir`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
+    trtllm needs `inputs.engine` (+ `draft_engine` with speculation); reference needs `inputs.checkpoint`
+    (+ `draft_checkpoint`). The result lands at `<output>/<name>` (output defaults to `triton_repo_dir()`,
     name to `repo_name(build_id, backend, spec_key)`); the same inputs again are a no-op (status "cached") after
     the files were checked against the manifest (sizes and mtimes; every sha256 with `verify`).
+    `inputs.draft_tokenizer` is the draft's tokenizer for a draft engine without a pipeline manifest;
+    `inputs.spec_key` is the spec's key, recorded in the manifest (and part of the default name).
 
     Args:
-        draft_tokenizer_dir: the draft's tokenizer for a draft engine without a pipeline manifest.
-        spec_key: the spec's key, recorded in the manifest (and part of the default name).
         check_only: return the current repository or raise `PackageError`; never write.
 
     Raises:
@@ -434,14 +431,12 @@ def package_repo(
     """
     backend = _ensemble_backend(target or spec.target)
     models = ENSEMBLE_MODELS[backend.repo_kind]
-    llm, draft, tok, derived_id = models.sources(spec, engine_dir=engine_dir, draft_engine_dir=draft_engine_dir,
-                                                 checkpoint_dir=checkpoint_dir,
-                                                 draft_checkpoint_dir=draft_checkpoint_dir, tokenizer_dir=tokenizer_dir)
-    build_id = build_id or derived_id
-    final = repo_path(output, name, build_id, backend, spec_key)
+    llm, draft, tok, derived_id = models.sources(spec, inputs)
+    build_id = inputs.build_id or derived_id
+    final = repo_path(inputs.output, inputs.name, build_id, backend, inputs.spec_key)
     values, warnings = plan_values(spec, models=models, repo=final, llm=llm, draft=draft)
     if draft is not None:
-        why = mismatch(identity(tok), models.draft_tokenizer(draft, draft_tokenizer_dir))
+        why = mismatch(identity(tok), models.draft_tokenizer(draft, inputs.draft_tokenizer))
         if why:
             raise PackageError(f"the draft {draft.path} has a different tokenizer than the target's {tok} ({why})")
     extra = models.extra_parameters(spec, with_draft=draft is not None)
@@ -458,11 +453,11 @@ def package_repo(
     cached = current_repo(final, key, force=force, verify=verify, check_only=check_only)
     if cached is not None:
         return cached
+    plan = RepoPlan(key, backend.target, build_id, inputs.spec_key, llm, draft, tok, values, warnings)
     with atomic_dir(final) as tmp:
         write_repo(tmp, values, models=models, tokenizer=tok, extra_parameters=extra)
         summary = validate_repo(tmp)
-        manifest = _repo_manifest(spec, key, backend.target, build_id, spec_key, sorted(summary.models), values,
-                                  warnings, llm, draft, tok, files=file_table(tmp))
+        manifest = _repo_manifest(spec, plan, models=sorted(summary.models), files=file_table(tmp))
         manifest.write(tmp)
     return PackageResult(final, manifest, "built")
 
@@ -484,25 +479,25 @@ def repo_path(output: Path | None, name: str | None, build_id: str, backend: Run
     return out_root / name
 
 
-def _repo_manifest(spec, key: str, target: str, build_id: str, spec_key: str | None, models: list[str],
-                   values: dict, warnings: list[str], llm, draft, tok: Path, files: dict) -> RepoManifest:
-    """The manifest of a rendered repository whose files are `files`."""
+def _repo_manifest(spec, plan: RepoPlan, *, models: list[str], files: dict) -> RepoManifest:
+    """The manifest of the repository rendered from `plan`, holding `models` and `files`."""
+    llm, draft, values = plan.llm, plan.draft, plan.values
     return RepoManifest(
-        key=key,
-        target=target,
-        build_id=build_id,
+        key=plan.key,
+        target=plan.target,
+        build_id=plan.build_id,
         spec=spec.summary(),
-        spec_key=spec_key,
+        spec_key=plan.spec_key,
         models=models,
         speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft else None,
         sources={
             "llm": str(llm.path.resolve()),
             "draft": str(draft.path.resolve()) if draft else None,
-            "tokenizer": str(tok.resolve()),
+            "tokenizer": str(plan.tokenizer.resolve()),
         },
         gpt_model_path={m: v["gpt_model_path"] for m, v in values.items() if "gpt_model_path" in v},
         world_size=llm.world_size,
         kv_cache_reuse=values["tensorrt_llm"]["enable_kv_cache_reuse"],
-        warnings=warnings,
+        warnings=plan.warnings,
         files=files,
     )

@@ -8,29 +8,13 @@ Each layout loads its renderer when it packages: the CLI imports this module at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Protocol
 
 from pipeline.core.errors import SpecError
 from pipeline.core.runtimes import RuntimeTarget, runtime_of
 from pipeline.core.spec import BuildSpec
-
-
-@dataclass(frozen=True)
-class PackageInputs:
-    """Directories and names the package step reads (None: not given; the layout says which it needs)."""
-
-    checkpoint: Path | None = None
-    draft_checkpoint: Path | None = None
-    engine: Path | None = None
-    draft_engine: Path | None = None
-    tokenizer: Path | None = None
-    draft_tokenizer: Path | None = None
-    output: Path | None = None
-    build_id: str | None = None
-    name: str | None = None
-    spec_key: str | None = None
+from pipeline.stages.package.inputs import PackageInputs
 
 
 class Layout(Protocol):
@@ -47,13 +31,7 @@ class EnsembleLayout:
                 verify: bool) -> Any:
         from pipeline.stages.package.package import package_repo
 
-        return package_repo(
-            spec, target=row.target, output=inputs.output, engine_dir=inputs.engine,
-            draft_engine_dir=inputs.draft_engine, checkpoint_dir=inputs.checkpoint,
-            draft_checkpoint_dir=inputs.draft_checkpoint, tokenizer_dir=inputs.tokenizer,
-            draft_tokenizer_dir=inputs.draft_tokenizer, build_id=inputs.build_id, name=inputs.name,
-            spec_key=inputs.spec_key, force=force, check_only=check_only, verify=verify,
-        )
+        return package_repo(spec, inputs, target=row.target, force=force, check_only=check_only, verify=verify)
 
 
 class LlmapiLayout:
@@ -62,21 +40,18 @@ class LlmapiLayout:
     def package(self, spec: BuildSpec, row: RuntimeTarget, inputs: PackageInputs, *, force: bool, check_only: bool,
                 verify: bool) -> Any:
         """Raises:
-            SpecError: no checkpoint is given, or the spec has a draft but no draft checkpoint.
+            SpecError: the spec has a draft but no draft checkpoint is given.
+            PackageError: no checkpoint is given (see `package_llmapi_repo`).
         """
         from pipeline.stages.package.llmapi_options import llm_api_options
         from pipeline.stages.package.llmapi_package import package_llmapi_repo
 
-        if inputs.checkpoint is None:
-            raise SpecError("the llmapi repository serves the checkpoint: pass --checkpoint-dir")
         draft = inputs.draft_checkpoint if spec.draft_model else None
         if spec.draft_model and draft is None:
             raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
-        return package_llmapi_repo(
-            spec, target=row.target, checkpoint_dir=inputs.checkpoint, draft_dir=draft,
-            options=llm_api_options(spec, draft_dir=draft), out_dir=inputs.output, build_id=inputs.build_id,
-            name=inputs.name, spec_key=inputs.spec_key, force=force, check_only=check_only, verify=verify,
-        )
+        return package_llmapi_repo(spec, replace(inputs, draft_checkpoint=draft),
+                                   options=llm_api_options(spec, draft_dir=draft), target=row.target, force=force,
+                                   check_only=check_only, verify=verify)
 
 
 LAYOUTS: dict[str, Layout] = {"ensemble": EnsembleLayout(), "llmapi": LlmapiLayout()}

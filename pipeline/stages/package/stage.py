@@ -7,7 +7,8 @@ from pipeline.core.errors import PackageError
 from pipeline.core.refs import Lookup
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.stages.package.repository import PackageInputs, package
+from pipeline.stages.package.inputs import PackageInputs
+from pipeline.stages.package.repository import package
 from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, StageOutcome, outcome
 
 

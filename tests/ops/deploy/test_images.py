@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,6 @@ def _args() -> dict[str, str]:
 
 
 def _pyproject_dependencies() -> list[Requirement]:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        tomllib = pytest.importorskip("tomli")
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
     return [Requirement(r) for r in doc["project"]["dependencies"]]
 

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.core.spec import resolve_spec
 from pipeline.stages.package import package_repo, validate_repo
+from pipeline.stages.package.inputs import PackageInputs
 from tests.support import triton_contract_table as table
 from tests.support.triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
@@ -68,7 +69,7 @@ def _trtllm_repo(out_env, *, draft: bool, **spec_args):
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b" if draft else None,
                         target="trtllm", **spec_args)
     draft_tok = base / "checkpoint" / "tokenizer" if draft else None
-    return package_repo(spec, engine_dir=engine, draft_tokenizer_dir=draft_tok).path
+    return package_repo(spec, PackageInputs(engine=engine, draft_tokenizer=draft_tok)).path
 
 
 def _reference_repo(out_env, *, draft: bool, **spec_args):
@@ -77,7 +78,7 @@ def _reference_repo(out_env, *, draft: bool, **spec_args):
     draft_ckpt = fabricated_checkpoint(engines / "tiny-llama-draft-fp8-dddddddddddd" / "checkpoint") if draft else None
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto" if draft else None, target="reference",
                         **spec_args)
-    return package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft_ckpt).path
+    return package_repo(spec, PackageInputs(checkpoint=ckpt, draft_checkpoint=draft_ckpt)).path
 
 
 @pytest.fixture(params=["trtllm", "reference"])

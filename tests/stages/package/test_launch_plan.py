@@ -20,6 +20,7 @@ from pipeline.stages.package.launch_plan import (
     Endpoints,
     EngineModel,
     RepoShape,
+    ServerArgs,
     plan_launch,
     shape_from_repo,
     shape_from_spec,
@@ -38,8 +39,9 @@ def out_env(monkeypatch, tmp_path):
     return tmp_path
 
 
-def _plan(shape, **kw):
-    return plan_launch(shape, repo="/r", binary="tritonserver", endpoints=EP, **kw)
+def _plan(shape, *, nodes=1, gpus_per_node=None, error=ServeError, **server):
+    args = ServerArgs("/r", "tritonserver", EP, **server)
+    return plan_launch(shape, args, nodes=nodes, gpus_per_node=gpus_per_node, error=error)
 
 
 def _engine(*models):

@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.core.spec import resolve_spec
 from pipeline.serving.serve import TritonServer, find_gpu_tritonserver
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from tests.support.llmapi_fixtures import fabricated_fp8_export
@@ -36,8 +37,8 @@ def test_llmapi_repo_serves_on_gpu(tiny_models, tmp_path, monkeypatch):
     draft = fabricated_fp8_export(tiny_models["tiny-llama-draft"], tmp_path / "d" / "hf_checkpoint")
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="trtllm", runtime="pytorch",
                         gpu_count=1)
-    repo = package_llmapi_repo(spec, checkpoint_dir=target, draft_dir=draft,
-                               options=llm_api_options(spec, draft_dir=draft), out_dir=tmp_path / "repos").path
+    inputs = PackageInputs(checkpoint=target, draft_checkpoint=draft, output=tmp_path / "repos")
+    repo = package_llmapi_repo(spec, inputs, options=llm_api_options(spec, draft_dir=draft)).path
     with TritonServer(repo, binary=find_gpu_tritonserver(), ready_timeout_s=900) as srv:
         body = json.dumps({"text_input": "Once upon a time", "sampling_param_max_tokens": 8,
                            "sampling_param_return_perf_metrics": True}).encode()

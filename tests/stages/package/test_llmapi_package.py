@@ -15,6 +15,7 @@ from pipeline.core.errors import PackageError
 from pipeline.core.spec import resolve_spec
 from pipeline.stages.package import llmapi_yaml, pbtxt
 from pipeline.stages.package.install import install_repo
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.render import templates_root
@@ -33,9 +34,9 @@ def _package(tmp_path, exports, *, target="reference", draft=True, **spec_overri
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto" if draft else None, target=target,
                         runtime="pytorch", **spec_overrides)
     draft_dir = exports["draft"] if draft else None
-    return spec, package_llmapi_repo(spec, checkpoint_dir=exports["target"], draft_dir=draft_dir,
-                                     options=llm_api_options(spec, draft_dir=draft_dir), out_dir=tmp_path / "repos",
-                                     build_id="tiny-llama-fp8-abc")
+    inputs = PackageInputs(checkpoint=exports["target"], draft_checkpoint=draft_dir, output=tmp_path / "repos",
+                           build_id="tiny-llama-fp8-abc")
+    return spec, package_llmapi_repo(spec, inputs, options=llm_api_options(spec, draft_dir=draft_dir))
 
 
 def _tensors(tensors) -> dict[str, dict]:
@@ -114,23 +115,23 @@ def test_refusals(tmp_path, exports):
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", runtime="pytorch")
     opts = llm_api_options(spec, draft_dir=exports["draft"])
     with pytest.raises(PackageError, match="disagree"):
-        package_llmapi_repo(spec, checkpoint_dir=exports["target"], draft_dir=None, options=opts,
-                            out_dir=tmp_path / "a")
+        package_llmapi_repo(spec, PackageInputs(checkpoint=exports["target"], draft_checkpoint=None,
+                                                output=tmp_path / "a"), options=opts)
     with pytest.raises(PackageError, match="no config.json"):
-        package_llmapi_repo(spec, checkpoint_dir=tmp_path, draft_dir=exports["draft"], options=opts,
-                            out_dir=tmp_path / "b")
+        package_llmapi_repo(spec, PackageInputs(checkpoint=tmp_path, draft_checkpoint=exports["draft"],
+                                                output=tmp_path / "b"), options=opts)
     nvfp4 = tmp_path / "nvfp4"
     shutil.copytree(exports["target"], nvfp4)
     (nvfp4 / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
     with pytest.raises(PackageError, match="NVFP4.*--target trtllm"):
-        package_llmapi_repo(spec, checkpoint_dir=nvfp4, draft_dir=exports["draft"], options=opts,
-                            out_dir=tmp_path / "c")
+        package_llmapi_repo(spec, PackageInputs(checkpoint=nvfp4, draft_checkpoint=exports["draft"],
+                                                output=tmp_path / "c"), options=opts)
     other_tok = tmp_path / "other-draft"
     shutil.copytree(exports["draft"], other_tok)
     (other_tok / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}')
     with pytest.raises(PackageError, match="different tokenizer"):
-        package_llmapi_repo(spec, checkpoint_dir=exports["target"], draft_dir=other_tok, options=opts,
-                            out_dir=tmp_path / "d")
+        package_llmapi_repo(spec, PackageInputs(checkpoint=exports["target"], draft_checkpoint=other_tok,
+                                                output=tmp_path / "d"), options=opts)
     assert not any((tmp_path / d).exists() and any((tmp_path / d).iterdir()) for d in "abcd")
 
 
@@ -151,8 +152,8 @@ def test_install_refuses_a_missing_checkpoint(tmp_path, exports):
     src = tmp_path / "src"
     shutil.copytree(exports["target"], src / "hf_checkpoint")
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference", runtime="pytorch")
-    res = package_llmapi_repo(spec, checkpoint_dir=src / "hf_checkpoint", draft_dir=None,
-                              options=llm_api_options(spec, draft_dir=None), out_dir=tmp_path / "repos")
+    inputs = PackageInputs(checkpoint=src / "hf_checkpoint", draft_checkpoint=None, output=tmp_path / "repos")
+    res = package_llmapi_repo(spec, inputs, options=llm_api_options(spec, draft_dir=None))
     shutil.rmtree(src)
     with pytest.raises(PackageError, match="model .* does not exist"):
         install_repo(res.path, tmp_path / "installed")

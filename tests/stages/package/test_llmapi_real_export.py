@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.core.spec import resolve_spec
 from pipeline.stages.calibrate.hf_checkpoint import load_hf_checkpoint
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.render import templates_root
@@ -58,8 +59,8 @@ def test_real_export_packages_and_loads_like_the_roundtrip_loader(tiny_models, t
     no_fmha = {"enable_kv_cache_reuse": False, "enable_chunked_context": False} if precision == "w4a8_awq" else {}
     spec = resolve_spec(model="tiny-llama", precision=precision, kv_cache=kv, target="reference", runtime="pytorch",
                         **no_fmha)
-    repo = package_llmapi_repo(spec, checkpoint_dir=ckpt, draft_dir=None, options=llm_api_options(spec, draft_dir=None),
-                               out_dir=tmp_path / "repos")
+    repo = package_llmapi_repo(spec, PackageInputs(checkpoint=ckpt, draft_checkpoint=None, output=tmp_path / "repos"),
+                               options=llm_api_options(spec, draft_dir=None))
     assert repo.built and repo.manifest.runtime == "pytorch"
     ids = AutoTokenizer.from_pretrained(ckpt)("Once upon a time there was a cat", return_tensors="pt")["input_ids"]
     ours = _hf_reference().load_model(str(ckpt), torch.float32)

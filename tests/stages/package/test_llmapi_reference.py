@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.core.spec import resolve_spec
 from pipeline.serving.serve import TritonServer
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from tests.support.llmapi_fixtures import fabricated_fp8_export
@@ -29,8 +30,8 @@ def llmapi_server(tiny_models, tmp_path_factory):
     target = fabricated_fp8_export(tiny_models["tiny-llama"], root / "t" / "hf_checkpoint")
     draft = fabricated_fp8_export(tiny_models["tiny-llama-draft"], root / "d" / "hf_checkpoint")
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", runtime="pytorch")
-    repo = package_llmapi_repo(spec, checkpoint_dir=target, draft_dir=draft,
-                               options=llm_api_options(spec, draft_dir=draft), out_dir=root / "repos").path
+    repo = package_llmapi_repo(spec, PackageInputs(checkpoint=target, draft_checkpoint=draft, output=root / "repos"),
+                               options=llm_api_options(spec, draft_dir=draft)).path
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PIPELINE_CACHE", str(root / "cache"))
         srv = TritonServer(repo, ready_timeout_s=300)

@@ -12,6 +12,7 @@ import pytest
 from pipeline.core.errors import PackageError, PipelineError, ServeError
 from pipeline.core.spec import resolve_spec
 from pipeline.stages.package import package_repo, render, validate_repo
+from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.launch_plan import Endpoints
 from tests.support.triton_fixtures import fabricated_checkpoint, fabricated_engine, fake_tokenizer
 
@@ -57,7 +58,7 @@ def llama70b_engines(out_env):
 def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engines):
     target, draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    res = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint")
+    res = package_repo(spec, PackageInputs(engine=target, draft_tokenizer=target.parent / "checkpoint"))
     repo = res.path
     assert repo.name == "llama-70b-fp8-0123456789ab" and repo.parent.name == "triton_repo"
     summary = validate_repo(repo)
@@ -88,7 +89,8 @@ def test_trtllm_layout_llama70b_fp8_with_llama1b_draft_validates(llama70b_engine
         assert name in names
     assert res.manifest.world_size == 4 and res.status == "built"
     # same inputs again: a no-op that reads the manifest (and checks the files against it)
-    assert package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").status == "cached"
+    inputs = PackageInputs(engine=target, draft_tokenizer=target.parent / "checkpoint")
+    assert package_repo(spec, inputs).status == "cached"
 
 
 def test_trtllm_launch_copy_and_command(llama70b_engines):
@@ -96,7 +98,7 @@ def test_trtllm_launch_copy_and_command(llama70b_engines):
 
     target, _ = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").path
+    repo = package_repo(spec, PackageInputs(engine=target, draft_tokenizer=target.parent / "checkpoint")).path
     launch = launch_repo(repo)
     try:
         assert launch != repo.resolve()
@@ -130,7 +132,7 @@ def test_trtllm_tp4_without_draft_is_leader_mode(out_env):
     target = fabricated_engine(base / "engine", max_batch_size=48, world=4)
     fake_tokenizer(base / "checkpoint" / "tokenizer")
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, target="trtllm")
-    repo = package_repo(spec, engine_dir=target).path
+    repo = package_repo(spec, PackageInputs(engine=target)).path
     cmd = build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-",
                         binary="/opt/tritonserver/bin/tritonserver")  # world size 4 from the repo's manifest
     assert Path(cmd.argv[0]).name == "mpirun" and cmd.argv.count("-n") == 4 and cmd.plan.mode == "leader"
@@ -160,7 +162,7 @@ def test_trtllm_repo_without_ngc_server_is_refused_with_a_fix(llama70b_engines, 
 
     target, _ = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target, draft_tokenizer_dir=target.parent / "checkpoint").path
+    repo = package_repo(spec, PackageInputs(engine=target, draft_tokenizer=target.parent / "checkpoint")).path
     monkeypatch.setattr(serve, "find_gpu_tritonserver", lambda: None)
     with pytest.raises(ServeError, match="--target reference"):
         serve.build_command(repo, Endpoints(http_port=1, grpc_port=2, metrics_port=3), shm_prefix="p-")
@@ -171,8 +173,8 @@ def test_serve_engine_dir_rewrites_gpt_model_path(llama70b_engines, tmp_path):
 
     target, _draft = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
-    repo = package_repo(spec, engine_dir=target, output=tmp_path / "elsewhere",
-                        draft_tokenizer_dir=target.parent / "checkpoint").path
+    repo = package_repo(spec, PackageInputs(engine=target, output=tmp_path / "elsewhere",
+                                            draft_tokenizer=target.parent / "checkpoint")).path
     moved = tmp_path / "moved-engines"
     shutil.copytree(target.parent, moved)
     install_repo(repo, engine_dir=moved / "engine", draft_engine_dir=moved / "draft_engine")
@@ -186,7 +188,7 @@ def test_target_engine_without_draft_tokens_is_refused(out_env):
     fake_tokenizer(base / "checkpoint" / "tokenizer")
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     with pytest.raises(PackageError, match="max_draft_len=0"):
-        package_repo(spec, engine_dir=target)
+        package_repo(spec, PackageInputs(engine=target))
     assert not (out_env / "out" / "triton_repo" / base.name).exists()
 
 
@@ -195,7 +197,7 @@ def test_kv_reuse_stays_off_when_engine_lacks_paged_context_fmha(out_env):
     target = fabricated_engine(base / "engine", max_batch_size=16, world=1, paged_context_fmha=False)
     fake_tokenizer(base / "checkpoint" / "tokenizer")
     spec = resolve_spec(model="llama-8b", precision="bf16", target="trtllm")
-    res = package_repo(spec, engine_dir=target)
+    res = package_repo(spec, PackageInputs(engine=target))
     assert validate_repo(res.path).param("tensorrt_llm", "enable_kv_cache_reuse") == "false"
     assert any("KV-cache reuse" in w for w in res.manifest.warnings)
 
@@ -207,7 +209,7 @@ def reference_repo(out_env):
     ckpt = fabricated_checkpoint(engines / "tiny-llama-fp8-cccccccccccc" / "checkpoint")
     draft = fabricated_checkpoint(engines / "tiny-llama-draft-fp8-dddddddddddd" / "checkpoint")
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
-    return package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft).path
+    return package_repo(spec, PackageInputs(checkpoint=ckpt, draft_checkpoint=draft)).path
 
 
 def test_reference_repo_uses_python_backend_with_the_same_contract(reference_repo, llama70b_engines):
@@ -218,7 +220,8 @@ def test_reference_repo_uses_python_backend_with_the_same_contract(reference_rep
     assert (reference_repo / "tensorrt_llm_draft" / "1" / "model.py").is_file()
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     engine = llama70b_engines[0]
-    prod = validate_repo(package_repo(spec, engine_dir=engine, draft_tokenizer_dir=engine.parent / "checkpoint").path)
+    prod = validate_repo(package_repo(spec, PackageInputs(engine=engine,
+                                                          draft_tokenizer=engine.parent / "checkpoint")).path)
     def io(summary, model):
         cfg = summary.models[model]
         return [(t.name, t.data_type, list(t.dims)) for t in (*cfg.input, *cfg.output)]
@@ -297,7 +300,7 @@ def test_package_refuses_fractions_over_095_and_writes_nothing(out_env):
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference",
                         kv_cache_free_gpu_mem_fraction=0.8, validate=False)
     with pytest.raises(PackageError, match="> 0.95"):
-        package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft)
+        package_repo(spec, PackageInputs(checkpoint=ckpt, draft_checkpoint=draft))
     assert not (out_env / "out" / "triton_repo").exists() or not any((out_env / "out" / "triton_repo").iterdir())
 
 
@@ -312,7 +315,7 @@ def test_failed_validation_publishes_nothing(out_env, monkeypatch):
 
     monkeypatch.setattr(pkg, "validate_repo", boom)
     with pytest.raises(PackageError, match="on purpose"):
-        package_repo(spec, checkpoint_dir=ckpt)
+        package_repo(spec, PackageInputs(checkpoint=ckpt))
     assert list((out_env / "out" / "triton_repo").iterdir()) == []
 
 
@@ -321,7 +324,7 @@ def test_missing_tokenizer_source_is_a_clear_error(out_env):
     shutil.rmtree(ckpt / "tokenizer")
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     with pytest.raises(PackageError, match="no tokenizer.*--tokenizer-dir"):
-        package_repo(spec, checkpoint_dir=ckpt)
+        package_repo(spec, PackageInputs(checkpoint=ckpt))
 
 
 def test_different_draft_tokenizer_is_refused(out_env):
@@ -330,7 +333,7 @@ def test_different_draft_tokenizer_is_refused(out_env):
     (draft / "tokenizer" / "tokenizer.json").write_text('{"other": true}')
     spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference")
     with pytest.raises(PackageError, match="different tokenizer than the target's"):
-        package_repo(spec, checkpoint_dir=ckpt, draft_checkpoint_dir=draft)
+        package_repo(spec, PackageInputs(checkpoint=ckpt, draft_checkpoint=draft))
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -372,11 +375,11 @@ def test_trtllm_draft_tokenizer_is_checked_not_guessed(llama70b_engines, tmp_pat
     target, _ = llama70b_engines
     spec = resolve_spec(model="llama-70b", precision="fp8", tp=4, draft="llama-1b", target="trtllm")
     with pytest.raises(PackageError, match="records no tokenizer .*--draft-tokenizer-dir"):
-        package_repo(spec, engine_dir=target)
+        package_repo(spec, PackageInputs(engine=target))
     other = fake_tokenizer(tmp_path / "other-family")
     (other / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Unigram"}}')
     with pytest.raises(PackageError, match="different tokenizer than the target's"):
-        package_repo(spec, engine_dir=target, draft_tokenizer_dir=other)
+        package_repo(spec, PackageInputs(engine=target, draft_tokenizer=other))
     repos = target.parents[3] / "triton_repo"
     assert not repos.exists() or list(repos.iterdir()) == []  # nothing published
 
@@ -385,10 +388,11 @@ def test_package_check_only_and_names(out_env):
     ckpt = fabricated_checkpoint(out_env / "out" / "engines" / "tiny-llama-fp8-555555555555" / "checkpoint")
     spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference")
     with pytest.raises(PackageError, match="no current Triton repository .* run `invoke package`"):
-        package_repo(spec, checkpoint_dir=ckpt, check_only=True)
-    res = package_repo(spec, checkpoint_dir=ckpt, spec_key="abcdef0123456789")
+        package_repo(spec, PackageInputs(checkpoint=ckpt), check_only=True)
+    res = package_repo(spec, PackageInputs(checkpoint=ckpt, spec_key="abcdef0123456789"))
     assert res.path.name == "tiny-llama-fp8-555555555555-abcdef01-reference" and res.manifest.spec_key
-    assert package_repo(spec, checkpoint_dir=ckpt, spec_key="abcdef0123456789", check_only=True).status == "cached"
+    inputs = PackageInputs(checkpoint=ckpt, spec_key="abcdef0123456789")
+    assert package_repo(spec, inputs, check_only=True).status == "cached"
     for bad in ("../escape", "/abs", "a/b"):
         with pytest.raises(PipelineError, match="not a safe name"):
-            package_repo(spec, checkpoint_dir=ckpt, name=bad)
+            package_repo(spec, PackageInputs(checkpoint=ckpt, name=bad))

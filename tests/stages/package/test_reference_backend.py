@@ -34,14 +34,16 @@ def repo(tiny_models, tmp_path_factory):
     """`package --target reference` of tiny-llama fp8 + draft with a decoupled target (HF-format model dirs)."""
     from pipeline.core.spec import resolve_spec
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     base = tmp_path_factory.mktemp("refbackend")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PIPELINE_ROOT", str(base / "out"))
         mp.setenv("PIPELINE_CACHE", str(base / "cache"))
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", decoupled=True)
-        res = package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                           draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="tiny-llama-refbackend")
+        res = package_repo(spec, PackageInputs(checkpoint=tiny_models["tiny-llama"],
+                                               draft_checkpoint=tiny_models["tiny-llama-draft"],
+                                               build_id="tiny-llama-refbackend"))
         yield res.path
 
 

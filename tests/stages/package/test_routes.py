@@ -31,13 +31,15 @@ ERROR_WITHIN_S = 5.0
 def _package(tiny_models, base: Path, **spec_overrides) -> Path:
     from pipeline.core.spec import resolve_spec
     from pipeline.stages.package import package_repo
+    from pipeline.stages.package.inputs import PackageInputs
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PIPELINE_ROOT", str(base / "out"))
         mp.setenv("PIPELINE_CACHE", str(base / "cache"))
         spec = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", target="reference", **spec_overrides)
-        return package_repo(spec, checkpoint_dir=tiny_models["tiny-llama"],
-                            draft_checkpoint_dir=tiny_models["tiny-llama-draft"], build_id="routes").path
+        inputs = PackageInputs(checkpoint=tiny_models["tiny-llama"], draft_checkpoint=tiny_models["tiny-llama-draft"],
+                               build_id="routes")
+        return package_repo(spec, inputs).path
 
 
 def _serve(repo: Path, validate: bool = True):

@@ -19,6 +19,7 @@ pass and keeps the agreeing prefix plus its own next token.
 """
 
 import collections
+import dataclasses
 import glob
 import math
 import os
@@ -245,16 +246,31 @@ def choose(logits, seq) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ engine
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """The LLM arguments the engine honours (model.yaml; `tokens_per_block` from config.pbtxt).
+
+    `block_reuse`: prefix caching (`kv_cache_config.enable_block_reuse`); `max_draft_len`, `max_concurrency`: the
+    draft-target speculation's (`speculative_config`; 0 draft tokens: no speculation).
+    """
+
+    max_batch_size: int
+    max_seq_len: int
+    tokens_per_block: int
+    block_reuse: bool
+    max_draft_len: int = 0
+    max_concurrency: int | None = None
+
+
 class Engine:
     """In-flight generation on CPU for the reference model; `on_step(seq, final)` is called after each step."""
 
-    def __init__(self, model, tokenizer, *, max_batch_size, max_seq_len, tokens_per_block, block_reuse,
-                 draft=None, max_draft_len=0, max_concurrency=None, on_step=None):
+    def __init__(self, model, tokenizer, settings, *, draft=None, on_step=None):
         self.model, self.tokenizer, self.draft = model, tokenizer, draft
-        self.max_batch_size, self.max_seq_len = max(1, max_batch_size), max_seq_len
-        self.k, self.max_concurrency = max_draft_len, max_concurrency
-        capacity = self.max_batch_size * math.ceil(max_seq_len / tokens_per_block)
-        self.prefix = PrefixCache(tokens_per_block, capacity, block_reuse)
+        self.max_batch_size, self.max_seq_len = max(1, settings.max_batch_size), settings.max_seq_len
+        self.k, self.max_concurrency = settings.max_draft_len, settings.max_concurrency
+        capacity = self.max_batch_size * math.ceil(settings.max_seq_len / settings.tokens_per_block)
+        self.prefix = PrefixCache(settings.tokens_per_block, capacity, settings.block_reuse)
         self.on_step = on_step
         self.waiting, self.active = collections.deque(), []
         self.cv = threading.Condition()

@@ -22,7 +22,7 @@ import time
 
 import torch
 import triton_python_backend_utils as pb_utils
-from hf_reference import Engine, Sequence, load_model
+from hf_reference import Engine, EngineSettings, Sequence, load_model
 from llmapi_io import (
     BadRequest,
     apply_triton_config,
@@ -90,14 +90,14 @@ class TritonPythonModel:
         kv = llm.get("kv_cache_config") or {}
         self.lock = threading.Lock()
         self.by_id = {}  # request id -> sequences
-        self.engine = Engine(
-            load_model(model_dir, dtype), self.tokenizer,
+        settings = EngineSettings(
             max_batch_size=int(llm.get("max_batch_size") or 2048),
             max_seq_len=int(llm.get("max_seq_len") or self.tokenizer.model_max_length),
             tokens_per_block=int(_param(config, "tokens_per_block", "32")),
             block_reuse=bool(kv.get("enable_block_reuse", True)),
-            draft=draft, max_draft_len=int(spec.get("max_draft_len") or 0),
-            max_concurrency=spec.get("max_concurrency"), on_step=self._on_step)
+            max_draft_len=int(spec.get("max_draft_len") or 0), max_concurrency=spec.get("max_concurrency"))
+        self.engine = Engine(load_model(model_dir, dtype), self.tokenizer, settings, draft=draft,
+                             on_step=self._on_step)
 
     def execute(self, requests):
         for request in requests:
