@@ -3,8 +3,6 @@ a real tritonserver, greedy output identical to the target's own, acceptance mea
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from pipeline.core.spec import resolve_spec
@@ -12,19 +10,14 @@ from pipeline.serving.serve import TritonServer
 from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
-from pipeline.stages.package.render import templates_root
 from tests.stages.package.test_llmapi_reference import generate, local_greedy
-from tests.support.llmapi_fixtures import fabricated_fp8_export
+from tests.support.llmapi_fixtures import fabricated_fp8_export, hf_reference_module
 
 REPEATING = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat"
 
 
 def _reference_module():
-    path = templates_root("llmapi") / "tensorrt_llm" / "1" / "hf_reference.py"
-    loaded = importlib.util.spec_from_file_location("hf_reference_ngram", path)
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
+    return hf_reference_module("hf_reference_ngram")
 
 
 class _Seq:
