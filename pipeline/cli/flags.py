@@ -189,7 +189,8 @@ OPTIONS: dict[str, Option] = {
     "compare": _switch("a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this "
                        "model and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per "
                        "1M tokens"),
-    "acceptance": _share("draft acceptance rate for the estimate, 0..1 (default 0.7; `bench` measures it)"),
+    "acceptance": _share("acceptance rate per drafted token of the spec's speculation mode, 0..1 (default: the "
+                         "mode's, 0.7 draft-target, 0.27 ngram; `bench` measures it)"),
     "prefix_hit": _share("prefix-cache hit ratio for the estimate, 0..1 (default 0)"),
     "estimator": Option("also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own venv under the "
                         "pipeline cache on first use) and print both estimates side by side",
