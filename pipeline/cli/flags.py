@@ -186,8 +186,8 @@ OPTIONS: dict[str, Option] = {
     "input_len": _count("prompt tokens per request for capacity/throughput (default min(1024, max_input_len))",
                         MAX_REQUEST_TOKENS),
     "output_len": _count("output tokens per request (default 256)", MAX_REQUEST_TOKENS),
-    "compare": _switch("a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this "
-                       "model and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per "
+    "compare": _switch("a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and speculation none/draft-"
+                       "target/ngram (where the runtime runs it) for this model and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per "
                        "1M tokens"),
     "acceptance": _share("acceptance rate per drafted token of the spec's speculation mode, 0..1 (default: the "
                          "mode's, 0.7 draft-target, 0.27 ngram; `bench` measures it)"),
