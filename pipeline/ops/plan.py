@@ -57,8 +57,9 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
                                            accept_foreign=r.accept_foreign_bench_report) if r.bench_report else {}
     acceptance = r.acceptance if r.acceptance is not None else measured.get("acceptance")
     prefix_share = r.prefix_share if r.prefix_share is not None else measured.get("prefix_share", 0.0)
+    mode = measured_mode(spec) if r.acceptance is not None else measured.get("mode", measured_mode(spec))
     traffic = slo_search.Traffic(*lengths, rate=r.rate, acceptance=acceptance, prefix_share=prefix_share,
-                                 measured_mode=measured_mode(spec))
+                                 measured_mode=mode)
     passing, source = passing_precisions(spec, r.precision_search)
     quality = quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=resolve_checked_spec, precisions=passing,

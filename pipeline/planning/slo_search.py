@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.runtimes import runtime_of, runtime_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
+from pipeline.core.model_entry import MAX_DRAFT_LEN
 from pipeline.core.spec import (
     DRAFT_TARGET, NGRAM, SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec,
 )
@@ -29,7 +30,7 @@ from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
     TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
 )
-from pipeline.planning.speculation_modes import MODES
+from pipeline.planning.speculation_modes import MODES, acceptance_for_length
 
 if TYPE_CHECKING:
     from pipeline.core.manifests import PrecisionSearch
@@ -514,10 +515,13 @@ def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
-                     accept_foreign: bool = False) -> dict[str, float]:
+                     accept_foreign: bool = False) -> dict[str, Any]:
     """`acceptance` and `prefix_share` from an `invoke bench --json-file` report (its `acceptance_rate` and
     `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out), once its top-level `model` and
-    `precision` are `model` and `precision` (None: the search varies precision, any one is taken).
+    `precision` are `model` and `precision` (None: the search varies precision, any one is taken). A report that
+    names its `speculation_mode` and K (`draft_len`) adds `mode`, and its acceptance becomes the perf model's rate:
+    bench's rate is accepted over drafted tokens, a mean accepted length of 1 + K x rate, which
+    `speculation_modes.acceptance_for_length` turns into the rate per drafted token the planner chains.
 
     Raises:
         SpecError: the file is missing, too large, not a JSON object, a value is outside 0..1, or the report is of
@@ -544,6 +548,13 @@ def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
             raise SpecError(f"--bench-report {p}: {theirs}={value!r} must be a number within 0..1")
         terms[ours] = float(value)
+    mode, k = data.get("speculation_mode"), data.get("draft_len")
+    if mode is not None:
+        if mode not in MODES:
+            raise SpecError(f"--bench-report {p}: speculation_mode={mode!r} is none of {', '.join(MODES)}")
+        terms["mode"] = mode
+        if "acceptance" in terms and isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_DRAFT_LEN:
+            terms["acceptance"] = round(acceptance_for_length(1 + k * terms["acceptance"], k), 4)
     return terms
 
 

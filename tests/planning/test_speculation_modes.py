@@ -155,3 +155,25 @@ def test_slo_search_leaves_ngram_out_on_the_engine_runtime_and_says_so():
     assert "PyTorch backend only" in space.unsearched["ngram"]
     r = ss.search(spec, ss.Slo(ttft_ms=1000, tpot_ms=40), ss.Traffic(1024, 256), check=resolve_checked_spec)
     assert r.pick is not None and r.pick.mode != "ngram" and "ngram not searched" in r.speculation_note
+
+
+def test_a_bench_report_of_an_ngram_build_feeds_ngram_at_the_perf_models_rate(tmp_path, capsys):
+    """bench's acceptance_rate is accepted over drafted tokens (mean accepted length 1 + K x rate); the planner
+    chains a rate per drafted token: the report's length at its K is what the search assumes."""
+    import json
+
+    from pipeline.cli.commands import plan_command
+
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"model": "llama-70b", "precision": "fp8", "acceptance_rate": 0.1,
+                                  "speculation_mode": "ngram", "draft_len": 5}))
+    terms = ss.read_bench_terms(report, model="llama-70b", precision="fp8")
+    assert terms["mode"] == "ngram"
+    assert expected_tokens_per_step(terms["acceptance"], 5) == pytest.approx(1 + 5 * 0.1, abs=1e-3)
+    spec = resolve_spec(model="llama-70b", precision="fp8", gpu="h100-sxm", tp=4, pp=1, runtime="pytorch")
+    plan_command(spec, slo=True, ttft_ms="1000", tpot_ms="40", bench_report=str(report), json_=True)
+    traffic = json.loads(capsys.readouterr().out)["traffic"]
+    assert (traffic["measured_mode"], traffic["acceptance"]) == ("ngram", terms["acceptance"])
+    report.write_text(json.dumps({"model": "llama-70b", "precision": "fp8", "speculation_mode": "medusa"}))
+    with pytest.raises(SpecError, match="speculation_mode='medusa' is none of draft-target, ngram"):
+        ss.read_bench_terms(report, model="llama-70b", precision="fp8")
