@@ -25,7 +25,6 @@ class VenvTool:
     executable: str  # e.g. "aiperf", in the venv's bin/
     env: str  # e.g. "PIPELINE_AIPERF=/path/to/aiperf" uses that install instead
     venv_name: str  # e.g. "aiperf-venv"
-    min_python: tuple[int, int] = (3, 11)
 
     @property
     def venv(self) -> Path:
@@ -50,7 +49,7 @@ class VenvTool:
         """The executable: `located()`, else a fresh venv with `requirement` pip-installed (first use).
 
         Raises:
-            HostError: no suitable Python, or the install failed (exit 4).
+            HostError: the install failed (exit 4).
         """
         found = self.located()
         if found:
@@ -59,7 +58,7 @@ class VenvTool:
         if not quiet:
             print(f"installing {self.requirement} into {venv} (first use) ...", file=sys.stderr)
         shutil.rmtree(venv, ignore_errors=True)
-        for argv in ([self._python(), "-m", "venv", str(venv)],
+        for argv in ([sys.executable, "-m", "venv", str(venv)],
                      [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", self.requirement]):
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
@@ -73,15 +72,3 @@ class VenvTool:
                                 f"set {self.env}=/path/to/{self.executable}")
         (venv / INSTALLED_MARKER).write_text(self.requirement + "\n")
         return str(venv / "bin" / self.executable)
-
-    def _python(self) -> str:
-        """A Python >= min_python to create the venv with."""
-        if sys.version_info >= self.min_python:
-            return sys.executable
-        major, minor = self.min_python
-        for version in range(13, minor - 1, -1):
-            found = shutil.which(f"python{major}.{version}")
-            if found:
-                return found
-        raise HostError(f"{self.executable} needs Python >= {major}.{minor} and none is on PATH; install "
-                        f"python{major}.{minor} or set {self.env}=/path/to/{self.executable}")

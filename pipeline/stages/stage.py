@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import BuildError, PipelineError
 from pipeline.core.layout import BuildLayout
 from pipeline.core.manifests import (CheckpointManifest, DownloadManifest, EngineManifest, RepoManifest, StageResult,
                                       integrity_error)
@@ -75,9 +75,20 @@ class BuildOutputs:
     def paths(self) -> dict[str, str]:
         return {k: str(r.path) for k, r in self.results().items()}
 
+    def calibrated(self, stage: str) -> tuple[BuildLayout, StageResult[CheckpointManifest]]:
+        """The layout and target checkpoint that `stage` (after calibrate) builds from.
+
+        Raises:
+            BuildError: calibrate has not run or been located before `stage` (a stage list out of order).
+        """
+        if self.layout is None or self.checkpoint is None:
+            raise BuildError(f"{stage} needs the calibrated checkpoint; run `invoke build --until calibrate` first")
+        return self.layout, self.checkpoint
+
     def set_layout(self, spec: BuildSpec) -> None:
         """The build's layout, named by the target checkpoint (and the draft's) once calibrate found or built it."""
-        assert self.checkpoint is not None, "the layout is named by the target checkpoint"
+        if self.checkpoint is None:
+            raise BuildError("the build's layout is named by the target checkpoint; calibrate first")
         self.layout = BuildLayout(
             build_id=self.checkpoint.manifest.build_id, target=spec.target, spec_key=spec.identity("package"),
             draft_build_id=self.draft_checkpoint.manifest.build_id if self.draft_checkpoint else None,

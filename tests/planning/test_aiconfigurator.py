@@ -111,7 +111,10 @@ def test_bad_estimator_and_broken_override(monkeypatch):
 def test_failed_install_is_one_host_error_and_leaves_nothing(monkeypatch, tmp_path):
     monkeypatch.delenv(aic.AIC_ENV, raising=False)
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
-    monkeypatch.setattr(type(aic.TOOL), "_python", lambda self: str(tmp_path / "no-python"))
+    def no_python(argv, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+
+    monkeypatch.setattr("pipeline.core.tool_venv.subprocess.run", no_python)
     with pytest.raises(HostError, match="installing aiconfigurator==0.12.\\* failed") as exc:
         aic.ensure_installed(quiet=True)
     assert exc.value.exit_code == 4

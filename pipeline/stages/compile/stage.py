@@ -189,8 +189,7 @@ class CompileStage(RefLocated):
         return None
 
     def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
-        layout, checkpoint = outputs.layout, outputs.checkpoint
-        assert layout is not None and checkpoint is not None, "compile runs after calibrate"
+        layout, checkpoint = outputs.calibrated("compile")
         io = CompileIO(checkpoint, layout.engine, outputs.draft_checkpoint, layout.draft_engine)
         outputs.engine, outputs.draft_engine = run_compile(spec, io, force=force, toolchain=outputs.toolchain,
                                                            verify=options.verify)

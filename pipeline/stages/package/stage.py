@@ -31,8 +31,7 @@ class PackageStage(RefLocated):
         return None
 
     def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
-        layout, checkpoint = outputs.layout, outputs.checkpoint
-        assert layout is not None and checkpoint is not None, "package runs after calibrate"
+        layout, checkpoint = outputs.calibrated("package")
         engine, draft, draft_engine = outputs.engine, outputs.draft_checkpoint, outputs.draft_engine
         inputs = PackageInputs(
             checkpoint=checkpoint.path, tokenizer=checkpoint.path, draft_checkpoint=draft.path if draft else None,
