@@ -72,7 +72,7 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
                         "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
     terms = dict(input_len=f["input_len"], output_len=f["output_len"],
-                 acceptance=planner.DEFAULT_ACCEPTANCE if f["acceptance"] is None else f["acceptance"],
+                 acceptance=f["acceptance"],
                  prefix_hit_ratio=f["prefix_hit"] or 0.0)
     if f["compare"]:
         if f["estimator"]:

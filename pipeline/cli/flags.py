@@ -116,7 +116,8 @@ _SPEC_OPTIONS: dict[str, Option] = {
     "model": Option("registry model name (llama-70b, qwen2.5-7b, qwen3-8b, mistral-7b, mixtral-8x7b, tiny-llama, "
                     "...) or hf:ORG/NAME[@REVISION] (numbers from that Hub repo's config.json)", field="model"),
     **{name: _spec(name) for name in ("precision", "kv_cache", "tp", "pp", "moe_ep", "gpu", "gpu_count", "nodes",
-                                      "gpus_per_node", "draft", "draft_len", "draft_precision", "draft_tp",
+                                      "gpus_per_node", "draft", "speculative_decoding", "draft_len",
+                                      "max_matching_ngram_size", "draft_precision", "draft_tp",
                                       "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
                                       "calib_data", "calib_size", "calib_seq_len", "decoupled")},
     "draft_max_batch": _spec("draft_max_batch_size"),
@@ -185,10 +186,11 @@ OPTIONS: dict[str, Option] = {
     "input_len": _count("prompt tokens per request for capacity/throughput (default min(1024, max_input_len))",
                         MAX_REQUEST_TOKENS),
     "output_len": _count("output tokens per request (default 256)", MAX_REQUEST_TOKENS),
-    "compare": _switch("a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and draft off/on for this "
-                       "model and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per "
+    "compare": _switch("a table over precisions (bf16/fp8/int4_awq/w4a8_awq), TP sizes and speculation none/draft-"
+                       "target/ngram (where the runtime runs it) for this model and GPU, with speculation's speed-up, prefix reuse's prefill saving and estimated $ per "
                        "1M tokens"),
-    "acceptance": _share("draft acceptance rate for the estimate, 0..1 (default 0.7; `bench` measures it)"),
+    "acceptance": _share("acceptance rate per drafted token of the spec's speculation mode, 0..1 (default: the "
+                         "mode's, 0.7 draft-target, 0.27 ngram; `bench` measures it)"),
     "prefix_hit": _share("prefix-cache hit ratio for the estimate, 0..1 (default 0)"),
     "estimator": Option("also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own venv under the "
                         "pipeline cache on first use) and print both estimates side by side",

@@ -463,12 +463,21 @@ class EngineManifest(Manifest):
 
 
 class SpeculationRecord(BaseModel):
-    """The draft a repository serves with its target, and the draft tokens per step."""
+    """How a repository speculates: its mode, the draft model it serves with its target (draft-target only), and
+    the draft tokens per step."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    draft: str
+    mode: Literal["draft-target", "ngram"] = "draft-target"
+    draft: str | None = None
     num_draft_tokens: StrictInt = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _draft_for_draft_target(self) -> Self:
+        if (self.draft is not None) != (self.mode == "draft-target"):
+            raise ValueError(f"speculation mode {self.mode} {'needs' if self.mode == 'draft-target' else 'takes no'} "
+                             "draft model")
+        return self
 
 
 class RepoManifest(Manifest):

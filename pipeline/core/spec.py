@@ -40,6 +40,14 @@ KVCache = Literal["fp8", "int8", "bf16", "fp16"]
 GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
 Target = Literal["trtllm", "reference"]
 Runtime = Literal["engine", "pytorch"]
+# Speculative decoding: a draft model proposes (draft-target), or the request's own tokens do (ngram: prompt lookup)
+SpeculativeMode = Literal["draft-target", "ngram"]
+DRAFT_TARGET, NGRAM = "draft-target", "ngram"
+# ngram's longest matched suffix: NGramDecodingConfig.max_matching_ngram_size is a PositiveInt defaulting to 2 on
+# TensorRT-LLM's main branch and in upstream's Llama-3.1-8B n-gram accuracy test; 1.2.0 declares 0 and its
+# TorchLlmArgs.validate_speculative_config asserts > 0, so it is always written out.
+NGRAM_MATCH_DEFAULT = 2
+MAX_NGRAM_MATCH = 32
 AUTO = "auto"  # `precision: auto`: `build` calibrates the AutoPrecision candidates and keeps the cheapest passing
 
 # No infinities or NaNs anywhere (`--gpu-price 1e309` is refused, never printed as Infinity).
@@ -172,6 +180,12 @@ class SpeculationSpec(_Section):
     model_config = _Strict
 
     draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
+    speculative_decoding: SpeculativeMode | None = Field(
+        None, description="speculation mode: draft-target (a draft model; the default with --draft) or ngram (prompt "
+        "lookup: drafts copied from the request's own earlier tokens, no model; runtime pytorch)")
+    max_matching_ngram_size: int | None = Field(
+        None, ge=1, le=MAX_NGRAM_MATCH,
+        description=f"ngram: the longest suffix matched against earlier tokens (default {NGRAM_MATCH_DEFAULT})")
     draft_len: int | None = Field(
         None, le=MAX_DRAFT_LEN, description="draft tokens per step K >= 1 (default: registry's; 4-6 typical, > 8 warns)"
     )
@@ -188,6 +202,14 @@ class SpeculationSpec(_Section):
     draft_gpu_device_ids: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
         None, description="GPUs of the draft engine, one per draft TP rank (default: the target's first draft_tp)"
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in ("speculative_decoding", "max_matching_ngram_size"):
+            if data.get(name) is None:
+                data.pop(name, None)  # unset: specs that predate the modes dump (and hash) as before
+        return data
 
 
 class ServingSpec(_Section):
@@ -420,10 +442,24 @@ class BuildSpec(BaseModel):
 
     @property
     def draft_len(self) -> int:
-        if not self.draft_model:
+        """Tokens proposed per step (K): the spec's, else the target's registry default; 0 without speculation."""
+        if self.speculation_mode is None:
             return 0
         k = self.speculation.draft_len
         return self.model.default_draft_len if k is None else k
+
+    @property
+    def speculation_mode(self) -> str | None:
+        """draft-target (with a draft model, unless another mode is named), ngram, or None (no speculation)."""
+        mode = self.speculation.speculative_decoding
+        return mode or (DRAFT_TARGET if self.draft_model is not None else None)
+
+    @property
+    def ngram_size(self) -> int:
+        """ngram's max_matching_ngram_size (0 in another mode)."""
+        if self.speculation_mode != NGRAM:
+            return 0
+        return self.speculation.max_matching_ngram_size or NGRAM_MATCH_DEFAULT
 
     @property
     def draft_precision(self) -> str:
@@ -510,6 +546,8 @@ class BuildSpec(BaseModel):
             parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
                          f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "
                          f"draft_gpus={','.join(map(str, self.draft_gpu_device_ids))}")
+        elif self.speculation_mode == NGRAM:
+            parts.append(f"speculation=ngram K={self.draft_len} match<={self.ngram_size}")
         parts.append(f"kv_reuse={'on' if self.serving.enable_kv_cache_reuse else 'off'}")
         return "ok: " + " ".join(parts)
 

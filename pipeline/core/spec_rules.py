@@ -56,6 +56,8 @@ class BuildSpec(Protocol):
     @property
     def draft_len(self) -> int: ...
     @property
+    def speculation_mode(self) -> str | None: ...
+    @property
     def draft_precision(self) -> str: ...
     @property
     def draft_tp(self) -> int: ...
@@ -293,7 +295,8 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     draft, target = spec.draft_model, spec.model
     sp = spec.speculation
     if draft is None:
-        for name in ("draft_len", "draft_tp", "draft_max_batch_size", "draft_gpu_device_ids"):
+        names = ("draft_tp", "draft_max_batch_size", "draft_gpu_device_ids")
+        for name in names if spec.speculation_mode == "ngram" else ("draft_len", *names):
             if name in sp.model_fields_set and getattr(sp, name) not in (None, type(sp).model_fields[name].default):
                 raise SpecError(f"speculation.{name} is set but no draft model; pass --draft NAME (or --draft auto)")
         return
@@ -329,6 +332,45 @@ def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
             f"serving: target ({s.target_fraction(True)}) + draft ({s.draft_kv_cache_free_gpu_mem_fraction}) "
             f"KV memory fractions sum to {total:.2f} > 0.95; lower --mem-fraction (or "
             "serving.draft_kv_cache_free_gpu_mem_fraction in the spec file)"
+        )
+
+
+def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
+    """The speculation mode against the rest of the spec. N-gram (prompt lookup) is TensorRT-LLM's PyTorch backend
+    only: 1.2.0 llmapi/llm_args.py `NGramDecodingConfig.supports_backend` is `backend == "pytorch"`, and
+    `TorchLlmArgs.validate_speculative_config` asserts `max_draft_len > 0 and max_matching_ngram_size > 0`. Its
+    rejected drafts are rewound out of the KV cache, which the C++ KV cache manager refuses under beam search
+    (kvCacheManager.cpp: "Remove token is not supported with beam search")."""
+    sp, mode = spec.speculation, spec.speculation_mode
+    if sp.speculative_decoding == "draft-target" and spec.draft_model is None:
+        raise SpecError("speculation.speculative_decoding=draft-target needs a draft model; pass --draft NAME "
+                        "(or --draft auto)")
+    if mode != "ngram":
+        if sp.max_matching_ngram_size is not None:
+            raise SpecError(f"speculation.max_matching_ngram_size={sp.max_matching_ngram_size} is an ngram setting; "
+                            "pass --speculative-decoding ngram or drop it")
+        return
+    if spec.draft_model is not None:
+        raise SpecError(f"speculation.draft={spec.draft_model.name} with speculative_decoding=ngram: n-gram drafts "
+                        "come from the request's own tokens, no model; drop --draft or use draft-target")
+    if not runtime_of(spec).llmapi:
+        raise SpecError("speculation.speculative_decoding=ngram runs on TensorRT-LLM's PyTorch backend only (1.2.1 "
+                        "llm_args.py NGramDecodingConfig.supports_backend: backend == 'pytorch'); pass --runtime "
+                        "pytorch, or --draft NAME for draft-target engines")
+    if spec.limits.max_beam_width != 1:
+        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: n-gram speculation rewinds rejected "
+                        "drafts out of the KV cache, which beam search does not allow; use 1")
+    k = spec.draft_len
+    if k < 1:
+        raise SpecError(f"speculation.draft_len={k}: must be >= 1 (upstream's n-gram examples use 3-5)")
+    if k > DRAFT_LEN_WARN:
+        warnings.append(f"speculation.draft_len={k}: n-gram drafts past {DRAFT_LEN_WARN} tokens are rarely accepted "
+                        "outside highly repetitive text; measure with `invoke bench`")
+    if spec.max_batch_size > sp.max_batch_for_speculation and "max_batch_size" not in spec.limit_reasons:
+        warnings.append(
+            f"speculation with max_batch_size={spec.max_batch_size}: n-gram pays at low concurrency (upstream's "
+            f"AUTO mode turns it off at batch 32); it runs up to batch {sp.max_batch_for_speculation} "
+            "(max_concurrency), plain decoding above"
         )
 
 
@@ -411,6 +453,7 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     _check_sliding_window(spec, warnings)
     _check_hardware(spec, warnings)
     _check_draft(spec, warnings)
+    _check_speculation_mode(spec, warnings)
     _check_paged_context(spec)
     _check_speculation_kv_reuse(spec)
     p = spec.parallelism

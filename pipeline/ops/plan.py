@@ -12,6 +12,7 @@ from pipeline.core.errors import IntegrityError, SpecError
 from pipeline.core.manifests import PrecisionSearch
 from pipeline.core.spec import BuildSpec
 from pipeline.planning import planner
+from pipeline.planning.speculation_modes import measured_mode
 
 if TYPE_CHECKING:
     from pipeline.planning.slo_search import SloSearch
@@ -54,9 +55,11 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
     fixed = spec.quantization.precision if "precision" in spec.quantization.model_fields_set else None
     measured = slo_search.read_bench_terms(r.bench_report, model=spec.model.name, precision=fixed,
                                            accept_foreign=r.accept_foreign_bench_report) if r.bench_report else {}
-    acceptance = r.acceptance if r.acceptance is not None else measured.get("acceptance", planner.DEFAULT_ACCEPTANCE)
+    acceptance = r.acceptance if r.acceptance is not None else measured.get("acceptance")
     prefix_share = r.prefix_share if r.prefix_share is not None else measured.get("prefix_share", 0.0)
-    traffic = slo_search.Traffic(*lengths, rate=r.rate, acceptance=acceptance, prefix_share=prefix_share)
+    mode = measured_mode(spec) if r.acceptance is not None else measured.get("mode", measured_mode(spec))
+    traffic = slo_search.Traffic(*lengths, rate=r.rate, acceptance=acceptance, prefix_share=prefix_share,
+                                 measured_mode=mode)
     passing, source = passing_precisions(spec, r.precision_search)
     quality = quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=resolve_checked_spec, precisions=passing,

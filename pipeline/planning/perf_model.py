@@ -7,8 +7,8 @@ work every rank repeats (norms, residuals), two all-reduces per layer at TP > 1 
 per peer that large messages pay) and a fixed cost per layer (launches, small kernels).
 A serving cycle of D = 1 + (output - 1) / tokens-per-step steps holds one mixed step per request (its prompt beside
 the decoding requests) and decode-only steps for the rest; beyond D requests the rest queue (`estimate`).
-Speculation turns K + 1 verified tokens into the expected accepted tokens per step at the draft's K steps' cost; a
-prefix hit skips the reused blocks' prefill.
+Speculation turns K + 1 verified tokens into the expected accepted tokens per step, at the draft model's K steps'
+cost (draft-target) or none (n-gram: a host-side lookup); a prefix hit skips the reused blocks' prefill.
 
 The constants (`CALIBRATION`) are fitted to NVIDIA AIConfigurator 0.12's TensorRT-LLM database for H100 SXM and H200
 (tests/data/aiconfigurator_0.12.json, refitted with scripts/fit_perf_model.py, checked on held-out points by
@@ -129,9 +129,10 @@ class EngineCost:
 
 @dataclass(frozen=True)
 class Speculation:
-    """Draft-target decoding: the draft engine, K proposed tokens and the acceptance rate per proposed token."""
+    """Speculative decoding: the draft engine (None: drafts cost no forward pass, as n-gram's lookup), K proposed
+    tokens and the acceptance rate per proposed token."""
 
-    draft: EngineCost
+    draft: EngineCost | None
     draft_len: int
     acceptance: float
 
@@ -140,7 +141,8 @@ class Speculation:
 
 
 def expected_tokens_per_step(acceptance: float, draft_len: int) -> float:
-    """Tokens one target step yields with draft-target speculation: (1 - a^(K+1)) / (1 - a) (K + 1 at a = 1)."""
+    """Tokens one target step yields with speculation (the mean accepted length, the bonus token included):
+    (1 - a^(K+1)) / (1 - a) (K + 1 at a = 1)."""
     if acceptance >= 1.0:
         return float(draft_len + 1)
     return (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)
@@ -152,7 +154,7 @@ class Estimate:
     tpot_ms: float
     output_tokens_per_s: float
     prefill_ms: float  # one request's prefill step alone (no queueing)
-    decode_step_ms: float  # one decode-only step of the whole batch (target, plus the draft's K steps)
+    decode_step_ms: float  # one decode-only step of the whole batch (target, plus a draft model's K steps)
     tokens_per_target_step: float
 
 
@@ -178,7 +180,7 @@ def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int,
     def step(context: int, decoders: float) -> float:
         ms = target.step_ms(cal, context_tokens=context, context_len=input_len if context else 0,
                             decode_seqs=decoders, decode_len=decode_len, tokens_per_seq=verify)
-        if speculation and decoders:
+        if speculation and speculation.draft is not None and decoders:
             ms += speculation.draft_len * speculation.draft.step_ms(cal, context_tokens=0, context_len=0,
                                                                     decode_seqs=decoders, decode_len=decode_len)
         return ms

@@ -18,9 +18,11 @@ from pipeline.planning.perf_model import (
     Estimate,
     Speculation,
     estimate,
+    expected_tokens_per_step,
     kv_bytes_per_token,
 )
 from pipeline.planning.placement import capacity, try_place, with_memory
+from pipeline.planning.speculation_modes import acceptances, mode_model, without_speculation
 
 if TYPE_CHECKING:
     from pipeline.core.spec import BuildSpec
@@ -33,7 +35,6 @@ SCALE_BYTES = 2  # AWQ group scales are stored 16-bit in the engine
 RUNTIME_RESERVE_GIB = 3.5
 NCCL_RESERVE_GIB = {1: 0.0, 2: 0.334, 4: 0.383}  # 8 and more: the TP 4 figure
 TP_CHOICES = (1, 2, 4, 8)
-DEFAULT_ACCEPTANCE = 0.7  # draft tokens accepted per proposed (measure yours with `invoke bench`)
 # The default operating point: the batch with the lowest $ per 1M output tokens whose TPOT stays within this
 # (an interactive target: 20 tokens/s per user). `max_batch_size` is only the engine's ceiling.
 DEFAULT_TPOT_TARGET_MS = 50.0
@@ -216,8 +217,8 @@ class CapacityPlan:
     ttft_ms_estimate: float  # calibrated estimate at decode_batch concurrent requests (perf_model)
     tpot_ms_estimate: float
     output_tokens_per_s_estimate: float  # continuous batching, prefill interleaved, speculation and reuse included
-    acceptance_rate: float | None  # the estimate's draft acceptance (None without a draft)
-    speculation_active: bool  # a draft is planned and decode_batch is within max_batch_for_speculation
+    acceptance_rate: float | None  # the estimate's acceptance per drafted token (None without speculation)
+    speculation_active: bool  # speculation is planned and decode_batch is within max_batch_for_speculation
     prefix_hit_ratio: float
     gpu_price_per_hour: float
     gpu_price_source: str  # the flag/spec, $PIPELINE_GPU_PRICE, or pipeline.core.gpus.GPU_PRICES with its source and date
@@ -233,6 +234,9 @@ class CapacityPlan:
     nodes: int = 1
     per_node: list[dict[str, Any]] | None = None  # placement.NodeMemory per node (ranks, used and KV pool GiB)
     moe: dict[str, Any] | None = None  # MoE models only: `moe_placement` (total/active parameters, expert TP/EP per GPU)
+    speculation_mode: str | None = None  # draft-target, ngram or None
+    draft_len: int = 0  # K drafted tokens per step (0 without speculation)
+    speculation_loads: list[dict[str, Any]] | None = None  # `LoadPoint`s: the mode vs none at low and high load
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -330,15 +334,22 @@ def decode_bound(target: EngineShape, gpu: GPU, *, batch: int, input_len: int, o
 
 
 def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_len: int, output_len: int,
-                     acceptance: float, prefix_hit_ratio: float) -> tuple[Estimate, bool]:
-    """perf_model's estimate for the spec's target (and draft, when speculation is on at this batch)."""
+                     acceptance: float | None, prefix_hit_ratio: float) -> tuple[Estimate, bool]:
+    """perf_model's estimate for the spec's target, with its speculation mode when on at this batch (the load
+    gate `max_batch_for_speculation`, every mode): K + 1 tokens verified per target step, a draft model's K steps
+    where the mode runs one (`speculation_modes.MODES`). `acceptance`: per drafted token (None: the mode's
+    default)."""
     q = spec.quantization
     target = EngineCost(spec.model.architecture, q.precision, q.kv, tp, gpu)
-    active = spec.draft_model is not None and 0 < batch <= spec.speculation.max_batch_for_speculation
+    mode = spec.speculation_mode
+    active = mode is not None and 0 < batch <= spec.speculation.max_batch_for_speculation
     speculation = None
-    if active and spec.draft_model is not None:
-        draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
-        speculation = Speculation(draft, spec.draft_len, acceptance)
+    if active and mode is not None:
+        model = mode_model(mode)
+        draft = None
+        if model.draft_model and spec.draft_model is not None:
+            draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
+        speculation = Speculation(draft, spec.draft_len, model.acceptance if acceptance is None else acceptance)
     block = spec.limits.tokens_per_block
     reused = int(prefix_hit_ratio * input_len) // block * block if spec.serving.enable_kv_cache_reuse else 0
     est = estimate(target, input_len=input_len, output_len=output_len, batch=batch, prefix_reused=reused,
@@ -387,16 +398,47 @@ def operating_point(spec: BuildSpec, gpu: GPU, *, ceiling: int, tpot_target_ms: 
                      f"{ceiling})")
 
 
+@dataclass(frozen=True)
+class LoadPoint:
+    """The speculation mode against no speculation at one batch, on the same GPUs."""
+
+    load: str  # "low" (one request) or "high" (the batch ceiling)
+    batch: int
+    speculation_active: bool  # within max_batch_for_speculation
+    output_tokens_per_s: float
+    output_tokens_per_s_without: float
+    cost_per_1m_output_tokens_usd: float | None
+    cost_per_1m_output_tokens_usd_without: float | None
+
+
+def speculation_loads(spec: BuildSpec, gpu: GPU, *, ceiling: int, price: float, **terms: Any) -> list[LoadPoint]:
+    """The spec's speculation mode vs none at low load (batch 1) and high load (the batch ceiling); empty
+    without speculation or when no request fits. `terms`: serving_estimate's tp, lengths, acceptance and prefix."""
+    if spec.speculation_mode is None or ceiling < 1:
+        return []
+    plain = without_speculation(spec)
+    gpus = spec.parallelism.tp * spec.parallelism.pp
+    points = []
+    for load, batch in (("low", 1), ("high", ceiling)):
+        est, active = serving_estimate(spec, gpu, batch=batch, **terms)
+        base, _ = serving_estimate(plain, gpu, batch=batch, **terms)
+        points.append(LoadPoint(load, batch, active, round(est.output_tokens_per_s, 1),
+                                round(base.output_tokens_per_s, 1), cost_per_1m(gpus, price, est.output_tokens_per_s),
+                                cost_per_1m(gpus, price, base.output_tokens_per_s)))
+    return points
+
+
 def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
-                  acceptance: float = DEFAULT_ACCEPTANCE, prefix_hit_ratio: float = 0.0,
+                  acceptance: float | None = None, prefix_hit_ratio: float = 0.0,
                   tpot_target_ms: float | None = DEFAULT_TPOT_TARGET_MS) -> CapacityPlan:
     """Plan memory fit, KV capacity, concurrency, throughput (estimate and roofline bound) and cost for a spec.
 
     The batch ceiling is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate is
     at the operating point (`operating_point`: the cheapest batch within `tpot_target_ms`; None: the ceiling),
-    continuous batching with speculation at `acceptance` and prefix reuse at `prefix_hit_ratio`.
+    continuous batching with speculation at `acceptance` per drafted token (None: the spec's mode's default,
+    `speculation_modes.MODES`) and prefix reuse at `prefix_hit_ratio`.
     """
-    if not 0.0 <= acceptance <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
+    if not 0.0 <= (acceptance or 0.0) <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
         raise SpecError("plan: --acceptance and --prefix-hit must be within 0..1")
     gpu = GPUS[spec.hardware.gpu]
     tp, pp = spec.parallelism.tp, spec.parallelism.pp
@@ -404,11 +446,13 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     r = _capacity(spec, gpu, input_len, output_len, tp=tp)
     target, draft = r["target"], r["draft"]
     ceiling = min(spec.max_batch_size, r["concurrent"])
-    terms: dict[str, Any] = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=acceptance,
+    mode = spec.speculation_mode
+    rate = acceptances(spec, acceptance)[mode] if mode is not None else None
+    terms: dict[str, Any] = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=rate,
                                  prefix_hit_ratio=prefix_hit_ratio)
     batch, why = operating_point(spec, gpu, ceiling=ceiling, tpot_target_ms=tpot_target_ms, **terms)
     est, active = serving_estimate(spec, gpu, batch=batch, **terms)
-    # with speculation the bound counts every expected token of a target step and the draft's steps as free
+    # with speculation the bound counts every expected token of a target step and the drafting as free
     bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
     bound *= est.tokens_per_target_step
     arch, q = spec.model.architecture, spec.quantization
@@ -428,13 +472,15 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         operating_point=why, tpot_target_ms=tpot_target_ms,
         decode_tokens_per_s_bound=round(bound, 1), ttft_ms_estimate=round(est.ttft_ms, 1),
         tpot_ms_estimate=round(est.tpot_ms, 2), output_tokens_per_s_estimate=round(est.output_tokens_per_s, 1),
-        acceptance_rate=acceptance if draft is not None else None, speculation_active=active,
+        acceptance_rate=rate, speculation_active=active,
         prefix_hit_ratio=prefix_hit_ratio, gpu_price_per_hour=price, gpu_price_source=chosen.source,
         cost_per_1m_output_tokens_usd=cost_per_1m(tp * pp, price, est.output_tokens_per_s),
         cost_per_1m_output_tokens_usd_at_bound=cost_per_1m(tp * pp, price, bound),
         nodes=r["placement"].nodes if "placement" in r else 1,
         per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
-        moe=moe_placement(spec), **_draft_fields(spec, r),
+        moe=moe_placement(spec), speculation_mode=mode, draft_len=spec.draft_len,
+        speculation_loads=[asdict(x) for x in speculation_loads(spec, gpu, ceiling=ceiling, price=price, **terms)]
+        or None, **_draft_fields(spec, r),
     )
 
 
@@ -490,8 +536,10 @@ def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
     """The throughput and cost rows of the plan table."""
     terms = [f"prefix hit {p.prefix_hit_ratio:.0%}"]
     if p.acceptance_rate is not None:
-        terms.insert(0, f"speculation {'on' if p.speculation_active else 'gated off'}, acceptance "
-                        f"{p.acceptance_rate:.0%}")
+        mode = "" if p.speculation_mode in (None, "draft-target") else f"{p.speculation_mode} "
+        length = expected_tokens_per_step(p.acceptance_rate, p.draft_len)
+        terms.insert(0, f"{mode}speculation {'on' if p.speculation_active else 'gated off'}, acceptance "
+                        f"{p.acceptance_rate:.0%} ({length:.2f} tokens/step at K={p.draft_len})")
     return [
         ("operating point", p.operating_point),
         (f"estimate @ batch {p.decode_batch} ({', '.join(terms)})",
@@ -500,5 +548,19 @@ def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
         ("decode roofline (upper bound)", f"{p.decode_tokens_per_s_bound:,.0f} tok/s"),
         (f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
          f"{_usd(p.cost_per_1m_output_tokens_usd)} (at the bound: {_usd(p.cost_per_1m_output_tokens_usd_at_bound)})"),
+        *_load_rows(p),
         ("GPU price source", p.gpu_price_source),
     ]
+
+
+def _load_rows(p: CapacityPlan) -> list[tuple[str, str]]:
+    """The speculation mode's estimate at low and high load beside no speculation."""
+    rows = []
+    for x in p.speculation_loads or []:
+        state = "on" if x["speculation_active"] else "gated off: above max_batch_for_speculation"
+        gain = x["output_tokens_per_s"] / x["output_tokens_per_s_without"] if x["output_tokens_per_s_without"] else 1.0
+        rows.append((f"{p.speculation_mode} K={p.draft_len} @ batch {x['batch']} ({x['load']} load, {state})",
+                     f"{x['output_tokens_per_s']:,.0f} tok/s, {_usd(x['cost_per_1m_output_tokens_usd'])} per 1M; "
+                     f"without speculation {x['output_tokens_per_s_without']:,.0f} tok/s, "
+                     f"{_usd(x['cost_per_1m_output_tokens_usd_without'])} (x{gain:.2f})"))
+    return rows

@@ -1,9 +1,10 @@
 """The cheapest serving configuration for an SLO and a traffic shape (`invoke plan --slo`).
 
-Searches precision x TP x PP x max batch x draft off/on x K (x runtime where the rules accept only one) with the
-planner's memory model (what fits, how many requests the KV pool holds) and its calibrated estimate (TTFT, TPOT,
-tok/s; speculation through the acceptance rate and `max_batch_for_speculation`, the planner's load gate: a draft is
-searched only up to it; prefix reuse through the prefill it saves). Memory prunes first: a structure that does not
+Searches precision x TP x PP x max batch x speculation mode (none; draft-target with the registry's draft; ngram
+where the spec's runtime runs it) x K (x runtime where the rules accept only one) with the planner's memory model
+(what fits, how many requests the KV pool holds) and its calibrated estimate (TTFT, TPOT, tok/s; speculation through
+each mode's acceptance rate and `max_batch_for_speculation`, the planner's load gate: a mode is searched only up to
+it; prefix reuse through the prefill it saves). Memory prunes first: a structure that does not
 fit at a batch does not fit at a larger one. The spec's intrinsic rules (`resolve_spec`) refuse structures; the pick and the front pass the whole of
 `check`'s rules through the `check` callable the caller hands in (`resolve_checked_spec`: stages sit above us).
 """
@@ -19,13 +20,17 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.runtimes import runtime_of, runtime_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
-from pipeline.core.spec import SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec
+from pipeline.core.model_entry import MAX_DRAFT_LEN
+from pipeline.core.spec import (
+    DRAFT_TARGET, NGRAM, SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec,
+)
 from pipeline.core.table import format_table
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
-    DEFAULT_ACCEPTANCE, TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
+    TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
 )
+from pipeline.planning.speculation_modes import MODES, acceptance_for_length
 
 if TYPE_CHECKING:
     from pipeline.core.manifests import PrecisionSearch
@@ -57,7 +62,17 @@ class Traffic:
     output_len: int
     prefix_share: float = 0.0
     rate: float | None = None  # requests per second
-    acceptance: float = DEFAULT_ACCEPTANCE
+    acceptance: float | None = None  # per drafted token, of `measured_mode` (None: its default)
+    measured_mode: str = DRAFT_TARGET  # the mode `acceptance` was measured in; the others take their defaults
+
+    def acceptance_for(self, mode: str) -> float:
+        """The acceptance rate per drafted token the search assumes for `mode`."""
+        if mode == self.measured_mode and self.acceptance is not None:
+            return self.acceptance
+        return MODES[mode].acceptance
+
+    def describe_acceptance(self) -> str:
+        return ", ".join(f"{mode} {self.acceptance_for(mode):.0%}" for mode in MODES)
 
 
 @dataclass(frozen=True)
@@ -70,9 +85,12 @@ class Structure:
     draft: str | None
     draft_len: int | None
     runtime: str
+    mode: str | None = None  # draft-target (with `draft`), ngram, or None
 
     def label(self, batch: int | None = None) -> str:
         draft = f"draft {self.draft} K={self.draft_len}" if self.draft else "no draft"
+        if self.mode == NGRAM:
+            draft = f"ngram K={self.draft_len}"
         at = f" batch {batch}" if batch is not None else ""
         return f"{self.precision} tp={self.tp} pp={self.pp}{at}, {draft}, {self.runtime}"
 
@@ -96,12 +114,13 @@ class Candidate:
     replicas: int  # 1 without a rate; else enough to serve it
     cost_per_1m_output_tokens_usd: float
     quality: str | None = None  # checked | unchecked | failed (its quality gate); None: not judged
+    mode: str | None = None  # the speculation mode (draft-target, ngram) or None
 
     def label(self) -> str:
         return self.structure().label(self.max_batch)
 
     def structure(self) -> Structure:
-        return Structure(self.precision, self.tp, self.pp, self.draft, self.draft_len, self.runtime)
+        return Structure(self.precision, self.tp, self.pp, self.draft, self.draft_len, self.runtime, self.mode)
 
 
 @dataclass
@@ -126,6 +145,7 @@ class SloSearch:
     precisions: tuple[str, ...] = ()  # the precisions searched
     precision_source: str = "searched"  # or the quality record whose passing set they are
     quality_note: str = ""  # how quality weighed in the pick ("" when not judged)
+    speculation_note: str = ""  # why the pick's speculation mode: the best of each other mode, or why unsearched
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,9 +156,10 @@ class _Space:
     precisions: tuple[str, ...]
     tps: tuple[int, ...]
     pps: tuple[int, ...]
-    drafts: tuple[tuple[str | None, int | None], ...]
+    modes: tuple[tuple[str | None, str | None, int | None], ...]  # (speculation mode, draft model, K)
     batches: tuple[int, ...]
     runtimes: tuple[str, ...]
+    unsearched: dict[str, str] = field(default_factory=dict)  # speculation mode -> why the search leaves it out
 
 
 def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple[str, ...] | None = None) -> _Space:
@@ -151,18 +172,40 @@ def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple
     tps = (p.tp,) if "tp" in p.model_fields_set and not placed else tuple(t for t in TP_CHOICES if t <= gpus)
     pps = (p.pp,) if "pp" in p.model_fields_set and not placed else PP_CHOICES
     draft_name = spec.model.default_draft
-    drafts: tuple[tuple[str | None, int | None], ...]
-    if "draft" in sp.model_fields_set:
-        drafts = ((spec.draft_model.name, spec.draft_len),) if spec.draft_model else ((None, None),)
-    elif draft_name and speculation:
+    modes: list[tuple[str | None, str | None, int | None]] = [(None, None, None)]
+    unsearched: dict[str, str] = {}
+    if {"draft", "speculative_decoding"} & sp.model_fields_set:  # the spec's mode (or none) is fixed
+        if spec.speculation_mode is not None:
+            draft = spec.draft_model.name if spec.draft_model else None
+            modes = [(spec.speculation_mode, draft, spec.draft_len)]
+        unsearched = {m: "the spec fixes its speculation mode" for m in MODES if m != spec.speculation_mode}
+    elif speculation:
         lens = (sp.draft_len,) if sp.draft_len else DRAFT_LENS
-        drafts = ((None, None), *((draft_name, k) for k in lens))
-    else:
-        drafts = ((None, None),)
+        if draft_name:
+            modes += [(DRAFT_TARGET, draft_name, k) for k in lens]
+        else:
+            unsearched[DRAFT_TARGET] = f"{spec.model.name} has no default draft model"
+        refusal = _mode_refusal(spec, NGRAM)
+        if refusal is None:
+            modes += [(NGRAM, None, k) for k in lens]
+        else:
+            unsearched[NGRAM] = refusal
     return _Space(
         precisions=(q.precision,) if "precision" in q.model_fields_set else (precisions or SEARCH_PRECISIONS),
-        tps=tps, pps=pps, drafts=drafts, batches=(spec.max_batch_size,) if given_batch else BATCHES,
-        runtimes=(spec.runtime,) if "runtime" in spec.model_fields_set else RUNTIMES)
+        tps=tps, pps=pps, modes=tuple(modes), batches=(spec.max_batch_size,) if given_batch else BATCHES,
+        runtimes=(spec.runtime,) if "runtime" in spec.model_fields_set else RUNTIMES, unsearched=unsearched)
+
+
+def _mode_refusal(spec: BuildSpec, mode: str) -> str | None:
+    """Why the spec's rules refuse speculation `mode` on the spec's runtime (given or default: the search does not
+    switch runtimes to reach a mode), else None."""
+    s = Structure(spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp, None, None, spec.runtime,
+                  mode)
+    try:
+        _structure_spec(spec, s)
+    except SpecError as exc:
+        return str(exc)
+    return None
 
 
 def _structure_spec(spec: BuildSpec, s: Structure) -> BuildSpec:
@@ -191,9 +234,9 @@ def _fit(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:
 
 
 def _batches(space: _Space, s: Structure, gate: int) -> tuple[int, ...]:
-    """The batches searched for `s`: with a draft only up to the planner's load gate (above it speculation is gated
-    off and the same engine without the draft serves cheaper)."""
-    if s.draft is None:
+    """The batches searched for `s`: with speculation only up to the planner's load gate (above it speculation is
+    gated off and the same engine without it serves as cheap or cheaper)."""
+    if s.mode is None:
         return space.batches
     return tuple(b for b in space.batches if b <= gate) or space.batches[:1]
 
@@ -213,7 +256,8 @@ def _fitting_count(spec: BuildSpec, traffic: Traffic, batches: tuple[int, ...]) 
 def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, price: float) -> Candidate:
     gpu = GPUS[spec.hardware.gpu]
     est, active = serving_estimate(spec, gpu, tp=s.tp, batch=batch, input_len=traffic.input_len,
-                                   output_len=traffic.output_len, acceptance=traffic.acceptance,
+                                   output_len=traffic.output_len,
+                                   acceptance=traffic.acceptance_for(s.mode) if s.mode else None,
                                    prefix_hit_ratio=traffic.prefix_share)
     gpus = s.tp * s.pp
     replicas = 1
@@ -227,7 +271,7 @@ def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, pric
         draft_len=s.draft_len, runtime=s.runtime, gpus=gpus, ttft_ms=round(est.ttft_ms, 1),
         tpot_ms=round(est.tpot_ms, 2), tokens_per_s=round(est.output_tokens_per_s, 1),
         tokens_per_s_per_gpu=round(est.output_tokens_per_s / gpus, 1), speculation_active=active,
-        replicas=replicas, cost_per_1m_output_tokens_usd=cost)
+        replicas=replicas, cost_per_1m_output_tokens_usd=cost, mode=s.mode)
 
 
 def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]) -> Iterator[tuple[Structure, BuildSpec]]:
@@ -238,10 +282,10 @@ def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]) -> Iter
             for pp in space.pps:
                 if tp * pp > capacity(spec.hardware):
                     continue
-                for draft, k in space.drafts:
+                for mode, draft, k in space.modes:
                     refusal = ""
                     for runtime in space.runtimes:  # the first runtime whose rules accept it
-                        s = Structure(precision, tp, pp, draft, k, runtime)
+                        s = Structure(precision, tp, pp, draft, k, runtime, mode)
                         try:
                             yield s, _structure_spec(spec, s)
                             break
@@ -305,7 +349,7 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
         raise SpecError("plan --slo: the search plans GPU serving (target trtllm); drop --target reference")
     if slo.ttft_ms <= 0 or slo.tpot_ms <= 0:
         raise SpecError("plan --slo: --ttft-ms and --tpot-ms must be > 0")
-    if not 0.0 <= traffic.prefix_share <= 1.0 or not 0.0 <= traffic.acceptance <= 1.0:
+    if not 0.0 <= traffic.prefix_share <= 1.0 or not 0.0 <= (traffic.acceptance or 0.0) <= 1.0:
         raise SpecError("plan --slo: --prefix-share and --acceptance must be within 0..1")
     space = search_space(spec, speculation=speculation, precisions=precisions)
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
@@ -325,7 +369,36 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
     searched = sum(loss.count for loss in losses.values()) + len(fitting)
     result = _decide(spec, slo, traffic, fitting, losses, check=check, price=price, searched=searched)
     result.precisions, result.precision_source = space.precisions, precision_source
+    result.speculation_note = _speculation_note(result.pick, fitting, slo, space.unsearched)
     return result
+
+
+def _mode_name(mode: str | None) -> str:
+    return mode or "no speculation"
+
+
+def _speculation_note(pick: Candidate | None, fitting: list[Candidate], slo: Slo, unsearched: Mapping[str, str]
+                      ) -> str:
+    """Why the pick's speculation mode: its cost beside the cheapest candidate of each other mode meeting the SLO,
+    and the modes the search left out."""
+    if pick is None:
+        return ""
+    parts = []
+    for mode in (None, *MODES):
+        if mode == pick.mode:
+            continue
+        if mode is not None and mode in unsearched:
+            parts.append(f"{mode} not searched ({unsearched[mode]})")
+            continue
+        rivals = [c for c in fitting if c.mode == mode]
+        best = min((c for c in rivals if _verdict(c, slo) is None), key=_order, default=None)
+        if best is not None:
+            parts.append(f"{_mode_name(mode)} at best ${best.cost_per_1m_output_tokens_usd:.4f} ({best.label()})")
+        elif rivals:
+            parts.append(f"{_mode_name(mode)}: none of {len(rivals)} fitting meets the SLO")
+    gated = " (gated off at this batch)" if pick.mode and not pick.speculation_active else ""
+    return (f"speculation: {_mode_name(pick.mode)}{gated}, the cheapest meeting the SLO at "
+            f"${pick.cost_per_1m_output_tokens_usd:.4f} per 1M; " + "; ".join(parts))
 
 
 def _checked(spec: BuildSpec, c: Candidate, check: Callable[..., BuildSpec]) -> str | None:
@@ -399,7 +472,10 @@ def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, 
         overrides.update(section.model_dump(exclude_unset=True))
     overrides.update(dict.fromkeys(spec.limit_reasons))
     overrides.update(precision=s.precision, tp=s.tp, pp=s.pp, draft=s.draft, draft_len=s.draft_len,
-                     max_batch_size=batch, draft_precision=None, draft_gpu_device_ids=None)
+                     max_batch_size=batch, draft_precision=None, draft_gpu_device_ids=None,
+                     speculative_decoding=NGRAM if s.mode == NGRAM else None)
+    if s.mode != NGRAM:
+        overrides.update(max_matching_ngram_size=None)
     if s.draft is None or runtime_named(s.runtime, spec.target).llmapi:  # the LLM API runs the draft in the target
         overrides.update(draft_tp=None, draft_max_batch_size=None)
     return dict(model=spec.model.name, target=spec.target, runtime=s.runtime, models_file=spec.models_file,
@@ -418,7 +494,7 @@ def serving_target(r: SloSearch) -> ServingTarget:
     return ServingTarget(
         replicas=p.replicas, ttft_ms=r.slo.ttft_ms, tpot_ms=r.slo.tpot_ms,
         traffic=PlannedTraffic(input_len=t.input_len, output_len=t.output_len, prefix_share=t.prefix_share,
-                               acceptance=t.acceptance, rate=t.rate),
+                               acceptance=t.acceptance_for(p.mode or t.measured_mode), rate=t.rate),
         estimate=PlannedEstimate(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s=p.tokens_per_s,
                                  cost_per_1m_output_tokens_usd=round(p.cost_per_1m_output_tokens_usd, 6)))
 
@@ -439,10 +515,13 @@ def spec_document(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
-                     accept_foreign: bool = False) -> dict[str, float]:
+                     accept_foreign: bool = False) -> dict[str, Any]:
     """`acceptance` and `prefix_share` from an `invoke bench --json-file` report (its `acceptance_rate` and
     `prefix_cache_hit_ratio`; other keys ignored, absent or null ones left out), once its top-level `model` and
-    `precision` are `model` and `precision` (None: the search varies precision, any one is taken).
+    `precision` are `model` and `precision` (None: the search varies precision, any one is taken). A report that
+    names its `speculation_mode` and K (`draft_len`) adds `mode`, and its acceptance becomes the perf model's rate:
+    bench's rate is accepted over drafted tokens, a mean accepted length of 1 + K x rate, which
+    `speculation_modes.acceptance_for_length` turns into the rate per drafted token the planner chains.
 
     Raises:
         SpecError: the file is missing, too large, not a JSON object, a value is outside 0..1, or the report is of
@@ -469,6 +548,13 @@ def read_bench_terms(path: str | Path, *, model: str, precision: str | None,
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
             raise SpecError(f"--bench-report {p}: {theirs}={value!r} must be a number within 0..1")
         terms[ours] = float(value)
+    mode, k = data.get("speculation_mode"), data.get("draft_len")
+    if mode is not None:
+        if mode not in MODES:
+            raise SpecError(f"--bench-report {p}: speculation_mode={mode!r} is none of {', '.join(MODES)}")
+        terms["mode"] = mode
+        if "acceptance" in terms and isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_DRAFT_LEN:
+            terms["acceptance"] = round(acceptance_for_length(1 + k * terms["acceptance"], k), 4)
     return terms
 
 
@@ -500,9 +586,10 @@ def passing_precisions(record: PrecisionSearch, spec: BuildSpec, path: Path) -> 
 
 
 def _draft_cell(c: Candidate) -> str:
-    if c.draft is None:
+    if c.mode is None:
         return "-"
-    return f"{c.draft} K={c.draft_len}" + ("" if c.speculation_active else " (gated off)")
+    name = f"{c.draft} K={c.draft_len}" if c.draft else f"{c.mode} K={c.draft_len}"
+    return name + ("" if c.speculation_active else " (gated off)")
 
 
 def format_search(r: SloSearch) -> str:
@@ -511,14 +598,15 @@ def format_search(r: SloSearch) -> str:
     rate = f", {t.rate:g} req/s" if t.rate else ", fully loaded"
     lines = [f"{r.model} on {r.gpu} at ${r.gpu_price_per_hour:.2f}/GPU-h: SLO TTFT <= {slo.ttft_ms:g} ms, "
              f"TPOT <= {slo.tpot_ms:g} ms; {t.input_len}+{t.output_len} tokens, prefix share {t.prefix_share:.0%}, "
-             f"acceptance {t.acceptance:.0%}{rate}; {r.searched:,} configurations searched"]
+             f"acceptance {t.describe_acceptance()}{rate}; {r.searched:,} configurations searched"]
     if r.pick is not None:
         p = r.pick
         lines.append(f"pick: {p.label()}: TTFT {p.ttft_ms:,.0f} ms, TPOT {p.tpot_ms:.1f} ms, "
                      f"{p.tokens_per_s_per_gpu:,.0f} tok/s per GPU, ${p.cost_per_1m_output_tokens_usd:.4f} per 1M "
                      f"output tokens ({p.replicas} x {p.gpus} GPU{'s' if p.gpus > 1 else ''})")
         lines += [r.quality_note] if r.quality_note else []
-    head = ("", "precision", "KV", "tp", "pp", "batch", "draft", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",
+        lines += [r.speculation_note] if r.speculation_note else []
+    head = ("", "precision", "KV", "tp", "pp", "batch", "speculation", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",
             "$/1M tok", "SLO", "quality")
     rows = [head]
     for c in r.front:

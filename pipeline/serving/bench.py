@@ -305,6 +305,8 @@ class BenchReport:
     prefix_cache_hit_ratio: float | None = None
     prefix_cache_source: str = "n/a"
     acceptance_rate: float | None = None
+    speculation_mode: str | None = None  # the spec's (bench_spec): draft-target | ngram
+    draft_len: int = 0  # K, the tokens drafted per speculative step (bench_spec)
     notes: list[str] = field(default_factory=list)
     shared_prefix_tokens: int = 0
     shared_prefix_share: float = 0.0
@@ -334,7 +336,16 @@ class BenchReport:
         return sum(lv.requests for lv in self.levels)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "failed": self.failed}
+        return {**asdict(self), "failed": self.failed, "mean_accepted_length": self.mean_accepted_length}
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per speculative target step: the target's own plus the accepted drafts, 1 + K x acceptance rate
+        (upstream's per-request metrics count drafted and accepted tokens, not steps; a step that drafted fewer
+        than K tokens, as n-gram may, makes this an upper bound)."""
+        if self.acceptance_rate is None or not self.draft_len:
+            return None
+        return 1 + self.draft_len * self.acceptance_rate
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -382,7 +393,9 @@ def format_report(r: BenchReport) -> str:
           for name, d in (("input", r.input_len), ("output", r.output_len)) if d or r.dataset),
         f"model {r.triton_model} at {r.url} ({'streaming' if r.streaming else 'non-streaming'}), "
         f"max_tokens={r.max_tokens}, {r.gpus} GPU(s) at ${r.gpu_price_per_hour:.2f}/GPU-h ({r.gpu_price_source})",
-        f"speculation acceptance rate: {acc}",
+        f"speculation{f' ({r.speculation_mode}, K={r.draft_len})' if r.speculation_mode else ''} acceptance rate: "
+        f"{acc}" + (f"; mean accepted length {r.mean_accepted_length:.2f} tokens per speculative step"
+                    if r.mean_accepted_length is not None else ""),
         f"prefix-cache hit ratio: {hit} (source: {r.prefix_cache_source}); TTFT p50 cold/warm: "
         f"{_fmt(r.ttft_ms_cold_p50)}/{_fmt(r.ttft_ms_warm_p50)} ms",
         f"requests that speculated: {_pct(r.speculated_share)}"
@@ -1314,4 +1327,5 @@ def bench_spec(
                           ready_timeout_s=ready_timeout_s) as started:
             report = run(ServerUrls(started.grpc_url, started.metrics_url, started.http_url))
     report.model, report.precision = spec.model.name, spec.quantization.precision
+    report.speculation_mode, report.draft_len = spec.speculation_mode, spec.draft_len
     return report

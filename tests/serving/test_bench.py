@@ -489,3 +489,17 @@ def test_plot_without_matplotlib_is_exit_2_with_the_install_line(monkeypatch, ca
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: --plot needs matplotlib, which is not installed; pip install -e '.[dev]' (or drop --plot)"]
+
+
+def test_report_names_the_speculation_mode_and_its_mean_accepted_length(tmp_path):
+    lv = summarize(1, [RequestSample(ok=True, latency_s=0.5, ttft_s=0.05, output_tokens=8, draft_tokens=8,
+                                     accepted_draft_tokens=2)], 0.5, gpus=1, price_per_gpu_hour=3.5)
+    r = BenchReport("127.0.0.1:1", "tensorrt_llm", True, 8, 1, 1, 3.5, levels=[lv], acceptance_rate=0.25,
+                    speculation_mode="ngram", draft_len=4)
+    assert r.mean_accepted_length == 2.0  # 1 + K x acceptance: the target's token and 4 x 0.25 drafts
+    assert "speculation (ngram, K=4) acceptance rate: 25.0%; mean accepted length 2.00 tokens per speculative " \
+           "step" in format_report(r)
+    data = json.loads(write_json(r, tmp_path / "b.json").read_text())
+    assert (data["speculation_mode"], data["draft_len"], data["mean_accepted_length"]) == ("ngram", 4, 2.0)
+    plain = BenchReport("127.0.0.1:1", "tensorrt_llm", True, 8, 1, 1, 3.5, levels=[lv])
+    assert plain.mean_accepted_length is None and "speculation acceptance rate: n/a" in format_report(plain)

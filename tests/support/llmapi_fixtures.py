@@ -44,3 +44,17 @@ def fabricated_fp8_export(src: Path, dest: Path) -> Path:
     (dest / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.37.0"},
                                                            "quantization": quant}, indent=2))
     return dest
+
+
+def hf_reference_module(name: str = "hf_reference_under_test"):
+    """The reference backend's engine module (`templates/llmapi/tensorrt_llm/1/hf_reference.py`), loaded as the
+    Triton python backend loads it: from its file, outside the package."""
+    import importlib.util
+
+    from pipeline.stages.package.render import templates_root
+
+    path = templates_root("llmapi") / "tensorrt_llm" / "1" / "hf_reference.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

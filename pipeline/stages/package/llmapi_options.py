@@ -2,8 +2,9 @@
 
 Field names and accepted values are those of `tensorrt_llm/llmapi/llm_args.py` (1.2.x): `BaseLlmArgs`
 (`tensor_parallel_size`, `pipeline_parallel_size`, `max_batch_size`, `max_num_tokens`, `max_seq_len`),
-`TorchLlmArgs.enable_chunked_prefill`, `KvCacheConfig` and `DraftTargetDecodingConfig` (built from YAML through
-`DecodingBaseConfig.from_dict`, whose key for it is "DraftTarget"). The same YAML feeds
+`TorchLlmArgs.enable_chunked_prefill` / `disable_overlap_scheduler`, `KvCacheConfig`, `DraftTargetDecodingConfig` and
+`NGramDecodingConfig` (built from YAML through `DecodingBaseConfig.from_dict`, whose keys for them are "DraftTarget"
+and "NGram"). The same YAML feeds
 `trtllm-serve --extra_llm_api_options` and the Triton `llmapi` model's `model.yaml`. Unknown keys are refused
 here as `LlmArgs` (a `StrictBaseModel`, extra="forbid") refuses them there.
 
@@ -14,7 +15,7 @@ batch, sequence lengths, TP/PP and the KV dtype, so only the runtime KV-cache se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,6 +73,29 @@ class DraftTargetConfig(BaseModel):
     )
 
 
+NGRAM_DECODING_TYPE: Final = "NGram"
+
+
+class NGramConfig(BaseModel):
+    """`speculative_config` for n-gram (prompt lookup) speculation (1.2.1 `NGramDecodingConfig`, PyTorch backend
+    only): drafts are the tokens that followed an earlier match of the request's last `max_matching_ngram_size`
+    tokens. `is_keep_all`, `is_use_oldest` and `is_public_pool` keep upstream's defaults (True) and are not
+    written."""
+
+    model_config = _Strict
+
+    decoding_type: Literal["NGram"] = NGRAM_DECODING_TYPE
+    max_draft_len: int = Field(..., ge=1, description="draft tokens proposed per step (K)")
+    # 1.2.0 declares 0 and asserts > 0 (TorchLlmArgs.validate_speculative_config): always written
+    max_matching_ngram_size: int = Field(..., ge=1, description="longest suffix matched against earlier tokens")
+    max_concurrency: int | None = Field(
+        None, ge=1, description="PyTorch only: speculation is disabled at batch sizes above this value"
+    )
+
+
+SpeculativeConfig = Annotated[DraftTargetConfig | NGramConfig, Field(discriminator="decoding_type")]
+
+
 class LlmApiOptions(BaseModel):
     """The extra LLM-API options of one build (`trtllm-serve --extra_llm_api_options`, `model.yaml`)."""
 
@@ -87,7 +111,10 @@ class LlmApiOptions(BaseModel):
     max_seq_len: int = Field(..., ge=1)
     enable_chunked_prefill: bool = False
     kv_cache_config: KvCacheConfig = KvCacheConfig()
-    speculative_config: DraftTargetConfig | None = None
+    # n-gram: the PyTorch executor turns the overlap scheduler off for it anyway (py_executor_creator.py:
+    # `support_overlap_scheduler()` is False for NGRAM); written as upstream's n-gram examples do
+    disable_overlap_scheduler: bool | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The options as upstream reads them (unset speculation and max_concurrency left out)."""
@@ -104,7 +131,10 @@ class LlmApiOptions(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
-            raise SpecError(f"{what}: {loc}={err.get('input')!r}: {err['msg']}; fix the LLM-API options") from None
+            given = err.get("input")
+            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # the speculative config's own key
+                loc, given = f"{loc}.decoding_type", (err.get("ctx") or {}).get("tag")
+            raise SpecError(f"{what}: {loc}={given!r}: {err['msg']}; fix the LLM-API options") from None
 
     @classmethod
     def read(cls, path: str | Path) -> LlmApiOptions:
@@ -117,7 +147,7 @@ class LlmApiOptions(BaseModel):
 def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiOptions:
     """The LLM-API options of `spec` on the PyTorch backend; `draft_dir`: where the draft's HF checkpoint is
     when served (required exactly when the spec has a draft)."""
-    speculative = spec.draft_model is not None
+    speculative = spec.draft_model is not None  # a draft model beside the target (its KV pool shares the GPU)
     if speculative != (draft_dir is not None):
         need = "the draft's checkpoint directory" if speculative else "no draft directory (the spec has no draft)"
         raise SpecError(f"llm_api_options: spec {spec.model.name} needs {need}")
@@ -131,10 +161,13 @@ def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiO
         enable_block_reuse=s.enable_kv_cache_reuse,
         free_gpu_memory_fraction=s.target_fraction(speculative),
     )
-    draft = None
+    draft: DraftTargetConfig | NGramConfig | None = None
     if speculative:
         draft = DraftTargetConfig(max_draft_len=spec.draft_len, speculative_model_dir=str(draft_dir),
                                   max_concurrency=spec.speculation.max_batch_for_speculation)
+    elif spec.speculation_mode == "ngram":
+        draft = NGramConfig(max_draft_len=spec.draft_len, max_matching_ngram_size=spec.ngram_size,
+                            max_concurrency=spec.speculation.max_batch_for_speculation)
     return LlmApiOptions(
         tensor_parallel_size=spec.parallelism.tp,
         pipeline_parallel_size=spec.parallelism.pp,
@@ -145,6 +178,7 @@ def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiO
         max_seq_len=spec.max_seq_len,
         enable_chunked_prefill=s.enable_chunked_context,
         kv_cache_config=kv,
+        disable_overlap_scheduler=True if isinstance(draft, NGramConfig) else None,
         speculative_config=draft,
     )
 

@@ -25,6 +25,7 @@ from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, stage_key
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.manifests import RepoManifest
+from pipeline.core.spec import BuildSpec
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate.hf_checkpoint import HF_QUANT_CONFIG
@@ -112,7 +113,7 @@ def read_hf_checkpoint(path: Path, *, what: str) -> dict[str, Any]:
 def model_yaml(spec, options: LlmApiOptions, *, model: str, draft: str | None, tokenizer: str | None) -> dict:
     """The model.yaml mapping: `model`, `backend`, the options (draft dir replaced by `draft`), `triton_config`."""
     llm = options.as_dict()
-    if (draft is None) != ("speculative_config" not in llm):
+    if (draft is None) != ("speculative_model_dir" not in llm.get("speculative_config", {})):
         raise PackageError("the LLM-API options and the draft checkpoint disagree: pass both or neither")
     if draft is not None:
         llm["speculative_config"]["speculative_model_dir"] = draft
@@ -121,6 +122,14 @@ def model_yaml(spec, options: LlmApiOptions, *, model: str, draft: str | None, t
     # Streaming (decoupled) unless the spec says otherwise: the draft runs inside the LLM, so it streams too.
     decoupled = True if spec.serving.decoupled is None else spec.serving.decoupled
     return {**head, **llm, "triton_config": {"max_batch_size": 0, "decoupled": decoupled}}
+
+
+def _speculation(spec: BuildSpec) -> dict[str, Any] | None:
+    """The manifest's record of how the repository speculates (None: it does not)."""
+    if spec.speculation_mode is None:
+        return None
+    draft = spec.draft_model.name if spec.draft_model is not None else None
+    return {"mode": spec.speculation_mode, "draft": draft, "num_draft_tokens": spec.draft_len}
 
 
 def write_llmapi_repo(dest: Path, *, model: LlmapiModel, data: dict, parameters: dict[str, str]) -> None:
@@ -217,7 +226,7 @@ def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, 
             key=key, target=backend.target, runtime=backend.runtime, build_id=build_id, spec=spec.summary(),
             spec_key=inputs.spec_key,
             models=sorted(summary.models),
-            speculation={"draft": spec.draft_model.name, "num_draft_tokens": spec.draft_len} if draft_dir else None,
+            speculation=_speculation(spec),
             sources={"llm": str(checkpoint_dir), "draft": str(draft_dir) if draft_dir else None,
                      "tokenizer": str(tok.resolve())},
             gpt_model_path={llmapi_yaml.MODEL: data["model"]},

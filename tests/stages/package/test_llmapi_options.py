@@ -85,3 +85,33 @@ def test_bad_options_refused(patch, match):
     base = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 512}
     with pytest.raises(SpecError, match=match):
         LlmApiOptions.from_mapping({**base, **patch}, what="t.yaml")
+
+
+def test_ngram_options_are_1_2_fields_with_its_required_values():
+    from tests.support import llm_args_table as table
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", speculative_decoding="ngram", draft_len=3,
+                        max_matching_ngram_size=4, runtime="pytorch", target="reference", max_batch_size=4)
+    written = yaml.safe_load(llm_api_options(spec, draft_dir=None).to_yaml())
+    assert set(written) <= table.LLM_ARGS and written["disable_overlap_scheduler"] is True
+    config = written["speculative_config"]
+    assert config == {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 4, "max_concurrency": 8}
+    assert config["decoding_type"] in table.FROM_DICT
+    assert set(config) - {"decoding_type"} <= table.CLASSES["NGram"]
+    # 1.2.0 declares max_matching_ngram_size=0 and asserts > 0: the default is always written
+    default = resolve_spec(model="tiny-llama", speculative_decoding="ngram", runtime="pytorch", target="reference")
+    assert llm_api_options(default, draft_dir=None).as_dict()["speculative_config"]["max_matching_ngram_size"] == 2
+    # the KV pool is the target's alone (no draft model beside it)
+    assert written["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+    with pytest.raises(SpecError, match=r"speculative_config.*max_matching_ngram_size"):
+        LlmApiOptions.from_mapping({**written, "speculative_config": {**config, "max_matching_ngram_size": 0}},
+                                   what="t.yaml")
+
+
+def test_draft_target_options_are_1_2_fields():
+    from tests.support import llm_args_table as table
+
+    spec = resolve_spec(model="tiny-llama", draft="auto", runtime="pytorch", target="reference")
+    written = yaml.safe_load(llm_api_options(spec, draft_dir="d").to_yaml())
+    assert set(written) <= table.LLM_ARGS and "disable_overlap_scheduler" not in written
+    assert set(written["speculative_config"]) - {"decoding_type"} <= table.CLASSES["DraftTarget"]

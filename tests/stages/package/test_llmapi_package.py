@@ -4,7 +4,6 @@ dequantization of ModelOpt's HF export formats."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +19,7 @@ from pipeline.stages.package.llmapi_options import LlmApiOptions, llm_api_option
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
 from pipeline.stages.package.render import templates_root
 from tests.support import llmapi_contract_table as table
-from tests.support.llmapi_fixtures import fabricated_fp8_export
+from tests.support.llmapi_fixtures import hf_reference_module, fabricated_fp8_export
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +160,7 @@ def test_install_refuses_a_missing_checkpoint(tmp_path, exports):
 
 # ------------------------------------------------------------------------------------------------ dequantization
 def _hf_reference():
-    path = templates_root("llmapi") / "tensorrt_llm" / "1" / "hf_reference.py"
-    spec = importlib.util.spec_from_file_location("hf_reference_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return hf_reference_module("hf_reference_under_test")
 
 
 def test_dequantize_modelopt_formats():

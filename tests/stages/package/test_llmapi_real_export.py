@@ -4,7 +4,6 @@ round-trip loader, written independently) computes from the same files."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
@@ -13,18 +12,15 @@ from pipeline.stages.calibrate.hf_checkpoint import load_hf_checkpoint
 from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import llm_api_options
 from pipeline.stages.package.llmapi_package import package_llmapi_repo
-from pipeline.stages.package.render import templates_root
+
+from tests.support.llmapi_fixtures import hf_reference_module
 
 pytestmark = pytest.mark.slow
 TEXTS = ["Once upon a time there was a little dog.", "The cat sat on the mat and looked at the bird."] * 4
 
 
 def _hf_reference():
-    path = templates_root("llmapi") / "tensorrt_llm" / "1" / "hf_reference.py"
-    spec = importlib.util.spec_from_file_location("hf_reference_real_export", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return hf_reference_module("hf_reference_real_export")
 
 
 def _export(src, out, precision, kv):

@@ -13,9 +13,11 @@ one speculative step). Prefix caching (`kv_cache_config.enable_block_reuse`, def
 prompt's full blocks of `tokens_per_block` tokens are kept with their K/V, keyed by a hash chain over the prefix; a
 new prompt reuses the longest chain within its first len - 1 tokens. Per request: reused blocks, missed blocks
 (context blocks not found), blocks allocated (total / never used before) and hit rate = reused / (reused + missed).
-Speculation (`speculative_config` DraftTarget): greedy requests only, while the number of active requests is at most
-`max_concurrency` (when set): the draft proposes `max_draft_len` tokens, the target verifies them in one forward
-pass and keeps the agreeing prefix plus its own next token.
+Speculation (`speculative_config` DraftTarget or NGram): greedy requests only, while the number of active requests
+is at most `max_concurrency` (when set): the draft model (DraftTarget), or the tokens that followed an earlier
+occurrence of the sequence's last up-to-`max_matching_ngram_size` tokens (NGram, `NGramPool`), propose up to
+`max_draft_len` tokens; the target verifies them in one forward pass and keeps the agreeing prefix plus its own next
+token, so the output is the target's own greedy output.
 """
 
 import collections
@@ -260,6 +262,49 @@ class EngineSettings:
     block_reuse: bool
     max_draft_len: int = 0
     max_concurrency: int | None = None
+    max_matching_ngram_size: int = 0  # NGram speculation (no draft model) when > 0
+
+
+class NGramPool:
+    """Prompt-lookup drafting as TensorRT-LLM's PyTorch NGram drafter does it with its defaults (every continuation
+    kept, the oldest proposed, one pool for all requests): each run of up to `n` tokens seen so far maps to the
+    up-to-`k` tokens that followed it; a step proposes what followed the longest run that ends the sequence now.
+    At most `MAX_RUNS` runs are kept (the oldest go first)."""
+
+    MAX_RUNS = 1 << 16
+
+    def __init__(self, k, n):
+        self.k, self.n = k, n
+        self.follow = {}  # run of tokens -> continuations, oldest first, each as long as any seen after the run
+        self.indexed = {}  # id(sequence) -> first position whose runs may still change
+
+    def propose(self, seq, limit):
+        """Up to `limit` draft tokens for `seq`, after indexing the runs of its tokens not indexed yet."""
+        tokens = seq.tokens
+        if limit <= 0 or len(tokens) < 2:
+            return []
+        start = self.indexed.get(id(seq), 0)
+        for size in range(min(self.n, len(tokens) - 1), 0, -1):
+            for i in range(start, len(tokens) - size):
+                run, after = tuple(tokens[i:i + size]), tuple(tokens[i + size:i + size + self.k])
+                known = self.follow.get(run)
+                if not known or len(after) > len(known[0]):
+                    self.follow.pop(run, None)
+                    self.follow[run] = [after]
+                elif len(after) == len(known[0]) and after not in known:
+                    known.append(after)
+        while len(self.follow) > self.MAX_RUNS:
+            del self.follow[next(iter(self.follow))]
+        # a continuation shorter than k may still grow: index again from where one could
+        self.indexed[id(seq)] = max(0, len(tokens) - (self.k + self.n - 1))
+        for size in range(min(self.n, len(tokens) - 1), 0, -1):
+            known = self.follow.get(tuple(tokens[-size:]))
+            if known:
+                return list(known[0][:limit])
+        return []
+
+    def forget(self, seq):
+        self.indexed.pop(id(seq), None)
 
 
 class Engine:
@@ -269,6 +314,8 @@ class Engine:
         self.model, self.tokenizer, self.draft = model, tokenizer, draft
         self.max_batch_size, self.max_seq_len = max(1, settings.max_batch_size), settings.max_seq_len
         self.k, self.max_concurrency = settings.max_draft_len, settings.max_concurrency
+        n = settings.max_matching_ngram_size
+        self.ngram = NGramPool(self.k, n) if draft is None and n > 0 and self.k > 0 else None
         capacity = self.max_batch_size * math.ceil(settings.max_seq_len / settings.tokens_per_block)
         self.prefix = PrefixCache(settings.tokens_per_block, capacity, settings.block_reuse)
         self.on_step = on_step
@@ -309,6 +356,8 @@ class Engine:
                     seq.finish_reason, seq.stop_reason, done = "error", str(exc), True
                 self.on_step(seq, done)
                 if done:
+                    if self.ngram is not None:
+                        self.ngram.forget(seq)
                     with self.cv:
                         self.active.remove(seq)
 
@@ -323,7 +372,7 @@ class Engine:
             return True
         if seq.cache is None:
             return self._prefill(seq)
-        speculate = (self.draft is not None and self.k > 0 and seq.greedy
+        speculate = ((self.draft is not None or self.ngram is not None) and self.k > 0 and seq.greedy
                      and (self.max_concurrency is None or len(self.active) <= self.max_concurrency))
         if speculate:
             return self._speculate(seq)
@@ -341,7 +390,7 @@ class Engine:
         seq.cache = cache
         return self._append(seq, [choose(logits[-1], seq)])
 
-    def _speculate(self, seq) -> bool:
+    def _draft_model_proposal(self, seq):
         if seq.draft_cache is None:
             seq.draft_cache, seq.draft_len = DynamicCache(), 0
         proposal, feed = [], seq.tokens[seq.draft_len:]
@@ -349,6 +398,16 @@ class Engine:
             logits, seq.draft_cache = self._forward(self.draft, feed, seq.draft_cache)
             proposal.append(int(torch.argmax(logits[-1])))
             feed = proposal[-1:]
+        return proposal
+
+    def _speculate(self, seq) -> bool:
+        if self.draft is not None:
+            proposal = self._draft_model_proposal(seq)
+        else:  # n-gram: never past the request's last token (upstream drafts within the sequence's length)
+            proposal = self.ngram.propose(seq, min(self.k, seq.max_tokens - len(seq.generated) - 1))
+            if not proposal:
+                logits, seq.cache = self._forward(self.model, seq.tokens[-1:], seq.cache)
+                return self._append(seq, [choose(logits[-1], seq)])
         n = len(seq.tokens)
         logits, seq.cache = self._forward(self.model, [seq.tokens[-1], *proposal], seq.cache)
         accepted = []
@@ -359,8 +418,9 @@ class Engine:
                 break
         a = len(accepted) - 1
         seq.cache.crop(n - 1 + len(accepted))
-        seq.draft_len = min(seq.draft_cache.get_seq_length(), n + a)
-        seq.draft_cache.crop(seq.draft_len)
+        if self.draft is not None:
+            seq.draft_len = min(seq.draft_cache.get_seq_length(), n + a)
+            seq.draft_cache.crop(seq.draft_len)
         seq.perf["total_draft_tokens"] += len(proposal)
         seq.perf["total_accepted_draft_tokens"] += a
         seq.perf["acceptance_rate"] = seq.perf["total_accepted_draft_tokens"] / seq.perf["total_draft_tokens"]

@@ -83,10 +83,11 @@ class TritonPythonModel:
         model_dir = _path(str(llm["model"]))
         self.tokenizer = AutoTokenizer.from_pretrained(_path(str(llm.get("tokenizer") or model_dir)))
         spec = llm.get("speculative_config") or {}
-        if spec and spec.get("decoding_type") != "DraftTarget":
+        if spec and spec.get("decoding_type") not in ("DraftTarget", "NGram"):
             raise pb_utils.TritonModelException(f"speculative_config.decoding_type {spec.get('decoding_type')!r}: "
-                                                "the reference backend serves DraftTarget only")
-        draft = load_model(_path(str(spec["speculative_model_dir"])), dtype) if spec else None
+                                                "the reference backend serves DraftTarget and NGram")
+        ngram = spec.get("decoding_type") == "NGram"
+        draft = load_model(_path(str(spec["speculative_model_dir"])), dtype) if spec and not ngram else None
         kv = llm.get("kv_cache_config") or {}
         self.lock = threading.Lock()
         self.by_id = {}  # request id -> sequences
@@ -95,7 +96,8 @@ class TritonPythonModel:
             max_seq_len=int(llm.get("max_seq_len") or self.tokenizer.model_max_length),
             tokens_per_block=int(_param(config, "tokens_per_block", "32")),
             block_reuse=bool(kv.get("enable_block_reuse", True)),
-            max_draft_len=int(spec.get("max_draft_len") or 0), max_concurrency=spec.get("max_concurrency"))
+            max_draft_len=int(spec.get("max_draft_len") or 0), max_concurrency=spec.get("max_concurrency"),
+            max_matching_ngram_size=int(spec.get("max_matching_ngram_size") or 0) if ngram else 0)
         self.engine = Engine(load_model(model_dir, dtype), self.tokenizer, settings, draft=draft,
                              on_step=self._on_step)
 
