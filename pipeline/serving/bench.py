@@ -1147,6 +1147,10 @@ def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> boo
         stream = info.decoupled and info.name != "tensorrt_llm_bls"
     if stream and not info.decoupled:
         raise BenchError(f"model '{info.name}' is not decoupled, so it cannot stream; pass --no-stream")
+    if speculation != "server" and info.llmapi:
+        raise BenchError(f"--speculation {speculation}: the LLM-API model '{info.name}' takes no per-request draft "
+                         "length (TensorRT-LLM 1.2's llmapi contract); bench a build without speculation on the "
+                         "same prompts (same --dataset/--requests/--seed: the workload sha256 matches) and compare")
     if speculation != "server" and "num_draft_tokens" not in info.inputs:
         raise BenchError(f"--speculation {speculation}: model '{info.name}' has no num_draft_tokens input; "
                          "benchmark tensorrt_llm_bls")

@@ -503,3 +503,16 @@ def test_report_names_the_speculation_mode_and_its_mean_accepted_length(tmp_path
     assert (data["speculation_mode"], data["draft_len"], data["mean_accepted_length"]) == ("ngram", 4, 2.0)
     plain = BenchReport("127.0.0.1:1", "tensorrt_llm", True, 8, 1, 1, 3.5, levels=[lv])
     assert plain.mean_accepted_length is None and "speculation acceptance rate: n/a" in format_report(plain)
+
+
+def test_speculation_arms_need_a_route_with_a_per_request_draft_length():
+    from pipeline.serving.bench import _ModelInfo, _stream_mode
+
+    llm = _ModelInfo("tensorrt_llm", {"text_input": "BYTES", "sampling_param_max_tokens": "INT32"}, set(), True)
+    assert _stream_mode(llm, None, "server") is True
+    with pytest.raises(BenchError, match=r"^--speculation both: the LLM-API model 'tensorrt_llm' takes no "
+                                         r"per-request draft length .* the workload sha256 matches"):
+        _stream_mode(llm, None, "both")
+    ensemble = _ModelInfo("ensemble", {"text_input": "BYTES", "max_tokens": "INT32"}, set(), True)
+    with pytest.raises(BenchError, match=r"has no num_draft_tokens input; benchmark tensorrt_llm_bls"):
+        _stream_mode(ensemble, None, "off")
