@@ -5,7 +5,7 @@ builds one from the Hub."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeGuard
+from typing import Annotated, Any, Literal, TypeGuard
 
 from pydantic import (
     BaseModel,
@@ -231,8 +231,36 @@ class CalibrationDefaults(BaseModel):
     max_ppl_delta_pct: float = Field(default=1.0, gt=0, le=1000)
 
 
+class Eagle3Head(BaseModel):
+    """What makes an entry an EAGLE-3 head: the target it was trained on (its hidden states and tokenizer), the
+    head's draft vocabulary (TensorRT-LLM 1.2 `_torch/models/modeling_auto.py` loads a checkpoint as
+    `EAGLE3<arch>` only when its config.json has `draft_vocab_size`) and, where the target has too few layers for
+    upstream's default `(1, L/2 - 1, L - 4)` (`Eagle3SpecMetadata`: "Not enough hidden layers for default EAGLE3
+    capture" at L <= 5), the target layers whose outputs the head was trained on (`eagle3_layers_to_capture`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str
+    draft_vocab_size: int = Field(gt=0, le=MAX_VOCAB)
+    capture_layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] | None = Field(None, min_length=1)
+
+    @field_validator("target")
+    @classmethod
+    def _safe_target(cls, value: str) -> str:
+        if not SAFE_NAME.match(value) or ".." in value:
+            raise ValueError(f"{value!r} is not a safe name: use letters, digits and . _ + - (no '/', no '..')")
+        return value
+
+    @field_validator("capture_layers")
+    @classmethod
+    def _distinct(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(f"capture_layers {list(value)} repeats a layer")
+        return value
+
+
 class ModelEntry(BaseModel):
-    """One registry entry."""
+    """One registry entry (a model, or an EAGLE-3 head when `eagle3` is set)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -250,13 +278,19 @@ class ModelEntry(BaseModel):
     default_draft_len: int = Field(5, ge=1, le=MAX_DRAFT_LEN)
     limits: ModelLimits = ModelLimits()
     calibration: CalibrationDefaults = CalibrationDefaults()
+    eagle3: Eagle3Head | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("tokenizer_size") is None:
-            data.pop("tokenizer_size", None)  # unset: every entry that predates it dumps (and hashes) as before
+        for name in ("tokenizer_size", "eagle3"):
+            if data.get(name) is None:
+                data.pop(name, None)  # unset: every entry that predates it dumps (and hashes) as before
         return data
+
+    @property
+    def is_eagle3_head(self) -> bool:
+        return self.eagle3 is not None
 
     @field_validator("name", "default_draft")
     @classmethod
