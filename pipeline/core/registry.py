@@ -59,6 +59,9 @@ def _load(user_file: str | None) -> dict[str, ModelEntry]:
     for entry in out.values():
         if entry.default_draft and entry.default_draft not in out:
             raise RegistryError(f"model '{entry.name}': default_draft '{entry.default_draft}' is not in the registry")
+        head = entry.eagle3
+        if head is not None and (head.target not in out or out[head.target].is_eagle3_head):
+            raise RegistryError(f"model '{entry.name}': eagle3.target '{head.target}' is not a model in the registry")
     return out
 
 
@@ -86,6 +89,11 @@ def get_model(name: str, *, models_file: str | Path | None = None) -> ModelEntry
         known = ", ".join(sorted(registry))
         raise RegistryError(f"unknown model '{name}'; known models: {known} (add one with --models-file FILE.yaml)")
     return registry[name]
+
+
+def eagle3_heads(target: str, *, models_file: str | Path | None = None) -> list[ModelEntry]:
+    """The registry's EAGLE-3 heads trained for `target`, in registry order."""
+    return [e for e in load_registry(models_file).values() if e.eagle3 is not None and e.eagle3.target == target]
 
 
 _HUB_ENTRIES: dict[str, ModelEntry] = {}

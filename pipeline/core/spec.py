@@ -30,7 +30,7 @@ from pydantic import (
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS
 from pipeline.core.hub_entry import check_hub_tokenizers
-from pipeline.core.registry import MAX_BATCH, MAX_DRAFT_LEN, MAX_POSITIONS, ModelEntry, get_model
+from pipeline.core.registry import MAX_BATCH, MAX_DRAFT_LEN, MAX_POSITIONS, ModelEntry, eagle3_heads, get_model
 from pipeline.core.untrusted import load_yaml_mapping
 from pipeline.core.spec_rules import validate_spec
 from pipeline.core.trtllm_rules import compute_dtype as precision_compute_dtype
@@ -40,9 +40,10 @@ KVCache = Literal["fp8", "int8", "bf16", "fp16"]
 GPUName = Literal["h100-sxm", "h100-pcie", "h100-nvl", "h200", "l40s", "a100"]
 Target = Literal["trtllm", "reference"]
 Runtime = Literal["engine", "pytorch"]
-# Speculative decoding: a draft model proposes (draft-target), or the request's own tokens do (ngram: prompt lookup)
-SpeculativeMode = Literal["draft-target", "ngram"]
-DRAFT_TARGET, NGRAM = "draft-target", "ngram"
+# Speculative decoding: a draft model proposes (draft-target), an EAGLE-3 head on the target's hidden states does
+# (eagle3), or the request's own tokens do (ngram: prompt lookup)
+SpeculativeMode = Literal["draft-target", "eagle3", "ngram"]
+DRAFT_TARGET, EAGLE3, NGRAM = "draft-target", "eagle3", "ngram"
 # ngram's longest matched suffix: NGramDecodingConfig.max_matching_ngram_size is a PositiveInt defaulting to 2 on
 # TensorRT-LLM's main branch and in upstream's Llama-3.1-8B n-gram accuracy test; 1.2.0 declares 0 and its
 # TorchLlmArgs.validate_speculative_config asserts > 0, so it is always written out.
@@ -179,9 +180,11 @@ class SpeculationSpec(_Section):
 
     model_config = _Strict
 
-    draft: str | None = Field(None, description="draft model for draft-target speculation ('auto': registry default)")
+    draft: str | None = Field(None, description="draft model (draft-target) or EAGLE-3 head (eagle3); 'auto': the "
+                              "registry's default draft, or with eagle3 the registry's head for the target")
     speculative_decoding: SpeculativeMode | None = Field(
-        None, description="speculation mode: draft-target (a draft model; the default with --draft) or ngram (prompt "
+        None, description="speculation mode: draft-target (a draft model; the default with --draft), eagle3 (--draft "
+        "names an EAGLE-3 head trained for the target; the default when it does; runtime pytorch) or ngram (prompt "
         "lookup: drafts copied from the request's own earlier tokens, no model; runtime pytorch)")
     max_matching_ngram_size: int | None = Field(
         None, ge=1, le=MAX_NGRAM_MATCH,
@@ -446,13 +449,24 @@ class BuildSpec(BaseModel):
         if self.speculation_mode is None:
             return 0
         k = self.speculation.draft_len
-        return self.model.default_draft_len if k is None else k
+        if k is not None:
+            return k
+        head = self.draft_model if self.speculation_mode == EAGLE3 else None
+        return (head or self.model).default_draft_len  # an EAGLE-3 head's own (upstream's examples use 3-4)
 
     @property
     def speculation_mode(self) -> str | None:
-        """draft-target (with a draft model, unless another mode is named), ngram, or None (no speculation)."""
+        """The named mode; unnamed: eagle3 with an EAGLE-3 head, draft-target with a draft model, else None."""
         mode = self.speculation.speculative_decoding
-        return mode or (DRAFT_TARGET if self.draft_model is not None else None)
+        if mode or self.draft_model is None:
+            return mode
+        return EAGLE3 if self.draft_model.is_eagle3_head else DRAFT_TARGET
+
+    @property
+    def quantized_draft(self) -> ModelEntry | None:
+        """The draft model that is calibrated, exported and built like the target (draft-target); None in the other
+        modes: an EAGLE-3 head is served as downloaded, in its own dtype."""
+        return self.draft_model if self.speculation_mode == DRAFT_TARGET else None
 
     @property
     def ngram_size(self) -> int:
@@ -758,6 +772,13 @@ def _draft_entry(entry: ModelEntry, speculation: Any, models_file: str | Path | 
     draft = speculation.get("draft") if isinstance(speculation, dict) else None
     if not draft or not isinstance(draft, str):
         return None
+    if draft == AUTO and isinstance(speculation, dict) and speculation.get("speculative_decoding") == EAGLE3:
+        heads = eagle3_heads(entry.name, models_file=models_file)
+        if not heads:
+            raise SpecError(f"speculation.draft='auto' with eagle3: no EAGLE-3 head in the registry is trained for "
+                            f"'{entry.name}'; add one (an entry with `eagle3: {{target: {entry.name}, ...}}`) or use "
+                            "--speculative-decoding draft-target|ngram")
+        return heads[0]
     name = entry.default_draft if draft == AUTO else draft
     if not name:
         raise SpecError(f"speculation.draft='auto': model '{entry.name}' has no default_draft; name a draft model")

@@ -16,6 +16,8 @@ from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
 from pipeline.core.model_entry import ModelEntry
 from pipeline.core.runtimes import runtime_of
+
+DRAFT_TARGET, EAGLE3 = "draft-target", "eagle3"  # the spec's modes (pipeline.core.spec imports these rules)
 from pipeline.core.trtllm_rules import (
     MAX_NUM_TOKENS_WARN,
     PYTORCH_KV,
@@ -34,6 +36,8 @@ class BuildSpec(Protocol):
     def model(self) -> ModelEntry: ...
     @property
     def draft_model(self) -> ModelEntry | None: ...
+    @property
+    def quantized_draft(self) -> ModelEntry | None: ...
     @property
     def runtime(self) -> str: ...
     @property
@@ -85,7 +89,7 @@ DRAFT_LEN_WARN = 8
 def _check_hardware(spec: BuildSpec, warnings: list[str]) -> None:
     gpu = GPUS[spec.hardware.gpu]
     q = spec.quantization
-    for role, precision in (("target", q.precision), ("draft", spec.draft_precision if spec.draft_model else None)):
+    for role, precision in (("target", q.precision), ("draft", spec.draft_precision if spec.quantized_draft else None)):
         if precision and needs_fp8_hardware(precision, q.kv) and not gpu.has_fp8:
             raise SpecError(
                 f"hardware.gpu={gpu.name}: SM {gpu.sm / 10:.1f} has no FP8, but the {role} uses precision={precision} "
@@ -105,7 +109,7 @@ def _check_kv(spec: BuildSpec) -> None:
     if q.kv not in ("bf16", "fp16"):
         return
     target = spec.compute_dtype_of("target")
-    draft = spec.compute_dtype_of("draft") if spec.draft_model else target
+    draft = spec.compute_dtype_of("draft") if spec.quantized_draft else target
     if draft != target:
         raise SpecError(
             f"quantization.kv_cache={q.kv}: an unquantized KV cache uses each model's compute dtype, here {target} "
@@ -126,7 +130,7 @@ def _paged_needs(spec: BuildSpec) -> list[str]:
         needs.append("KV reuse (--no-kv-reuse to drop it)")
     if s.enable_chunked_context:
         needs.append("chunked context (--no-chunked-context to drop it)")
-    if spec.draft_model:
+    if spec.quantized_draft:
         needs.append("draft-target speculation")
     return needs
 
@@ -137,7 +141,7 @@ def _check_paged_context(spec: BuildSpec) -> None:
     if not needs:
         return
     precisions = [("target", q.precision)]
-    if spec.draft_model:
+    if spec.quantized_draft:
         precisions.append(("draft", spec.draft_precision))
     for role, precision in precisions:
         why = paged_context_fmha_blocker(precision, q.kv, context_fmha=spec.limits.context_fmha,
@@ -230,8 +234,8 @@ def _check_family(spec: BuildSpec) -> None:
     """Each model's family runs its precision on this runtime in TensorRT-LLM 1.2.1 (`pipeline/core/architectures.py`
     cites the support matrix read for each cell)."""
     roles = [("target", spec.model, spec.quantization.precision)]
-    if spec.draft_model:
-        roles.append(("draft", spec.draft_model, spec.draft_precision))
+    if spec.quantized_draft:
+        roles.append(("draft", spec.quantized_draft, spec.draft_precision))
     backend = runtime_of(spec)
     for role, model, precision in roles:
         why = support_blocker(model.architecture.family, pytorch_backend=backend.llmapi, precision=precision)
@@ -294,6 +298,8 @@ def _check_same_tokenizer(target: ModelEntry, draft: ModelEntry) -> None:
 def _check_draft(spec: BuildSpec, warnings: list[str]) -> None:
     draft, target = spec.draft_model, spec.model
     sp = spec.speculation
+    if spec.speculation_mode == EAGLE3:
+        return  # `_check_eagle3`
     if draft is None:
         names = ("draft_tp", "draft_max_batch_size", "draft_gpu_device_ids")
         for name in names if spec.speculation_mode == "ngram" else ("draft_len", *names):
@@ -342,9 +348,17 @@ def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
     rejected drafts are rewound out of the KV cache, which the C++ KV cache manager refuses under beam search
     (kvCacheManager.cpp: "Remove token is not supported with beam search")."""
     sp, mode = spec.speculation, spec.speculation_mode
+    if spec.model.is_eagle3_head:
+        raise SpecError(f"model={spec.model.name} is an EAGLE-3 head, not a model to serve; pass --model "
+                        f"{spec.model.eagle3.target if spec.model.eagle3 else 'TARGET'} --draft {spec.model.name}")
     if sp.speculative_decoding == "draft-target" and spec.draft_model is None:
         raise SpecError("speculation.speculative_decoding=draft-target needs a draft model; pass --draft NAME "
                         "(or --draft auto)")
+    if mode == DRAFT_TARGET and spec.draft_model is not None and spec.draft_model.is_eagle3_head:
+        raise SpecError(f"speculation.draft={spec.draft_model.name} is an EAGLE-3 head, which drafts from the "
+                        "target's hidden states, not as a draft model; pass --speculative-decoding eagle3")
+    if mode == EAGLE3:
+        _check_eagle3(spec, warnings)
     if mode != "ngram":
         if sp.max_matching_ngram_size is not None:
             raise SpecError(f"speculation.max_matching_ngram_size={sp.max_matching_ngram_size} is an ngram setting; "
@@ -372,6 +386,65 @@ def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
             f"AUTO mode turns it off at batch 32); it runs up to batch {sp.max_batch_for_speculation} "
             "(max_concurrency), plain decoding above"
         )
+
+
+def _check_eagle3(spec: BuildSpec, warnings: list[str]) -> None:
+    """EAGLE-3 in TensorRT-LLM 1.2.1: PyTorch backend only (the engine path's EAGLE is EAGLE-1/2: examples/eagle/
+    README.md builds `--speculative_decoding_mode eagle` from EAGLE-1 heads, and `TrtLlmArgs` maps
+    EagleDecodingConfig to that `_EagleConfig`); no pipeline parallelism (docs feature-combination-matrix.md:
+    EAGLE-3 x Pipeline Parallelism "No"); a head trained for this target (its hidden states, its tokenizer; d2t maps
+    into this vocabulary); the default capture `(1, L/2 - 1, L - 4)` needs more than 5 target layers
+    (`Eagle3SpecMetadata.__post_init__`); the head keeps its own dtype (one-model `SpecDecOneEngineForCausalLM`
+    takes the draft's weight quantization from the head's own checkpoint); rejected drafts are rewound out of the KV
+    cache, which beam search does not allow (kvCacheManager.cpp)."""
+    head, target, sp = spec.draft_model, spec.model, spec.speculation
+    heads_hint = f"an EAGLE-3 head trained for {target.name} (--draft auto picks the registry's)"
+    if head is None or head.eagle3 is None:
+        given = "no --draft" if head is None else f"speculation.draft={head.name} is a model, not an EAGLE-3 head"
+        raise SpecError(f"speculation.speculative_decoding=eagle3 with {given}; pass --draft with {heads_hint}")
+    if head.eagle3.target != target.name:
+        raise SpecError(f"speculation.draft={head.name} is the EAGLE-3 head of {head.eagle3.target}, trained on its "
+                        f"hidden states; it cannot draft for {target.name}: use --model {head.eagle3.target}, or "
+                        f"{heads_hint}")
+    if _tokens(head) != _tokens(target) or head.tokenizer_family != target.tokenizer_family:
+        raise SpecError(f"speculation.draft={head.name}: its vocabulary ({head.tokenizer_family}, "
+                        f"{_tokens(head)}) is not {target.name}'s ({target.tokenizer_family}, {_tokens(target)}); "
+                        "fix the head's registry entry")
+    if not runtime_of(spec).llmapi:
+        raise SpecError("speculation.speculative_decoding=eagle3 runs on TensorRT-LLM's PyTorch backend only (1.2.1's "
+                        "engine path builds EAGLE-1/2: examples/eagle/README.md, trtllm-build --speculative_decoding_"
+                        "mode eagle); pass --runtime pytorch, or --speculative-decoding draft-target for engines")
+    if spec.parallelism.pp != 1:
+        raise SpecError(f"parallelism.pp={spec.parallelism.pp} with eagle3: TensorRT-LLM 1.2.1 runs EAGLE-3 without "
+                        "pipeline parallelism (docs/source/features/feature-combination-matrix.md); use --tp")
+    if spec.limits.max_beam_width != 1:
+        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: EAGLE-3 rewinds rejected drafts out "
+                        "of the KV cache, which beam search does not allow; use 1")
+    if sp.draft_precision is not None:
+        raise SpecError(f"speculation.draft_precision={sp.draft_precision}: an EAGLE-3 head is served in its own "
+                        "dtype (TensorRT-LLM 1.2.1 loads its weight quantization from the head's checkpoint, the "
+                        "KV-cache dtype from the target's); drop --draft-precision")
+    layers, capture = target.architecture.num_layers, head.eagle3.capture_layers
+    if capture is None and layers <= 5:
+        raise SpecError(f"speculation.draft={head.name}: {target.name} has {layers} layers, too few for TensorRT-LLM's "
+                        "default EAGLE-3 capture (1, L/2-1, L-4): 'Not enough hidden layers for default EAGLE3 "
+                        "capture'; the head's registry entry must name its eagle3.capture_layers")
+    if capture is not None and max(capture) >= layers:
+        raise SpecError(f"speculation.draft={head.name}: eagle3.capture_layers {capture} name a layer past "
+                        f"{target.name}'s {layers}; fix the head's registry entry")
+    k = spec.draft_len
+    if k < 1:
+        raise SpecError(f"speculation.draft_len={k}: must be >= 1 (upstream's EAGLE-3 examples use 3-4)")
+    if k > DRAFT_LEN_WARN:
+        warnings.append(f"speculation.draft_len={k}: an EAGLE-3 chain past {DRAFT_LEN_WARN} tokens adds little "
+                        "(published chain acceptance flattens after 4-5); measure with `invoke bench`")
+    trained = head.architecture.max_position_embeddings
+    if spec.max_seq_len > trained:
+        warnings.append(f"limits.max_seq_len={spec.max_seq_len} exceeds the {trained} positions {head.name} was "
+                        "trained on: it still runs, but acceptance falls on longer contexts; measure with `invoke bench`")
+    if spec.max_batch_size > sp.max_batch_for_speculation and "max_batch_size" not in spec.limit_reasons:
+        warnings.append(f"speculation with max_batch_size={spec.max_batch_size}: EAGLE-3 pays at low concurrency; "
+                        f"it runs up to batch {sp.max_batch_for_speculation} (max_concurrency), plain decoding above")
 
 
 def _check_draft_placement(spec: BuildSpec) -> None:
@@ -419,7 +492,7 @@ def _check_pytorch_runtime(spec: BuildSpec) -> None:
     """Runtime pytorch (TensorRT-LLM 1.2.1 PyTorch backend): the precisions its Linear layers load, its KV-cache
     dtypes, and no separate draft engine (`PYTORCH_*` in pipeline/core/trtllm_rules.py cite the upstream code)."""
     q = spec.quantization
-    roles = [("target", q.precision)] + ([("draft", spec.draft_precision)] if spec.draft_model else [])
+    roles = [("target", q.precision)] + ([("draft", spec.draft_precision)] if spec.quantized_draft else [])
     for role, precision in roles:
         if QUANT_ALGO[precision] not in PYTORCH_QUANT_ALGOS:
             raise SpecError(
@@ -461,7 +534,8 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     if spec.draft_model:
         # the PyTorch backend runs the draft inside the target's executor, on the target's TP mapping
         draft_tp = p.tp if backend.llmapi else spec.draft_tp
-        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision, tp=draft_tp, pp=1)
+        _check_parallel(spec, spec.draft_model, "draft", spec.draft_precision if spec.quantized_draft else "bf16",
+                        tp=draft_tp, pp=1)
     if spec.draft_model and not backend.llmapi:
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
