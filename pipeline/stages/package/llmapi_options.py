@@ -2,9 +2,9 @@
 
 Field names and accepted values are those of `tensorrt_llm/llmapi/llm_args.py` (1.2.x): `BaseLlmArgs`
 (`tensor_parallel_size`, `pipeline_parallel_size`, `max_batch_size`, `max_num_tokens`, `max_seq_len`),
-`TorchLlmArgs.enable_chunked_prefill` / `disable_overlap_scheduler`, `KvCacheConfig`, `DraftTargetDecodingConfig` and
-`NGramDecodingConfig` (built from YAML through `DecodingBaseConfig.from_dict`, whose keys for them are "DraftTarget"
-and "NGram"). The same YAML feeds
+`TorchLlmArgs.enable_chunked_prefill` / `disable_overlap_scheduler`, `KvCacheConfig`, `DraftTargetDecodingConfig`,
+`EagleDecodingConfig` and `NGramDecodingConfig` (built from YAML through `DecodingBaseConfig.from_dict`, whose keys
+for them are "DraftTarget", "Eagle" and "NGram"). The same YAML feeds
 `trtllm-serve --extra_llm_api_options` and the Triton `llmapi` model's `model.yaml`. Unknown keys are refused
 here as `LlmArgs` (a `StrictBaseModel`, extra="forbid") refuses them there.
 
@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import MAX_SPEC_BYTES, BuildSpec
+from pipeline.core.spec import EAGLE3, MAX_SPEC_BYTES, BuildSpec
 from pipeline.core.untrusted import load_yaml_mapping
 
 _Strict = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -93,7 +93,30 @@ class NGramConfig(BaseModel):
     )
 
 
-SpeculativeConfig = Annotated[DraftTargetConfig | NGramConfig, Field(discriminator="decoding_type")]
+EAGLE_DECODING_TYPE: Final = "Eagle"
+
+
+class EagleConfig(BaseModel):
+    """`speculative_config` for EAGLE-3 (1.2.1 `EagleDecodingConfig` on the PyTorch backend; `from_dict`'s key is
+    "Eagle": there is no "Eagle3" key, and a head loads as EAGLE-3 because its config.json has `draft_vocab_size`).
+    `max_draft_len` is required (`validate_eagle_config`), the head directory too ("EAGLE3 draft model must be
+    specified"); `eagle3_one_model` keeps upstream's default (True: the head runs inside the target's engine, in its
+    KV pool) and is not written; `eagle3_layers_to_capture` only when the head's registry entry names the target
+    layers it was trained on (else upstream's default `(1, L/2 - 1, L - 4)`)."""
+
+    model_config = _Strict
+
+    decoding_type: Literal["Eagle"] = EAGLE_DECODING_TYPE
+    max_draft_len: int = Field(..., ge=1, description="draft tokens proposed per step (K), a linear chain")
+    speculative_model_dir: str = Field(..., min_length=1, description="the EAGLE-3 head's directory")
+    eagle3_layers_to_capture: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="target layers whose outputs the head reads (default: upstream's three)")
+    max_concurrency: int | None = Field(
+        None, ge=1, description="PyTorch only: speculation is disabled at batch sizes above this value"
+    )
+
+
+SpeculativeConfig = Annotated[DraftTargetConfig | EagleConfig | NGramConfig, Field(discriminator="decoding_type")]
 
 
 class LlmApiOptions(BaseModel):
@@ -145,12 +168,17 @@ class LlmApiOptions(BaseModel):
 
 
 def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiOptions:
-    """The LLM-API options of `spec` on the PyTorch backend; `draft_dir`: where the draft's HF checkpoint is
-    when served (required exactly when the spec has a draft)."""
-    speculative = spec.draft_model is not None  # a draft model beside the target (its KV pool shares the GPU)
-    if speculative != (draft_dir is not None):
-        need = "the draft's checkpoint directory" if speculative else "no draft directory (the spec has no draft)"
+    """The LLM-API options of `spec` on the PyTorch backend; `draft_dir`: where the draft's HF checkpoint (or the
+    EAGLE-3 head's directory) is when served (required exactly when the spec has one). No `sampler_type` is written:
+    TensorRT-LLM 1.2.1 refuses TRTLLMSampler with EAGLE-3 ("Please use sampler type auto")."""
+    if (spec.draft_model is not None) != (draft_dir is not None):
+        head = spec.speculation_mode == EAGLE3
+        need = ("no draft directory (the spec has no draft)" if spec.draft_model is None
+                else "the EAGLE-3 head's directory" if head else "the draft's checkpoint directory")
         raise SpecError(f"llm_api_options: spec {spec.model.name} needs {need}")
+    # a draft model beside the target has its own KV pool on the GPU; an EAGLE-3 head (one-model) has its layer in
+    # the target's pool
+    speculative = spec.quantized_draft is not None
     kv_dtype = KV_DTYPE.get(spec.quantization.kv)
     if kv_dtype is None:
         raise SpecError(f"quantization.kv_cache={spec.quantization.kv}: the PyTorch backend's KV cache is fp8 or the "
@@ -161,10 +189,15 @@ def llm_api_options(spec: BuildSpec, *, draft_dir: Path | str | None) -> LlmApiO
         enable_block_reuse=s.enable_kv_cache_reuse,
         free_gpu_memory_fraction=s.target_fraction(speculative),
     )
-    draft: DraftTargetConfig | NGramConfig | None = None
+    draft: DraftTargetConfig | EagleConfig | NGramConfig | None = None
     if speculative:
         draft = DraftTargetConfig(max_draft_len=spec.draft_len, speculative_model_dir=str(draft_dir),
                                   max_concurrency=spec.speculation.max_batch_for_speculation)
+    elif spec.speculation_mode == EAGLE3 and spec.draft_model is not None and spec.draft_model.eagle3 is not None:
+        capture = spec.draft_model.eagle3.capture_layers
+        draft = EagleConfig(max_draft_len=spec.draft_len, speculative_model_dir=str(draft_dir),
+                            eagle3_layers_to_capture=list(capture) if capture is not None else None,
+                            max_concurrency=spec.speculation.max_batch_for_speculation)
     elif spec.speculation_mode == "ngram":
         draft = NGramConfig(max_draft_len=spec.draft_len, max_matching_ngram_size=spec.ngram_size,
                             max_concurrency=spec.speculation.max_batch_for_speculation)

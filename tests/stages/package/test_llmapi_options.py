@@ -115,3 +115,43 @@ def test_draft_target_options_are_1_2_fields():
     written = yaml.safe_load(llm_api_options(spec, draft_dir="d").to_yaml())
     assert set(written) <= table.LLM_ARGS and "disable_overlap_scheduler" not in written
     assert set(written["speculative_config"]) - {"decoding_type"} <= table.CLASSES["DraftTarget"]
+
+
+def test_eagle3_options_are_1_2_eagle_fields():
+    """EAGLE-3 is `decoding_type: Eagle` (1.2's `from_dict` has no "Eagle3" key), with the head's directory and
+    the capture layers only where the head's registry entry names them; no sampler is chosen (TRTLLMSampler and
+    EAGLE-3 are refused together upstream)."""
+    from tests.support import llm_args_table as table
+
+    tiny = resolve_spec(model="tiny-llama", precision="fp8", speculative_decoding="eagle3", draft="tiny-llama-eagle3",
+                        runtime="pytorch", target="reference", max_batch_size=4)
+    written = yaml.safe_load(llm_api_options(tiny, draft_dir="head").to_yaml())
+    assert set(written) <= table.LLM_ARGS and "sampler_type" not in written
+    assert "disable_overlap_scheduler" not in written  # one-model EAGLE-3 keeps the overlap scheduler
+    config = written["speculative_config"]
+    assert config == {"decoding_type": "Eagle", "max_draft_len": 4, "speculative_model_dir": "head",
+                      "eagle3_layers_to_capture": [0, 1, 2], "max_concurrency": 8}
+    assert config["decoding_type"] in table.FROM_DICT
+    assert set(config) - {"decoding_type"} <= table.CLASSES["Eagle"]
+    # the head's layer lives in the target's KV pool: the pool keeps the target's share
+    assert written["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+    big = resolve_spec(model="llama3.3-70b", precision="fp8", tp=4, speculative_decoding="eagle3", draft="auto",
+                       runtime="pytorch", max_batch_size=16)
+    config = llm_api_options(big, draft_dir="/h").as_dict()["speculative_config"]
+    assert config == {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "/h",
+                      "max_concurrency": 8}  # upstream's default capture (1, 39, 76) for 80 layers
+    with pytest.raises(SpecError, match="needs the EAGLE-3 head.s directory"):
+        llm_api_options(big, draft_dir=None)
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"decoding_type": "Eagle3"}, r"speculative_config.decoding_type='Eagle3'"),
+    ({"speculative_model_dir": None}, r"speculative_config.Eagle.speculative_model_dir"),
+    ({"max_draft_len": 0}, r"speculative_config.Eagle.max_draft_len"),
+    ({"eagle3_one_model": False}, r"speculative_config.Eagle.eagle3_one_model"),
+])
+def test_eagle_options_refused(patch, match):
+    base = {"max_batch_size": 8, "max_num_tokens": 8192, "max_seq_len": 512}
+    config = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "h", **patch}
+    with pytest.raises(SpecError, match=match):
+        LlmApiOptions.from_mapping({**base, "speculative_config": config}, what="t.yaml")
