@@ -64,6 +64,11 @@ ALLOW_PATTERNS = (
     "chat_template.jinja",
     "chat_template.json",
 )
+# An EAGLE-3 head (a registry entry with `eagle3`) may ship its weights as one pickled `pytorch_model.bin` (the
+# yuhuili heads upstream's tests load have no safetensors); it is verified by the Hub's LFS sha256, never unpickled
+# here (TensorRT-LLM loads it), and fetched only when the revision has no safetensors. It needs no tokenizer: it
+# shares its target's.
+HEAD_PICKLE = "pytorch_model.bin"
 MAX_WORKERS = 8
 MAX_LOCK_BYTES = 16 << 20  # models.lock.json: a few hundred bytes a model
 LOCK_FILE_NAME = "models.lock.json"
@@ -172,6 +177,36 @@ def check_architecture(config: dict[str, Any], arch: Architecture, *, where: str
                 f"{where}: config.json gives {key}={getattr(got, key)} but the registry says {getattr(arch, key)} "
                 f"for model '{model}'; fix the registry entry (or --models-file) or the repo/revision"
             )
+
+
+def check_head_config(config: dict[str, Any], entry: ModelEntry, *, where: str) -> None:
+    """Raise `DownloadError` unless an EAGLE-3 head's config.json is one TensorRT-LLM 1.2 loads as EAGLE-3
+    (`_torch/models/modeling_auto.py` makes the class `EAGLE3<arch>` only when `draft_vocab_size` is present; else
+    it would load a plain one-layer model) and has the registry entry's hidden size, vocabulary and draft
+    vocabulary (the head reads the target's hidden states and maps its drafts into the target's vocabulary)."""
+    assert entry.eagle3 is not None
+    if not config.get("architectures"):
+        raise DownloadError(f"{where}: config.json has no 'architectures'; this is not a checkpoint")
+    if "draft_vocab_size" not in config:
+        raise DownloadError(f"{where}: config.json has no draft_vocab_size, so TensorRT-LLM 1.2 would not load it as "
+                            f"an EAGLE-3 head; '{entry.name}' must name an EAGLE-3 head's repo/revision")
+    for key, want in (("hidden_size", entry.architecture.hidden_size), ("vocab_size", entry.architecture.vocab_size),
+                      ("draft_vocab_size", entry.eagle3.draft_vocab_size)):
+        found = config.get(key)
+        if found != want or isinstance(found, bool):
+            raise DownloadError(f"{where}: config.json {key}={found!r} does not match the registry's {want} for "
+                                f"EAGLE-3 head '{entry.name}'; fix the registry entry (or --models-file) or the "
+                                "repo/revision")
+
+
+def check_model_config(model_dir: Path, config: dict[str, Any], entry: ModelEntry, *, where: str) -> None:
+    """A downloaded (or generated) config.json against the registry: a model's architecture and tokenizer, or an
+    EAGLE-3 head's own rule (`check_head_config`: no tokenizer, its target's)."""
+    if entry.is_eagle3_head:
+        check_head_config(config, entry, where=where)
+        return
+    check_architecture(config, entry.architecture, where=where, model=entry.name)
+    check_tokenizer_size(model_dir, config, entry, where=where)
 
 
 def _git_blob_sha1(path: Path) -> str:
@@ -293,8 +328,7 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
         if gen is None:
             raise integrity_error(path, ["manifest.json is missing"], fix=_generated_hint(entry))
     config = json.loads((path / "config.json").read_text())
-    check_architecture(config, entry.architecture, where=f"{entry.repo_id} (generated)", model=entry.name)
-    check_tokenizer_size(path, config, entry, where=f"{entry.repo_id} (generated)")
+    check_model_config(path, config, entry, where=f"{entry.repo_id} (generated)")
     sha = source_id(gen.model_dump())
     manifest = DownloadManifest(
         key=stage_key({"repo_id": entry.repo_id, "sha": sha, "files": {k: v.sha256 for k, v in gen.files.items()}}),
@@ -322,25 +356,39 @@ def _repo_dir(repo_id: str) -> Path:
     return safe_join(cache_dir() / "downloads", repo_id.replace("/", "--"))
 
 
-def _select(siblings: list[Any], *, where: str) -> dict[str, dict[str, Any]]:
-    """Pick the files the pipeline needs from the Hub's sibling list; name -> {size, lfs_sha256, blob_id}."""
+def allow_patterns(entry: ModelEntry) -> tuple[str, ...]:
+    """The file patterns fetched for `entry` (an EAGLE-3 head may also have its pickled weights)."""
+    return (*ALLOW_PATTERNS, HEAD_PICKLE) if entry.is_eagle3_head else ALLOW_PATTERNS
+
+
+def _select(siblings: list[Any], *, where: str, head: bool = False) -> dict[str, dict[str, Any]]:
+    """Pick the files the pipeline needs from the Hub's sibling list; name -> {size, lfs_sha256, blob_id}.
+    `head`: an EAGLE-3 head's rule (safetensors or, failing those, an LFS `pytorch_model.bin`; no tokenizer)."""
     out = {}
+    patterns = (*ALLOW_PATTERNS, HEAD_PICKLE) if head else ALLOW_PATTERNS
     for s in siblings or []:
         name = s.rfilename
-        if "/" not in name and any(fnmatch.fnmatchcase(name, p) for p in ALLOW_PATTERNS):
+        if "/" not in name and any(fnmatch.fnmatchcase(name, p) for p in patterns):
             out[name] = {
                 "size": s.lfs.size if s.lfs else s.size,
                 "lfs_sha256": s.lfs.sha256 if s.lfs else None,
                 "blob_id": s.blob_id,
             }
+    safetensors = any(n.endswith(".safetensors") for n in out)
+    if head and safetensors:
+        out.pop(HEAD_PICKLE, None)  # the safe format when the revision has both
+    if HEAD_PICKLE in out and not out[HEAD_PICKLE]["lfs_sha256"]:
+        raise DownloadError(f"{where}/{HEAD_PICKLE} is not an LFS file, so the Hub gives no sha256 to verify it "
+                            "against; pick a revision with safetensors weights")
     missing = [n for n in ("config.json",) if n not in out]
-    if not any(n.endswith(".safetensors") for n in out):
-        missing.append("*.safetensors")
-    if not any(n in out for n in ("tokenizer.json", "tokenizer.model")):
+    if not safetensors and HEAD_PICKLE not in out:
+        missing.append(f"*.safetensors or {HEAD_PICKLE}" if head else "*.safetensors")
+    if not head and not any(n in out for n in ("tokenizer.json", "tokenizer.model")):
         missing.append("tokenizer.json")
     if missing:
-        raise DownloadError(f"{where} has no {', '.join(missing)}; the pipeline needs safetensors weights, config "
-                            "and tokenizer files: pick a revision that has them")
+        needs = ("an EAGLE-3 head needs config.json and its weights" if head else
+                 "the pipeline needs safetensors weights, config and tokenizer files")
+        raise DownloadError(f"{where} has no {', '.join(missing)}; {needs}: pick a revision that has them")
     return out
 
 
@@ -617,7 +665,8 @@ def _resolve_files(api: Any, errors: _HubErrors, entry: ModelEntry, requested: s
         if not sha or not _SHA_RE.match(sha):
             raise DownloadError(f"{endpoint} returned no commit SHA for {entry.repo_id}@{requested}; retry later")
         write_lock(lock_path, entry, requested, sha)
-    return Snapshot(entry, requested, sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}"))
+    return Snapshot(entry, requested, sha, _select(info.siblings, where=f"{entry.repo_id}@{sha[:12]}",
+                                                   head=entry.is_eagle3_head))
 
 
 def _fetch_download(snap: Snapshot, repo_dir: Path, *, verify: bool, hub: HubAccess,
@@ -670,8 +719,7 @@ def _finish_staging(snap: Snapshot, staging: Path, *, refetched: list[str], seco
     manifest."""
     entry, files, sha, where = snap.entry, snap.files, snap.sha, snap.where
     config = read_config(staging / "config.json", where=where)
-    check_architecture(config, entry.architecture, where=where, model=entry.name)
-    check_tokenizer_size(staging, config, entry, where=where)
+    check_model_config(staging, config, entry, where=where)
     for extra in {p.name for p in staging.iterdir()} - set(files):
         p = staging / extra
         shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -684,7 +732,7 @@ def _finish_staging(snap: Snapshot, staging: Path, *, refetched: list[str], seco
         revision=snap.requested,
         sha=sha,
         source="hub",
-        allow_patterns=list(ALLOW_PATTERNS),
+        allow_patterns=list(allow_patterns(entry)),
         files=table,
         total_bytes=sum(t["size"] for t in table.values()),
         refetched=refetched,

@@ -506,3 +506,62 @@ def test_a_cached_download_is_reported_as_cached_not_fetching(hub, env):
     assert is_cached(_entry()) and _doing("download", spec) == "test-org/tiny@main cached"
     (res.path / SHARD2).write_bytes(b"changed")  # no longer what the manifest records: it will be fetched
     assert not is_cached(_entry())
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-3 heads
+def _head(repo_id="test-org/head", **kw):
+    return get_model("llama-8b-eagle3").model_copy(update={"name": "hub-head", "repo_id": repo_id, **kw})
+
+
+def _head_files(**override) -> dict[str, bytes]:
+    """A head as yuhuili publishes it: config.json with draft_vocab_size and one pickled pytorch_model.bin (the
+    bytes are never unpickled: random ones verify as well), no tokenizer."""
+    a = get_model("llama-8b-eagle3").architecture
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": a.hidden_size,
+              "num_hidden_layers": 1, "vocab_size": a.vocab_size, "draft_vocab_size": 32000, "torch_dtype": "float16"}
+    files = {"config.json": json.dumps(config).encode(), "pytorch_model.bin": os.urandom(200_000),
+             "README.md": b"# head"}
+    files.update(override)
+    return {k: v for k, v in files.items() if v is not None}
+
+
+def test_eagle3_head_with_pickled_weights_and_no_tokenizer_is_pinned_and_verified(hub, env):
+    files = _head_files()
+    hub.add_commit("test-org/head", files)
+    res = download_model(_head(), hub=HubAccess(endpoint=hub.endpoint))
+    assert res.status == "built" and sorted(p.name for p in res.path.iterdir()) == [
+        "config.json", "manifest.json", "pytorch_model.bin"]
+    m = res.manifest
+    assert m.files["pytorch_model.bin"].sha256 == __import__("hashlib").sha256(files["pytorch_model.bin"]).hexdigest()
+    assert "pytorch_model.bin" in m.allow_patterns
+    assert read_lock(lock_file_path())["models"]["hub-head"]["sha"] == m.sha  # pinned at first download
+    again = download_model(_head(), hub=HubAccess(endpoint=hub.endpoint))
+    assert again.status == "cached" and again.path == res.path
+
+
+def test_eagle3_head_prefers_safetensors_and_a_model_never_fetches_pickles(hub, env):
+    hub.add_commit("test-org/head", _head_files(**{"model.safetensors": os.urandom(1000)}))
+    res = download_model(_head(), hub=HubAccess(endpoint=hub.endpoint))
+    assert set(res.manifest.files) == {"config.json", "model.safetensors"}
+    hub.add_commit("test-org/tiny", _files(**{"pytorch_model.bin": os.urandom(1000)}))
+    assert "pytorch_model.bin" not in download_model(_entry(), hub=HubAccess(endpoint=hub.endpoint)).manifest.files
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                                 "vocab_size": 128256}).encode()},
+     r"config\.json has no draft_vocab_size, so TensorRT-LLM 1\.2 would not load it as an EAGLE-3 head"),
+    ({"config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "vocab_size": 32000,
+                                 "draft_vocab_size": 32000}).encode()},
+     r"config\.json vocab_size=32000 does not match the registry's 128256 for EAGLE-3 head 'hub-head'"),
+    ({"config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "vocab_size": 128256,
+                                 "draft_vocab_size": 32000}).encode()},
+     r"config\.json hidden_size=8192 does not match the registry's 4096"),
+    ({"pytorch_model.bin": None}, r"has no \*\.safetensors or pytorch_model\.bin; an EAGLE-3 head needs"),
+])
+def test_eagle3_head_refusals_are_one_line(hub, env, override, message):
+    hub.add_commit("test-org/head", _head_files(**override))
+    with pytest.raises(DownloadError, match=message) as err:
+        download_model(_head(), hub=HubAccess(endpoint=hub.endpoint))
+    assert "\n" not in str(err.value)
+    assert not list((env / "cache" / "downloads").glob("*/[0-9a-f]*"))
