@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.cli import flags as cli_flags
 from pipeline.cli.flags import parse_flags
 from pipeline.core.errors import BuildError, SpecError
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 
 
@@ -153,12 +154,12 @@ def calibrate_command(spec: BuildSpec, **flags: Any) -> None:
     (runtime pytorch: unified Hugging Face checkpoints with hf_quant_config.json).
     """
     from pipeline.core.refs import write_ref
-    from pipeline.stages.calibrate.stage import Role, log_file, run_calibrate
+    from pipeline.stages.calibrate.stage import Role, log_file, run_calibrate, uncalibrated_head
 
     f = parse_flags("calibrate", flags)
     results = {}
     roles: tuple[tuple[Role, str], ...] = (("target", "checkpoint"), ("draft", "draft_checkpoint"))
-    for role, output in roles[: 2 if spec.draft_model else 1]:
+    for role, output in roles[: 2 if spec.quantized_draft else 1]:
         res = results[output] = run_calibrate(spec, role=role, force=f["force"])
         q = res.manifest.quality
         print(
@@ -166,6 +167,9 @@ def calibrate_command(spec: BuildSpec, **flags: Any) -> None:
             f"{q.ppl_delta_pct:+.3f} %, top-1 {q.top1_agreement:.3f})"
             + (f"; library output: {log_file(res.path)}" if res.built else "")
         )
+    head = uncalibrated_head(spec)
+    if head:
+        print(f"ok: {head}")
     write_ref("calibrate", spec.identity("calibrate"), results)
 
 
@@ -174,6 +178,9 @@ def compile_command(spec: BuildSpec, **flags: Any) -> dict[str, Any]:
     from pipeline.stages.compile.inputs import engine_dirs_for, locate_checkpoints
 
     f = parse_flags("compile", flags)
+    row = runtime_of(spec)
+    if f["dry_run"] and row.gpu and not row.compiles:
+        return _serve_dry_run(spec, as_json=f["json"])
     if not f["dry_run"]:  # fail fast (< 1 s on a CPU host) before locating anything
         from pipeline.stages.compile.preflight import preflight
 
@@ -207,6 +214,32 @@ def compile_command(spec: BuildSpec, **flags: Any) -> dict[str, Any]:
             print(f"ok: draft engine {draft_res.path} {draft_res.status} (key {draft_res.manifest.key[:12]}, "
                   "tokenizer shared)")
     return m.model_dump(mode="json")
+
+
+def _serve_dry_run(spec: BuildSpec, *, as_json: bool) -> dict[str, Any]:
+    """`compile --dry-run` of a runtime that compiles nothing (pytorch): what TensorRT-LLM 1.2.1 is given instead,
+    the `trtllm-serve` command over the build's checkpoint and its `--extra_llm_api_options` YAML (the Triton
+    `llmapi` model's model.yaml carries the same options). Nothing is located, downloaded or written."""
+    import yaml
+
+    from pipeline.serving.llmapi.local_inputs import locate_serve_inputs
+    from pipeline.stages.package.serve_plan import trtllm_serve_plan
+
+    inputs = locate_serve_inputs(spec, allow_pending=True)
+    plan = trtllm_serve_plan(spec, model_dir=inputs.model_dir, tokenizer_dir=inputs.tokenizer_dir,
+                             options_file=inputs.options_file)
+    result = {"spec_summary": spec.summary(), "compile": None, "reason": runtime_of(spec).no_compile,
+              "trtllm_serve": plan.argv, "extra_llm_api_options": yaml.safe_load(inputs.options_yaml),
+              "warnings": list(spec.warnings)}
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return result
+    print(spec.summary())
+    print(f"compile: {result['reason']}")
+    print(plan.command_line())
+    print(f"# {inputs.options_file} (--extra_llm_api_options; the llmapi model.yaml holds the same options):")
+    print(inputs.options_yaml.rstrip())
+    return result
 
 
 def build_command(spec: BuildSpec, **flags: Any) -> None:

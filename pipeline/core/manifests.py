@@ -463,20 +463,20 @@ class EngineManifest(Manifest):
 
 
 class SpeculationRecord(BaseModel):
-    """How a repository speculates: its mode, the draft model it serves with its target (draft-target only), and
-    the draft tokens per step."""
+    """How a repository speculates: its mode, the model it drafts with (draft-target: the draft model; eagle3: the
+    EAGLE-3 head, served as downloaded; ngram: none), and the draft tokens per step."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["draft-target", "ngram"] = "draft-target"
+    mode: Literal["draft-target", "eagle3", "ngram"] = "draft-target"
     draft: str | None = None
     num_draft_tokens: StrictInt = Field(ge=1)
 
     @model_validator(mode="after")
     def _draft_for_draft_target(self) -> Self:
-        if (self.draft is not None) != (self.mode == "draft-target"):
-            raise ValueError(f"speculation mode {self.mode} {'needs' if self.mode == 'draft-target' else 'takes no'} "
-                             "draft model")
+        drafted = self.mode != "ngram"
+        if (self.draft is not None) != drafted:
+            raise ValueError(f"speculation mode {self.mode} {'needs a' if drafted else 'takes no'} draft model")
         return self
 
 

@@ -19,9 +19,13 @@ from pathlib import Path
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import BuildError, IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
+
+PENDING_COMMIT = "<commit>"  # the Hub commit a download pins
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.stages.build import locate_outputs
+from pipeline.stages.download.stage import download_dir
+from pipeline.stages.package.inputs import served_draft
 from pipeline.stages.package.serve_plan import TrtllmServeBackend, trtllm_serve_backend
 
 
@@ -76,9 +80,20 @@ def locate_serve_inputs(spec: BuildSpec, *, allow_pending: bool = False) -> Loca
         raise BuildError(f"the build of {spec.model.name} has no checkpoint located; run `invoke build`")
     model_dir, tokenizer_dir, draft = served.served_dirs(
         checkpoint=out.checkpoint.path, engine=out.engine.path if out.engine else None, tokenizer=out.layout.tokenizer,
-        draft_checkpoint=out.draft_checkpoint.path if out.draft_checkpoint else None)
+        draft_checkpoint=served_draft(spec, out))
     options_file = out.checkpoint.path.parent / options_file_name(spec)
     return LocalServeInputs(model_dir, tokenizer_dir, options_file, served.options(spec, draft).to_yaml(), True)
+
+
+def _pending_draft(spec: BuildSpec, dirname: str) -> Path | None:
+    """Where the draft will be served from: the draft's checkpoint (its own build id), an EAGLE-3 head's download
+    (`<commit>`: the revision the download pins)."""
+    if spec.draft_model is None:
+        return None
+    if spec.quantized_draft is not None:
+        return engines_dir() / f"{PENDING}-draft" / dirname
+    where = download_dir(spec.draft_model)
+    return where if spec.draft_model.source == "generated" else where / PENDING_COMMIT
 
 
 def _pending(spec: BuildSpec, served: TrtllmServeBackend, *, reason: str) -> LocalServeInputs:
@@ -86,7 +101,7 @@ def _pending(spec: BuildSpec, served: TrtllmServeBackend, *, reason: str) -> Loc
     ckpt = runtime_of(spec).checkpoint
     model_dir, tokenizer_dir, draft = served.served_dirs(
         checkpoint=base / ckpt.dirname, engine=base / "engine", tokenizer=ckpt.tokenizer_dir(base / ckpt.dirname),
-        draft_checkpoint=engines_dir() / f"{PENDING}-draft" / ckpt.dirname if spec.draft_model is not None else None)
+        draft_checkpoint=_pending_draft(spec, ckpt.dirname))
     options_file = base / options_file_name(spec)
     return LocalServeInputs(model_dir, tokenizer_dir, options_file, served.options(spec, draft).to_yaml(), False,
                             reason)

@@ -91,9 +91,11 @@ def _plan(spec: BuildSpec, role: Role) -> _Plan:
     if role == "target":
         entry, precision = spec.model, q.precision
     elif role == "draft":
-        if spec.draft_model is None:
-            raise CalibrationError("role='draft' but the spec has no draft model; pass --draft NAME")
-        entry, precision = spec.draft_model, spec.draft_precision
+        if spec.quantized_draft is None:
+            why = ("its EAGLE-3 head is served as downloaded, in its own dtype" if spec.draft_model is not None
+                   else "pass --draft NAME")
+            raise CalibrationError(f"role='draft' but the spec has no draft model to calibrate; {why}")
+        entry, precision = spec.quantized_draft, spec.draft_precision
     else:
         raise CalibrationError(f"role={role!r}: use 'target' or 'draft'")
     sharded = checkpoint_format(spec.runtime).sharded
@@ -152,7 +154,7 @@ def check_family(spec: BuildSpec) -> None:
     Raises:
         CalibrationError: naming the family and what does work for it (plan, check, compile --dry-run).
     """
-    for entry in (spec.model, spec.draft_model):
+    for entry in (spec.model, spec.quantized_draft):
         if entry is None:
             continue
         fam = FAMILIES[entry.architecture.family]
@@ -484,6 +486,15 @@ def _device_fields(device) -> dict[str, Any]:
     }
 
 
+def uncalibrated_head(spec: BuildSpec) -> str | None:
+    """What calibrate says of a draft it leaves alone: an EAGLE-3 head is not quantized (TensorRT-LLM 1.2.1 loads
+    its weights in the head's own dtype and gives its layer the target's KV-cache dtype); None otherwise."""
+    head = spec.draft_model if spec.quantized_draft is None else None
+    if head is None:
+        return None
+    return f"EAGLE-3 head {head.name} served as downloaded, in its own dtype (not calibrated)"
+
+
 class CalibrateStage(RefLocated):
     """The calibrate stage of a build (`run_calibrate` for the target and the draft); it names the build's layout."""
 
@@ -503,12 +514,15 @@ class CalibrateStage(RefLocated):
     def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
         outputs.checkpoint = run_calibrate(spec, role="target", source=outputs.download, force=force,
                                            verify=options.verify)
-        if spec.draft_model is not None:
+        if spec.quantized_draft is not None:
             outputs.draft_checkpoint = run_calibrate(spec, role="draft", source=outputs.draft_download, force=force,
                                                      verify=options.verify)
         outputs.set_layout(spec)
         results = {"target": outputs.checkpoint, "draft": outputs.draft_checkpoint}
         detail = " ".join(f"{role} ppl Δ {r.manifest.quality.ppl_delta_pct:+.2f}%" for role, r in results.items() if r)
+        head = uncalibrated_head(spec)
+        if head:
+            detail += f"; {head}"
         logs = [str(log_file(r.path)) for r in results.values() if r and r.built]
         if logs:
             detail += f"; library output: {', '.join(logs)}"

@@ -348,6 +348,11 @@ def _download_generated(entry: ModelEntry, verify: bool, check_only: bool) -> Do
 # Hub downloads
 
 
+def download_dir(entry: ModelEntry) -> Path:
+    """Where `entry`'s downloads live: one directory per pinned commit below it (a generated model's own dir)."""
+    return tinymodel.model_dir(entry.name) if entry.source == "generated" else _repo_dir(entry.repo_id)
+
+
 def _repo_dir(repo_id: str) -> Path:
     try:
         check_repo_id(repo_id)

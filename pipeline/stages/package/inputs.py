@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from pipeline.core.spec import BuildSpec
+    from pipeline.stages.stage import BuildOutputs
+
+
+def served_draft(spec: BuildSpec, outputs: BuildOutputs) -> Path | None:
+    """The directory a build serves its draft from: the draft model's calibrated checkpoint (draft-target), the
+    EAGLE-3 head's download (eagle3: served as downloaded); None without a draft or when it is not found."""
+    if spec.quantized_draft is not None:
+        return outputs.draft_checkpoint.path if outputs.draft_checkpoint else None
+    if spec.draft_model is not None:
+        return outputs.draft_download.path if outputs.draft_download else None
+    return None
 
 
 @dataclass(frozen=True)

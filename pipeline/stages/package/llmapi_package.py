@@ -11,7 +11,8 @@ Layout (`<output>/<name>/`, name as for the engine runtime: `pipeline.core.layou
 
 `model`, `tokenizer` (only when the checkpoint holds no tokenizer) and the draft's `speculative_model_dir` are
 written relative to `tensorrt_llm/1/` (see `pipeline.stages.package.llmapi_yaml`). The draft runs inside the target's
-LLM (speculative_config), so there is no ensemble, BLS or draft model.
+LLM (speculative_config), so there is no ensemble, BLS or draft model. An EAGLE-3 head is carried into the repository
+(`tensorrt_llm/1/eagle3_head/`, `pipeline.stages.package.eagle3_head`) and listed in its file table.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from pipeline.core.runtimes import RuntimeTarget, runtime_named
 from pipeline.core.artifacts import atomic_dir, file_table, read_config_json, stage_key
 from pipeline.core.errors import PackageError, PipelineError
 from pipeline.core.manifests import RepoManifest
-from pipeline.core.spec import BuildSpec
+from pipeline.core.spec import EAGLE3, BuildSpec
 from pipeline.core.tokenizer import find_tokenizer, identity, mismatch
 from pipeline.core.upstream import Upstream
 from pipeline.stages.calibrate.hf_checkpoint import HF_QUANT_CONFIG
 from pipeline.stages.calibrate.hf_checkpoint import SUPPORTED_QUANT_ALGOS as REFERENCE_QUANT_ALGOS
-from pipeline.stages.package import llmapi_yaml, pbtxt
+from pipeline.stages.package import eagle3_head, llmapi_yaml, pbtxt
 from pipeline.stages.package.inputs import PackageInputs
 from pipeline.stages.package.llmapi_options import LlmApiOptions
 from pipeline.stages.package.package import PackageResult, current_repo, repo_path
@@ -193,10 +194,12 @@ def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, 
     model = LLMAPI_MODELS[backend.repo_kind]
     checkpoint_dir = Path(inputs.checkpoint).resolve()
     draft_dir = Path(inputs.draft_checkpoint).resolve() if inputs.draft_checkpoint is not None else None
-    ckpt, draft = _sources(model, checkpoint_dir, draft_dir)
+    head = draft_dir if spec.speculation_mode == EAGLE3 else None
+    head_files = eagle3_head.read_head(head, spec, verify=verify) if head is not None else None
+    ckpt, draft = _sources(model, checkpoint_dir, None if head else draft_dir)
     tokenizer_dir = Path(inputs.tokenizer).resolve() if inputs.tokenizer is not None else None
     tok = find_tokenizer(tokenizer_dir, checkpoint_dir, error=PackageError)
-    if draft_dir is not None:
+    if draft is not None and draft_dir is not None:  # an EAGLE-3 head shares the target's tokenizer (read_head)
         why = mismatch(identity(tok), identity(find_tokenizer(draft_dir, error=PackageError)))
         if why:
             raise PackageError(f"the draft {draft_dir} has a different tokenizer than the target's {tok} ({why})")
@@ -208,7 +211,8 @@ def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, 
     def rel(p: Path) -> str:
         return os.path.relpath(p, base.resolve())
 
-    data = model_yaml(spec, options, model=rel(checkpoint_dir), draft=rel(draft_dir) if draft_dir else None,
+    draft_path = eagle3_head.HEAD_DIR if head else rel(draft_dir) if draft_dir else None
+    data = model_yaml(spec, options, model=rel(checkpoint_dir), draft=draft_path,
                       tokenizer=rel(tok) if tok != checkpoint_dir else None)
     parameters = model.parameters(spec)
     key = stage_key({"stage": "package", "layout": "llmapi", "target": backend.target,
@@ -220,8 +224,14 @@ def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, 
         return cached
     with atomic_dir(final) as tmp:
         write_llmapi_repo(tmp, model=model, data=data, parameters=parameters)
+        carried = (llmapi_yaml.MODEL_YAML.parent / eagle3_head.HEAD_DIR).as_posix()
+        if head is not None and head_files is not None:
+            eagle3_head.carry_head(head, tmp / carried, head_files)
         check_model_yaml(tmp / llmapi_yaml.MODEL_YAML)
         summary = validate_repo(tmp)
+        files = file_table(tmp)
+        if head_files is not None:
+            eagle3_head.check_carried(files, carried, head_files)
         manifest = RepoManifest(
             key=key, target=backend.target, runtime=backend.runtime, build_id=build_id, spec=spec.summary(),
             spec_key=inputs.spec_key,
@@ -232,7 +242,7 @@ def package_llmapi_repo(spec, inputs: PackageInputs, *, options: LlmApiOptions, 
             gpt_model_path={llmapi_yaml.MODEL: data["model"]},
             world_size=options.tensor_parallel_size * options.pipeline_parallel_size,
             kv_cache_reuse=options.kv_cache_config.enable_block_reuse,
-            warnings=[], files=file_table(tmp),
+            warnings=[], files=files,
         )
         manifest.write(tmp)
     return PackageResult(final, manifest, "built")

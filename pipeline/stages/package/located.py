@@ -9,7 +9,7 @@ from pipeline.core.errors import PackageError
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.stages.build import locate_outputs
-from pipeline.stages.package.inputs import PackageInputs
+from pipeline.stages.package.inputs import PackageInputs, served_draft
 
 
 def package_inputs(spec: BuildSpec, given: PackageInputs) -> PackageInputs:
@@ -29,11 +29,11 @@ def package_inputs(spec: BuildSpec, given: PackageInputs) -> PackageInputs:
     if lay is None or ckpt is None:  # locate_outputs raises when the build is not current
         raise PackageError(f"the located build of {spec.model.name} has no checkpoint; run `invoke build --until "
                            f"{served_stage}`")
-    draft_ckpt, engine, draft_engine = out.draft_checkpoint, out.engine, out.draft_engine
+    engine, draft_engine = out.engine, out.draft_engine
     return replace(
         given, build_id=lay.build_id, name=lay.repo_name, spec_key=lay.spec_key,
         checkpoint=given.checkpoint or ckpt.path, tokenizer=given.tokenizer or ckpt.path,
-        draft_checkpoint=given.draft_checkpoint or (draft_ckpt.path if draft_ckpt else None),
+        draft_checkpoint=given.draft_checkpoint or served_draft(spec, out),
         engine=given.engine or (engine.path if engine else None),
         draft_engine=given.draft_engine or (draft_engine.path if draft_engine else None),
     )

@@ -48,7 +48,8 @@ class LlmapiLayout:
 
         draft = inputs.draft_checkpoint if spec.draft_model else None
         if spec.draft_model and draft is None:
-            raise SpecError("the spec has a draft: pass --draft-checkpoint-dir with --checkpoint-dir")
+            what = "the EAGLE-3 head's download" if spec.quantized_draft is None else "--draft-checkpoint-dir"
+            raise SpecError(f"the spec has a draft: pass {what} with --checkpoint-dir")
         return package_llmapi_repo(spec, replace(inputs, draft_checkpoint=draft),
                                    options=llm_api_options(spec, draft_dir=draft), target=row.target, force=force,
                                    check_only=check_only, verify=verify)

@@ -7,7 +7,7 @@ from pipeline.core.errors import PackageError
 from pipeline.core.refs import Lookup
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.stages.package.inputs import PackageInputs
+from pipeline.stages.package.inputs import PackageInputs, served_draft
 from pipeline.stages.package.repository import package
 from pipeline.stages.stage import BuildOptions, BuildOutputs, RefLocated, StageOutcome, outcome
 
@@ -32,9 +32,9 @@ class PackageStage(RefLocated):
 
     def run(self, spec: BuildSpec, outputs: BuildOutputs, options: BuildOptions, *, force: bool) -> StageOutcome:
         layout, checkpoint = outputs.calibrated("package")
-        engine, draft, draft_engine = outputs.engine, outputs.draft_checkpoint, outputs.draft_engine
+        engine, draft_engine = outputs.engine, outputs.draft_engine
         inputs = PackageInputs(
-            checkpoint=checkpoint.path, tokenizer=checkpoint.path, draft_checkpoint=draft.path if draft else None,
+            checkpoint=checkpoint.path, tokenizer=checkpoint.path, draft_checkpoint=served_draft(spec, outputs),
             engine=engine.path if engine else None, draft_engine=draft_engine.path if draft_engine else None,
             build_id=layout.build_id, name=layout.repo_name, spec_key=layout.spec_key,
         )

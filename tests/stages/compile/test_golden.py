@@ -180,3 +180,52 @@ def test_cli_dry_run_json_matches_the_golden(tmp_path):
     plan = _normalize(r.stdout, tmp_path / "root")
     assert plan == json.loads((GOLDEN / "compile-llama70b-fp8-tp4-draft-llama1b-k5.json").read_text())
     assert "speculation with max_batch_size=64" in r.stderr  # the spec's warning, on stderr
+
+
+# Runtime pytorch compiles nothing: its dry run is what TensorRT-LLM 1.2.1's trtllm-serve is given (the command and
+# its --extra_llm_api_options YAML, which the llmapi model.yaml carries too).
+SERVE_CASES: dict[str, dict] = {
+    "llama33-70b-fp8-tp4-pytorch-eagle3": dict(model="llama3.3-70b", precision="fp8", tp=4, runtime="pytorch",
+                                               speculative_decoding="eagle3", draft="auto"),
+}
+
+
+def _serve_dry_run(case: str, tmp_path: Path, capsys) -> dict:
+    compile_command(resolve_spec(**SERVE_CASES[case]), dry_run=True, json_=True)
+    text = capsys.readouterr().out.replace(str((tmp_path / "cache").resolve()), "$PIPELINE_CACHE")
+    return _normalize(text, tmp_path / "root")
+
+
+@pytest.mark.parametrize("case", list(SERVE_CASES))
+def test_golden_pytorch_dry_run_is_the_trtllm_serve_input(case, root, tmp_path, capsys):
+    from tests.support import llm_args_table as table
+
+    plan = _serve_dry_run(case, tmp_path, capsys)
+    path = GOLDEN / f"compile-{case}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(json.dumps(plan, indent=2) + "\n")
+    assert plan == json.loads(path.read_text())
+    assert plan["compile"] is None and plan["trtllm_serve"][:4] == [
+        "trtllm-serve", "$PIPELINE_ROOT/engines/<build-id>/hf_checkpoint", "--backend", "pytorch"]
+    options = plan["extra_llm_api_options"]
+    assert set(options) <= table.LLM_ARGS
+    config = options["speculative_config"]
+    assert config["decoding_type"] == "Eagle" and config["max_draft_len"] == 3
+    assert set(config) - {"decoding_type"} <= table.CLASSES["Eagle"]
+    # the head is served as downloaded: its pinned download directory, never an engine or a calibrated checkpoint
+    assert config["speculative_model_dir"] == "$PIPELINE_CACHE/downloads/yuhuili--EAGLE3-LLaMA3.3-Instruct-70B/<commit>"
+
+
+def test_cli_pytorch_eagle3_dry_run_downloads_nothing(tmp_path):
+    env = dict(os.environ, PIPELINE_ROOT=str(tmp_path / "root"), PIPELINE_CACHE=str(tmp_path / "cache"),
+               HF_HUB_OFFLINE="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "invoke", "compile", "--model", "llama3.3-70b", "--precision", "fp8", "--tp", "4",
+         "--runtime", "pytorch", "--speculative-decoding", "eagle3", "--draft", "auto", "--max-batch", "64",
+         "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "trtllm-serve " in r.stdout and "trtllm-build" not in r.stdout
+    assert "  decoding_type: Eagle\n" in r.stdout and "speculative_model_dir: " in r.stdout
+    assert not (tmp_path / "cache" / "downloads").exists() and not (tmp_path / "root" / "engines").exists()
