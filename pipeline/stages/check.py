@@ -46,7 +46,7 @@ def _check_memory_fit(spec: BuildSpec, warnings: list[str]) -> None:
 
     if short() <= 0:
         return
-    draft = spec.draft_model is not None
+    draft = spec.quantized_draft is not None  # a draft model has its own batch; an EAGLE-3 head runs the target's
     floor = spec.limits.tokens_per_block
     knobs = [
         ("limits.max_batch_size", "--max-batch", "max_batch", spec.max_batch_size, 1),

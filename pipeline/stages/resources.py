@@ -219,9 +219,9 @@ def _host_bytes(arch: Architecture, rank: int, eval_tokens: int, *, cpu: bool, r
 
 def calibration_memory(spec: BuildSpec, role: str, *, present: bool = False) -> CalibrationMemory:
     """GPU and host memory to calibrate `role` (see the module docstring for the terms)."""
-    entry = spec.model if role == "target" else spec.draft_model
+    entry = spec.model if role == "target" else spec.quantized_draft
     if entry is None:
-        raise SpecError(f"calibration_memory: role={role!r}, but the spec has no draft model")
+        raise SpecError(f"calibration_memory: role={role!r}, but the spec has no draft model to calibrate")
     precision = spec.quantization.precision if role == "target" else spec.draft_precision
     arch, q = entry.architecture, spec.quantization
     params = arch.total_params
@@ -277,9 +277,15 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
     disk: list[StageDisk] = []
     backend = runtime_of(spec)
     engines = backend.compiles
+    carried = 0  # an EAGLE-3 head: served as downloaded, carried into the repository (no checkpoint, no engine)
     for role, entry, precision, tp, pp in _roles(spec):
         tok = _tokenizer(entry, role, inputs.tokenizer_bytes)
         arch = entry.architecture
+        if role == "draft" and spec.quantized_draft is None:
+            carried = download_bytes(entry, 0)
+            disk.append(StageDisk(stage="download", role=role, volume="cache", bytes=carried,
+                                  present=("download", role) in have))
+            continue
         if not backend.checkpoint.sharded:
             tp = pp = 1  # the HF export is unsharded: the PyTorch backend shards it at load
         ckpt = checkpoint_bytes(arch, precision, tp=tp, pp=pp, awq_block=block) + tok
@@ -292,13 +298,14 @@ def plan_resources(spec: BuildSpec, inputs: SizeInputs | None = None) -> Resourc
                                   bytes=engine_bytes(arch, precision, tp=tp, pp=pp, awq_block=block),
                                   present=("compile", role) in have))
     tok = _tokenizer(spec.model, "target", inputs.tokenizer_bytes)
-    repo = inputs.repo_code_bytes + 2 * tok + CONFIG_BYTES
+    repo = inputs.repo_code_bytes + 2 * tok + CONFIG_BYTES + carried
     disk.append(StageDisk(stage="package", role="target", volume="root", bytes=repo,
                           present=("package", "target") in have))
     packed = "compile" if engines else "calibrate"
     release = repo + sum(d.bytes for d in disk if d.stage == packed)
     disk.append(StageDisk(stage="release", role="target", volume="root", bytes=release))
-    calib = [calibration_memory(spec, role, present=("calibrate", role) in have) for role, *_ in _roles(spec)]
+    calib = [calibration_memory(spec, role, present=("calibrate", role) in have) for role, *_ in _roles(spec)
+             if role == "target" or spec.quantized_draft is not None]
     return ResourcePlan(disk=disk, calibration=calib)
 
 

@@ -143,3 +143,21 @@ def test_tied_embeddings_are_exported_twice(tmp_path):
     written = _tree_bytes(tmp_path)
     assert written > arch.total_params * 2 + arch.vocab_size * arch.hidden_size * 2  # lm_head on top of the tie
     assert _within(checkpoint_bytes(arch, "bf16", tp=1, pp=1), written)
+
+
+def test_an_eagle3_head_is_downloaded_and_carried_never_calibrated():
+    """The head is fetched and carried into the repository as downloaded: no checkpoint, engine or calibration
+    memory of its own (a draft model has all three)."""
+    from pipeline.core.errors import SpecError
+
+    head = resolve_spec(model="llama-8b", precision="fp8", speculative_decoding="eagle3", draft="auto",
+                        runtime="pytorch", max_batch_size=16)
+    plain = resolve_spec(model="llama-8b", precision="fp8", runtime="pytorch", max_batch_size=16)
+    plan, base = plan_resources(head), plan_resources(plain)
+    assert {(d.stage, d.role) for d in plan.disk if d.role == "draft"} == {("download", "draft")}
+    assert [c.role for c in plan.calibration] == ["target"]
+    carried = next(d.bytes for d in plan.disk if d.role == "draft")
+    assert carried > 0
+    assert plan.stage_bytes("package", needed=False) == base.stage_bytes("package", needed=False) + carried
+    with pytest.raises(SpecError, match="no draft model to calibrate"):
+        calibration_memory(head, "draft")
