@@ -25,7 +25,7 @@ import yaml
 from pipeline.core.artifacts import check_name
 from pipeline.core.errors import DeployError, PipelineError, io_error
 from pipeline.stages.package import llmapi_yaml, pbtxt
-from pipeline.stages.package.llmapi_options import DraftTargetConfig, EngineServeOptions, KvCacheConfig
+from pipeline.stages.package.llmapi_options import DraftTargetConfig, EagleConfig, EngineServeOptions, KvCacheConfig
 from pipeline.stages.package.llmapi_package import check_model_yaml
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -56,7 +56,7 @@ def write_serve_inputs(repo: Path, out: Path, name: str) -> tuple[Path, Path]:
     if tokenizer and Path(str(tokenizer)) != model:
         raise DeployError(f"{path}: tokenizer {tokenizer!r} is not the checkpoint's own; trtllm-serve is given the "
                           "checkpoint only, so export the tokenizer into it (`invoke build --runtime pytorch`)")
-    if isinstance(options.speculative_config, DraftTargetConfig):  # n-gram names no model
+    if isinstance(options.speculative_config, (DraftTargetConfig, EagleConfig)):  # n-gram names no model
         _absolute_dir(options.speculative_config.speculative_model_dir, "speculative_model_dir", path)
     return _write(Path(out), {name: model}, {**options.as_dict(), **PYTORCH_METRICS})
 

@@ -210,3 +210,24 @@ def test_release_to_rank_program_on_a_node(pipeline_env, tmp_path):
     plan = _plan(spec, tmp_path, "tiny-llama-fp8-tp1-draft")
     argv = run_rank((deploy / "rank.sh").read_text(), tmp_path)
     assert argv == [LLMAPI_LAUNCH, *plan.argv] and Path(argv[2]) == link
+
+
+def test_serve_inputs_check_the_eagle3_head_directory(tmp_path):
+    """An EAGLE-3 release names its head (carried in the repository, made absolute by install-repo) like a draft:
+    trtllm-serve is given the options with `decoding_type: Eagle` and the head must exist on the node."""
+    spec = resolve_spec(model="tiny-llama", precision="fp8", runtime="pytorch", speculative_decoding="eagle3",
+                        draft="tiny-llama-eagle3", max_batch_size=4)
+    ckpt = tmp_path / "engines" / "b" / "hf_checkpoint"
+    ckpt.mkdir(parents=True)
+    repo = tmp_path / "triton_repo" / "r"
+    head = (repo / llmapi_yaml.MODEL_YAML).parent / "eagle3_head"
+    options = llm_api_options(spec, draft_dir=head)
+    data = model_yaml(spec, options, model=str(ckpt), draft=str(head), tokenizer=None)
+    head.parent.mkdir(parents=True)
+    llmapi_yaml.write(repo / llmapi_yaml.MODEL_YAML, data)
+    with pytest.raises(DeployError, match="speculative_model_dir .* is not an existing absolute directory"):
+        write_serve_inputs(repo, tmp_path / "work", "tiny-llama-fp8")
+    head.mkdir()
+    _, options_file = write_serve_inputs(repo, tmp_path / "work", "tiny-llama-fp8")
+    written = _release_options(options_file)
+    assert written == options and written.speculative_config.decoding_type == "Eagle"
