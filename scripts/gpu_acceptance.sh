@@ -7,8 +7,9 @@
 # routes, NVIDIA's clients when TRTLLM_TRITON_CLIENTS names the release's triton_backend directory, and greedy text
 # compared with the CPU reference backend; then EAGLE-3 on the PyTorch runtime (the tiny target with its generated head
 # through the llmapi repository, drafts accepted, greedy text as the CPU reference's; Llama-3.1-8B with
-# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B too when ACCEPTANCE_EAGLE3_LLAMA8B=1, HF_TOKEN set). Where TensorRT-LLM or a GPU is missing, pytest reports every test skipped
-# with its reason (-rs) and this script exits 3: a skipped acceptance run is never a pass.
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B too when ACCEPTANCE_EAGLE3_LLAMA8B=1, HF_TOKEN set). Where TensorRT-LLM or a
+# GPU is missing, pytest reports every test skipped with its reason (-rs) and this script exits 3: a skipped
+# acceptance run is never a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
