@@ -19,14 +19,14 @@ from pathlib import Path
 from pipeline.core.artifacts import engines_dir
 from pipeline.core.errors import BuildError, IntegrityError, PipelineError, io_error
 from pipeline.core.layout import PENDING
-
-PENDING_COMMIT = "<commit>"  # the Hub commit a download pins
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.stages.build import locate_outputs
 from pipeline.stages.download.stage import download_dir
 from pipeline.stages.package.inputs import served_draft
 from pipeline.stages.package.serve_plan import TrtllmServeBackend, trtllm_serve_backend
+
+PENDING_COMMIT = "<commit>"  # the Hub commit a download pins
 
 
 @dataclass(frozen=True)
