@@ -221,7 +221,7 @@ def mismatches(role: str, m: Manifest, spec: BuildSpec) -> list[str]:
     [] when it belongs to `spec`. A checkpoint or engine may serve several specs (with or without a draft): what it
     records is compared, not a spec hash; a repository records the whole spec's key."""
     draft = role.startswith("draft")
-    entry = spec.draft_model if draft else spec.model
+    entry = spec.quantized_draft if draft else spec.model  # an EAGLE-3 head has no checkpoint or engine
     claims: dict[str, tuple[Any, Any]]
     if isinstance(m, RepoManifest):
         claims = {"spec key": (m.spec_key, spec.identity("package")), "target": (m.target, spec.target),

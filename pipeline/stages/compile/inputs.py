@@ -34,7 +34,7 @@ def locate_checkpoints(
 
     target = Path(checkpoint_dir) if checkpoint_dir else None
     draft = Path(draft_checkpoint_dir) if draft_checkpoint_dir else None
-    need_draft = spec.draft_model is not None and draft is None
+    need_draft = spec.quantized_draft is not None and draft is None
     if target is not None and not need_draft:
         return target, draft
     if dry_run:
