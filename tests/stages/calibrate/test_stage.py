@@ -346,3 +346,18 @@ def test_invoke_calibrate_downloads_source_and_reruns_as_noop(pipeline_env):
     assert pkg.stdout.startswith("ok: ") and " written: " in pkg.stdout
     assert (ckpt / "manifest.json").stat().st_mtime_ns == stamp  # calibration did not run again
     assert sorted((pipeline_env / "out" / "engines").glob("*/checkpoint")) == [ckpt]
+
+
+def test_an_eagle3_head_is_never_calibrated():
+    """With eagle3 the draft is an EAGLE-3 head served as downloaded: no draft role to calibrate (refused before any
+    download) and the stage's report says so; a draft model (draft-target) is calibrated as before."""
+    from pipeline.core.spec import resolve_spec
+    from pipeline.stages.calibrate.stage import run_calibrate, uncalibrated_head
+
+    spec = resolve_spec(model="tiny-llama", precision="fp8", runtime="pytorch", speculative_decoding="eagle3",
+                        draft="tiny-llama-eagle3", max_batch_size=4)
+    with pytest.raises(CalibrationError, match="its EAGLE-3 head is served as downloaded, in its own dtype"):
+        run_calibrate(spec, role="draft")
+    assert uncalibrated_head(spec) == ("EAGLE-3 head tiny-llama-eagle3 served as downloaded, in its own dtype "
+                                       "(not calibrated)")
+    assert uncalibrated_head(resolve_spec(model="tiny-llama", precision="fp8", draft="auto")) is None
