@@ -15,6 +15,7 @@ from pipeline.core.spec import resolve_spec
 from pipeline.planning import slo_search as ss
 from pipeline.planning.break_even import break_even_batch, speculation_break_even
 from pipeline.planning.compare import compare_plans, format_comparison
+from pipeline.planning.limits_choice import choose_limits
 from pipeline.planning.perf_model import CALIBRATION, EngineCost, expected_tokens_per_step, kv_bytes_per_token
 from pipeline.planning.planner import engine_shapes, format_capacity_plan, plan_capacity, serving_estimate
 from pipeline.planning.speculation_modes import (
@@ -124,6 +125,11 @@ def test_eagle3_gains_at_low_load_and_is_gated_off_above_its_gate():
     assert not high["speculation_active"] and high["output_tokens_per_s"] == high["output_tokens_per_s_without"]
     assert _est(EAGLE, gate + 1)[1] is False
     assert f"eagle3 K={EAGLE.draft_len} @ batch 1 (low load, on)" in format_capacity_plan(p)
+    chosen = choose_limits(EAGLE).limit_reasons["max_batch_size"]
+    assert f"eagle3 speculation runs up to batch {gate}, plain decoding above it" in chosen
+    engine = resolve_spec(model="llama-70b", precision="fp8", gpu="h100-sxm", tp=4, draft="auto")
+    assert "draft-target speculation runs up to batch 8, heavier traffic through the plain ensemble" in \
+        choose_limits(engine).limit_reasons["max_batch_size"]
 
 
 def test_break_even_acceptance_and_batch_per_mode():
