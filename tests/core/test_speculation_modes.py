@@ -60,6 +60,8 @@ def test_an_eagle3_head_is_its_own_mode_and_auto_picks_the_targets_head():
     spec = resolve_spec(**EAGLE3)
     assert (spec.speculation_mode, spec.draft_model.name, spec.quantized_draft, spec.draft_len) == (
         "eagle3", "tiny-llama-eagle3", None, 4)
+    assert "speculation=eagle3 head=tiny-llama-eagle3 K=4 (its own dtype)" in spec.summary()
+    assert "draft_tp" not in spec.summary()  # no draft engine
     auto = resolve_spec(**{**EAGLE3, "draft": "auto", "speculative_decoding": "eagle3"})
     assert auto.draft_model.name == "tiny-llama-eagle3" and auto.identity() != spec.identity()
     big = resolve_spec(model="llama3.3-70b", precision="fp8", runtime="pytorch", tp=4, draft="auto",
