@@ -556,7 +556,9 @@ class BuildSpec(BaseModel):
         ]
         if "runtime" in self.model_dump(include={"runtime"}, exclude_defaults=True):
             parts.append(f"runtime={self.runtime}")  # only a runtime other than the default
-        if self.draft_model:
+        if self.speculation_mode == EAGLE3 and self.draft_model:
+            parts.append(f"speculation=eagle3 head={self.draft_model.name} K={self.draft_len} (its own dtype)")
+        elif self.draft_model:
             parts.append(f"draft={self.draft_model.name} K={self.draft_len} ({self.draft_precision}) "
                          f"draft_tp={self.draft_tp} draft_batch={self.draft_max_batch_size} "
                          f"draft_gpus={','.join(map(str, self.draft_gpu_device_ids))}")

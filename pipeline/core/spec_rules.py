@@ -16,8 +16,6 @@ from pipeline.core.gpus import GPUS, SUPPORTED_SM
 from pipeline.core.hub_entry import PREFIX as HUB_PREFIX
 from pipeline.core.model_entry import ModelEntry
 from pipeline.core.runtimes import runtime_of
-
-DRAFT_TARGET, EAGLE3 = "draft-target", "eagle3"  # the spec's modes (pipeline.core.spec imports these rules)
 from pipeline.core.trtllm_rules import (
     MAX_NUM_TOKENS_WARN,
     PYTORCH_KV,
@@ -26,6 +24,8 @@ from pipeline.core.trtllm_rules import (
     needs_fp8_hardware,
     paged_context_fmha_blocker,
 )
+
+DRAFT_TARGET, EAGLE3 = "draft-target", "eagle3"  # the spec's modes (pipeline.core.spec imports these rules)
 
 
 

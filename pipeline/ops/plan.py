@@ -58,6 +58,11 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
     acceptance = r.acceptance if r.acceptance is not None else measured.get("acceptance")
     prefix_share = r.prefix_share if r.prefix_share is not None else measured.get("prefix_share", 0.0)
     mode = measured_mode(spec) if r.acceptance is not None else measured.get("mode", measured_mode(spec))
+    given = spec.speculation_mode if {"draft", "speculative_decoding"} & spec.speculation.model_fields_set else None
+    if given is not None and mode != given and r.acceptance is None and "acceptance" in measured:
+        raise SpecError(f"--bench-report {r.bench_report} measured {mode} speculation, but the spec fixes {given}: "
+                        f"its acceptance is not {given}'s; pass the report of a {given} build (`invoke bench "
+                        "--json-file`), or drop --draft/--speculative-decoding to search every mode")
     traffic = slo_search.Traffic(*lengths, rate=r.rate, acceptance=acceptance, prefix_share=prefix_share,
                                  measured_mode=mode)
     passing, source = passing_precisions(spec, r.precision_search)

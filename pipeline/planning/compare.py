@@ -1,6 +1,9 @@
 """Comparing choices (`plan --compare`): precisions x TP x speculation mode (none, draft-target with the spec's or the
-registry's default draft, ngram where the spec's runtime runs it) for one model and GPU, each planned by
-`planner.plan_capacity` at limits `limits_choice` chooses again."""
+registry's default draft, ngram and eagle3 where the spec's runtime runs them) for one model and GPU, each planned by
+`planner.plan_capacity` at limits `limits_choice` chooses again; then the four modes side by side at the spec's
+precision and TP (`mode_rows`), each on a runtime that runs it, with $ per 1M at low and high load and its
+break-even. EAGLE-3 drafts with the registry's head for the target, else with the planner's estimate of one
+(`speculation_modes.estimated_head`), labelled as such."""
 
 from __future__ import annotations
 
@@ -9,14 +12,18 @@ from typing import Any
 
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPU, GPUS, gpu_price
+from pipeline.core.registry import eagle3_heads
 from pipeline.core.runtimes import runtime_of
-from pipeline.core.spec import DRAFT_TARGET, NGRAM, BuildSpec, resolve_spec
+from pipeline.core.spec import DRAFT_TARGET, EAGLE3, NGRAM, BuildSpec, resolve_spec
 from pipeline.core.spec_rules import validate_spec
 from pipeline.core.table import format_table
+from pipeline.planning.break_even import break_even_batch, speculation_break_even
 from pipeline.planning.limits_choice import choose_limits
 from pipeline.planning.perf_model import expected_tokens_per_step
-from pipeline.planning.planner import TP_CHOICES, CapacityPlan, plan_capacity, serving_estimate
-from pipeline.planning.speculation_modes import acceptances, without_speculation
+from pipeline.planning.planner import TP_CHOICES, CapacityPlan, cost_per_1m, plan_capacity, serving_estimate
+from pipeline.planning.speculation_modes import (
+    EAGLE3_RECIPE_DRAFT_LEN, EAGLE3_RECIPE_DRAFT_VOCAB, acceptances, eagle3_head, without_speculation,
+)
 
 COMPARE_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
 
@@ -50,10 +57,35 @@ class CompareRow:
     input_len: int = 0
     output_len: int = 0
     note: str = ""
-    mode: str | None = None  # the speculation mode: draft-target, ngram or None
+    mode: str | None = None  # the speculation mode: draft-target, eagle3, ngram or None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class ModeRow:
+    """One speculation mode at the spec's precision and TP: its drafter, acceptance, break-even and cost at low
+    load (batch 1) and high load (the batch ceiling)."""
+
+    mode: str | None
+    precision: str
+    tp: int
+    runtime: str  # the spec's, or pytorch where only the LLM API runs the mode
+    drafter: str  # the draft model, the EAGLE-3 head (or its estimate's label), "prompt lookup" or "-"
+    draft_len: int
+    acceptance: float | None  # per drafted token
+    tokens_per_target_step: float | None
+    break_even_acceptance: float | None  # at batch 1: below it the mode is slower than none
+    break_even_batch: int | None  # the largest batch it pays at, at its acceptance (the gate lifted)
+    gate: int | None  # max_batch_for_speculation: above it the mode is off
+    low_batch: int
+    low_tokens_per_s: float
+    low_cost_per_1m_usd: float | None
+    high_batch: int
+    high_tokens_per_s: float
+    high_cost_per_1m_usd: float | None
+    estimate: bool = False  # an EAGLE-3 head the registry does not have: the planner's estimate of one
 
 
 @dataclass
@@ -71,59 +103,152 @@ class Comparison:
     rows: list[CompareRow]
     skipped: list[str]
     acceptances: dict[str, float] | None = None  # per speculation mode
+    modes: list[ModeRow] | None = None  # the four modes at the spec's precision and TP (`mode_rows`)
+    modes_skipped: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _variant(spec: BuildSpec, *, precision: str, tp: int, mode: str | None, draft: str | None) -> BuildSpec:
-    """`spec` with another precision (its default KV dtype), TP and speculation mode (`draft`: draft-target's
-    model); limits, serving and hardware kept."""
+def _variant(spec: BuildSpec, *, precision: str, tp: int, mode: str | None, draft: str | None,
+             runtime: str | None = None) -> BuildSpec:
+    """`spec` with another precision (its default KV dtype), TP, speculation mode (`draft`: draft-target's model or
+    eagle3's head; eagle3 without one: the estimated head at K=3) and runtime (None: the spec's); limits, serving and
+    hardware kept."""
     overrides: dict[str, Any] = {}
     for section in (spec.quantization, spec.parallelism, spec.limits, spec.speculation, spec.serving, spec.hardware):
         overrides.update(section.model_dump())
-    overrides.update(precision=precision, kv_cache=None, tp=tp, draft=draft if mode == DRAFT_TARGET else None,
-                     speculative_decoding=mode if mode == NGRAM else None, draft_precision=None, draft_gpu_device_ids=None, calib_data=None)
+    overrides.update(precision=precision, kv_cache=None, tp=tp,
+                     draft=draft if mode in (DRAFT_TARGET, EAGLE3) else None,
+                     speculative_decoding=mode if mode in (NGRAM, EAGLE3) else None, draft_precision=None,
+                     draft_gpu_device_ids=None, calib_data=None)
     overrides.update(dict.fromkeys(spec.limit_reasons))  # limits the memory model chose are chosen again
     if mode is None:
         overrides.update(draft_len=None)
+    if mode == EAGLE3 and draft is None and overrides.get("draft_len") is None:
+        overrides.update(draft_len=EAGLE3_RECIPE_DRAFT_LEN)
     if mode != DRAFT_TARGET or runtime_of(spec).llmapi:  # the LLM API runs a draft inside the target
         overrides.update(draft_tp=None, draft_max_batch_size=None)
     if mode != NGRAM:
         overrides.update(max_matching_ngram_size=None)
-    variant = resolve_spec(model=spec.model.name, target=spec.target, runtime=spec.runtime,
+    variant = resolve_spec(model=spec.model.name, target=spec.target, runtime=runtime or spec.runtime,
                            models_file=spec.models_file, validate=False, **overrides)
     return choose_limits(variant, validate=False) if spec.limit_reasons else variant
 
 
+def head_name(spec: BuildSpec) -> str | None:
+    """The EAGLE-3 head eagle3 drafts with for `spec`'s model: the spec's, else the registry's first for the target;
+    None: none is registered (the planner estimates one)."""
+    if spec.speculation_mode == EAGLE3 and spec.draft_model is not None:
+        return spec.draft_model.name
+    heads = eagle3_heads(spec.model.name, models_file=spec.models_file)
+    return heads[0].name if heads else None
+
+
+def _refusal(spec: BuildSpec, mode: str | None, draft: str | None, runtime: str | None = None) -> str | None:
+    """Why the rules refuse `spec` with speculation `mode` (at its own precision and TP) on `runtime`, else None.
+    eagle3 without a registered head: the rules of an estimate (the PyTorch backend, no pipeline parallelism), since
+    the spec's rules refuse any eagle3 spec without a head."""
+    variant = _variant(spec, precision=spec.quantization.precision, tp=spec.parallelism.tp, mode=mode, draft=draft,
+                       runtime=runtime)
+    if mode == EAGLE3 and draft is None:
+        if not runtime_of(variant).llmapi:
+            return ("speculation.speculative_decoding=eagle3 runs on TensorRT-LLM's PyTorch backend only; pass "
+                    "--runtime pytorch")
+        if variant.parallelism.pp != 1:
+            return f"parallelism.pp={variant.parallelism.pp} with eagle3: EAGLE-3 runs without pipeline parallelism"
+        mode, draft = None, None  # the rest as without speculation
+    try:
+        validate_spec(_variant(spec, precision=spec.quantization.precision, tp=spec.parallelism.tp, mode=mode,
+                               draft=draft, runtime=runtime))
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
 def compare_modes(spec: BuildSpec) -> tuple[list[tuple[str | None, str | None]], list[str]]:
-    """The speculation modes `plan --compare` weighs for `spec` as (mode, draft model): none, draft-target (the
-    spec's draft, else the registry default), ngram; each mode the spec's rules refuse on its runtime (tried at the
-    spec's own precision and TP, where they accept no speculation) is left out with the rule's line."""
-    draft_name = spec.draft_model.name if spec.draft_model is not None else spec.model.default_draft
+    """The speculation modes `plan --compare` weighs for `spec` as (mode, draft model or head): none, draft-target
+    (the spec's draft, else the registry default), ngram, eagle3 (`head_name`, None: the estimated head); each mode
+    the spec's rules refuse on its runtime (tried at the spec's own precision and TP, where they accept no
+    speculation) is left out with the rule's line."""
+    drafting = spec.quantized_draft
+    draft_name = drafting.name if drafting is not None else spec.model.default_draft
     modes: list[tuple[str | None, str | None]] = [(None, None)]
     skipped = []
     if draft_name is None:
         skipped.append(f"{DRAFT_TARGET}: {spec.model.name} has no default draft model (pass --draft NAME)")
-
-    def refusal(mode: str | None, draft: str | None) -> str | None:
-        try:
-            validate_spec(_variant(spec, precision=spec.quantization.precision, tp=spec.parallelism.tp, mode=mode,
-                                   draft=draft))
-        except SpecError as exc:
-            return str(exc)
-        return None
-
-    plain = refusal(None, None)
-    for mode, draft in ((DRAFT_TARGET, draft_name), (NGRAM, None)):
+    plain = _refusal(spec, None, None)
+    for mode, draft in ((DRAFT_TARGET, draft_name), (NGRAM, None), (EAGLE3, head_name(spec))):
         if mode == DRAFT_TARGET and draft is None:
             continue
-        why = refusal(mode, draft)
+        why = _refusal(spec, mode, draft)
         if why is not None and why != plain:
             skipped.append(f"{mode}: {why}")
             continue
         modes.append((mode, draft))
     return modes, skipped
+
+
+def mode_rows(spec: BuildSpec, *, input_len: int | None, output_len: int | None, rates: dict[str, float],
+              prefix_hit_ratio: float) -> tuple[list[ModeRow], list[str]]:
+    """none / draft-target / ngram / eagle3 at the spec's precision and TP, each on the spec's runtime where its
+    rules accept the mode there, else on pytorch (the LLM API runs every mode); the modes no runtime accepts are
+    left out with why."""
+    drafting = spec.quantized_draft
+    draft_name = drafting.name if drafting is not None else spec.model.default_draft
+    rows, skipped = [], []
+    for mode, draft in ((None, None), (DRAFT_TARGET, draft_name), (NGRAM, None), (EAGLE3, head_name(spec))):
+        if mode == DRAFT_TARGET and draft is None:
+            skipped.append(f"{DRAFT_TARGET}: {spec.model.name} has no default draft model (pass --draft NAME)")
+            continue
+        runtimes = (spec.runtime,) if spec.runtime == "pytorch" else (spec.runtime, "pytorch")
+        why = ""
+        for runtime in runtimes:
+            refusal = _refusal(spec, mode, draft, runtime)
+            if refusal is None:
+                variant = _variant(spec, precision=spec.quantization.precision, tp=spec.parallelism.tp, mode=mode,
+                                   draft=draft, runtime=runtime)
+                try:
+                    rows.append(_mode_row(variant, input_len=input_len, output_len=output_len,
+                                          acceptance=rates[mode] if mode else None, prefix_hit_ratio=prefix_hit_ratio))
+                except SpecError as exc:
+                    why = str(exc)
+                    continue
+                break
+            why = why or refusal
+        else:
+            skipped.append(f"{mode or 'none'}: {why}")
+    return rows, skipped
+
+
+def _mode_row(spec: BuildSpec, *, input_len: int | None, output_len: int | None, acceptance: float | None,
+              prefix_hit_ratio: float) -> ModeRow:
+    p = plan_capacity(spec, input_len=input_len, output_len=output_len, acceptance=acceptance,
+                      prefix_hit_ratio=prefix_hit_ratio, tpot_target_ms=None)
+    gpu = GPUS[spec.hardware.gpu]
+    terms: dict[str, Any] = dict(tp=p.tp, input_len=p.input_len, output_len=p.output_len, acceptance=acceptance,
+                                 prefix_hit_ratio=prefix_hit_ratio)
+    low, _ = serving_estimate(spec, gpu, batch=min(1, p.batch_ceiling), **terms)
+    high, _ = serving_estimate(spec, gpu, batch=p.batch_ceiling, **terms)
+    mode, head = spec.speculation_mode, eagle3_head(spec)
+    even = speculation_break_even(spec, input_len=p.input_len, output_len=p.output_len,
+                                  prefix_hit_ratio=prefix_hit_ratio, batch=1)
+    drafter = "-" if mode is None else "prompt lookup" if mode == NGRAM else \
+        (head.name or "estimated head") if head is not None else spec.draft_model.name if spec.draft_model else "-"
+    return ModeRow(
+        mode=mode, precision=p.precision, tp=p.tp, runtime=spec.runtime, drafter=drafter, draft_len=spec.draft_len, acceptance=acceptance,
+        tokens_per_target_step=round(expected_tokens_per_step(acceptance, spec.draft_len), 4)
+        if mode is not None and acceptance is not None else None,
+        break_even_acceptance=even.acceptance if even is not None else None,
+        break_even_batch=break_even_batch(spec, acceptance=acceptance, ceiling=p.batch_ceiling,
+                                          input_len=p.input_len, output_len=p.output_len,
+                                          prefix_hit_ratio=prefix_hit_ratio) if mode is not None else None,
+        gate=spec.speculation.max_batch_for_speculation if mode is not None else None,
+        low_batch=min(1, p.batch_ceiling), low_tokens_per_s=round(low.output_tokens_per_s, 1),
+        low_cost_per_1m_usd=cost_per_1m(p.gpus, p.gpu_price_per_hour, low.output_tokens_per_s),
+        high_batch=p.batch_ceiling, high_tokens_per_s=round(high.output_tokens_per_s, 1),
+        high_cost_per_1m_usd=cost_per_1m(p.gpus, p.gpu_price_per_hour, high.output_tokens_per_s),
+        estimate=head is not None and head.name is None)
 
 
 def compare_plans(
@@ -168,9 +293,12 @@ def compare_plans(
                   f"{prefix_hit_ratio:.0%}; bound: pure-decode HBM roofline at {gpu.hbm_tb_s} TB/s")
     lengths = (first.input_len, first.output_len) if first else (input_len or 0, output_len or 0)
     price = gpu_price(gpu.name, spec.hardware.gpu_price_per_hour)
+    by_mode, modes_skipped = mode_rows(spec, input_len=input_len, output_len=output_len, rates=rates,
+                                       prefix_hit_ratio=prefix_hit_ratio)
     return Comparison(spec.model.name, gpu.name, price.usd_per_hour, price.source, *lengths, rates[DRAFT_TARGET],
                       k_used, prefix_hit_ratio, assumption, rows, skipped,
-                      acceptances={m: rates[m] for m, _ in modes if m is not None})
+                      acceptances={m: rates[m] for m, _ in modes if m is not None}, modes=by_mode,
+                      modes_skipped=modes_skipped)
 
 
 def _compare_row(spec: BuildSpec, p: CapacityPlan, gpu: GPU, acceptance: float | None) -> CompareRow:
@@ -232,10 +360,43 @@ def format_comparison(c: Comparison) -> str:
               "$ per 1M output tokens = gpus x $/GPU-h / 3600 / estimated tok/s x 1e6",
               f"GPU price: {c.gpu_price_source}"]
     lines += [f"skipped: {s}" for s in c.skipped]
+    if c.modes:
+        lines += ["", format_modes(c)]
     return "\n".join(lines)
+
+
+def format_modes(c: Comparison) -> str:
+    """The speculation modes side by side: $ per 1M at low and high load, acceptance and break-even."""
+    first = (c.modes or [])[0]
+    head = ("mode", "runtime", "drafter", "K", "acceptance", "tokens/step", "break-even acc @1",
+            "pays up to batch", "gate", "$/1M @1", "tok/s @1", "high batch", "$/1M high", "tok/s high")
+    out = [head]
+    for m in c.modes or []:
+        out.append((m.mode or "none", m.runtime, m.drafter, str(m.draft_len) if m.mode else "-",
+                    "-" if m.acceptance is None else f"{m.acceptance:.0%}",
+                    "-" if m.tokens_per_target_step is None else f"{m.tokens_per_target_step:.2f}",
+                    "-" if m.break_even_acceptance is None else f"{m.break_even_acceptance:.0%}",
+                    "-" if m.break_even_batch is None else str(m.break_even_batch),
+                    "-" if m.gate is None else str(m.gate), _cost(m.low_cost_per_1m_usd), f"{m.low_tokens_per_s:,.0f}",
+                    str(m.high_batch), _cost(m.high_cost_per_1m_usd), f"{m.high_tokens_per_s:,.0f}"))
+    lines = [f"speculation modes side by side at {first.precision} tp={first.tp}: low load = batch 1, high load = the batch ceiling (speculation "
+             "off above its gate, max_batch_for_speculation); break-even: the acceptance per drafted token below "
+             "which the mode is slower than none at batch 1; pays up to batch: the largest batch it beats none at "
+             "at its acceptance", format_table(out, header=True)]
+    lines += [f"eagle3's estimated head: no registered EAGLE-3 head for {c.model}; the published recipe at its "
+              f"width (1 layer, draft vocab {EAGLE3_RECIPE_DRAFT_VOCAB}, 16-bit, K={m.draft_len})"
+              for m in c.modes or [] if m.estimate]
+    lines += [f"modes skipped: {s}" for s in c.modes_skipped or []]
+    return "\n".join(lines)
+
+
+def _cost(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _mode_cell(r: CompareRow) -> str:
     if r.mode is None:
         return "-"
+    if r.mode == EAGLE3:
+        return f"eagle3 {r.draft}" if r.draft else "eagle3 (estimate)"
     return f"draft {r.draft}" if r.draft else r.mode

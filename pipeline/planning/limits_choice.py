@@ -75,9 +75,11 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
             if batch is None:
                 reasons["max_batch_size"] = f"the registry's value: {why}"
             else:
-                if spec.draft_model is not None:
-                    why += (f"; speculation runs up to batch {spec.speculation.max_batch_for_speculation}, "
-                            "heavier traffic through the plain ensemble")
+                if spec.speculation_mode is not None:
+                    above = ("plain decoding above it (the LLM API's max_concurrency)" if runtime_of(spec).llmapi
+                             else "heavier traffic through the plain ensemble")
+                    why += (f"; {spec.speculation_mode} speculation runs up to batch "
+                            f"{spec.speculation.max_batch_for_speculation}, {above}")
                 chosen = _with_batch(chosen, batch)
                 reasons["max_batch_size"] = why
     chosen = chosen.with_notes(limit_reasons=reasons)

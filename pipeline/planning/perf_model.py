@@ -7,8 +7,9 @@ work every rank repeats (norms, residuals), two all-reduces per layer at TP > 1 
 per peer that large messages pay) and a fixed cost per layer (launches, small kernels).
 A serving cycle of D = 1 + (output - 1) / tokens-per-step steps holds one mixed step per request (its prompt beside
 the decoding requests) and decode-only steps for the rest; beyond D requests the rest queue (`estimate`).
-Speculation turns K + 1 verified tokens into the expected accepted tokens per step, at the draft model's K steps'
-cost (draft-target) or none (n-gram: a host-side lookup); a prefix hit skips the reused blocks' prefill.
+Speculation turns K + 1 verified tokens into the expected accepted tokens per step, at the cost of K drafting steps:
+a draft model's (draft-target), an EAGLE-3 head's (`Eagle3HeadCost`: one decoder layer on the target's hidden
+states) or none (n-gram: a host-side lookup); a prefix hit skips the reused blocks' prefill.
 
 The constants (`CALIBRATION`) are fitted to NVIDIA AIConfigurator 0.12's TensorRT-LLM database for H100 SXM and H200
 (tests/data/aiconfigurator_0.12.json, refitted with scripts/fit_perf_model.py, checked on held-out points by
@@ -19,7 +20,7 @@ reads, an extrapolation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.core.gpus import GPU
 from pipeline.core.registry import Architecture
@@ -84,7 +85,24 @@ class EngineCost:
         (vocab-parallel). MoE: only the experts that step's tokens route to (all of them when `tokens` is None)."""
         a = self.arch
         linear = a.linear_params if tokens is None else a.expert_linear_params_touched(tokens)
-        return (linear * LINEAR_BYTES[self.precision] + a.vocab_size * a.hidden_size * 2) / self.tp
+        return ((linear * LINEAR_BYTES[self.precision] + self.lm_head_params() * 2) / self.tp
+                + self.replicated_params() * LINEAR_BYTES[self.precision])
+
+    def token_params(self) -> float:
+        """Linear parameters one token passes through, split by TP (MoE: its top-k experts)."""
+        return float(self.arch.active_linear_params)
+
+    def lm_head_params(self) -> float:
+        return float(self.arch.vocab_size * self.arch.hidden_size)
+
+    def replicated_params(self) -> float:
+        """Linear parameters every TP rank holds whole (none in a model; an EAGLE-3 head's fc)."""
+        return 0.0
+
+    def drafting_ms(self, cal: Calibration, *, draft_len: int, decode_seqs: float, decode_len: float) -> float:
+        """K autoregressive draft steps of `decode_seqs` sequences (this engine as a draft model)."""
+        return draft_len * self.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=decode_seqs,
+                                        decode_len=decode_len)
 
     def kv_bytes_per_token(self) -> float:
         return kv_bytes_per_token(self.arch, self.kv, tp=self.tp)
@@ -100,7 +118,8 @@ class EngineCost:
         eff = cal.gemm_efficiency_fp8 if math_fp8 else cal.gemm_efficiency_bf16
         tokens = context_tokens + decode_seqs * tokens_per_seq
         logits = (1 if context_tokens else 0) + decode_seqs * tokens_per_seq
-        flops = 2 * (a.active_linear_params * tokens + a.vocab_size * a.hidden_size * logits) / self.tp
+        flops = (2 * (self.token_params() * tokens + self.lm_head_params() * logits) / self.tp
+                 + 2 * self.replicated_params() * tokens)
         # a small GEMM does not fill the GPU: efficiency rises with the work per layer, half of it at gemm_half_gflop
         per_layer = flops / a.num_layers / 1e9
         eff *= per_layer / (per_layer + cal.gemm_half_gflop) if per_layer else 1.0
@@ -128,9 +147,46 @@ class EngineCost:
 
 
 @dataclass(frozen=True)
+class Eagle3HeadCost(EngineCost):
+    """An EAGLE-3 head drafting inside the target (TensorRT-LLM 1.2 `Eagle3DraftModel`): `arch` is the head's one
+    decoder layer, whose attention takes 2H inputs (token embedding and hidden state concatenated); its lm_head
+    predicts `draft_vocab_size` tokens; the first step of a chain also runs `fc`, fusing the `captured` target
+    layers' hidden states (captured x H -> H, built without a TP mapping: every rank holds it whole) over the K + 1
+    positions the target just verified. Weights in the head's own 16-bit dtype (`precision`), KV in the target's."""
+
+    draft_vocab_size: int = 0
+    captured: int = 3  # target layers whose hidden states the fc fuses (eagle3_layers_to_capture; default 3)
+    first_step: bool = True  # this step runs the fc over the verified positions
+
+    def token_params(self) -> float:
+        a = self.arch
+        h, q, kv = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        return float(a.num_layers * (2 * h * (q + 2 * kv) + q * h + 3 * h * a.intermediate_size))
+
+    def lm_head_params(self) -> float:
+        return float(self.arch.hidden_size * self.draft_vocab_size)
+
+    def replicated_params(self) -> float:
+        return float(self.captured * self.arch.hidden_size ** 2) if self.first_step else 0.0
+
+    def weight_bytes(self, tokens: float | None = None) -> float:
+        """Weights a step reads on one GPU (the fc only on the chain's first step)."""
+        return ((self.token_params() * LINEAR_BYTES[self.precision] + self.lm_head_params() * 2) / self.tp
+                + self.replicated_params() * LINEAR_BYTES[self.precision])
+
+    def drafting_ms(self, cal: Calibration, *, draft_len: int, decode_seqs: float, decode_len: float) -> float:
+        """The chain: a first step over the K + 1 verified positions (fc included), then K - 1 single-token steps."""
+        first = self.step_ms(cal, context_tokens=0, context_len=0, decode_seqs=decode_seqs, decode_len=decode_len,
+                             tokens_per_seq=draft_len + 1)
+        rest = replace(self, first_step=False).step_ms(cal, context_tokens=0, context_len=0, decode_seqs=decode_seqs,
+                                                       decode_len=decode_len)
+        return first + (draft_len - 1) * rest
+
+
+@dataclass(frozen=True)
 class Speculation:
-    """Speculative decoding: the draft engine (None: drafts cost no forward pass, as n-gram's lookup), K proposed
-    tokens and the acceptance rate per proposed token."""
+    """Speculative decoding: the drafter (a draft engine or an EAGLE-3 head; None: drafts cost no forward pass, as
+    n-gram's lookup), K proposed tokens and the acceptance rate per proposed token."""
 
     draft: EngineCost | None
     draft_len: int
@@ -181,8 +237,8 @@ def estimate(target: EngineCost, *, input_len: int, output_len: int, batch: int,
         ms = target.step_ms(cal, context_tokens=context, context_len=input_len if context else 0,
                             decode_seqs=decoders, decode_len=decode_len, tokens_per_seq=verify)
         if speculation and speculation.draft is not None and decoders:
-            ms += speculation.draft_len * speculation.draft.step_ms(cal, context_tokens=0, context_len=0,
-                                                                    decode_seqs=decoders, decode_len=decode_len)
+            ms += speculation.draft.drafting_ms(cal, draft_len=speculation.draft_len, decode_seqs=decoders,
+                                                decode_len=decode_len)
         return ms
 
     prefill_ms = step(new_tokens, 0)

@@ -22,7 +22,9 @@ from pipeline.planning.perf_model import (
     kv_bytes_per_token,
 )
 from pipeline.planning.placement import capacity, try_place, with_memory
-from pipeline.planning.speculation_modes import acceptances, mode_model, without_speculation
+from pipeline.planning.speculation_modes import (
+    Eagle3HeadModel, acceptances, eagle3_head, mode_model, without_speculation,
+)
 
 if TYPE_CHECKING:
     from pipeline.core.spec import BuildSpec
@@ -70,13 +72,15 @@ class EngineShape:
     max_seq_len: int  # as the engine records it (the target: S + K with speculation)
     max_num_tokens: int  # as build() leaves it (trtllm_rules.engine_max_num_tokens)
     awq_block: int = 128
+    head_weight_bytes: float = 0.0  # per GPU: an EAGLE-3 head's weights in the target's process
+    head_kv_bytes_per_token: float = 0.0  # per GPU: its layer in the target's KV pool
 
     @property
     def world(self) -> int:
         return self.tp * self.pp
 
     def weights_per_gpu(self) -> float:
-        return weight_bytes(self.arch, self.precision, awq_block=self.awq_block) / self.world
+        return weight_bytes(self.arch, self.precision, awq_block=self.awq_block) / self.world + self.head_weight_bytes
 
     def reserve_per_gpu(self) -> float:
         """Runtime and NCCL reserve plus activations of this engine on each of its GPUs."""
@@ -85,7 +89,7 @@ class EngineShape:
             self.arch, max_num_tokens=self.max_num_tokens, max_batch=self.max_batch, tp=self.tp)
 
     def kv_per_token_per_gpu(self) -> float:
-        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp) / self.pp
+        return kv_bytes_per_token(self.arch, self.kv, tp=self.tp) / self.pp + self.head_kv_bytes_per_token
 
     def sequence_tokens(self, block: int) -> int:
         """KV tokens of one longest sequence, in whole blocks."""
@@ -99,7 +103,8 @@ def engine_shapes(
     """The target's (and the draft's) shapes for `spec`, with any limit overridden (the fit search varies them).
 
     `max_num_tokens` is the value given to trtllm-build (spec.base_max_num_tokens); build()'s clipping and the
-    speculative floor are applied here exactly as the compile plan applies them.
+    speculative floor are applied here exactly as the compile plan applies them. An EAGLE-3 head is no engine of its
+    own: its weights and KV layer are the target's (`speculation_modes.eagle3_head`).
     """
     q, lim = spec.quantization, spec.limits
     tp = spec.parallelism.tp if tp is None else tp
@@ -109,15 +114,20 @@ def engine_shapes(
     k = spec.draft_len
     common: dict[str, Any] = dict(max_input_len=min(spec.max_input_len, seq), tokens_per_block=lim.tokens_per_block,
                                   context_fmha=lim.context_fmha)
+    head = eagle3_head(spec)
+    extras: dict[str, float] = {} if head is None else dict(
+        head_weight_bytes=head.weight_bytes_per_gpu(tp=tp, gpu=GPUS[spec.hardware.gpu]),
+        head_kv_bytes_per_token=head.kv_bytes_per_token_per_gpu(kv=q.kv, tp=tp))
     target = EngineShape(
         spec.model.architecture, q.precision, q.kv, tp, spec.parallelism.pp, batch, seq + k,
         engine_max_num_tokens(base, max_batch_size=batch, max_seq_len=seq, draft_len=k, **common),
-        q.awq_block_size)
-    if spec.draft_model is None:
+        q.awq_block_size, **extras)
+    drafting = spec.quantized_draft
+    if drafting is None:
         return target, None
     dbatch = spec.draft_max_batch_size if draft_max_batch is None else draft_max_batch
     draft = EngineShape(
-        spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, 1, dbatch, seq + k,
+        drafting.architecture, spec.draft_precision, q.kv, spec.draft_tp, 1, dbatch, seq + k,
         engine_max_num_tokens(base, max_batch_size=dbatch, max_seq_len=seq + k, **common), q.awq_block_size)
     return target, draft
 
@@ -237,11 +247,13 @@ class CapacityPlan:
     speculation_mode: str | None = None  # draft-target, ngram or None
     draft_len: int = 0  # K drafted tokens per step (0 without speculation)
     speculation_loads: list[dict[str, Any]] | None = None  # `LoadPoint`s: the mode vs none at low and high load
+    eagle3_head: dict[str, Any] | None = None  # eagle3 only: `head_fields` (which head, its memory per GPU)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if data["moe"] is None:
-            data.pop("moe")  # dense models: the plan is what it was before MoE
+        for key in ("moe", "eagle3_head"):
+            if data[key] is None:
+                data.pop(key)  # the plan of a dense model without EAGLE-3 is what it was before them
         return data
 
 
@@ -346,9 +358,12 @@ def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_le
     speculation = None
     if active and mode is not None:
         model = mode_model(mode)
-        draft = None
+        draft: EngineCost | None = None
+        head = eagle3_head(spec)
         if model.draft_model and spec.draft_model is not None:
             draft = EngineCost(spec.draft_model.architecture, spec.draft_precision, q.kv, spec.draft_tp, gpu)
+        elif model.head and head is not None:
+            draft = head.cost(kv=q.kv, tp=tp, gpu=gpu)
         speculation = Speculation(draft, spec.draft_len, model.acceptance if acceptance is None else acceptance)
     block = spec.limits.tokens_per_block
     reused = int(prefix_hit_ratio * input_len) // block * block if spec.serving.enable_kv_cache_reuse else 0
@@ -360,6 +375,15 @@ def serving_estimate(spec: BuildSpec, gpu: GPU, *, tp: int, batch: int, input_le
 def cost_per_1m(gpus: int, price_per_hour: float, tokens_per_s: float) -> float | None:
     """$ per 1M output tokens: GPUs x $/GPU-hour / 3600 / tok/s x 1e6."""
     return round(gpus * price_per_hour / 3600 / tokens_per_s * 1e6, 4) if tokens_per_s > 0 else None
+
+
+def head_fields(head: Eagle3HeadModel | None, target: EngineShape) -> dict[str, Any] | None:
+    """The plan's `eagle3_head`: which head (or that it is an estimate) and what it adds to each target GPU."""
+    if head is None:
+        return None
+    return dict(name=head.name, estimate=head.name is None, label=head.label, draft_vocab_size=head.draft_vocab_size,
+                weights_gib_per_gpu=round(target.head_weight_bytes / GIB, 3),
+                kv_bytes_per_token_per_gpu=int(target.head_kv_bytes_per_token))
 
 
 def _draft_fields(spec: BuildSpec, r: dict[str, Any]) -> dict[str, Any]:
@@ -480,7 +504,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
         moe=moe_placement(spec), speculation_mode=mode, draft_len=spec.draft_len,
         speculation_loads=[asdict(x) for x in speculation_loads(spec, gpu, ceiling=ceiling, price=price, **terms)]
-        or None, **_draft_fields(spec, r),
+        or None, eagle3_head=head_fields(eagle3_head(spec), target), **_draft_fields(spec, r),
     )
 
 
@@ -497,6 +521,11 @@ def format_capacity_plan(p: CapacityPlan) -> str:
         rows.append((f"draft tp={p.draft_tp} on GPU {gpus}, batch {p.draft_max_batch_size}",
                      f"{p.draft_weights_gib_per_gpu:.2f} GiB weights, KV pool {p.draft_kv_pool_gib_per_gpu:.2f} GiB "
                      f"({p.draft_kv_cache_tokens:,} tokens, {p.draft_max_concurrent_requests} requests)"))
+    if p.eagle3_head is not None:
+        h = p.eagle3_head
+        rows.append((f"EAGLE-3 head ({h['label']})",
+                     f"{h['weights_gib_per_gpu']:.2f} GiB 16-bit weights per GPU in the target's process (included "
+                     f"above), +{h['kv_bytes_per_token_per_gpu']} KV bytes/token per GPU (one layer in its pool)"))
     rows += [
         ("KV bytes/token total / per GPU", f"{p.kv_bytes_per_token_total} / {p.kv_bytes_per_token_per_gpu}"),
         ("runtime reserve per GPU", f"{p.reserve_gib_per_gpu:.2f} GiB"),

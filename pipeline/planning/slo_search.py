@@ -1,7 +1,7 @@
 """The cheapest serving configuration for an SLO and a traffic shape (`invoke plan --slo`).
 
 Searches precision x TP x PP x max batch x speculation mode (none; draft-target with the registry's draft; ngram
-where the spec's runtime runs it) x K (x runtime where the rules accept only one) with the planner's memory model
+where the spec's runtime runs it; eagle3 with the registry's head for the model, where the runtime runs it) x K (x runtime where the rules accept only one) with the planner's memory model
 (what fits, how many requests the KV pool holds) and its calibrated estimate (TTFT, TPOT, tok/s; speculation through
 each mode's acceptance rate and `max_batch_for_speculation`, the planner's load gate: a mode is searched only up to
 it; prefix reuse through the prefill it saves). Memory prunes first: a structure that does not
@@ -21,8 +21,9 @@ from pipeline.core.runtimes import runtime_of, runtime_named
 from pipeline.core.errors import SpecError
 from pipeline.core.gpus import GPUS, ChosenPrice, gpu_price
 from pipeline.core.model_entry import MAX_DRAFT_LEN
+from pipeline.core.registry import eagle3_heads
 from pipeline.core.spec import (
-    DRAFT_TARGET, NGRAM, SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec,
+    DRAFT_TARGET, EAGLE3, NGRAM, SECTIONS, PlannedEstimate, PlannedTraffic, ServingTarget, resolve_spec,
 )
 from pipeline.core.table import format_table
 from pipeline.core.untrusted import parse_json, read_bytes
@@ -85,12 +86,14 @@ class Structure:
     draft: str | None
     draft_len: int | None
     runtime: str
-    mode: str | None = None  # draft-target (with `draft`), ngram, or None
+    mode: str | None = None  # draft-target (with `draft`), eagle3 (with its head as `draft`), ngram, or None
 
     def label(self, batch: int | None = None) -> str:
         draft = f"draft {self.draft} K={self.draft_len}" if self.draft else "no draft"
         if self.mode == NGRAM:
             draft = f"ngram K={self.draft_len}"
+        elif self.mode == EAGLE3:
+            draft = f"eagle3 {self.draft} K={self.draft_len}"
         at = f" batch {batch}" if batch is not None else ""
         return f"{self.precision} tp={self.tp} pp={self.pp}{at}, {draft}, {self.runtime}"
 
@@ -114,7 +117,7 @@ class Candidate:
     replicas: int  # 1 without a rate; else enough to serve it
     cost_per_1m_output_tokens_usd: float
     quality: str | None = None  # checked | unchecked | failed (its quality gate); None: not judged
-    mode: str | None = None  # the speculation mode (draft-target, ngram) or None
+    mode: str | None = None  # the speculation mode (draft-target, eagle3, ngram) or None
 
     def label(self) -> str:
         return self.structure().label(self.max_batch)
@@ -190,16 +193,23 @@ def search_space(spec: BuildSpec, *, speculation: bool = True, precisions: tuple
             modes += [(NGRAM, None, k) for k in lens]
         else:
             unsearched[NGRAM] = refusal
+        heads = eagle3_heads(spec.model.name, models_file=spec.models_file)
+        refusal = _mode_refusal(spec, EAGLE3, heads[0].name) if heads else (
+            f"no EAGLE-3 head in the registry is trained for {spec.model.name} (`plan --compare` estimates one)")
+        if refusal is None:
+            modes += [(EAGLE3, heads[0].name, k) for k in lens]
+        else:
+            unsearched[EAGLE3] = refusal
     return _Space(
         precisions=(q.precision,) if "precision" in q.model_fields_set else (precisions or SEARCH_PRECISIONS),
         tps=tps, pps=pps, modes=tuple(modes), batches=(spec.max_batch_size,) if given_batch else BATCHES,
         runtimes=(spec.runtime,) if "runtime" in spec.model_fields_set else RUNTIMES, unsearched=unsearched)
 
 
-def _mode_refusal(spec: BuildSpec, mode: str) -> str | None:
-    """Why the spec's rules refuse speculation `mode` on the spec's runtime (given or default: the search does not
-    switch runtimes to reach a mode), else None."""
-    s = Structure(spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp, None, None, spec.runtime,
+def _mode_refusal(spec: BuildSpec, mode: str, draft: str | None = None) -> str | None:
+    """Why the spec's rules refuse speculation `mode` (with `draft`: eagle3's head) on the spec's runtime (given or
+    default: the search does not switch runtimes to reach a mode), else None."""
+    s = Structure(spec.quantization.precision, spec.parallelism.tp, spec.parallelism.pp, draft, None, spec.runtime,
                   mode)
     try:
         _structure_spec(spec, s)
@@ -473,7 +483,7 @@ def layout_overrides(spec: BuildSpec, s: Structure, *, batch: int) -> dict[str, 
     overrides.update(dict.fromkeys(spec.limit_reasons))
     overrides.update(precision=s.precision, tp=s.tp, pp=s.pp, draft=s.draft, draft_len=s.draft_len,
                      max_batch_size=batch, draft_precision=None, draft_gpu_device_ids=None,
-                     speculative_decoding=NGRAM if s.mode == NGRAM else None)
+                     speculative_decoding=s.mode if s.mode in (NGRAM, EAGLE3) else None)
     if s.mode != NGRAM:
         overrides.update(max_matching_ngram_size=None)
     if s.draft is None or runtime_named(s.runtime, spec.target).llmapi:  # the LLM API runs the draft in the target
@@ -589,6 +599,8 @@ def _draft_cell(c: Candidate) -> str:
     if c.mode is None:
         return "-"
     name = f"{c.draft} K={c.draft_len}" if c.draft else f"{c.mode} K={c.draft_len}"
+    if c.mode == EAGLE3:
+        name = f"eagle3 {name}"
     return name + ("" if c.speculation_active else " (gated off)")
 
 

@@ -17,6 +17,7 @@ the build's tokenizer) before the first request.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -84,6 +85,7 @@ class RequestSample:
     token_source: str | None = None  # a key of pipeline.serving.token_count.SOURCES
     speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
     ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
+    arm: str = "server"  # the level's speculation arm: "server" | "off"
 
     @property
     def tpot_s(self) -> float | None:
@@ -336,7 +338,17 @@ class BenchReport:
         return sum(lv.requests for lv in self.levels)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "failed": self.failed, "mean_accepted_length": self.mean_accepted_length}
+        return {**asdict(self), "failed": self.failed, "mean_accepted_length": self.mean_accepted_length,
+                "speedup": self.speedup}
+
+    @property
+    def speedup(self) -> dict[int, float] | None:
+        """Per concurrency level run in both arms (`--speculation both`), on the same requests: the speculative
+        arm's output tok/s over the arm without speculation."""
+        arms = {(lv.speculation, lv.concurrency): lv.output_tokens_per_s for lv in self.levels}
+        out = {c: round(tok / off, 3) for (mode, c), tok in arms.items()
+               if mode == "server" and (off := arms.get(("off", c))) and tok is not None}
+        return out or None
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -402,6 +414,9 @@ def format_report(r: BenchReport) -> str:
         + (f"; shared prefix {r.shared_prefix_tokens} tokens on {r.shared_prefix_share:.0%} of requests"
            if r.shared_prefix_tokens else "") + (f"; prompts from {r.dataset}" if r.dataset else ""),
     ]
+    if r.speedup:
+        lines.append("speculation over none on the same requests, output tok/s: "
+                     + ", ".join(f"x{x:.2f} at concurrency {c}" for c, x in r.speedup.items()))
     lines += [f"note: {n}" for n in r.notes]
     lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
@@ -746,7 +761,7 @@ def _level(route: _Route, plan: LevelPlan, budget_s: float) -> tuple[list[Reques
     `arrivals[i]` seconds after the level starts (later when every client is busy); (samples, wall seconds)."""
     texts, max_tokens, arrivals, concurrency = plan.texts, plan.max_tokens, plan.arrivals, plan.concurrency
     n_requests = len(texts)
-    draft_tokens = 0 if plan.mode == "off" else None
+    draft_tokens = 0 if plan.mode == "off" and not route.info.llmapi else None  # llmapi: the plain build's server
     workers = [_Worker(route, draft_tokens) for _ in range(clients_for(concurrency, n_requests))]
     samples: list[RequestSample] = []
     lock = threading.Lock()
@@ -900,10 +915,13 @@ def run_bench(
     tokenizer_dir: str | Path | None = None,
     planned: list[LevelPlan] | None = None,
     second_opinion: SecondOpinion | None = None,
+    plain_server: ServerUrls | None = None,
 ) -> BenchReport:
     """Run the concurrency sweep against a running server on 127.0.0.1 and return the report.
 
     Args:
+        plain_server: where the "off" levels go when the route takes no per-request draft length (the LLM-API
+            model): the same target built without speculation, serving the same model name.
         tokenizer_dir: the served build's tokenizer (exact prompt lengths and output token counts).
         planned: the levels `plan_workload` planned from `workload` already, checked against the build's limits
             (default: plan them here, with no limits).
@@ -918,7 +936,7 @@ def run_bench(
     tokenizer = load_tokenizer(tokenizer_dir)
     levels = planned or plan_workload(workload, tokenizer=tokenizer)
     info = _served_model(server.grpc, sweep.model)
-    stream = _stream_mode(info, sweep.stream, workload.speculation)
+    stream = _stream_mode(info, sweep.stream, workload.speculation, plain_server=plain_server is not None)
     w = workload
     report = BenchReport(server.grpc, info.name, stream, w.max_tokens, w.requests_per_level, pricing.gpus,
                          pricing.usd_per_gpu_hour, gpu_price_source=pricing.source,
@@ -930,10 +948,16 @@ def run_bench(
     if second_opinion is not None:
         second_opinion.check(report, http_url=server.http, tokenizer_dir=tokenizer_path)
     route = _Route(server.grpc, info, stream, sweep.request_timeout_s, tokenizer)
+    routes = {"server": route, "off": route}
+    if plain_server is not None:  # the LLM-API arms: the speculative build's server and the plain build's
+        check_local(plain_server.grpc)
+        plain = _served_model(plain_server.grpc, info.name)
+        routes["off"] = _Route(plain_server.grpc, plain, stream, sweep.request_timeout_s, tokenizer)
     if sweep.warmup:
-        _level(route, LevelPlan(1, "server", [WARMUP_PROMPT], [min(4, w.max_tokens)]), sweep.level_budget_s)
+        for mode in dict.fromkeys(lv.mode for lv in levels if routes[lv.mode] is not route or lv.mode == "server"):
+            _level(routes[mode], LevelPlan(1, "server", [WARMUP_PROMPT], [min(4, w.max_tokens)]), sweep.level_budget_s)
     before = scrape_metrics(server.metrics) if server.metrics else None
-    samples = _sweep(report, route, levels, sweep.level_budget_s)
+    samples = _sweep(report, routes, levels, sweep.level_budget_s)
     after = scrape_metrics(server.metrics) if server.metrics else None
     ok = [s for s in samples if s.ok]
     _run_figures(report, ok, levels, tokenizer)
@@ -1140,7 +1164,7 @@ def _served_model(grpc_url: str, model: str | None) -> _ModelInfo:
         client.close()
 
 
-def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> bool:
+def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str, *, plain_server: bool) -> bool:
     """Whether to stream (default: when the model is decoupled, except the BLS); BenchError for what the route
     cannot do."""
     if stream is None:
@@ -1148,21 +1172,25 @@ def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str) -> boo
     if stream and not info.decoupled:
         raise BenchError(f"model '{info.name}' is not decoupled, so it cannot stream; pass --no-stream")
     if speculation != "server" and info.llmapi:
+        if plain_server:
+            return stream
         raise BenchError(f"--speculation {speculation}: the LLM-API model '{info.name}' takes no per-request draft "
-                         "length (TensorRT-LLM 1.2's llmapi contract); bench a build without speculation on the "
-                         "same prompts (same --dataset/--requests/--seed: the workload sha256 matches) and compare")
+                         "length (TensorRT-LLM 1.2's llmapi contract), so the arm without speculation is the same "
+                         "target built without it; drop --url so that bench starts both builds' servers")
     if speculation != "server" and "num_draft_tokens" not in info.inputs:
         raise BenchError(f"--speculation {speculation}: model '{info.name}' has no num_draft_tokens input; "
                          "benchmark tensorrt_llm_bls")
     return stream
 
 
-def _sweep(report: BenchReport, route: _Route, workload: list[LevelPlan], level_budget_s: float
+def _sweep(report: BenchReport, routes: dict[str, _Route], workload: list[LevelPlan], level_budget_s: float
            ) -> list[RequestSample]:
-    """Every planned level in order; appends each level's stats to `report`."""
+    """Every planned level in order, each on its arm's route; appends each level's stats to `report`."""
     samples: list[RequestSample] = []
     for plan in workload:
-        level, wall = _level(route, plan, level_budget_s)
+        level, wall = _level(routes[plan.mode], plan, level_budget_s)
+        for sample in level:
+            sample.arm = plan.mode
         samples += level
         stats = summarize(plan.concurrency, level, wall, gpus=report.gpus,
                           price_per_gpu_hour=report.gpu_price_per_hour, speculation=plan.mode)
@@ -1175,7 +1203,7 @@ def _run_figures(report: BenchReport, ok: list[RequestSample], workload: list[Le
     """Run-wide figures: acceptance, share that speculated, cold/warm TTFT, P99 TTFT and P95 TPOT (what an SLO is
     written in), and the input/output token length distributions."""
     report.acceptance_rate = _round(ratio((s.accepted_draft_tokens for s in ok), (s.draft_tokens for s in ok)))
-    report.speculated_share = _round(speculated_share(ok))
+    report.speculated_share = _round(speculated_share(s for s in ok if s.arm != "off"))
     cold, warm = cold_warm_ttft(ok)
     report.ttft_ms_cold_p50 = round(cold * 1000, 3) if cold is not None else None
     report.ttft_ms_warm_p50 = round(warm * 1000, 3) if warm is not None else None
@@ -1273,6 +1301,27 @@ def parse_levels(text: str | Iterable[int]) -> list[int]:
     return levels
 
 
+def _plain_repo(spec: BuildSpec, workload: WorkloadOptions, server: ServerUrls | None) -> Path | None:
+    """The repository of `spec`'s target built without speculation, where `--speculation off|both` needs one: an
+    LLM-API build with speculation (its model takes no per-request draft length); None otherwise.
+
+    Raises:
+        BenchError: bench was given a running server (`--url`), or the plain build is not there.
+    """
+    if workload.speculation == "server" or spec.speculation_mode is None or not runtime_of(spec).llmapi:
+        return None
+    if server is not None:
+        return None  # `run_bench` refuses it, naming the route
+    plain = spec.revised(draft_model=None, speculation=type(spec.speculation)(), checked=True)
+    try:
+        return built_repo(plain)
+    except PipelineError as exc:
+        raise BenchError(f"--speculation {workload.speculation} on a {spec.speculation_mode} LLM-API build compares "
+                         f"it with the same target built without speculation, which is not built here ({exc}); "
+                         f"build it: invoke build --model {spec.model.name} --precision {spec.quantization.precision}"
+                         f" --runtime {spec.runtime} --target {spec.target}") from None
+
+
 def cost_basis(spec) -> tuple[float, str]:
     """$/GPU-hour for the spec's cost figures and where it comes from; a reference build says that its cost is a
     CPU server's throughput priced at a GPU's rate."""
@@ -1318,18 +1367,25 @@ def bench_spec(
     planned = plan_workload(workload, tokenizer=tokenizer, max_input_len=spec.max_input_len,
                             max_seq_len=spec.max_seq_len)  # refused before starting or calling a server
 
-    def run(urls: ServerUrls) -> BenchReport:
+    plain_repo = _plain_repo(spec, workload, server)
+
+    def run(urls: ServerUrls, plain: ServerUrls | None = None) -> BenchReport:
         return run_bench(urls, workload, sweep=sweep, pricing=pricing, tokenizer_dir=tokenizer_dir, planned=planned,
-                         second_opinion=second_opinion)
+                         second_opinion=second_opinion, plain_server=plain)
 
     if server is not None:
         report = run(server)
     else:
         if repo is None:  # located above, or that raised
             raise BenchError("no model repository to serve; pass --repo")
-        with TritonServer(Path(repo), world_size=pricing.gpus if runtime_of(spec).gpu else 1,
-                          ready_timeout_s=ready_timeout_s) as started:
-            report = run(ServerUrls(started.grpc_url, started.metrics_url, started.http_url))
+        world = pricing.gpus if runtime_of(spec).gpu else 1
+        with contextlib.ExitStack() as servers:
+            started, plain = (servers.enter_context(TritonServer(Path(r), world_size=world,
+                                                                 ready_timeout_s=ready_timeout_s)) if r else None
+                              for r in (repo, plain_repo))
+            assert started is not None
+            report = run(ServerUrls(started.grpc_url, started.metrics_url, started.http_url),
+                         ServerUrls(plain.grpc_url, plain.metrics_url, plain.http_url) if plain else None)
     report.model, report.precision = spec.model.name, spec.quantization.precision
     report.speculation_mode, report.draft_len = spec.speculation_mode, spec.draft_len
     return report

@@ -284,3 +284,38 @@ def test_prefix_alert_follows_the_declared_traffic_or_the_flag(tmp_path):
     out = tmp_path / "s"
     deploy_command(spec, platform="slurm", release_url=URL, output=str(out), name="x", prefix_cache_alert=True)
     assert "PrefixCacheHitRatioLow" in _by_name(yaml.safe_load((out / "prometheus-rules.yml").read_text())["groups"])
+
+
+def test_the_break_even_alert_is_the_spec_modes_and_names_it():
+    spec = resolve_spec(model="llama-70b", precision="fp8", draft="auto", tp=4)
+    w = watch_plan(spec, deployment="llama70", gpus=4)
+    alert = _by_name(rule_groups(w))["SpeculationBelowBreakEven"]
+    assert w.speculation_mode == "draft-target" and w.speculation_note == ""
+    assert alert["expr"].endswith(f"< {speculation_break_even(spec).acceptance:g}")
+    assert "draft-target draft acceptance below the planner's draft-target break-even" in \
+        alert["annotations"]["summary"]
+
+
+@pytest.mark.parametrize("spec_kw,source", [
+    (dict(model="llama3.3-70b", draft="auto", speculative_decoding="eagle3"), "trtllm-serve"),
+    (dict(model="llama-70b", speculative_decoding="ngram"), "trtllm-serve"),
+    (dict(model="llama-70b", draft="auto"), "trtllm-serve"),
+    (dict(model="tiny-llama", draft="auto", target="reference"), "triton"),  # the llmapi reference on Triton
+])
+def test_llm_api_speculation_has_no_acceptance_series_so_no_alert_and_the_rules_say_why(spec_kw, source):
+    """TensorRT-LLM 1.2.1's LLM API exports no draft-token series (trtllm-serve's collector has none; the Triton
+    llmapi model answers acceptance_rate per response): no acceptance rule, and the rules file names the mode and
+    its break-even instead."""
+    spec = resolve_spec(precision="fp8", runtime="pytorch", **spec_kw)
+    w = watch_plan(spec, deployment="pt", gpus=4, source=source)
+    by = _by_name(rule_groups(w))
+    assert w.acceptance_min is None and "SpeculationBelowBreakEven" not in by and rules.ACCEPTANCE not in by
+    even = speculation_break_even(spec)
+    mode = spec.speculation_mode
+    assert w.speculation_note.startswith(f"{mode} acceptance is not watched")
+    assert f"break-even is {even.acceptance:.0%} per drafted token at batch {even.batch}" in w.speculation_note
+    text = rules.rules_file(w)
+    assert text.startswith(f"# {w.speculation_note}\n") and yaml.safe_load(text)["groups"] == rule_groups(w)
+    plain = watch_plan(resolve_spec(model="llama-70b", precision="fp8", runtime="pytorch"), deployment="pt", gpus=4,
+                       source=source)
+    assert plain.speculation_note == "" and not rules.rules_file(plain).startswith("#")

@@ -52,8 +52,10 @@ def test_ngram_default_is_the_published_accepted_length_and_is_overridable():
     assert plan_capacity(NGRAM).acceptance_rate == ngram.acceptance
     assert plan_capacity(NGRAM, acceptance=0.5).acceptance_rate == 0.5  # --acceptance is the spec's mode's
     # a given rate belongs to the spec's mode; without one, to draft-target (the others keep their defaults)
-    assert acceptances(NGRAM, 0.5) == {"draft-target": MODES["draft-target"].acceptance, "ngram": 0.5}
-    assert acceptances(PLAIN, 0.5) == {"draft-target": 0.5, "ngram": ngram.acceptance}
+    eagle3 = MODES["eagle3"].acceptance
+    assert acceptances(NGRAM, 0.5) == {"draft-target": MODES["draft-target"].acceptance, "ngram": 0.5,
+                                       "eagle3": eagle3}
+    assert acceptances(PLAIN, 0.5) == {"draft-target": 0.5, "ngram": ngram.acceptance, "eagle3": eagle3}
     assert _est(NGRAM, 1, 0.5)[0].output_tokens_per_s > _est(NGRAM, 1)[0].output_tokens_per_s
     with pytest.raises(SpecError):
         acceptance_for_length(7.0, 5)
@@ -121,7 +123,8 @@ def test_compare_lists_the_modes_the_runtime_allows():
     assert row["ngram"].tokens_per_target_step == pytest.approx(
         expected_tokens_per_step(MODES["ngram"].acceptance, NGRAM.draft_len), rel=1e-3)
     assert row["ngram"].low_load_tokens_per_s > row[None].low_load_tokens_per_s
-    assert c.acceptances == {"draft-target": MODES["draft-target"].acceptance, "ngram": MODES["ngram"].acceptance}
+    assert c.acceptances == {"draft-target": MODES["draft-target"].acceptance, "ngram": MODES["ngram"].acceptance,
+                             "eagle3": MODES["eagle3"].acceptance}
     engine = compare_plans(resolve_spec(model="llama-70b", precision="fp8", tp=4), precisions=("fp8",))
     assert {r.mode for r in engine.rows} == {None, "draft-target"}
     assert any(s.startswith("ngram: ") and "PyTorch backend only" in s for s in engine.skipped)

@@ -509,10 +509,27 @@ def test_speculation_arms_need_a_route_with_a_per_request_draft_length():
     from pipeline.serving.bench import _ModelInfo, _stream_mode
 
     llm = _ModelInfo("tensorrt_llm", {"text_input": "BYTES", "sampling_param_max_tokens": "INT32"}, set(), True)
-    assert _stream_mode(llm, None, "server") is True
+    assert _stream_mode(llm, None, "server", plain_server=False) is True
     with pytest.raises(BenchError, match=r"^--speculation both: the LLM-API model 'tensorrt_llm' takes no "
-                                         r"per-request draft length .* the workload sha256 matches"):
-        _stream_mode(llm, None, "both")
+                                         r"per-request draft length .* drop --url so that bench starts both builds'"):
+        _stream_mode(llm, None, "both", plain_server=False)
+    assert _stream_mode(llm, None, "both", plain_server=True) is True  # the off arm is the plain build's server
     ensemble = _ModelInfo("ensemble", {"text_input": "BYTES", "max_tokens": "INT32"}, set(), True)
     with pytest.raises(BenchError, match=r"has no num_draft_tokens input; benchmark tensorrt_llm_bls"):
-        _stream_mode(ensemble, None, "off")
+        _stream_mode(ensemble, None, "off", plain_server=False)
+
+
+def test_the_arm_without_speculation_of_an_llmapi_build_is_the_plain_build(tmp_path, monkeypatch):
+    from pipeline.core.spec import resolve_spec
+    from pipeline.serving.bench import ServerUrls, WorkloadOptions, _plain_repo
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path))
+    spec = resolve_spec(model="tiny-llama", precision="fp8", runtime="pytorch", target="reference",
+                        speculative_decoding="ngram")
+    assert _plain_repo(spec, WorkloadOptions(speculation="server"), None) is None
+    assert _plain_repo(spec, WorkloadOptions(speculation="both"), ServerUrls("127.0.0.1:1")) is None  # run_bench says
+    with pytest.raises(BenchError, match=r"^--speculation off on a ngram LLM-API build compares it with the same "
+                                         r"target built without speculation, which is not built here .*; build it: "
+                                         r"invoke build --model tiny-llama --precision fp8 --runtime pytorch "
+                                         r"--target reference$"):
+        _plain_repo(spec, WorkloadOptions(speculation="off"), None)

@@ -10,7 +10,7 @@ and labels, so the rules read both; all select `model="tensorrt_llm"` (every req
   increase of `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="reused"}` (blocks reused since load) x
   `tokens_per` / increase of `nv_llm_input_token_len_sum` (the per-request prompt-length histogram);
 - speculation acceptance: accepted / proposed draft tokens of the draft-target BLS model
-  (`nv_trt_llm_speculation_draft_tokens`);
+  (`nv_trt_llm_speculation_draft_tokens`), the alert's threshold the planner's break-even of the spec's mode;
 - mean queue time: Triton's `nv_inference_queue_duration_us` / `nv_inference_request_success`;
 - output tokens/s: rate of `nv_llm_output_token_len_sum`, and from it $ per 1M output tokens at the deployment's
   GPUs x $/GPU-hour;
@@ -30,6 +30,12 @@ labels `model_name`, `engine_type`): `trtllm_request_success_total{finished_reas
 (`tensorrt_llm/serve/openai_server.py`, `mount_metrics`). It counts no failed requests, no tokens and no waiting
 requests, so those deployments get no failure-ratio, cost or queue-growth alert.
 
+Speculation on the LLM API (runtime pytorch: eagle3, ngram, draft-target) exports no draft-token series in 1.2.1:
+trtllm-serve's collector has none (its `trtllm_spec_decode_*` counters came after 1.2, TensorRT-LLM PR #12545), and
+the Triton llmapi model answers `acceptance_rate` per response, no metric. Those deployments get no acceptance
+watch; the rules file says so with the mode's break-even (`WatchPlan.speculation_note`), to compare with `invoke
+bench`'s measured acceptance.
+
 Every rule selects on `job="<deployment name>"`, the label `scrape.py`'s PodMonitor and file_sd config give the
 deployment's metrics. Latency limits: the spec's `serving_target` SLO, else the planner's estimate x `LATENCY_MARGIN`.
 """
@@ -42,6 +48,7 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.core.gpus import gpu_price
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.break_even import speculation_break_even
 from pipeline.planning.perf_model import HIT_RATIO_WARNING
@@ -85,7 +92,9 @@ class WatchPlan:
     ttft_ms_max: float  # TTFT p99 limit: the SLO's, else the planner's estimate x LATENCY_MARGIN
     tpot_ms_max: float  # likewise for TPOT
     latency_basis: str  # where the latency limits come from (alert text)
-    acceptance_min: float | None = None  # the planner's speculation break-even (None: no draft model)
+    acceptance_min: float | None = None  # the spec's mode's break-even, where a draft-token series is exported
+    speculation_mode: str | None = None  # draft-target, eagle3, ngram or None
+    speculation_note: str = ""  # why a speculating deployment's acceptance is not watched ("" when it is, or none)
     cost_per_1m_plan: float | None = None  # what the plan paid for (the spec's serving_target), else the planner's
     source: Source = "triton"  # which server's metrics the rules read
     gpu_selector: str = ""  # DCGM exporter labels of the deployment's GPUs (empty: every GPU it reports)
@@ -109,10 +118,11 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
     planner's estimates at the default request lengths (1024 + 256), latency x LATENCY_MARGIN. The hit-ratio alert
     only where shared prefixes are expected: the traffic's prefix share (its floor) when > 0, else with
     `prefix_alert` (bench's warning level). trtllm-serve exports no token or draft counters: no cost or
-    speculation watch."""
+    speculation watch, and neither does the LLM API (`acceptance_watch`)."""
     target = spec.serving_target
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
-    even = speculation_break_even(spec) if source == "triton" else None
+    even = speculation_break_even(spec)
+    watched, unwatched = acceptance_watch(spec, source)
     if target is None:
         plan = plan_capacity(spec)
         queue_ms, cost = plan.ttft_ms_estimate, plan.cost_per_1m_output_tokens_usd
@@ -130,9 +140,26 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
     return WatchPlan(deployment=deployment, gpus=gpus, gpu_price_per_hour=price.usd_per_hour,
                      gpu_price_source=price.source, hit_ratio_min=hit_min, queue_ms_max=max(1.0, round(queue_ms, 1)),
                      ttft_ms_max=max(1.0, round(ttft, 1)), tpot_ms_max=max(0.1, round(tpot, 2)),
-                     latency_basis=basis, acceptance_min=even.acceptance if even is not None else None,
+                     latency_basis=basis, acceptance_min=even.acceptance if even is not None and watched else None,
+                     speculation_mode=spec.speculation_mode,
+                     speculation_note=f"{unwatched}; the planner's break-even is {even.acceptance:.0%} per drafted "
+                     f"token at batch {even.batch}" if even is not None and not watched else "",
                      cost_per_1m_plan=cost if source == "triton" else None, source=source,
                      gpu_selector=gpu_selector, window=window, alert_for=alert_for)
+
+
+def acceptance_watch(spec: BuildSpec, source: Source) -> tuple[bool, str]:
+    """Whether the deployment exports a draft-acceptance series (the BLS model's draft-token counters: draft-target
+    engines served by Triton), else why not."""
+    mode = spec.speculation_mode
+    if runtime_of(spec).llmapi:
+        return False, (f"{mode} acceptance is not watched: TensorRT-LLM 1.2.1's LLM API exports no draft-token "
+                       "series (trtllm-serve's Prometheus collector has none; the Triton llmapi model answers "
+                       "acceptance_rate per response); measure it with `invoke bench`")
+    if source != "triton":
+        return False, (f"{mode} acceptance is not watched: trtllm-serve 1.2.1 exports no draft-token series; "
+                       "serve with Triton (the BLS model counts drafts) or measure it with `invoke bench`")
+    return True, ""
 
 
 def _triton_rules(w: WatchPlan) -> list[dict[str, Any]]:
@@ -237,9 +264,10 @@ def _alert_rules(w: WatchPlan) -> list[dict[str, Any]]:
     if w.acceptance_min is not None:
         alerts.append(_alert(
             "SpeculationBelowBreakEven", f"{ACCEPTANCE}{{{s}}} < {w.acceptance_min:g}", w,
-            f"{w.deployment}: draft acceptance below the planner's break-even ({w.acceptance_min:.0%})",
-            "Too few draft tokens are accepted: speculation now costs more than the target alone; serve without "
-            "the draft or pick a closer draft model."))
+            f"{w.deployment}: {w.speculation_mode} draft acceptance below the planner's {w.speculation_mode} "
+            f"break-even ({w.acceptance_min:.0%})",
+            f"Too few draft tokens are accepted: {w.speculation_mode} speculation now costs more than the target "
+            "alone; serve without the draft or pick a closer draft model."))
     if w.cost_per_1m_plan is not None:
         limit = w.cost_per_1m_plan * COST_ALERT_FACTOR
         alerts.append(_alert(
@@ -257,8 +285,10 @@ def rule_groups(w: WatchPlan) -> list[dict[str, Any]]:
 
 
 def rules_file(w: WatchPlan) -> str:
-    """A plain Prometheus rules file (`rule_files:` of prometheus.yml; Slurm and other hosts)."""
-    return yaml.safe_dump({"groups": rule_groups(w)}, sort_keys=False, width=120)
+    """A plain Prometheus rules file (`rule_files:` of prometheus.yml; Slurm and other hosts), headed by the
+    speculation note where acceptance goes unwatched."""
+    head = f"# {w.speculation_note}\n" if w.speculation_note else ""
+    return head + yaml.safe_dump({"groups": rule_groups(w)}, sort_keys=False, width=120)
 
 
 def prometheus_rule(w: WatchPlan, *, namespace: str, labels: dict[str, str]) -> dict[str, Any]:

@@ -81,3 +81,25 @@ def test_ngram_drafts_are_accepted_on_repeating_text(ngram_server):
 
     manifest = RepoManifest.model_validate_json((repo / "manifest.json").read_text())
     assert manifest.speculation.model_dump() == {"mode": "ngram", "draft": None, "num_draft_tokens": 4}
+
+
+@pytest.mark.slow
+def test_bench_both_arms_on_an_llmapi_build_replay_the_same_requests_on_the_plain_build(ngram_server, tmp_path):
+    """`--speculation both` on an LLM-API build: the off arm goes to the same target built without speculation, on
+    the same requests; acceptance and the share that speculated come from the speculative arm alone."""
+    from pipeline.serving.bench import ServerUrls, WorkloadOptions, format_report, run_bench
+
+    srv, target, repo = ngram_server
+    plain_spec = resolve_spec(model="tiny-llama", precision="fp8", target="reference", runtime="pytorch")
+    plain_repo = package_llmapi_repo(plain_spec, PackageInputs(checkpoint=target, output=tmp_path / "repos"),
+                                     options=llm_api_options(plain_spec, draft_dir=None)).path
+    with TritonServer(plain_repo, ready_timeout_s=300) as plain:
+        report = run_bench(ServerUrls(srv.grpc_url), WorkloadOptions(concurrency=[1], requests_per_level=2,
+                                                                     max_tokens=24, speculation="both"),
+                           plain_server=ServerUrls(plain.grpc_url))
+    arms = {lv.speculation: lv for lv in report.levels}
+    assert set(arms) == {"server", "off"} and report.failed == 0
+    assert arms["server"].workload_sha256 == arms["off"].workload_sha256
+    assert arms["off"].speculated_share in (None, 0.0) and report.speculated_share > 0
+    assert set(report.speedup) == {1} and report.speedup[1] > 0
+    assert "speculation over none on the same requests, output tok/s: x" in format_report(report)
