@@ -221,8 +221,7 @@ def test_cli_pytorch_eagle3_dry_run_downloads_nothing(tmp_path):
                HF_HUB_OFFLINE="1")
     r = subprocess.run(
         [sys.executable, "-m", "invoke", "compile", "--model", "llama3.3-70b", "--precision", "fp8", "--tp", "4",
-         "--runtime", "pytorch", "--speculative-decoding", "eagle3", "--draft", "auto", "--max-batch", "64",
-         "--dry-run"],
+         "--runtime", "pytorch", "--speculative-decoding", "eagle3", "--draft", "auto", "--dry-run"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
     )
     assert r.returncode == 0, r.stderr
