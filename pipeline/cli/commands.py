@@ -408,12 +408,40 @@ def serve_command(spec: BuildSpec | None, **flags: Any) -> Any:
     ports = serve_ports(host=host, offset=f["port_offset"], given=given, check_free=not f["print_only"])
     if f["print_only"]:
         endpoints = launch_plan.Endpoints(host, ports["http"], ports["grpc"], ports["metrics"])
-        return foreground.print_launch_plan(spec, f["repo"], endpoints)
+        plan = foreground.print_launch_plan(spec, f["repo"], endpoints)
+        if spec is not None and not f["repo"] and runtime_of(spec).llmapi:
+            _print_model_yaml(spec, foreground.planned_repo(spec))
+        return plan
     path = foreground.repo_for(spec, f["repo"])
     server = TritonServer(path, host=host, http_port=ports["http"], grpc_port=ports["grpc"],
                           metrics_port=ports["metrics"], ready_timeout_s=f["ready_timeout"],
                           engine_dir=_path(f["engine_dir"]), draft_engine_dir=_path(f["draft_engine_dir"]))
     foreground.serve_until_stopped(server, path)
+
+
+def _print_model_yaml(spec: BuildSpec, repo: Path) -> None:
+    """Under the launch plan of an `llmapi` repository: its model.yaml, the arguments Triton's LLM-API model gives
+    `tensorrt_llm.LLM` unchanged (every key but triton_config), as `#` lines; planned from the spec when the
+    repository is not built yet (nothing is located or written)."""
+    from pipeline.core.artifacts import engines_dir
+    from pipeline.core.layout import PENDING
+    from pipeline.stages.package import llmapi_yaml
+    from pipeline.stages.package.eagle3_head import HEAD_DIR
+    from pipeline.stages.package.llmapi_options import llm_api_options
+    from pipeline.stages.package.llmapi_package import model_yaml
+
+    path = repo / llmapi_yaml.MODEL_YAML
+    if path.is_file():
+        data, note = llmapi_yaml.read(path), ""
+    else:
+        ckpt = runtime_of(spec).checkpoint.dirname
+        draft = (None if spec.draft_model is None else HEAD_DIR if spec.quantized_draft is None
+                 else str(engines_dir() / f"{PENDING}-draft" / ckpt))
+        options = llm_api_options(spec, draft_dir=draft)
+        data = model_yaml(spec, options, model=str(engines_dir() / PENDING / ckpt), draft=draft, tokenizer=None)
+        note = f" (written by package; {PENDING} is the id calibration gives the build)"
+    print(f"# {path}{note}: tensorrt_llm.LLM arguments, as trtllm-serve's --extra_llm_api_options")
+    print("\n".join(f"#   {line}" for line in llmapi_yaml.dump(data).splitlines() if not line.startswith("#")))
 
 
 def smoke_command(spec: BuildSpec | None, **flags: Any) -> None:

@@ -112,3 +112,25 @@ def test_a_head_of_another_target_is_refused(tmp_path, target_export):
     with pytest.raises(PackageError, match=r"EAGLE-3 head tiny-llama-eagle3 is trained for tiny-llama, not "
                                            r"tiny-other; pass --draft with a head of tiny-other"):
         read_head(head, other)
+
+
+def test_serve_print_only_shows_the_model_yaml_the_llm_api_gets(tmp_path, monkeypatch, capsys):
+    """`invoke serve --print-only` of an EAGLE-3 spec, no build: under the launch plan, the model.yaml that the
+    Triton LLM-API model passes to tensorrt_llm.LLM (1.2.1's `decoding_type: Eagle`, the head carried beside it);
+    nothing is downloaded or written."""
+    import yaml
+
+    from pipeline.cli.commands import serve_command
+
+    monkeypatch.setenv("PIPELINE_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    spec = resolve_spec(model="llama3.3-70b", precision="fp8", tp=4, runtime="pytorch",
+                        speculative_decoding="eagle3", draft="auto", max_batch_size=16)
+    serve_command(spec, print_only=True)
+    text = capsys.readouterr().out
+    block = text[text.index("tensorrt_llm/1/model.yaml (written by package"):].splitlines()[1:]
+    data = yaml.safe_load("\n".join(line.removeprefix("#   ") for line in block))
+    assert data["speculative_config"] == {"decoding_type": "Eagle", "max_draft_len": 3,
+                                          "speculative_model_dir": HEAD_DIR, "max_concurrency": 8}
+    assert data["tensor_parallel_size"] == 4 and data["backend"] == "pytorch"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
