@@ -134,3 +134,20 @@ def test_serve_print_only_shows_the_model_yaml_the_llm_api_gets(tmp_path, monkey
                                           "speculative_model_dir": HEAD_DIR, "max_concurrency": 8}
     assert data["tensor_parallel_size"] == 4 and data["backend"] == "pytorch"
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_build_serves_the_heads_download_and_a_draft_models_checkpoint(tmp_path):
+    from pipeline.core.manifests import StageResult
+    from pipeline.stages.package.inputs import served_draft
+    from pipeline.stages.stage import BuildOutputs
+
+    head_dir = fake_head(tmp_path / "head")
+    download = StageResult(head_dir, DownloadManifest.read(head_dir), "cached")
+    checkpoint = StageResult(tmp_path / "draft_ckpt", None, "cached")
+    out = BuildOutputs(draft_download=download, draft_checkpoint=checkpoint)  # type: ignore[arg-type]
+    assert served_draft(_spec(), out) == head_dir
+    draft_target = resolve_spec(model="tiny-llama", precision="fp8", draft="auto", runtime="pytorch")
+    assert served_draft(draft_target, out) == tmp_path / "draft_ckpt"
+    plain = resolve_spec(model="tiny-llama", precision="fp8", runtime="pytorch")
+    assert served_draft(plain, out) is None
+    assert served_draft(_spec(), BuildOutputs()) is None  # not found: the package stage says what to pass
