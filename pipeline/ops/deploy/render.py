@@ -17,7 +17,7 @@ from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import slurm
+from pipeline.ops.deploy import dynamo, slurm
 from pipeline.ops.deploy.images import TRTLLM_VERSION, ngc_image, pipeline_image
 from pipeline.ops.deploy.options import DeployOptions
 from pipeline.ops.deploy.platforms import PLATFORMS, DeployPlatform
@@ -82,6 +82,8 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
+    if o.platform == "dynamo":
+        dynamo.check_build(src.spec)
     if not runtime_of(src.spec).deploys_on(o.platform):
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
