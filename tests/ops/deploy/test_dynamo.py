@@ -210,6 +210,8 @@ BROKEN = {
     "pod field misspelt": (lambda d: _podspec(d).update(initContainer=[]), "PodTemplate"),
     "too many components": (lambda d: d["spec"]["components"].extend(
         {**copy.deepcopy(d["spec"]["components"][1]), "name": f"w{i}"} for i in range(25)), "is too long"),
+    "runtime version not MAJOR.MINOR.PATCH": (lambda d: d["spec"]["components"][1].update(
+        runtimeVersionOverride="v1.6"), "does not match"),
     "bad backend": (lambda d: d["spec"].update(backendFramework="tensorrt"), "is not one of"),
 }
 
@@ -218,6 +220,8 @@ BROKEN = {
 def test_each_broken_document_is_rejected(good, what):
     change, message = BROKEN[what]
     assert dgd_errors(good, api_version=API) == []
+    pinned = _broken(good, lambda d: d["spec"]["components"][1].update(runtimeVersionOverride="1.6.1"))
+    assert dgd_errors(pinned, api_version=API) == []
     broken = _broken(good, change)
     errors = dgd_errors(broken, api_version=API)
     assert errors and any(message in e for e in errors), errors
