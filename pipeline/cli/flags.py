@@ -335,7 +335,8 @@ OPTIONS: dict[str, Option] = {
     "serve_mode": Option("what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI "
                          "/v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve",
                          choices=SERVE_MODES, error=DeployError),
-    "replicas": _count("serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the "
+    "replicas": _count("serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array, Dynamo "
+                       "workers per role (default: the "
                        "spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)", MAX_REPLICAS),
     "release_version": Option("the `release --version` of the spec's release the nodes fetch (default: the "
                               "pipeline's version); a --release-volume directory on this host must hold that file"),

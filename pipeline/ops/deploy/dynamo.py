@@ -162,7 +162,7 @@ def _frontend(g: Graph) -> dict[str, Any]:
     main = {"name": MAIN_CONTAINER, "image": g.image, "command": ["python3"], "args": args,
             "ports": [{"name": "http", "containerPort": HTTP_PORT}]}
     return {"name": "Frontend", "type": "frontend", "replicas": 1,
-            "podTemplate": {"metadata": {"labels": _labels(g)}, "spec": {"containers": [main]}}}
+            "podTemplate": {"metadata": {"labels": _labels(g)}, "spec": {"containers": [main], **k8s._placement(g.k, 0)}}}
 
 
 def _worker(g: Graph, role: str, served: str) -> dict[str, Any]:
@@ -204,6 +204,11 @@ def roles(mode: str) -> tuple[str, ...]:
     return ("agg",) if mode == "agg" else ("prefill", "decode")
 
 
+def worker_copies(mode: str, replicas: int) -> int:
+    """Worker groups of the graph, each the placement's world size: `replicas` per role."""
+    return replicas * len(roles(mode))
+
+
 def graph_deployment(g: Graph) -> dict[str, Any]:
     served = g.k.name
     return {"apiVersion": g.release.api_version, "kind": DGD_KIND,
@@ -223,7 +228,7 @@ def render_graph(g: Graph, fetch_verify: str) -> tuple[list[dict[str, Any]], dic
     dgd = graph_deployment(g)
     validate_objects([config])
     validate_dgd(dgd, api_version=g.release.api_version, schema=g.release.schema)
-    workers = len(roles(g.mode)) * g.k.replicas
+    workers = worker_copies(g.mode, g.k.replicas)
     summary = {"dynamo_version": g.release.version, "api_version": g.release.api_version, "mode": g.mode,
                "router": g.router, "image": g.image, "worker_trtllm": g.release.trtllm,
                "components": {c["name"]: c["replicas"] for c in dgd["spec"]["components"]},

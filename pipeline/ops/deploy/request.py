@@ -170,7 +170,7 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     files = render.render_serving(o, src, placement, dest)
     render.write_directory(dest, files, force=r.force)
     summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
-    copies = f"{o.replicas} replicas x " if o.replicas > 1 else ""
+    copies = f"{summary['replicas']} replicas x " if summary["replicas"] > 1 else ""
     shape = (f"{placement.nodes} node(s) x {placement.ranks_per_node} GPUs (tp={placement.tp}, pp={placement.pp}, "
              f"{placement.world_size} ranks)") if summary["gpus"] else f"one CPU process ({summary['server']})"
     line = f"ok: {dest}: {summary['kind']}, {copies}{shape}, image {summary['image']}"

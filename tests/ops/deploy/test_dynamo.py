@@ -107,6 +107,8 @@ def test_each_mode_renders_a_schema_valid_graph(tmp_path, model, case):
     assert "PrometheusRule" in monitoring
     side = json.loads((out / "dynamo.json").read_text())
     assert side["worker_gpus"] == 3 * len(roles) * spec.parallelism.world_size
+    assert (summary["replicas"], summary["gpus"]) == (3 * len(roles), side["worker_gpus"])
+    assert comps["Frontend"]["podTemplate"]["spec"].get("tolerations") is None  # a CPU pod
 
 
 def test_cli_renders_the_documented_command_and_refuses_with_exit_2(tmp_path):
@@ -237,3 +239,16 @@ def test_schema_names_its_source_and_the_version_table_points_at_it():
     assert all(len(c) == 40 for c in doc["commits"].values()) and "tag_verified" in doc
     rules = json.dumps(doc["openAPIV3Schema"]["properties"]["spec"])
     assert "lowerAscii" in rules and "type == 'epp'" in rules  # the CEL rules restated in dynamo_validate
+
+
+def test_kubernetes_scheduling_flags_reach_every_component(tmp_path):
+    _, _, by_kind = _render(tmp_path, _spec("llama-8b"), mode="disagg", node_selector=["pool=inference"],
+                            nccl_env=["NCCL_IB_HCA=mlx5"], namespace="serving")
+    dgd = by_kind["DynamoGraphDeployment"]
+    assert dgd["metadata"]["namespace"] == by_kind["ConfigMap"]["metadata"]["namespace"] == "serving"
+    for name, c in _components(dgd).items():
+        pod = c["podTemplate"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "inference"}, name
+        assert ("tolerations" in pod) == (name != "Frontend")
+        env = {e["name"]: e.get("value") for e in _main(c).get("env", [])}
+        assert (env.get("NCCL_IB_HCA") == "mlx5") == (name != "Frontend")
