@@ -166,6 +166,9 @@ def test_engine_draft_and_other_platform_requests_are_refused(tmp_path):
         deploy_command(_spec("llama-8b"), platform="dynamo", release_volume="releases", output=str(tmp_path / "p"))
     with pytest.raises(DeployError, match="--dynamo-version"):
         dynamo.release_for("1.7.0")
+    with pytest.raises(DeployError, match="--matrix builds on --platform k8s or slurm"):
+        deploy_command(None, platform="dynamo", matrix="llama-8b:fp8", pipeline_image=PIPELINE_IMAGE,
+                       output=str(tmp_path / "m"))
 
 
 @pytest.fixture(scope="module")
