@@ -51,15 +51,10 @@ class HeadSettings(TypedDict):
 
 # Recipe (part of the cache key); `unroll` = the registry's default draft length of the head.
 HEAD_TRAIN: HeadSettings = {"seed": 4321, "prompts": 512, "prompt_tokens": [4, 8, 16, 32], "length": 64,
-                            "steps": 200, "batch_size": 8, "window": 48, "unroll": 4, "step_decay": 0.8, "lr": 3e-3, "warmup": 20,
-                            "weight_decay": 0.0, "init_std": 0.02}
+                            "steps": 300, "batch_size": 8, "window": 48, "unroll": 4, "step_decay": 0.8, "lr": 5e-3,
+                            "warmup": 20, "weight_decay": 0.0, "init_std": 0.02}
 HELDOUT_PROMPTS = 32  # the last prompts are held out to measure the head
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
-
-def is_head(name: str) -> bool:
-    entry = load_registry().get(name)
-    return entry is not None and entry.eagle3 is not None
 
 
 def head_target(name: str) -> str:
@@ -235,7 +230,7 @@ def _init_head(head, target, draft_ids, settings: HeadSettings, n_capture: int) 
     import torch
 
     g = torch.Generator().manual_seed(settings["seed"])
-    for name, p in head.named_parameters():
+    for p in head.parameters():
         if p.dim() == 2:
             with torch.no_grad():
                 p.copy_(torch.randn(p.shape, generator=g) * settings["init_std"])
@@ -267,10 +262,11 @@ def _losses(head, config, batch, t2d, settings: HeadSettings, embed):
     return losses, hits
 
 
-def _train_head(head, config, data, t2d, embed, settings: HeadSettings, steps: int) -> tuple[float, list[float]]:
+def _train_head(head, config, data, t2d, embed, settings: HeadSettings, steps: int) -> float:
+    """`steps` AdamW steps on random windows of `data` (tokens, features, greedy); returns the last loss."""
     import torch
 
-    tokens, features, greedy = data
+    tokens = data[0]
     g = torch.Generator().manual_seed(settings["seed"])
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=settings["lr"],
                             weight_decay=settings["weight_decay"], betas=(0.9, 0.95))
@@ -284,13 +280,13 @@ def _train_head(head, config, data, t2d, embed, settings: HeadSettings, steps: i
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     w, n, length = settings["window"], tokens.shape[0], tokens.shape[1]
     weights = [settings["step_decay"] ** j for j in range(settings["unroll"])]
-    loss_val, hits = float("nan"), []
+    loss_val = float("nan")
     for _ in progress(range(steps), desc="generate eagle3 head: training", unit="step"):
         rows = torch.randint(0, n, (settings["batch_size"],), generator=g)
         starts = torch.randint(0, length - w, (settings["batch_size"],), generator=g)
         batch = tuple(torch.stack([x[r, s:s + w] for r, s in zip(rows.tolist(), starts.tolist())])
-                      for x in (tokens, features, greedy))
-        losses, hits = _losses(head, config, batch, t2d, settings, embed)
+                      for x in data)
+        losses, _ = _losses(head, config, batch, t2d, settings, embed)
         loss = sum(wt * x for wt, x in zip(weights, losses)) / sum(weights)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -298,7 +294,7 @@ def _train_head(head, config, data, t2d, embed, settings: HeadSettings, steps: i
         sched.step()
         opt.zero_grad(set_to_none=True)
         loss_val = float(loss.detach())
-    return loss_val, hits
+    return loss_val
 
 
 def _head_config(name: str, target_config: dict[str, Any]) -> dict[str, Any]:
@@ -323,13 +319,12 @@ def _head_config(name: str, target_config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chain_acceptance(head, config, data, t2d, embed, unroll: int) -> list[float]:
+def _agreement(head, config, data, t2d, embed) -> list[float]:
     """Top-1 agreement with the target of each chained draft step on `data` (all anchors, teacher forced)."""
     import torch
 
-    settings = dict(HEAD_TRAIN, unroll=unroll)
     with torch.no_grad():
-        _, hits = _losses(head, config, data, t2d, settings, embed)  # type: ignore[arg-type]
+        _, hits = _losses(head, config, data, t2d, HEAD_TRAIN, embed)
     return [round(h, 4) for h in hits]
 
 
@@ -366,9 +361,10 @@ def generate_head(name: str, out_dir: Path, target_dir: Path, *, steps: int | No
     train = (tokens[:keep], features[:keep], greedy[:keep])
     heldout = (tokens[keep:], features[keep:], greedy[keep:])
     head.train()
-    loss, _ = _train_head(head, config, train, t2d, embed, settings, steps) if steps else (float("nan"), [])
+    loss = _train_head(head, config, train, t2d, embed, settings, steps) if steps else float("nan")
     head.eval()
-    print(f"held-out top-1 agreement with the target per chained step: {chain_acceptance(head, config, heldout, t2d, embed, settings['unroll'])}")
+    agreement = _agreement(head, config, heldout, t2d, embed)
+    print(f"held-out top-1 agreement with the target per chained step: {agreement}")  # into the generation log
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
     state["d2t"] = draft_ids - torch.arange(len(draft_ids))
     state["t2d"] = t2d >= 0

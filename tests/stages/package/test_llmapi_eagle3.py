@@ -147,7 +147,7 @@ def test_acceptance_per_mode_on_the_same_prompts(ref, head, fp8_target, tiny_mod
         assert got == expected, mode
         rates[mode] = accepted / drafted
         print(f"{mode}: acceptance {100 * rates[mode]:.1f} %, mean accepted length {1 + K * rates[mode]:.2f}")
-    assert rates["eagle3"] > rates["ngram"]
+    assert rates["eagle3"] > max(rates["ngram"], 0.6)
 
 
 @pytest.mark.slow
