@@ -178,3 +178,44 @@ def test_a_model_without_draft_vocab_size_is_not_a_head(ref, tiny_models, tmp_pa
         ref.load_eagle3(_spec(tiny_models["tiny-llama-draft"]), target, torch.float32)
     with pytest.raises(ValueError, match="holds no config.json"):
         ref.load_eagle3(_spec(tmp_path), target, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def eagle_server(head, fp8_target, tmp_path_factory):
+    """A reference llmapi repository packaged for n-gram, its model.yaml switched to the LLM-API Eagle options
+    (what the eagle3 packaging writes), served by a real tritonserver."""
+    import yaml
+
+    from pipeline.core.spec import resolve_spec
+    from pipeline.serving.serve import TritonServer
+    from pipeline.stages.package.inputs import PackageInputs
+    from pipeline.stages.package.llmapi_options import llm_api_options
+    from pipeline.stages.package.llmapi_package import package_llmapi_repo
+
+    root = tmp_path_factory.mktemp("eagle3-serve")
+    spec = resolve_spec(model="tiny-llama", precision="fp8", speculative_decoding="ngram", draft_len=K,
+                        max_matching_ngram_size=3, target="reference", runtime="pytorch")
+    repo = package_llmapi_repo(spec, PackageInputs(checkpoint=fp8_target, output=root / "repos"),
+                               options=llm_api_options(spec, draft_dir=None)).path
+    model_yaml = repo / "tensorrt_llm" / "1" / "model.yaml"
+    data = yaml.safe_load(model_yaml.read_text())
+    data["speculative_config"] = {"decoding_type": "Eagle", "max_draft_len": K, "speculative_model_dir": str(head),
+                                  "eagle3_layers_to_capture": [0, 1, 2], "eagle3_one_model": True}
+    model_yaml.write_text(yaml.safe_dump(data))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIPELINE_CACHE", str(root / "cache"))
+        srv = TritonServer(repo, ready_timeout_s=300)
+        srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", [PROMPTS[0], PROMPTS[2]])
+def test_served_eagle3_output_is_the_targets_own(eagle_server, fp8_target, prompt):
+    from tests.stages.package.test_llmapi_reference import generate, local_greedy
+
+    r = generate(eagle_server, prompt, sampling_param_max_tokens=16, sampling_param_return_perf_metrics=True)
+    assert r["text_output"] == local_greedy(fp8_target, prompt, 16)
+    assert 0 < r["total_accepted_draft_tokens"] <= r["total_draft_tokens"], r
+    assert r["acceptance_rate"] == pytest.approx(r["total_accepted_draft_tokens"] / r["total_draft_tokens"])
