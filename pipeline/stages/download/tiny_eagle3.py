@@ -115,7 +115,8 @@ def _build_head(config: dict[str, Any], n_capture: int):
         setattr(layer.self_attn, proj, linear(2 * h, out))
     layer.self_attn.o_proj = linear(heads * hd, h)
     layer.mlp = nn.Module()
-    layer.mlp.gate_proj, layer.mlp.up_proj = linear(h, config["intermediate_size"]), linear(h, config["intermediate_size"])
+    inter = config["intermediate_size"]
+    layer.mlp.gate_proj, layer.mlp.up_proj = linear(h, inter), linear(h, inter)
     layer.mlp.down_proj = linear(config["intermediate_size"], h)
     head = nn.Module()
     head.fc = linear(n_capture * h, h)
@@ -141,7 +142,8 @@ def _chain_forward(head, config: dict[str, Any], embeds, fused, steps: int):
     for j in range(1, steps + 1):
         x = torch.cat([e, layer.hidden_norm(hidden)], dim=-1)
         q = _rotate(attn.q_proj(x).view(b, t, heads, hd).transpose(1, 2), cos, sin)
-        keys.append(_rotate(attn.k_proj(x).view(b, t, kv, hd).transpose(1, 2), cos, sin).repeat_interleave(heads // kv, 1))
+        k = _rotate(attn.k_proj(x).view(b, t, kv, hd).transpose(1, 2), cos, sin)
+        keys.append(k.repeat_interleave(heads // kv, 1))
         values.append(attn.v_proj(x).view(b, t, kv, hd).transpose(1, 2).repeat_interleave(heads // kv, 1))
         scores, masks = [], []
         for i in range(1, j + 1):  # step 1: the anchor's context; steps 2..j: the chain's own entries
@@ -303,7 +305,8 @@ def _head_config(name: str, target_config: dict[str, Any]) -> dict[str, Any]:
     arch = entry.architecture
     if (arch.hidden_size, arch.vocab_size) != (target_config["hidden_size"], target_config["vocab_size"]):
         raise DownloadError(f"EAGLE-3 head '{name}': hidden/vocab {arch.hidden_size}/{arch.vocab_size} differ from "
-                            f"its target's {target_config['hidden_size']}/{target_config['vocab_size']}; fix the registry")
+                            f"its target's {target_config['hidden_size']}/{target_config['vocab_size']}; "
+                            "fix the registry")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "num_hidden_layers": arch.num_layers, "hidden_size": arch.hidden_size, "num_attention_heads": arch.num_heads,

@@ -84,7 +84,8 @@ def test_head_is_laid_out_as_tensorrt_llm_loads_it(head, tiny_models):
 
 
 def _run(ref, target_dir: Path, prompts, *, mode: str, head: Path | None = None, draft: Path | None = None):
-    """Greedy generations of `prompts` on the reference engine in `mode`; (token lists, drafted, accepted)."""
+    """Greedy generations of `prompts` on the reference engine in `mode`; (token lists, drafted, accepted, the
+    requests' prefix-cache metrics)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -113,7 +114,7 @@ def _run(ref, target_dir: Path, prompts, *, mode: str, head: Path | None = None,
     seqs = [done[i] for i in range(len(prompts))]
     assert not [s.stop_reason for s in seqs if s.finish_reason == "error"]
     return ([s.generated for s in seqs], sum(s.perf["total_draft_tokens"] for s in seqs),
-            sum(s.perf["total_accepted_draft_tokens"] for s in seqs))
+            sum(s.perf["total_accepted_draft_tokens"] for s in seqs), [s.perf["reused_blocks"] for s in seqs])
 
 
 def _prompts():
@@ -126,9 +127,10 @@ def test_eagle3_greedy_output_is_the_targets_own_and_drafts_are_accepted(ref, he
     prompts = _prompts()
     # the same prompt twice: the second request reuses prefix blocks, so its head context starts later
     prompts = (*prompts, prompts[0])
-    expected, _, _ = _run(ref, fp8_target, prompts, mode="none")
-    got, drafted, accepted = _run(ref, fp8_target, prompts, mode="eagle3", head=head)
+    expected, _, _, _ = _run(ref, fp8_target, prompts, mode="none")
+    got, drafted, accepted, reused = _run(ref, fp8_target, prompts, mode="eagle3", head=head)
     assert got == expected
+    assert reused[-1] > 0
     assert drafted >= K * len(prompts)
     rate = accepted / drafted
     print(f"eagle3: {accepted}/{drafted} drafts accepted ({100 * rate:.1f} %), mean accepted length {1 + K * rate:.2f}")
@@ -139,10 +141,10 @@ def test_eagle3_greedy_output_is_the_targets_own_and_drafts_are_accepted(ref, he
 def test_acceptance_per_mode_on_the_same_prompts(ref, head, fp8_target, tiny_models):
     """K=4 on the same prompts: EAGLE-3 (tiny head) vs draft-target (tiny-llama-draft) vs n-gram."""
     prompts = _prompts()
-    expected, _, _ = _run(ref, fp8_target, prompts, mode="none")
+    expected, _, _, _ = _run(ref, fp8_target, prompts, mode="none")
     rates = {}
     for mode in ("ngram", "draft-target", "eagle3"):
-        got, drafted, accepted = _run(ref, fp8_target, prompts, mode=mode, head=head,
+        got, drafted, accepted, _ = _run(ref, fp8_target, prompts, mode=mode, head=head,
                                       draft=tiny_models["tiny-llama-draft"])
         assert got == expected, mode
         rates[mode] = accepted / drafted

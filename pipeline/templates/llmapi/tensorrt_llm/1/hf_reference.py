@@ -257,7 +257,7 @@ class EngineSettings:
     """The LLM arguments the engine honours (model.yaml; `tokens_per_block` from config.pbtxt).
 
     `block_reuse`: prefix caching (`kv_cache_config.enable_block_reuse`); `max_draft_len`, `max_concurrency`: the
-    draft-target speculation's (`speculative_config`; 0 draft tokens: no speculation).
+    speculation's (`speculative_config`; 0 draft tokens: no speculation).
     """
 
     max_batch_size: int
@@ -374,10 +374,12 @@ class Eagle3Head:
         self.w_in, self.w_hid = get(m + "input_layernorm.weight", (self.h,)), get(m + "hidden_norm.weight", (self.h,))
         self.w_post, self.w_norm = get(m + "post_attention_layernorm.weight", (self.h,)), get("norm.weight", (self.h,))
         q, kvd = self.heads * self.hd, self.kv * self.hd
-        self.wq, self.wk = get(m + "self_attn.q_proj.weight", (q, 2 * self.h)), get(m + "self_attn.k_proj.weight", (kvd, 2 * self.h))
-        self.wv, self.wo = get(m + "self_attn.v_proj.weight", (kvd, 2 * self.h)), get(m + "self_attn.o_proj.weight", (self.h, q))
+        a = m + "self_attn."
+        self.wq, self.wk = get(a + "q_proj.weight", (q, 2 * self.h)), get(a + "k_proj.weight", (kvd, 2 * self.h))
+        self.wv, self.wo = get(a + "v_proj.weight", (kvd, 2 * self.h)), get(a + "o_proj.weight", (self.h, q))
         inter = config["intermediate_size"]
-        self.wg, self.wu = get(m + "mlp.gate_proj.weight", (inter, self.h)), get(m + "mlp.up_proj.weight", (inter, self.h))
+        self.wg = get(m + "mlp.gate_proj.weight", (inter, self.h))
+        self.wu = get(m + "mlp.up_proj.weight", (inter, self.h))
         self.wd = get(m + "mlp.down_proj.weight", (self.h, inter))
         if config.get("target_hidden_size", self.h) == self.h and th == self.h:
             self.embed = target.get_input_embeddings().weight.detach().to(dtype)
@@ -486,7 +488,8 @@ def load_eagle3(spec, target, dtype, resolve=os.path.abspath):
         layers = (1, n_layers // 2 - 1, n_layers - 4)
     layers = sorted(set(int(i) for i in layers))
     if not layers or layers[0] < 0 or layers[-1] >= n_layers:
-        raise ValueError(f"{where}: eagle3_layers_to_capture {layers} must name layers of the target (0..{n_layers - 1})")
+        raise ValueError(f"{where}: eagle3_layers_to_capture {layers} must name layers of the target "
+                         f"(0..{n_layers - 1})")
     return Eagle3Head(config, _read_tensors(path), target, layers, dtype)
 
 

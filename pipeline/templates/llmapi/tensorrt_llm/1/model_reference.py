@@ -1,13 +1,15 @@
 """Reference LLM-API `tensorrt_llm` model (Triton Python backend, CPU): the tensor contract of TensorRT-LLM 1.2's
 `llmapi/tensorrt_llm` model served by transformers from the exported Hugging Face checkpoint that `model.yaml`
-names (`model`, and `speculative_config.speculative_model_dir` for the draft model or EAGLE-3 head). Only for `--target reference`.
+names (`model`, and `speculative_config.speculative_model_dir` for the draft model or EAGLE-3 head). Only for
+`--target reference`.
 
 model.yaml is read as the GPU model reads it: `triton_config` (`decoupled`, `max_batch_size`) for Triton, the rest
 as LLM arguments, of which this model honours `model`, `tokenizer`, `max_batch_size`, `max_seq_len`,
 `kv_cache_config.enable_block_reuse` and `speculative_config` (`decoding_type` DraftTarget, NGram or Eagle;
 `max_draft_len`, `speculative_model_dir` (alias `speculative_model`), `max_concurrency`, NGram's
-`max_matching_ngram_size`, Eagle's `eagle3_layers_to_capture` and `eagle3_one_model`, which changes no token); the others (parallelism, memory fractions, KV dtype) only matter on a GPU. A relative path
-is taken relative to this directory (the installed repository holds absolute ones). config.pbtxt parameters
+`max_matching_ngram_size`, Eagle's `eagle3_layers_to_capture` and `eagle3_one_model`, which changes no token);
+the others (parallelism, memory fractions, KV dtype) only matter on a GPU. A relative path is taken relative to
+this directory (the installed repository holds absolute ones). config.pbtxt parameters
 `reference_dtype` (float32 | float64) and `tokens_per_block` (prefix-cache block size) are read too.
 
 Requests (see llmapi_io): one prompt each; `streaming` needs a decoupled model and sends one response per step
@@ -89,7 +91,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"speculative_config.decoding_type {mode!r}: the reference backend "
                                                 "serves DraftTarget, NGram and Eagle (EAGLE-3)")
         ngram = mode == "NGram"
-        draft = load_model(_path(str(spec.get("speculative_model") or spec["speculative_model_dir"])), dtype) if mode == "DraftTarget" else None
+        draft_dir = spec.get("speculative_model") or spec.get("speculative_model_dir")
+        draft = load_model(_path(str(draft_dir)), dtype) if mode == "DraftTarget" else None
         target = load_model(model_dir, dtype)
         try:
             eagle = load_eagle3(spec, target, dtype, resolve=_path) if mode == "Eagle" else None
