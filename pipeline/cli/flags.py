@@ -298,8 +298,14 @@ OPTIONS: dict[str, Option] = {
                              refusal="{flag} {value!r}: the only second opinion is 'aiperf'; drop the flag for ours "
                              "alone"),
     # deploy
-    "platform": Option("k8s (Deployment, or LeaderWorkerSet across nodes) or slurm (sbatch)", choices=("k8s", "slurm"),
-                       error=DeployError, refusal="{flag} {value!r}: choose k8s or slurm"),
+    "platform": Option("k8s (Deployment, or LeaderWorkerSet across nodes), slurm (sbatch) or dynamo (NVIDIA Dynamo "
+                       "DynamoGraphDeployment, runtime pytorch)", choices=("k8s", "slurm", "dynamo"),
+                       error=DeployError, refusal="{flag} {value!r}: choose k8s, slurm or dynamo"),
+    "deploy.mode": Option("dynamo: agg (default; Frontend + aggregated workers) or disagg (prefill + decode workers)",
+                          choices=("agg", "disagg"), error=DeployError),
+    "router": Option("dynamo: the Frontend's router, kv (default; KV-aware, workers publish KV events) or round-robin",
+                     choices=("kv", "round-robin"), error=DeployError),
+    "dynamo_version": Option("dynamo: the Dynamo release to render for (default 1.6.1, the only one supported)"),
     "release": Option("release tarball or unpacked release (its spec, toolchain and sha256); default: the spec flags"),
     "deploy.output": Option("directory to write (default <output tree>/deploy/<platform>/<name>); replaced only with "
                             "--force"),
@@ -329,7 +335,8 @@ OPTIONS: dict[str, Option] = {
     "serve_mode": Option("what serves an engine release: triton (default, tritonserver) or trtllm-serve (OpenAI "
                          "/v1/chat/completions, --backend tensorrt; no draft); runtime pytorch: trtllm-serve",
                          choices=SERVE_MODES, error=DeployError),
-    "replicas": _count("serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array (default: the "
+    "replicas": _count("serving replicas, >= 1: Deployment/LeaderWorkerSet replicas, a Slurm job array, Dynamo "
+                       "workers per role (default: the "
                        "spec's serving_target.replicas, written by `plan --slo --write-spec`, else 1)", MAX_REPLICAS),
     "release_version": Option("the `release --version` of the spec's release the nodes fetch (default: the "
                               "pipeline's version); a --release-volume directory on this host must hold that file"),
@@ -379,7 +386,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
                "constraint", "time", "no_container", "max_nodes", "matrix", "matrix_target", "matrix_output", "force",
                "json", "serve_mode", "replicas", "release_version", "exclusive", "mpi", "keep_work", "node_selector",
                "toleration", "gpu_product_label", "no_gpu_affinity", "rdma_resource", "nccl_env", "monitoring_label",
-               "prefix_cache_alert"),
+               "prefix_cache_alert", "mode", "router", "dynamo_version"),
 }
 
 

@@ -141,7 +141,7 @@ RUNTIMES: tuple[RuntimeTarget, ...] = (
         package_from="checkpoint", release_roles=("checkpoint", "draft_checkpoint"), no_compile=_NO_COMPILE_PYTORCH,
         no_force_compile=_NO_FORCE_PYTORCH,
         check_note="spec ok; runtime pytorch, target trtllm (Hugging Face checkpoint, no engines)",
-        deploy_platforms=("k8s", "slurm"), serve_modes=(("trtllm-serve", "trtllm-serve-pytorch"),),
+        deploy_platforms=("k8s", "slurm", "dynamo"), serve_modes=(("trtllm-serve", "trtllm-serve-pytorch"),),
         refused_modes=(("triton", _TRITON_ON_PYTORCH),)),
     RuntimeTarget(
         name="engine-reference", runtime="engine", target="reference", checkpoint=TRTLLM_CHECKPOINT, stages=_STAGES,

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pipeline.ops.deploy import scheduling
 from pipeline.ops.deploy.images import PIPELINE_HOME
 
-Platform = Literal["k8s", "slurm"]
+Platform = Literal["k8s", "slurm", "dynamo"]
 
 
 class DeployOptions(BaseModel):
@@ -43,3 +43,6 @@ class DeployOptions(BaseModel):
     gpu_affinity: bool = True
     rdma_resources: dict[str, str] = {}
     nccl_env: dict[str, str] = {}
+    mode: str = "agg"  # dynamo only, like router and dynamo_version (pipeline.ops.deploy.dynamo)
+    router: str = "kv"
+    dynamo_version: str | None = None

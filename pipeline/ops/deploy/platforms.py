@@ -1,8 +1,9 @@
-"""Where a deployment runs: Kubernetes or Slurm, one object each; `render` asks the deployment's platform for its
+"""Where a deployment runs: Kubernetes, Slurm or NVIDIA Dynamo on Kubernetes, one object each; `render` asks the deployment's platform for its
 files (serving objects or an sbatch script, monitoring, a build matrix) and its image checks."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Protocol
@@ -12,7 +13,7 @@ import yaml
 from pipeline.core.errors import DeployError
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import k8s, names, scheduling, slurm
+from pipeline.ops.deploy import dynamo, k8s, names, scheduling, slurm
 from pipeline.ops.deploy.options import DeployOptions
 from pipeline.ops.deploy.runtime import Runtime, Scrape, kubexec_script, leader_script
 from pipeline.ops.deploy.source import DeploySource
@@ -147,14 +148,7 @@ class Kubernetes:
 
     def monitoring_files(self, o: DeployOptions, p: Placement, scrape: Scrape, w: WatchPlan,
                          directory: Path) -> dict[str, str]:
-        labels = {**o.monitoring_labels, "app.kubernetes.io/name": "trtllm-pipeline",
-                  "app.kubernetes.io/instance": o.name}
-        objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
-                   pod_monitor(o.name, namespace=o.namespace, labels=labels, port=scrape.port, path=scrape.path,
-                               pod_selector=k8s.server_pod_selector(o.name, multi_node=p.multi_node)),
-                   dashboard_config_map(w, namespace=o.namespace, labels=labels)]
-        validate_objects(objects)
-        return {"monitoring.yaml": yaml.safe_dump_all(objects, sort_keys=False), "dashboard.json": dashboard_json(w)}
+        return _k8s_monitoring(o, scrape, w, k8s.server_pod_selector(o.name, multi_node=p.multi_node))
 
     def matrix_files(self, o: DeployOptions, cells: list[BuildSpec], gpus: int, scripts: dict[str, str], server: str,
                      pipe: str, directory: Path, output: str) -> dict[str, str]:
@@ -164,6 +158,50 @@ class Kubernetes:
         objects = k8s.matrix_job(opts, len(cells), gpus, scripts)
         validate_objects(objects)
         return {"build-matrix.yaml": yaml.safe_dump_all(objects, sort_keys=False)}
+
+
+def _k8s_monitoring(o: DeployOptions, scrape: Scrape, w: WatchPlan, selector: dict[str, str]) -> dict[str, str]:
+    """A PrometheusRule, a PodMonitor scraping the pods `selector` matches and a dashboard ConfigMap (validated)."""
+    labels = {**o.monitoring_labels, "app.kubernetes.io/name": "trtllm-pipeline", "app.kubernetes.io/instance": o.name}
+    objects = [prometheus_rule(w, namespace=o.namespace, labels=labels),
+               pod_monitor(o.name, namespace=o.namespace, labels=labels, port=scrape.port, path=scrape.path,
+                           pod_selector=selector),
+               dashboard_config_map(w, namespace=o.namespace, labels=labels)]
+    validate_objects(objects)
+    return {"monitoring.yaml": yaml.safe_dump_all(objects, sort_keys=False), "dashboard.json": dashboard_json(w)}
+
+
+class Dynamo(Kubernetes):
+    """A DynamoGraphDeployment and its ConfigMap (`pipeline.ops.deploy.dynamo`, validated against the Dynamo CRD),
+    monitoring as on Kubernetes scraping the workers' system port (TensorRT-LLM's trtllm_* series)."""
+
+    name = "dynamo"
+
+    def check_pipeline_image(self, o: DeployOptions, pipe: str) -> None:
+        if not o.pipeline_image:  # the default would be named after the Dynamo image, not the NGC TensorRT-LLM one
+            raise DeployError("--platform dynamo: the workers' init container verifies and unpacks the release with "
+                              "the pipeline image (built FROM the NGC TensorRT-LLM image of the release); build and "
+                              "push it (README \"GPU host quick start\"), then pass --pipeline-image "
+                              "REGISTRY/trtllm-pipeline:TAG")
+
+    def serving_files(self, o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime, scripts: dict[str, str],
+                      server: str, pipe: str, directory: Path) -> tuple[str, dict[str, str]]:
+        release = dynamo.release_for(o.dynamo_version)
+        graph = dynamo.Graph(_k8s_options(o, src, server, pipe, src.spec.hardware.gpu, p), src.spec, p, o.mode,
+                             o.router, release, server)
+        objects, summary = dynamo.render_graph(graph, scripts["fetch-verify.sh"])
+        return dynamo.DGD_KIND, {"dynamo.yaml": yaml.safe_dump_all(objects, sort_keys=False),
+                                 "dynamo.json": json.dumps(summary, indent=2) + "\n"}
+
+    def monitoring_files(self, o: DeployOptions, p: Placement, scrape: Scrape, w: WatchPlan,
+                         directory: Path) -> dict[str, str]:
+        system = Scrape(dynamo.SYSTEM_PORT_NAME, "/metrics", scrape.source)
+        return _k8s_monitoring(o, system, w, {"app.kubernetes.io/instance": o.name, **dynamo.WORKER_LABEL})
+
+    def matrix_files(self, o: DeployOptions, cells: list[BuildSpec], gpus: int, scripts: dict[str, str], server: str,
+                     pipe: str, directory: Path, output: str) -> dict[str, str]:
+        raise DeployError("--matrix builds on --platform k8s or slurm; Dynamo serves releases, drop --matrix or "
+                          "use --platform k8s")
 
 
 class Slurm:
@@ -205,4 +243,4 @@ class Slurm:
         return {**scripts, "build-matrix.sbatch": slurm.matrix_script(opts, len(cells), gpus, output)}
 
 
-PLATFORMS: dict[str, DeployPlatform] = {p.name: p for p in (Kubernetes(), Slurm())}
+PLATFORMS: dict[str, DeployPlatform] = {p.name: p for p in (Kubernetes(), Slurm(), Dynamo())}

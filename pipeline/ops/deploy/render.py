@@ -17,7 +17,7 @@ from pipeline.core.errors import DeployError, SpecError, io_error
 from pipeline.core.layout import release_file
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import slurm
+from pipeline.ops.deploy import dynamo, slurm
 from pipeline.ops.deploy.images import TRTLLM_VERSION, ngc_image, pipeline_image
 from pipeline.ops.deploy.options import DeployOptions
 from pipeline.ops.deploy.platforms import PLATFORMS, DeployPlatform
@@ -66,6 +66,11 @@ def replicas_for(spec: BuildSpec, given: int | None) -> int:
     return spec.serving_target.replicas if spec.serving_target else 1
 
 
+def copies(o: DeployOptions) -> int:
+    """Serving copies, each of the placement's world size: the replicas; Dynamo disagg: prefill plus decode."""
+    return dynamo.worker_copies(o.mode, o.replicas) if o.platform == "dynamo" else o.replicas
+
+
 def _summary(src: DeploySource, p: Placement, rt: Runtime, image: str, kind: str, replicas: int) -> dict[str, Any]:
     """deploy.json: `image` is what the ranks run, `gpus` what the deployment holds (0: the CPU reference server)."""
     return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
@@ -82,6 +87,8 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     if not (o.release_url or o.release_volume):
         raise DeployError("deploy: say where the nodes get the release: --release-url URL (http/https) or "
                           "--release-volume NAME (k8s: a PersistentVolumeClaim; slurm: a shared directory)")
+    if o.platform == "dynamo":
+        dynamo.check_build(src.spec)
     if not runtime_of(src.spec).deploys_on(o.platform):
         raise DeployError(f"deploy serves TensorRT-LLM on GPUs, but this build is --target {src.spec.target} (the "
                           "CPU reference backend); serve it with `invoke serve`, deploy a --target trtllm build, or "
@@ -93,7 +100,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     kind, files = platform.serving_files(o, src, p, rt, scripts, server, pipe, directory)
     files |= monitoring_files(o, src, p, rt, directory)
     image = pipe if rt.pipeline_image else server
-    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, o.replicas) | {"server": rt.name}, indent=2) + "\n"
+    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, copies(o)) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
@@ -106,7 +113,7 @@ def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runt
     if rt.scrape is None:
         return {}
     platform = PLATFORMS[o.platform]
-    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * o.replicas, source=rt.scrape.source,
+    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * copies(o), source=rt.scrape.source,
                    prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o))
     return platform.monitoring_files(o, p, rt.scrape, w, directory)
 

@@ -12,7 +12,7 @@ from pipeline import __version__
 from pipeline.core.errors import DeployError
 from pipeline.core.layout import release_file
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import names, render, scheduling, source, topology
+from pipeline.ops.deploy import dynamo, names, render, scheduling, source, topology
 from pipeline.planning.limits_choice import choose_limits
 
 
@@ -58,6 +58,9 @@ class DeployRequest:
     nccl_env: list[str] = field(default_factory=list)
     monitoring_label: list[str] = field(default_factory=list)
     prefix_cache_alert: bool = False
+    mode: str | None = None
+    router: str | None = None
+    dynamo_version: str | None = None
 
     def given(self, flags: dict[str, str]) -> list[str]:
         """The flags (`--flag`: field name) of `flags` this request sets."""
@@ -69,6 +72,8 @@ _SLURM_ONLY = {"--account": "account", "--qos": "qos", "--constraint": "constrai
 _K8S_ONLY = {"--node-selector": "node_selector", "--toleration": "toleration",
              "--gpu-product-label": "gpu_product_label", "--no-gpu-affinity": "no_gpu_affinity",
              "--rdma-resource": "rdma_resource", "--nccl-env": "nccl_env"}
+_DYNAMO_ONLY = {"--mode": "mode", "--router": "router", "--dynamo-version": "dynamo_version"}
+_KUBERNETES = ("k8s", "dynamo")  # platforms that render Kubernetes objects
 _SERVING_ONLY = {"--replicas": "replicas", "--release-version": "release_version", "--exclusive": "exclusive",
                  "--mpi": "mpi", "--keep-work": "keep_work", "--monitoring-label": "monitoring_label",
                  "--prefix-cache-alert": "prefix_cache_alert"}
@@ -87,15 +92,17 @@ class Deployed:
 def _check_platform_flags(r: DeployRequest) -> None:
     if r.platform != "slurm" and (given := r.given(_SLURM_ONLY)):
         raise DeployError(f"{', '.join(given)}: Slurm options; drop them or use --platform slurm")
-    if r.platform != "k8s" and (given := r.given(_K8S_ONLY)):
+    if r.platform != "dynamo" and (given := r.given(_DYNAMO_ONLY)):
+        raise DeployError(f"{', '.join(given)}: NVIDIA Dynamo options; drop them or use --platform dynamo")
+    if r.platform not in _KUBERNETES and (given := r.given(_K8S_ONLY)):
         raise DeployError(f"{', '.join(given)}: Kubernetes options; drop them or use --platform k8s (Slurm: "
                           "--constraint)")
     if r.gpu_product_label and r.no_gpu_affinity:
         raise DeployError("--gpu-product-label and --no-gpu-affinity: give one of them")
-    if r.monitoring_label and r.platform != "k8s":
+    if r.monitoring_label and r.platform not in _KUBERNETES:
         raise DeployError("--monitoring-label labels the PrometheusRule, PodMonitor and dashboard ConfigMap; Slurm "
                           "deployments have none, so drop it or use --platform k8s")
-    if r.release_secret and (r.platform != "k8s" or not r.release_url):
+    if r.release_secret and (r.platform not in _KUBERNETES or not r.release_url):
         raise DeployError("--release-secret names a Kubernetes Secret; on Slurm export RELEASE_AUTH_HEADER in the "
                           "shell that runs sbatch instead" if r.platform == "slurm" else
                           "--release-secret without --release-url; give the URL or drop --release-secret")
@@ -103,8 +110,8 @@ def _check_platform_flags(r: DeployRequest) -> None:
 
 def deploy_options(r: DeployRequest, name: str, replicas: int = 1) -> render.DeployOptions:
     """The renderer's options for request `r`, deployment `name` with `replicas` copies, every flag checked."""
-    if r.platform not in ("k8s", "slurm"):
-        raise DeployError(f"--platform {r.platform!r}: choose k8s or slurm")
+    if r.platform not in ("k8s", "slurm", "dynamo"):
+        raise DeployError(f"--platform {r.platform!r}: choose k8s, slurm or dynamo")
     _check_platform_flags(r)
     labels = dict(names.kube_label(item, "--monitoring-label") for item in r.monitoring_label)
     if reserved := sorted(set(labels) & render.MONITORING_OWN_LABELS):
@@ -112,7 +119,8 @@ def deploy_options(r: DeployRequest, name: str, replicas: int = 1) -> render.Dep
     if r.release_url:
         names.check_release_url(r.release_url)
     opts = dict(platform=r.platform, name=render.check_name(name), namespace=r.namespace or "default",
-                image=r.image, pipeline_image=r.pipeline_image, release_url=r.release_url,
+                image=r.image or (dynamo.release_for(r.dynamo_version).runtime_image if r.platform == "dynamo" else None),
+                pipeline_image=r.pipeline_image, release_url=r.release_url,
                 release_volume=r.release_volume, release_secret=r.release_secret, partition=r.partition,
                 account=r.account, qos=r.qos, constraint=r.constraint, time_limit=r.time,
                 container=not r.no_container, serve_mode=r.serve_mode, replicas=replicas,
@@ -123,7 +131,8 @@ def deploy_options(r: DeployRequest, name: str, replicas: int = 1) -> render.Dep
                 gpu_affinity=not r.no_gpu_affinity,
                 rdma_resources=scheduling.extended_resources(r.rdma_resource),
                 nccl_env=scheduling.nccl_env(r.nccl_env),
-                monitoring_labels=labels, prefix_cache_alert=r.prefix_cache_alert)
+                monitoring_labels=labels, prefix_cache_alert=r.prefix_cache_alert,
+                mode=r.mode or "agg", router=r.router or "kv", dynamo_version=r.dynamo_version)
     if r.pipeline_cmd:
         opts["pipeline_cmd"] = r.pipeline_cmd
     return render.DeployOptions(**opts)
@@ -161,7 +170,7 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     files = render.render_serving(o, src, placement, dest)
     render.write_directory(dest, files, force=r.force)
     summary = json.loads(files["deploy.json"]) | {"directory": str(dest), "files": sorted(files)}
-    copies = f"{o.replicas} replicas x " if o.replicas > 1 else ""
+    copies = f"{summary['replicas']} replicas x " if summary["replicas"] > 1 else ""
     shape = (f"{placement.nodes} node(s) x {placement.ranks_per_node} GPUs (tp={placement.tp}, pp={placement.pp}, "
              f"{placement.world_size} ranks)") if summary["gpus"] else f"one CPU process ({summary['server']})"
     line = f"ok: {dest}: {summary['kind']}, {copies}{shape}, image {summary['image']}"

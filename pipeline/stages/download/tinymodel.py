@@ -1,5 +1,5 @@
 """Deterministic generator of the tiny models (`tiny-llama`, `tiny-llama-draft`, one `tiny-<family>` per further
-family) in the Hub's format.
+family, and the EAGLE-3 head `tiny-llama-eagle3` via `tiny_eagle3`) in the Hub's format.
 
 A byte-level BPE tokenizer is trained on the bundled corpus (`pipeline/data/corpus.txt`), then each model is
 initialised from a fixed seed and trained briefly on the corpus' calibration split, single-threaded so the bytes
@@ -29,6 +29,8 @@ GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")  # the pair every test session trains
 # one tiny model per further family, generated on demand (same tokenizer and training recipe)
 GENERATED_FAMILY_MODELS = ("tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3")
+# EAGLE-3 heads trained on a generated target (pipeline.stages.download.tiny_eagle3), generated on demand
+GENERATED_HEADS = ("tiny-llama-eagle3",)
 HELDOUT_EVERY = 10  # every 10th corpus paragraph is held out for evaluation
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -234,8 +236,13 @@ def generation_key(name: str, *, steps: int | None = None) -> str:
 
     arch = load_registry()[name].architecture
     recipe = dict(TRAIN, steps=TRAIN["steps"] if steps is None else steps)
-    return stage_key({"generator": GENERATOR_VERSION, "name": name, "recipe": recipe, "corpus": _corpus_sha(),
-                      "architecture": arch.model_dump(), "transformers_format": "4.57"})
+    fields = {"generator": GENERATOR_VERSION, "name": name, "recipe": recipe, "corpus": _corpus_sha(),
+              "architecture": arch.model_dump(), "transformers_format": "4.57"}
+    if name in GENERATED_HEADS:  # `steps` is the head's; its target is always the full one
+        from pipeline.stages.download import tiny_eagle3
+
+        fields.update(tiny_eagle3.head_key_fields(name, generation_key(tiny_eagle3.head_target(name))))
+    return stage_key(fields)
 
 
 def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -> dict[str, Any]:
@@ -248,6 +255,12 @@ def generate_tiny_model(name: str, out_dir: Path, *, steps: int | None = None) -
     from transformers import GenerationConfig
 
     _check_generated(name)
+    if name in GENERATED_HEADS:
+        from pipeline.stages.download import tiny_eagle3
+
+        target = ensure_tiny_model(tiny_eagle3.head_target(name))
+        with _deterministic_torch():
+            return tiny_eagle3.generate_head(name, Path(out_dir), target, steps=steps)
     steps = TRAIN["steps"] if steps is None else steps
     t0 = time.monotonic()
     calib, heldout = corpus_split()
@@ -282,7 +295,7 @@ def load_vocab_size(name: str) -> int:
 
 
 def _check_generated(name: str) -> None:
-    known = (*GENERATED_MODELS, *GENERATED_FAMILY_MODELS)
+    known = (*GENERATED_MODELS, *GENERATED_FAMILY_MODELS, *GENERATED_HEADS)
     if name not in known:
         raise DownloadError(f"no generator for model '{name}'; generated models: {', '.join(known)}")
 
@@ -303,6 +316,10 @@ def ensure_tiny_model(name: str, *, steps: int | None = None) -> Path:
         DownloadError: `name` is not a generated model.
     """
     _check_generated(name)
+    if name in GENERATED_HEADS:  # its target first, under its own lock and log
+        from pipeline.stages.download.tiny_eagle3 import head_target
+
+        ensure_tiny_model(head_target(name))
     final = model_dir(name) if steps is None else cache_dir() / "generated" / f"{name}-{GENERATOR_VERSION}-s{steps}"
     key = generation_key(name, steps=steps)
     if is_current(final, key):

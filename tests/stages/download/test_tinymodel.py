@@ -199,3 +199,37 @@ def test_tiny_qwen_is_generated_as_its_family(tmp_path, monkeypatch, name, cls, 
         assert f"model.layers.0.{extra}" in f.keys()
         assert ("lm_head.weight" in f.keys()) is not tied
     assert get_model(name).tokenizer_family == get_model("tiny-llama").tokenizer_family
+
+
+def test_an_eagle3_heads_key_follows_its_target_and_recipe(monkeypatch):
+    """The head's cache key holds its target's generation key and its own recipe; a target's key holds neither."""
+    from pipeline.stages.download import tiny_eagle3
+
+    head, target = tinymodel.generation_key("tiny-llama-eagle3"), tinymodel.generation_key("tiny-llama")
+    assert head != target
+    monkeypatch.setitem(tiny_eagle3.HEAD_TRAIN, "steps", 1)
+    assert tinymodel.generation_key("tiny-llama") == target
+    assert tinymodel.generation_key("tiny-llama-eagle3") != head
+    monkeypatch.undo()
+    monkeypatch.setitem(tinymodel.TRAIN, "steps", 1)
+    assert tinymodel.generation_key("tiny-llama-eagle3") != head
+    assert "tiny-llama-eagle3" not in tinymodel.GENERATED_MODELS  # generated on demand, not in every session
+
+
+@pytest.mark.slow
+def test_eagle3_head_generation_is_deterministic(tiny_models, tmp_path, monkeypatch):
+    """Two caches (sharing the session's target) generate the same head bytes; the manifest names the head."""
+    import json
+
+    paths = []
+    for cache in ("a", "b"):
+        generated = tmp_path / cache / "generated"
+        generated.mkdir(parents=True)
+        (generated / tiny_models["tiny-llama"].name).symlink_to(tiny_models["tiny-llama"], target_is_directory=True)
+        monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / cache))
+        paths.append(tinymodel.ensure_tiny_model("tiny-llama-eagle3", steps=2))
+    man_a, man_b = read_manifest(paths[0]), read_manifest(paths[1])
+    assert {k: v["sha256"] for k, v in man_a["files"].items()} == {k: v["sha256"] for k, v in man_b["files"].items()}
+    assert man_a["name"] == "tiny-llama-eagle3" and man_a["train_steps"] == 2
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(man_a["files"])
+    assert json.loads((paths[0] / "config.json").read_text())["draft_vocab_size"] == 512

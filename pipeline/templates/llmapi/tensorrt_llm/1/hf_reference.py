@@ -13,16 +13,19 @@ one speculative step). Prefix caching (`kv_cache_config.enable_block_reuse`, def
 prompt's full blocks of `tokens_per_block` tokens are kept with their K/V, keyed by a hash chain over the prefix; a
 new prompt reuses the longest chain within its first len - 1 tokens. Per request: reused blocks, missed blocks
 (context blocks not found), blocks allocated (total / never used before) and hit rate = reused / (reused + missed).
-Speculation (`speculative_config` DraftTarget or NGram): greedy requests only, while the number of active requests
-is at most `max_concurrency` (when set): the draft model (DraftTarget), or the tokens that followed an earlier
-occurrence of the sequence's last up-to-`max_matching_ngram_size` tokens (NGram, `NGramPool`), propose up to
-`max_draft_len` tokens; the target verifies them in one forward pass and keeps the agreeing prefix plus its own next
-token, so the output is the target's own greedy output.
+Speculation (`speculative_config` DraftTarget, NGram or Eagle): greedy requests only, while the number of active
+requests is at most `max_concurrency` (when set): the draft model (DraftTarget), the tokens that followed an earlier
+occurrence of the sequence's last up-to-`max_matching_ngram_size` tokens (NGram, `NGramPool`), or an EAGLE-3 head's
+linear chain over the target's captured hidden states (Eagle, `Eagle3Head`) propose up to `max_draft_len` tokens;
+the target verifies them in one forward pass and keeps the agreeing prefix plus its own next token, so the output is
+the target's own greedy output. An EAGLE-3 head's context starts where the target ran for the request (after the
+prompt blocks reused from the prefix cache, whose hidden states are not kept).
 """
 
 import collections
 import dataclasses
 import glob
+import json
 import math
 import os
 import threading
@@ -193,6 +196,7 @@ class Sequence:
         self.max_tokens = int(sampling.get("max_tokens") or 32)
         self.cache = None  # target DynamicCache holding tokens[:-1] once prefilled
         self.draft_cache, self.draft_len = None, 0
+        self.head_state = None  # EAGLE-3: HeadState once prefilled
         self.logprob = 0.0
         self.finish_reason = None
         self.stop_reason = None
@@ -253,7 +257,7 @@ class EngineSettings:
     """The LLM arguments the engine honours (model.yaml; `tokens_per_block` from config.pbtxt).
 
     `block_reuse`: prefix caching (`kv_cache_config.enable_block_reuse`); `max_draft_len`, `max_concurrency`: the
-    draft-target speculation's (`speculative_config`; 0 draft tokens: no speculation).
+    speculation's (`speculative_config`; 0 draft tokens: no speculation).
     """
 
     max_batch_size: int
@@ -307,15 +311,197 @@ class NGramPool:
         self.indexed.pop(id(seq), None)
 
 
+# ------------------------------------------------------------------------------------------------ EAGLE-3
+def _rms(x, weight, eps):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate(x, positions, head_dim, theta):
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = positions.double()[:, None] * inv
+    cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
+    half = head_dim // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class HeadState:
+    """One sequence's EAGLE-3 context: its target features fused by fc (positions `start`.. of those the target
+    has run) and the head's K/V of the entries already fed (position p: fused features of p, embedding of p + 1)."""
+
+    def __init__(self, start):
+        self.start, self.fed = start, 0
+        self.pending = []  # fused feature rows not fed to the head yet
+        self.k = self.v = None  # [kv heads, entries, head_dim]
+
+
+class Eagle3Head:
+    """An EAGLE-3 head as TensorRT-LLM 1.2's `Eagle3ForCausalLM` runs it on the PyTorch backend: one decoder layer
+    reading concat(input_layernorm(embedding of the newest token), hidden_norm(hidden)) (2H), `norm`, `lm_head` over
+    the draft vocabulary, draft ids mapped to target ids by `d2t`. The first draft's hidden is fc(the target's
+    outputs of the captured layers at the last position the target has run); each further draft of the linear chain
+    reads the head's own output hidden state (before `norm`). Embeddings are the target's (the head's own only when
+    its `target_hidden_size` differs); `lm_head` is the target's when the head has none.
+    """
+
+    def __init__(self, config, tensors, target, layers, dtype):
+        self.layers = list(layers)
+        self.h, self.heads = config["hidden_size"], config["num_attention_heads"]
+        self.kv = config.get("num_key_value_heads") or self.heads
+        self.hd = config.get("head_dim") or self.h // self.heads
+        self.eps, self.theta = float(config.get("rms_norm_eps", 1e-6)), float(config.get("rope_theta", 10000.0))
+        w = {k.removeprefix("model."): v for k, v in tensors.items()}
+
+        def get(name, shape):
+            if name not in w:
+                raise ValueError(f"the EAGLE-3 head has no {name}")
+            if tuple(w[name].shape) != tuple(shape):
+                raise ValueError(f"the EAGLE-3 head's {name} is {list(w[name].shape)}, expected {list(shape)}")
+            return w[name].to(dtype)
+
+        th = target.config.hidden_size
+        vocab, draft_vocab = target.config.vocab_size, int(config["draft_vocab_size"])
+        n = len(self.layers)
+        if n > 1 or "fc.weight" in w:
+            fc = w.get("fc.weight")
+            if fc is not None and tuple(fc.shape) != (self.h, n * th):
+                raise ValueError(f"the EAGLE-3 head's fc.weight is {list(fc.shape)}, but {n} captured layers of "
+                                 f"hidden size {th} give [{self.h}, {n * th}]: set eagle3_layers_to_capture to the "
+                                 "layers the head was trained on")
+            self.fc = get("fc.weight", (self.h, n * th))
+        else:
+            self.fc = None
+        m = "midlayer."
+        self.w_in, self.w_hid = get(m + "input_layernorm.weight", (self.h,)), get(m + "hidden_norm.weight", (self.h,))
+        self.w_post, self.w_norm = get(m + "post_attention_layernorm.weight", (self.h,)), get("norm.weight", (self.h,))
+        q, kvd = self.heads * self.hd, self.kv * self.hd
+        a = m + "self_attn."
+        self.wq, self.wk = get(a + "q_proj.weight", (q, 2 * self.h)), get(a + "k_proj.weight", (kvd, 2 * self.h))
+        self.wv, self.wo = get(a + "v_proj.weight", (kvd, 2 * self.h)), get(a + "o_proj.weight", (self.h, q))
+        inter = config["intermediate_size"]
+        self.wg = get(m + "mlp.gate_proj.weight", (inter, self.h))
+        self.wu = get(m + "mlp.up_proj.weight", (inter, self.h))
+        self.wd = get(m + "mlp.down_proj.weight", (self.h, inter))
+        if config.get("target_hidden_size", self.h) == self.h and th == self.h:
+            self.embed = target.get_input_embeddings().weight.detach().to(dtype)
+        else:
+            self.embed = get("embed_tokens.weight", (vocab, self.h))
+        if "lm_head.weight" in w:
+            self.lm_head = get("lm_head.weight", (draft_vocab, self.h))
+        elif draft_vocab == vocab:
+            self.lm_head = target.get_output_embeddings().weight.detach().to(dtype)
+        else:
+            raise ValueError(f"the EAGLE-3 head has no lm_head.weight and its draft_vocab_size {draft_vocab} is not "
+                             f"the target's vocab_size {vocab} (the target's lm_head cannot stand in)")
+        if "d2t" in w:
+            if tuple(w["d2t"].shape) != (draft_vocab,):
+                raise ValueError(f"the EAGLE-3 head's d2t is {list(w['d2t'].shape)}, expected [{draft_vocab}]")
+            self.draft_to_target = torch.arange(draft_vocab) + w["d2t"].long()
+        elif draft_vocab == vocab:
+            self.draft_to_target = torch.arange(vocab)
+        else:
+            raise ValueError(f"the EAGLE-3 head has no d2t to map its {draft_vocab} draft ids to the target's {vocab}")
+        if int(self.draft_to_target.min()) < 0 or int(self.draft_to_target.max()) >= vocab:
+            raise ValueError(f"the EAGLE-3 head's d2t maps draft ids outside the target vocabulary [0, {vocab})")
+        self.captured = {}
+        for i in self.layers:
+            target.model.layers[i].register_forward_hook(self._hook(i))
+
+    def _hook(self, i):
+        def keep(_module, _args, output):
+            self.captured[i] = output[0] if isinstance(output, tuple) else output
+        return keep
+
+    def record(self, seq, rows):
+        """After a target forward over `seq`: keep the fused features of its first `rows` positions."""
+        feats = torch.cat([self.captured[i][0, :rows] for i in self.layers], dim=-1).to(self.w_in.dtype)
+        seq.head_state.pending.append(feats @ self.fc.T if self.fc is not None else feats)
+
+    def _layer(self, state, embeds, hidden, first):
+        """Feed entries at positions first.. (head K/V appended to `state`); returns their output hidden states."""
+        t = embeds.shape[0]
+        x = torch.cat([_rms(embeds, self.w_in, self.eps), _rms(hidden, self.w_hid, self.eps)], dim=-1)
+        pos = torch.arange(first, first + t)
+        q = _rotate((x @ self.wq.T).view(t, self.heads, self.hd).transpose(0, 1), pos, self.hd, self.theta)
+        k = _rotate((x @ self.wk.T).view(t, self.kv, self.hd).transpose(0, 1), pos, self.hd, self.theta)
+        v = (x @ self.wv.T).view(t, self.kv, self.hd).transpose(0, 1)
+        state.k = k if state.k is None else torch.cat([state.k, k], dim=1)
+        state.v = v if state.v is None else torch.cat([state.v, v], dim=1)
+        rep = self.heads // self.kv
+        keys, values = state.k.repeat_interleave(rep, 0), state.v.repeat_interleave(rep, 0)
+        s = q @ keys.transpose(1, 2) / math.sqrt(self.hd)
+        before = keys.shape[1] - t
+        visible = torch.arange(keys.shape[1])[None, :] <= before + torch.arange(t)[:, None]
+        a = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ values
+        out = hidden + a.transpose(0, 1).reshape(t, -1) @ self.wo.T
+        y = _rms(out, self.w_post, self.eps)
+        return out + (torch.nn.functional.silu(y @ self.wg.T) * (y @ self.wu.T)) @ self.wd.T
+
+    def _draft(self, out):
+        return int(self.draft_to_target[int(torch.argmax(_rms(out, self.w_norm, self.eps) @ self.lm_head.T))])
+
+    def propose(self, seq, k):
+        """A linear chain of `k` draft tokens after `seq.tokens` (target ids)."""
+        state, tokens = seq.head_state, seq.tokens
+        first = state.start + state.fed
+        hidden = torch.cat(state.pending)
+        state.pending, state.fed = [], state.fed + hidden.shape[0]
+        embeds = self.embed[torch.tensor(tokens[first + 1:first + 1 + hidden.shape[0]])]
+        with torch.no_grad():
+            out = self._layer(state, embeds, hidden, first)[-1:]
+            proposal = [self._draft(out)]
+            for j in range(1, k):
+                out = self._layer(state, self.embed[proposal[-1:]], out, first + hidden.shape[0] - 1 + j)
+                proposal.append(self._draft(out))
+        state.k, state.v = state.k[:, :state.fed], state.v[:, :state.fed]  # drop the chain's entries
+        return proposal
+
+
+def load_eagle3(spec, target, dtype, resolve=os.path.abspath):
+    """The EAGLE-3 head a `speculative_config` (`decoding_type: Eagle`) names, checked as TensorRT-LLM 1.2 checks
+    it; `resolve` turns its directory into a path. Raises ValueError (one line) on a config it would refuse."""
+    where = "speculative_config (Eagle)"
+    name = spec.get("speculative_model") or spec.get("speculative_model_dir")
+    if not name:
+        raise ValueError(f"{where}: EAGLE3 draft model must be specified: set speculative_model (or "
+                         "speculative_model_dir) to the EAGLE-3 head's directory")
+    if not spec.get("max_draft_len") or int(spec["max_draft_len"]) <= 0:
+        raise ValueError(f"{where}: max_draft_len is required for Eagle (a positive number of draft tokens)")
+    if not isinstance(spec.get("eagle3_one_model", True), bool):
+        raise ValueError(f"{where}: eagle3_one_model must be true or false")
+    path = resolve(str(name))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{where}: {path} holds no config.json; point speculative_model at the EAGLE-3 head")
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    if not config.get("draft_vocab_size"):
+        raise ValueError(f"{where}: {path}/config.json has no draft_vocab_size, so it is not an EAGLE-3 head "
+                         "(TensorRT-LLM would load it as a plain model); use an EAGLE-3 head or DraftTarget")
+    if int(config.get("num_hidden_layers", 1)) != 1:
+        raise ValueError(f"{where}: {path} has {config['num_hidden_layers']} decoder layers; the reference backend "
+                         "runs EAGLE-3 heads of one layer")
+    n_layers = target.config.num_hidden_layers
+    layers = spec.get("eagle3_layers_to_capture")
+    if layers is None:
+        if n_layers <= 5:
+            raise ValueError(f"{where}: Not enough hidden layers for default EAGLE3 capture (the target has "
+                             f"{n_layers}); set eagle3_layers_to_capture to the layers the head was trained on")
+        layers = (1, n_layers // 2 - 1, n_layers - 4)
+    layers = sorted(set(int(i) for i in layers))
+    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+        raise ValueError(f"{where}: eagle3_layers_to_capture {layers} must name layers of the target "
+                         f"(0..{n_layers - 1})")
+    return Eagle3Head(config, _read_tensors(path), target, layers, dtype)
+
+
 class Engine:
     """In-flight generation on CPU for the reference model; `on_step(seq, final)` is called after each step."""
 
-    def __init__(self, model, tokenizer, settings, *, draft=None, on_step=None):
-        self.model, self.tokenizer, self.draft = model, tokenizer, draft
+    def __init__(self, model, tokenizer, settings, *, draft=None, eagle=None, on_step=None):
+        self.model, self.tokenizer, self.draft, self.eagle = model, tokenizer, draft, eagle
         self.max_batch_size, self.max_seq_len = max(1, settings.max_batch_size), settings.max_seq_len
         self.k, self.max_concurrency = settings.max_draft_len, settings.max_concurrency
         n = settings.max_matching_ngram_size
-        self.ngram = NGramPool(self.k, n) if draft is None and n > 0 and self.k > 0 else None
+        self.ngram = NGramPool(self.k, n) if draft is None and eagle is None and n > 0 and self.k > 0 else None
         capacity = self.max_batch_size * math.ceil(settings.max_seq_len / settings.tokens_per_block)
         self.prefix = PrefixCache(settings.tokens_per_block, capacity, settings.block_reuse)
         self.on_step = on_step
@@ -372,11 +558,14 @@ class Engine:
             return True
         if seq.cache is None:
             return self._prefill(seq)
-        speculate = ((self.draft is not None or self.ngram is not None) and self.k > 0 and seq.greedy
+        drafter = self.draft is not None or self.ngram is not None or self.eagle is not None
+        speculate = (drafter and self.k > 0 and seq.greedy
                      and (self.max_concurrency is None or len(self.active) <= self.max_concurrency))
         if speculate:
             return self._speculate(seq)
         logits, seq.cache = self._forward(self.model, seq.tokens[-1:], seq.cache)
+        if self.eagle is not None:
+            self.eagle.record(seq, 1)
         return self._append(seq, [choose(logits[-1], seq)])
 
     def _prefill(self, seq) -> bool:
@@ -386,6 +575,9 @@ class Engine:
         start = len(blocks) * self.prefix.tpb
         cache = PrefixCache.as_cache(blocks) if blocks else DynamicCache()
         logits, cache = self._forward(self.model, seq.prompt[start:], cache)
+        if self.eagle is not None:  # the head's context starts where the target ran (after reused blocks)
+            seq.head_state = HeadState(start)
+            self.eagle.record(seq, len(seq.prompt) - start)
         self.prefix.store(seq.prompt, cache.to_legacy_cache())
         seq.cache = cache
         return self._append(seq, [choose(logits[-1], seq)])
@@ -403,6 +595,8 @@ class Engine:
     def _speculate(self, seq) -> bool:
         if self.draft is not None:
             proposal = self._draft_model_proposal(seq)
+        elif self.eagle is not None:
+            proposal = self.eagle.propose(seq, self.k)
         else:  # n-gram: never past the request's last token (upstream drafts within the sequence's length)
             proposal = self.ngram.propose(seq, min(self.k, seq.max_tokens - len(seq.generated) - 1))
             if not proposal:
@@ -418,6 +612,8 @@ class Engine:
                 break
         a = len(accepted) - 1
         seq.cache.crop(n - 1 + len(accepted))
+        if self.eagle is not None:
+            self.eagle.record(seq, len(accepted))
         if self.draft is not None:
             seq.draft_len = min(seq.draft_cache.get_seq_length(), n + a)
             seq.draft_cache.crop(seq.draft_len)

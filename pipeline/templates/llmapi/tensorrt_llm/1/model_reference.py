@@ -1,12 +1,15 @@
 """Reference LLM-API `tensorrt_llm` model (Triton Python backend, CPU): the tensor contract of TensorRT-LLM 1.2's
 `llmapi/tensorrt_llm` model served by transformers from the exported Hugging Face checkpoint that `model.yaml`
-names (`model`, and `speculative_config.speculative_model_dir` for the draft). Only for `--target reference`.
+names (`model`, and `speculative_config.speculative_model_dir` for the draft model or EAGLE-3 head). Only for
+`--target reference`.
 
 model.yaml is read as the GPU model reads it: `triton_config` (`decoupled`, `max_batch_size`) for Triton, the rest
 as LLM arguments, of which this model honours `model`, `tokenizer`, `max_batch_size`, `max_seq_len`,
-`kv_cache_config.enable_block_reuse` and `speculative_config` (`max_draft_len`, `speculative_model_dir`,
-`max_concurrency`); the others (parallelism, memory fractions, KV dtype) only matter on a GPU. A relative path
-is taken relative to this directory (the installed repository holds absolute ones). config.pbtxt parameters
+`kv_cache_config.enable_block_reuse` and `speculative_config` (`decoding_type` DraftTarget, NGram or Eagle;
+`max_draft_len`, `speculative_model_dir` (alias `speculative_model`), `max_concurrency`, NGram's
+`max_matching_ngram_size`, Eagle's `eagle3_layers_to_capture` and `eagle3_one_model`, which changes no token);
+the others (parallelism, memory fractions, KV dtype) only matter on a GPU. A relative path is taken relative to
+this directory (the installed repository holds absolute ones). config.pbtxt parameters
 `reference_dtype` (float32 | float64) and `tokens_per_block` (prefix-cache block size) are read too.
 
 Requests (see llmapi_io): one prompt each; `streaming` needs a decoupled model and sends one response per step
@@ -22,7 +25,7 @@ import time
 
 import torch
 import triton_python_backend_utils as pb_utils
-from hf_reference import Engine, EngineSettings, Sequence, load_model
+from hf_reference import Engine, EngineSettings, Sequence, load_eagle3, load_model
 from llmapi_io import (
     BadRequest,
     apply_triton_config,
@@ -83,11 +86,18 @@ class TritonPythonModel:
         model_dir = _path(str(llm["model"]))
         self.tokenizer = AutoTokenizer.from_pretrained(_path(str(llm.get("tokenizer") or model_dir)))
         spec = llm.get("speculative_config") or {}
-        if spec and spec.get("decoding_type") not in ("DraftTarget", "NGram"):
-            raise pb_utils.TritonModelException(f"speculative_config.decoding_type {spec.get('decoding_type')!r}: "
-                                                "the reference backend serves DraftTarget and NGram")
-        ngram = spec.get("decoding_type") == "NGram"
-        draft = load_model(_path(str(spec["speculative_model_dir"])), dtype) if spec and not ngram else None
+        mode = spec.get("decoding_type")
+        if spec and mode not in ("DraftTarget", "NGram", "Eagle"):
+            raise pb_utils.TritonModelException(f"speculative_config.decoding_type {mode!r}: the reference backend "
+                                                "serves DraftTarget, NGram and Eagle (EAGLE-3)")
+        ngram = mode == "NGram"
+        draft_dir = spec.get("speculative_model") or spec.get("speculative_model_dir")
+        draft = load_model(_path(str(draft_dir)), dtype) if mode == "DraftTarget" else None
+        target = load_model(model_dir, dtype)
+        try:
+            eagle = load_eagle3(spec, target, dtype, resolve=_path) if mode == "Eagle" else None
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
         kv = llm.get("kv_cache_config") or {}
         self.lock = threading.Lock()
         self.by_id = {}  # request id -> sequences
@@ -98,8 +108,7 @@ class TritonPythonModel:
             block_reuse=bool(kv.get("enable_block_reuse", True)),
             max_draft_len=int(spec.get("max_draft_len") or 0), max_concurrency=spec.get("max_concurrency"),
             max_matching_ngram_size=int(spec.get("max_matching_ngram_size") or 0) if ngram else 0)
-        self.engine = Engine(load_model(model_dir, dtype), self.tokenizer, settings, draft=draft,
-                             on_step=self._on_step)
+        self.engine = Engine(target, self.tokenizer, settings, draft=draft, eagle=eagle, on_step=self._on_step)
 
     def execute(self, requests):
         for request in requests:
