@@ -223,19 +223,6 @@ EAGLE3_PAIRS = [("tiny-llama", "tiny-llama-eagle3")] + (
     [("llama-8b", "llama-8b-eagle3")] if os.environ.get(LLAMA8B_ENV) == "1" else [])
 
 
-def _head_generator_missing(head: str) -> str | None:
-    from pipeline.core.registry import get_model
-    from pipeline.stages.download import tinymodel
-
-    if get_model(head).source != "generated":
-        return None
-    try:
-        tinymodel._check_generated(head)
-    except Exception as exc:  # DownloadError: no generator for it in this checkout
-        return f"needs the generator of {head} ({exc})"
-    return None
-
-
 def _generate(http_url: str, prompt: str, max_tokens: int) -> dict:
     import json
     import urllib.request
@@ -253,9 +240,6 @@ def test_eagle3_llmapi_repository_drafts_on_gpu(roots, monkeypatch, target, head
     calibrated) and carried into the llmapi repository, tensorrt_llm.LLM loading it through our model.yaml
     (`decoding_type: Eagle`), drafts proposed and accepted, greedy text non-empty; for the tiny pair the same text
     as the CPU reference backend's EAGLE-3 (speculation never changes greedy output)."""
-    missing = _head_generator_missing(head)
-    if missing:
-        pytest.skip(missing)
     if target == "llama-8b":
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     args = {"model": target, "precision": "fp8", "runtime": "pytorch", "speculative_decoding": "eagle3",
