@@ -435,7 +435,7 @@ def _print_model_yaml(spec: BuildSpec, repo: Path) -> None:
         data, note = llmapi_yaml.read(path), ""
     else:
         ckpt = runtime_of(spec).checkpoint.dirname
-        draft = (None if spec.draft_model is None else HEAD_DIR if spec.quantized_draft is None
+        draft = (None if spec.draft_model is None else str(path.parent / HEAD_DIR) if spec.quantized_draft is None
                  else str(engines_dir() / f"{PENDING}-draft" / ckpt))
         options = llm_api_options(spec, draft_dir=draft)
         data = model_yaml(spec, options, model=str(engines_dir() / PENDING / ckpt), draft=draft, tokenizer=None)
