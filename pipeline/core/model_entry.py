@@ -8,6 +8,7 @@ import re
 from typing import Annotated, Any, Literal, TypeGuard
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -240,11 +241,12 @@ class Eagle3Head(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: str
+    # `target` in the registry (named apart from the spec's Triton `target`)
+    target_model: str = Field(validation_alias=AliasChoices("target", "target_model"), serialization_alias="target")
     draft_vocab_size: int = Field(gt=0, le=MAX_VOCAB)
     capture_layers: list[Annotated[int, Field(ge=0, lt=MAX_LAYERS)]] | None = Field(None, min_length=1)
 
-    @field_validator("target")
+    @field_validator("target_model")
     @classmethod
     def _safe_target(cls, value: str) -> str:
         if not SAFE_NAME.match(value) or ".." in value:

@@ -60,8 +60,8 @@ def _load(user_file: str | None) -> dict[str, ModelEntry]:
         if entry.default_draft and entry.default_draft not in out:
             raise RegistryError(f"model '{entry.name}': default_draft '{entry.default_draft}' is not in the registry")
         head = entry.eagle3
-        if head is not None and (head.target not in out or out[head.target].is_eagle3_head):
-            raise RegistryError(f"model '{entry.name}': eagle3.target '{head.target}' is not a model in the registry")
+        if head is not None and (head.target_model not in out or out[head.target_model].is_eagle3_head):
+            raise RegistryError(f"model '{entry.name}': eagle3.target '{head.target_model}' is not a model in the registry")
     return out
 
 
@@ -91,9 +91,9 @@ def get_model(name: str, *, models_file: str | Path | None = None) -> ModelEntry
     return registry[name]
 
 
-def eagle3_heads(target: str, *, models_file: str | Path | None = None) -> list[ModelEntry]:
-    """The registry's EAGLE-3 heads trained for `target`, in registry order."""
-    return [e for e in load_registry(models_file).values() if e.eagle3 is not None and e.eagle3.target == target]
+def eagle3_heads(model: str, *, models_file: str | Path | None = None) -> list[ModelEntry]:
+    """The registry's EAGLE-3 heads trained for `model`, in registry order."""
+    return [e for e in load_registry(models_file).values() if e.eagle3 is not None and e.eagle3.target_model == model]
 
 
 _HUB_ENTRIES: dict[str, ModelEntry] = {}

@@ -350,7 +350,7 @@ def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
     sp, mode = spec.speculation, spec.speculation_mode
     if spec.model.is_eagle3_head:
         raise SpecError(f"model={spec.model.name} is an EAGLE-3 head, not a model to serve; pass --model "
-                        f"{spec.model.eagle3.target if spec.model.eagle3 else 'TARGET'} --draft {spec.model.name}")
+                        f"{spec.model.eagle3.target_model if spec.model.eagle3 else 'TARGET'} --draft {spec.model.name}")
     if sp.speculative_decoding == "draft-target" and spec.draft_model is None:
         raise SpecError("speculation.speculative_decoding=draft-target needs a draft model; pass --draft NAME "
                         "(or --draft auto)")
@@ -402,9 +402,9 @@ def _check_eagle3(spec: BuildSpec, warnings: list[str]) -> None:
     if head is None or head.eagle3 is None:
         given = "no --draft" if head is None else f"speculation.draft={head.name} is a model, not an EAGLE-3 head"
         raise SpecError(f"speculation.speculative_decoding=eagle3 with {given}; pass --draft with {heads_hint}")
-    if head.eagle3.target != target.name:
-        raise SpecError(f"speculation.draft={head.name} is the EAGLE-3 head of {head.eagle3.target}, trained on its "
-                        f"hidden states; it cannot draft for {target.name}: use --model {head.eagle3.target}, or "
+    if head.eagle3.target_model != target.name:
+        raise SpecError(f"speculation.draft={head.name} is the EAGLE-3 head of {head.eagle3.target_model}, trained on its "
+                        f"hidden states; it cannot draft for {target.name}: use --model {head.eagle3.target_model}, or "
                         f"{heads_hint}")
     if _tokens(head) != _tokens(target) or head.tokenizer_family != target.tokenizer_family:
         raise SpecError(f"speculation.draft={head.name}: its vocabulary ({head.tokenizer_family}, "

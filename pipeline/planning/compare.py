@@ -201,7 +201,7 @@ def mode_rows(spec: BuildSpec, *, input_len: int | None, output_len: int | None,
         if mode == DRAFT_TARGET and draft is None:
             skipped.append(f"{DRAFT_TARGET}: {spec.model.name} has no default draft model (pass --draft NAME)")
             continue
-        runtimes = (spec.runtime,) if spec.runtime == "pytorch" else (spec.runtime, "pytorch")
+        runtimes = (spec.runtime,) if runtime_of(spec).llmapi else (spec.runtime, "pytorch")
         why = ""
         for runtime in runtimes:
             refusal = _refusal(spec, mode, draft, runtime)

@@ -153,7 +153,7 @@ def registered_head(entry: ModelEntry) -> Eagle3HeadModel:
     """The model of a registry EAGLE-3 head entry."""
     if entry.eagle3 is None:
         raise SpecError(f"model '{entry.name}' is no EAGLE-3 head")
-    return Eagle3HeadModel(entry.name, entry.eagle3.target, entry.architecture, entry.eagle3.draft_vocab_size,
+    return Eagle3HeadModel(entry.name, entry.eagle3.target_model, entry.architecture, entry.eagle3.draft_vocab_size,
                            len(entry.eagle3.capture_layers or ()) or EAGLE3_DEFAULT_CAPTURE)
 
 

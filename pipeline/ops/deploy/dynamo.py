@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.errors import DeployError
 from pipeline.core.spec import BuildSpec
 from pipeline.ops.deploy import k8s
@@ -84,13 +85,14 @@ def release_for(version: str | None) -> DynamoRelease:
 
 def check_build(spec: BuildSpec) -> None:
     """Refuse a build Dynamo's TRT-LLM worker cannot serve from the ConfigMap's options."""
-    if spec.runtime != "pytorch" or spec.target != "trtllm":
+    if not runtime_of(spec).deploys_on("dynamo"):
         raise DeployError(f"--platform dynamo: Dynamo's TRT-LLM worker runs TensorRT-LLM's PyTorch backend only, and "
                           f"this build is --runtime {spec.runtime} --target {spec.target}; build it with --runtime "
                           "pytorch, or deploy the engines with --platform k8s")
     if spec.draft_model is not None:
-        raise DeployError("--platform dynamo: a draft-model build's draft checkpoint is only located on the node; "
-                          "deploy it with --platform k8s, or use --speculation ngram")
+        raise DeployError(f"--platform dynamo: the {spec.speculation_mode} build's {spec.draft_model.name} is not "
+                          "delivered to Dynamo's workers yet; deploy it with --platform k8s, or build with "
+                          "--speculative-decoding ngram")
 
 
 def publishes_kv_events(role: str, router: str) -> bool:

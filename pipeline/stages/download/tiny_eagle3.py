@@ -61,7 +61,7 @@ def head_target(name: str) -> str:
     entry = load_registry()[name]
     if entry.eagle3 is None:
         raise DownloadError(f"model '{name}' is not an EAGLE-3 head")
-    return entry.eagle3.target
+    return entry.eagle3.target_model
 
 
 def head_key_fields(name: str, target_key: str) -> dict[str, Any]:

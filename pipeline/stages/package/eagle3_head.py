@@ -44,8 +44,8 @@ def read_head(path: Path, spec: BuildSpec, *, verify: bool = False) -> dict[str,
         raise PackageError(f"the spec of {spec.model.name} has no EAGLE-3 head; pass --draft with one")
     path = Path(path)
     fix = f"re-fetch it (`invoke download --model {head.name} --verify`)"
-    if head.eagle3.target != spec.model.name:
-        raise PackageError(f"EAGLE-3 head {head.name} is trained for {head.eagle3.target}, not {spec.model.name}; "
+    if head.eagle3.target_model != spec.model.name:
+        raise PackageError(f"EAGLE-3 head {head.name} is trained for {head.eagle3.target_model}, not {spec.model.name}; "
                            f"pass --draft with a head of {spec.model.name}")
     m = _download_manifest(path, fix)
     problems = m.problems(path, full=verify)
