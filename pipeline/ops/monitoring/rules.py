@@ -130,9 +130,8 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
         basis, share = f"{LATENCY_MARGIN:g}x the plan's estimate", 0.0
     else:
         t = target.traffic
-        terms = {} if t.acceptance is None else {"acceptance": t.acceptance}
         plan = plan_capacity(spec, input_len=t.input_len, output_len=t.output_len, prefix_hit_ratio=t.prefix_share,
-                             **terms)
+                             acceptance=t.acceptance)
         queue_ms, ttft, tpot, basis, share = target.ttft_ms, target.ttft_ms, target.tpot_ms, "the SLO", t.prefix_share
         cost = target.estimate.cost_per_1m_output_tokens_usd if target.estimate else \
             plan.cost_per_1m_output_tokens_usd
