@@ -20,13 +20,12 @@ def replicas_of(spec: BuildSpec) -> int:
     return spec.serving_target.replicas if spec.serving_target is not None else 1
 
 
-def fleet_cache(spec: BuildSpec, *, kv_tokens: int, ceiling: int, input_len: int, output_len: int,
+def fleet_cache(spec: BuildSpec, *, replicas: int, kv_tokens: int, ceiling: int, input_len: int, output_len: int,
                 prefix_hit_ratio: float) -> FleetCache | None:
-    """Each replica's cache for idle prefixes: its KV pool less the unshared tokens of a full batch in flight; None
-    with one replica or nothing reused (block reuse off, or no prefix hit)."""
+    """Each of `replicas`' cache for idle prefixes: its KV pool (`kv_tokens`) less the unshared tokens of a full
+    batch (`ceiling`) in flight; None with one replica or nothing reused (block reuse off, or no prefix hit)."""
     block = spec.limits.tokens_per_block
     reused = int(prefix_hit_ratio * input_len) // block * block if spec.serving.enable_kv_cache_reuse else 0
-    replicas = replicas_of(spec)
     if replicas <= 1 or reused <= 0:
         return None
     own = math.ceil((input_len - reused + output_len) / block) * block
@@ -82,6 +81,5 @@ def fleet_prefix(spec: BuildSpec, gpu: GPU, cache: FleetCache, routing: Routing,
         est, _ = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
         hits[router], ttft[router] = round(hit, 4), round(est.ttft_ms, 1)
         cost[router] = cost_per_1m(gpus, price, est.output_tokens_per_s)
-    m = routing.shape.requests_per_prefix
-    return FleetPrefix(cache.replicas, routing.router, routing.shape.prefixes, None if math.isinf(m) else m,
+    return FleetPrefix(cache.replicas, routing.router, routing.shape.prefixes, routing.shape.requests_per_prefix,
                        routing.spill, hits, ttft, cost)

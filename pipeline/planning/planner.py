@@ -13,7 +13,7 @@ from pipeline.core.registry import Architecture
 from pipeline.core.table import format_table
 from pipeline.core.trtllm_rules import engine_max_num_tokens
 from pipeline.planning.fleet import Routing, fleet_hit_ratio
-from pipeline.planning.fleet_plan import FleetPrefix, fleet_cache, fleet_prefix
+from pipeline.planning.fleet_plan import FleetPrefix, fleet_cache, fleet_prefix, replicas_of
 from pipeline.planning.perf_model import (
     LINEAR_BYTES,
     EngineCost,
@@ -297,6 +297,11 @@ def kv_concurrency(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -
     return r["fits"], r["concurrent"]
 
 
+def kv_cache_tokens(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> int:
+    """The tokens the spec's target KV pool holds (per replica, at its TP)."""
+    return int(_capacity(spec, gpu, input_len, output_len, tp=spec.parallelism.tp)["tokens"])
+
+
 def moe_placement(spec: BuildSpec) -> dict[str, Any] | None:
     """Total vs active parameters and where the experts go, as TensorRT-LLM 1.2.1 maps them
     (tensorrt_llm/mapping.py: moe_tp_size x moe_ep_size = tp_size; layers/moe.py: each EP rank holds
@@ -484,7 +489,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     mode = spec.speculation_mode
     rate = acceptances(spec, acceptance)[mode] if mode is not None else None
     routing = routing or Routing()
-    cache = fleet_cache(spec, kv_tokens=r["tokens"], ceiling=ceiling, input_len=input_len, output_len=output_len,
+    cache = fleet_cache(spec, replicas=replicas_of(spec), kv_tokens=r["tokens"], ceiling=ceiling, input_len=input_len, output_len=output_len,
                         prefix_hit_ratio=prefix_hit_ratio)
     hit = fleet_hit_ratio(prefix_hit_ratio, cache, routing) if cache is not None else prefix_hit_ratio
     terms: dict[str, Any] = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=rate,

@@ -1,13 +1,11 @@
 """The fleet prefix-hit model (pipeline.planning.fleet) and the plan's fleet figures."""
 
-import math
-
 import pytest
 
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import PlannedTraffic, ServingTarget
 from pipeline.planning.fleet import (
-    DEFAULT_SPILL, FleetCache, PrefixShape, Routing, fleet_hit_ratio, replicas_reached, single_server_hit,
+    DEFAULT_SPILL, FleetCache, PrefixShape, Routing, fleet_hit_ratio, held, replicas_reached,
 )
 from pipeline.planning.planner import format_capacity_plan, plan_capacity
 from pipeline.stages.check import resolve_spec
@@ -22,7 +20,7 @@ def _anchor(in_flight_tokens: float = 0.0) -> tuple[float, dict[str, float]]:
     reused = PROMPT // BLOCK * BLOCK
     cache = FleetCache(2, BLOCKS * BLOCK - in_flight_tokens, reused)
     shape = PrefixShape(prefixes=PROMPTS)
-    h1 = single_server_hit(reused / PROMPT, cache, shape)
+    h1 = reused / PROMPT  # whole prompts repeat: every full block is reusable once cached
     return h1, {r: fleet_hit_ratio(h1, cache, Routing(r, shape)) for r in ("kv", "round-robin")}
 
 
@@ -31,7 +29,8 @@ def test_the_issues_measurement_direction_and_rough_size():
     0.35 against the measured 0.17 at concurrency 1. The model's round-robin is the worst case for its working set
     (352 blocks of prompts in 200-block caches): the measured run's ordered traffic kept more."""
     h1, fleet = _anchor()
-    assert fleet["round-robin"] == pytest.approx(h1)  # steady state: round-robin keeps one server's ratio
+    # steady state: each worker holds 200 of the 16 x 21 blocks round-robin asks it for
+    assert fleet["round-robin"] == pytest.approx(h1 * BLOCKS / (PROMPTS * (PROMPT // BLOCK)))
     assert fleet["kv"] >= 0.85 and fleet["kv"] == pytest.approx(MEASURED_C1["kv"], abs=0.06)
     gap, measured = fleet["kv"] - fleet["round-robin"], MEASURED_C1["kv"] - MEASURED_C1["round-robin"]
     assert measured <= gap <= 2.5 * measured
@@ -48,19 +47,21 @@ def test_cold_misses_multiply_with_round_robin_only():
     cache, shape = FleetCache(4, 1e9, 512), PrefixShape(prefixes=100, requests_per_prefix=5)
     rr = fleet_hit_ratio(0.6, cache, Routing("round-robin", shape))
     reached = replicas_reached(5, 4)
-    assert 1 < reached < 4 and rr == pytest.approx(0.6 * (1 - reached / 5) / (1 - 1 / 5))
+    assert 1 < reached < 4 and rr == pytest.approx(0.6 * (1 - reached / 5))
     kv = fleet_hit_ratio(0.6, cache, Routing("kv", shape, spill=0.0))
-    assert kv == pytest.approx(0.6)  # the cache holds everything and KV routing keeps one cold miss per prefix
-    assert fleet_hit_ratio(0.6, cache, Routing("kv", shape)) == pytest.approx((1 - DEFAULT_SPILL) * 0.6
+    assert kv == pytest.approx(0.6 * (1 - 1 / 5))  # the cache holds everything: one cold miss per prefix
+    assert fleet_hit_ratio(0.6, cache, Routing("kv", shape)) == pytest.approx((1 - DEFAULT_SPILL) * kv
                                                                                + DEFAULT_SPILL * rr)
 
 
-def test_one_replica_or_no_reuse_keeps_h1():
+def test_one_replica_is_one_server_and_one_lasting_prefix_keeps_h1():
     shape = PrefixShape(prefixes=50, requests_per_prefix=3)
+    one = {r: fleet_hit_ratio(0.42, FleetCache(1, 1000, 256), Routing(r, shape)) for r in ("kv", "round-robin")}
+    assert one["kv"] == one["round-robin"] == pytest.approx(0.42 * held(1000, 50 * 256) * (1 - 1 / 3))
     for router in ("kv", "round-robin"):
-        assert fleet_hit_ratio(0.42, FleetCache(1, 1000, 256), Routing(router, shape)) == 0.42
+        assert fleet_hit_ratio(0.42, FleetCache(8, 1000, 256), Routing(router)) == 0.42
         assert fleet_hit_ratio(0.0, FleetCache(8, 1000, 256), Routing(router, shape)) == 0.0
-    assert replicas_reached(math.inf, 3) == 3
+    assert replicas_reached(None, 3) == 3
 
 
 def test_bad_routing_is_refused():
@@ -95,3 +96,24 @@ def test_plan_with_replicas_uses_the_fleet_ratio_and_says_what_kv_saves():
     same = plan_capacity(_replicated(4), **terms)
     assert same.fleet["hit_ratio"] == {"round-robin": 0.75, "kv": 0.75}
     assert same.cost_per_1m_output_tokens_usd == one.cost_per_1m_output_tokens_usd
+
+
+def test_slo_search_sizes_the_fleet_at_its_hit_ratio():
+    from pipeline.cli.flags import spec_from_flags
+    from pipeline.planning import slo_search as ss
+    from pipeline.stages.check import resolve_checked_spec
+
+    spec = spec_from_flags({"model": "llama-70b", "gpu": "h100-sxm", "precision": "fp8", "tp": "4"})
+    shape = PrefixShape(prefixes=2000, requests_per_prefix=4)
+    picks = {}
+    for name, routing in (("one prefix", Routing()), ("round-robin", Routing("round-robin", shape)),
+                          ("kv", Routing("kv", shape))):
+        traffic = ss.Traffic(2048, 512, prefix_share=0.75, rate=50.0, routing=routing)
+        r = ss.search(spec, ss.Slo(ttft_ms=500, tpot_ms=40), traffic, check=resolve_checked_spec, speculation=False)
+        picks[name] = p = r.pick
+        assert p.replicas > 1 and p.replicas * p.tokens_per_s >= 50 * 512  # re-sized at the fleet's ratio
+        assert f"behind {routing.router} routing" in ss.format_search(r)
+    assert picks["one prefix"].prefix_hit_ratio == 0.75  # steady state, one prefix: one server's ratio
+    assert picks["round-robin"].prefix_hit_ratio < picks["kv"].prefix_hit_ratio < 0.75
+    assert picks["round-robin"].cost_per_1m_output_tokens_usd >= picks["kv"].cost_per_1m_output_tokens_usd \
+        >= picks["one prefix"].cost_per_1m_output_tokens_usd
