@@ -117,3 +117,23 @@ def test_slo_search_sizes_the_fleet_at_its_hit_ratio():
     assert picks["round-robin"].prefix_hit_ratio < picks["kv"].prefix_hit_ratio < 0.75
     assert picks["round-robin"].cost_per_1m_output_tokens_usd >= picks["kv"].cost_per_1m_output_tokens_usd \
         >= picks["one prefix"].cost_per_1m_output_tokens_usd
+
+
+def test_plan_command_prints_the_routing_line_and_json(capsys):
+    import json
+
+    from pipeline.cli.commands import plan_command
+
+    flags = dict(input_len="2048", output_len="256", prefix_hit="0.75", shared_prefixes="400", prefix_requests="8")
+    plan_command(_replicated(4), **flags)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("KV routing vs round-robin"))
+    assert "prefix hit over 4 replicas:" in line and "(400 shared prefixes); KV routing saves $" in line
+    plan_command(_replicated(4), router="kv", json_=True, **flags)
+    data = json.loads(capsys.readouterr().out)
+    assert data["fleet"]["router"] == "kv" and data["fleet"]["requests_per_prefix"] == 8
+    assert data["prefix_hit_ratio"] == 0.75  # one server's, as given; the estimate is at the fleet's
+    with pytest.raises(SpecError, match="--compare"):
+        plan_command(_replicated(4), compare=True, router="kv")
+    with pytest.raises(SpecError, match="plan.*router|round-robin"):
+        plan_command(_replicated(4), router="random")
