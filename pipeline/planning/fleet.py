@@ -72,7 +72,8 @@ class Routing:
             raise SpecError(f"router {self.router!r}: expected one of {', '.join(ROUTINGS)}")
         m = self.shape.requests_per_prefix
         if self.shape.prefixes < 1 or (m is not None and m < 1) or not 0.0 <= self.spill <= 1.0:
-            raise SpecError("fleet prefix model: prefixes and requests per prefix must be >= 1, spill within 0..1")
+            raise SpecError("fleet prefix model: --shared-prefixes and --prefix-requests must be >= 1 and the KV "
+                            "router's spill within 0..1; pass values in range")
 
 
 def held(cache_tokens: float, working_set: float) -> float:
