@@ -629,6 +629,13 @@ def _draft_cell(c: Candidate) -> str:
     return name + ("" if c.speculation_active else " (gated off)")
 
 
+def _shape_flags(t: Traffic) -> str:
+    """The plan flags that repeat the traffic's prefix shape (the spec does not record it)."""
+    shape = t.routing.shape
+    return (f" --shared-prefixes {shape.prefixes}" if shape.prefixes > 1 else "") + \
+        (f" --prefix-requests {shape.requests_per_prefix:g}" if shape.requests_per_prefix is not None else "")
+
+
 def format_search(r: SloSearch) -> str:
     """The pick, the Pareto front as a table, and one line per kind of loss (count and an example)."""
     t, slo = r.traffic, r.slo
@@ -646,7 +653,7 @@ def format_search(r: SloSearch) -> str:
                          f"{p.prefix_hit_ratio:.0%} of one server's {t.prefix_share:.0%} "
                          f"({t.routing.shape.prefixes} shared prefix{'es' if t.routing.shape.prefixes > 1 else ''}; "
                          f"`invoke plan --spec PICK --input-len {t.input_len} --output-len {t.output_len} "
-                         f"--prefix-hit {t.prefix_share:g}` compares round-robin with KV routing)")
+                         f"--prefix-hit {t.prefix_share:g}{_shape_flags(t)}` compares round-robin with KV routing)")
         lines += [r.quality_note] if r.quality_note else []
         lines += [r.speculation_note] if r.speculation_note else []
     head = ("", "precision", "KV", "tp", "pp", "batch", "speculation", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",

@@ -112,7 +112,9 @@ def test_slo_search_sizes_the_fleet_at_its_hit_ratio():
         r = ss.search(spec, ss.Slo(ttft_ms=500, tpot_ms=40), traffic, check=resolve_checked_spec, speculation=False)
         picks[name] = p = r.pick
         assert p.replicas > 1 and p.replicas * p.tokens_per_s >= 50 * 512  # re-sized at the fleet's ratio
-        assert f"behind {routing.router} routing" in ss.format_search(r)
+        text = ss.format_search(r)
+        assert f"behind {routing.router} routing" in text
+        assert ("--shared-prefixes 2000 --prefix-requests 4`" in text) == (routing.shape == shape)
     assert picks["one prefix"].prefix_hit_ratio == 0.75  # steady state, one prefix: one server's ratio
     assert picks["round-robin"].prefix_hit_ratio < picks["kv"].prefix_hit_ratio < 0.75
     assert picks["round-robin"].cost_per_1m_output_tokens_usd >= picks["kv"].cost_per_1m_output_tokens_usd \
