@@ -75,15 +75,29 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
     terms = dict(input_len=f["input_len"], output_len=f["output_len"],
                  acceptance=f["acceptance"],
                  prefix_hit_ratio=f["prefix_hit"] or 0.0)
+    routing = _routing(f)
     if f["compare"]:
         if f["estimator"]:
             raise SpecError("--estimator and --compare do not combine: run --estimator on one configuration")
+        if routing is not None:
+            raise SpecError("--router, --shared-prefixes and --prefix-requests size one fleet: drop them with "
+                            "--compare")
         from pipeline.planning.compare import compare_plans, format_comparison
 
         c = compare_plans(spec, **terms)
         print(json.dumps(c.as_dict(), indent=2) if f["json"] else format_comparison(c))
         return
-    _plan_one(spec, planner.plan_capacity(spec, **terms), estimator=bool(f["estimator"]), as_json=f["json"])
+    _plan_one(spec, planner.plan_capacity(spec, routing=routing, **terms), estimator=bool(f["estimator"]),
+              as_json=f["json"])
+
+
+def _routing(f: dict[str, Any]):
+    """`--router`, `--shared-prefixes`, `--prefix-requests` as the fleet model's routing (None: none given)."""
+    from pipeline.planning.fleet import PrefixShape, Routing
+
+    if f["router"] is None and f["shared_prefixes"] is None and f["prefix_requests"] is None:
+        return None
+    return Routing(f["router"] or "round-robin", PrefixShape(f["shared_prefixes"] or 1, f["prefix_requests"]))
 
 
 def _plan_one(spec: BuildSpec, result, *, estimator: bool, as_json: bool) -> None:
@@ -122,7 +136,7 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
                          output_len=f["output_len"], rate=f["rate"], acceptance=f["acceptance"],
                          prefix_share=f["prefix_hit"] if f["prefix_share"] is None else f["prefix_share"],
                          bench_report=f["bench_report"], precision_search=f["precision_search"],
-                         accept_foreign_bench_report=f["accept_foreign_bench_report"])
+                         accept_foreign_bench_report=f["accept_foreign_bench_report"], routing=_routing(f))
     if f["write_spec"]:
         check_pick_path(f["write_spec"])  # before the search
     result = slo_plan(spec, request)

@@ -192,6 +192,13 @@ OPTIONS: dict[str, Option] = {
     "acceptance": _share("acceptance rate per drafted token of the spec's speculation mode, 0..1 (default: the "
                          "mode's, 0.7 draft-target, 0.27 ngram; `bench` measures it)"),
     "prefix_hit": _share("prefix-cache hit ratio for the estimate, 0..1 (default 0)"),
+    "plan.router": Option("with the spec's serving_target replicas (or --slo's): the router in front of them, "
+                          "round-robin (default: k8s Services, Slurm) or kv (Dynamo's KV-aware router); the estimate "
+                          "takes the fleet's prefix-hit ratio under it", choices=("round-robin", "kv")),
+    "shared_prefixes": _count("distinct shared prefixes in the traffic, for the fleet's prefix-hit ratio (default 1, "
+                              "bench's shared-prefix workload)", 10_000_000),
+    "prefix_requests": _count("requests that reuse each shared prefix over its life, e.g. a chat session's turns "
+                              "(default: unbounded)", 10_000_000),
     "estimator": Option("also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own venv under the "
                         "pipeline cache on first use) and print both estimates side by side",
                         choices=("aiconfigurator",), refusal="{flag} {value!r}: the only second estimator is "
@@ -364,7 +371,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "check": ("skip_host_check",),
     "plan": ("input_len", "output_len", "json", "compare", "acceptance", "prefix_hit", "estimator", "slo", "ttft_ms",
              "tpot_ms", "prefix_share", "rate", "bench_report", "write_spec", "precision_search",
-             "accept_foreign_bench_report"),
+             "accept_foreign_bench_report", "router", "shared_prefixes", "prefix_requests"),
     "download": ("revision", "update", "offline", "verify", "endpoint"),
     "calibrate": ("force",),
     "compile": ("dry_run", "checkpoint_dir", "draft_checkpoint_dir", "force", "json"),

@@ -12,6 +12,7 @@ from pipeline.core.errors import IntegrityError, SpecError
 from pipeline.core.manifests import PrecisionSearch
 from pipeline.core.spec import BuildSpec
 from pipeline.planning import planner
+from pipeline.planning.fleet import Routing
 from pipeline.planning.speculation_modes import measured_mode
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class SloRequest:
     bench_report: str | None = None
     accept_foreign_bench_report: bool = False
     precision_search: str | None = None
+    routing: Routing | None = None  # the replicas' router and the prefixes' shape (None: round-robin, 1 prefix)
 
 
 def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
@@ -64,7 +66,7 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
                         f"its acceptance is not {given}'s; pass the report of a {given} build (`invoke bench "
                         "--json-file`), or drop --draft/--speculative-decoding to search every mode")
     traffic = slo_search.Traffic(*lengths, rate=r.rate, acceptance=acceptance, prefix_share=prefix_share,
-                                 measured_mode=mode)
+                                 measured_mode=mode, routing=r.routing or Routing())
     passing, source = passing_precisions(spec, r.precision_search)
     quality = quality_verdicts(spec.model.name) | dict.fromkeys(passing or (), True)
     result = slo_search.search(spec, goal, traffic, check=resolve_checked_spec, precisions=passing,

@@ -161,8 +161,9 @@ class SecondOpinion(BaseModel):
 
 
 def second_opinion(plan: CapacityPlan, *, tokens_per_block: int) -> SecondOpinion:
-    """Run AIConfigurator on the plan's case: its model, GPU, precision, TP, lengths, batch and prefix reuse."""
-    reused = int(plan.prefix_hit_ratio * plan.input_len) // tokens_per_block * tokens_per_block
+    """Run AIConfigurator on the plan's case: its model, GPU, precision, TP, lengths, batch and prefix reuse (the
+    fleet's with replicas, as the estimate)."""
+    reused = int(plan.estimate_hit_ratio * plan.input_len) // tokens_per_block * tokens_per_block
     case = case_for(model=plan.model, gpu=plan.gpu, precision=plan.precision, kv=plan.kv_cache, tp=plan.tp,
                     load=Workload(plan.input_len, plan.output_len, plan.decode_batch, prefix=reused))
     note = ""

@@ -12,6 +12,8 @@ from pipeline.core.gpus import GIB, GPU, GPUS, gpu_price
 from pipeline.core.registry import Architecture
 from pipeline.core.table import format_table
 from pipeline.core.trtllm_rules import engine_max_num_tokens
+from pipeline.planning.fleet import Routing, fleet_hit_ratio
+from pipeline.planning.fleet_plan import FleetPrefix, fleet_cache, fleet_prefix, replicas_of
 from pipeline.planning.perf_model import (
     LINEAR_BYTES,
     EngineCost,
@@ -248,10 +250,16 @@ class CapacityPlan:
     draft_len: int = 0  # K drafted tokens per step (0 without speculation)
     speculation_loads: list[dict[str, Any]] | None = None  # `LoadPoint`s: the mode vs none at low and high load
     eagle3_head: dict[str, Any] | None = None  # eagle3 only: `head_fields` (which head, its memory per GPU)
+    fleet: dict[str, Any] | None = None  # serving_target replicas > 1 with prefix reuse: `fleet_plan.FleetPrefix`
+
+    @property
+    def estimate_hit_ratio(self) -> float:
+        """The prefix-hit ratio the estimate is at: the fleet's under its router, else `prefix_hit_ratio`."""
+        return self.fleet["hit_ratio"][self.fleet["router"]] if self.fleet else self.prefix_hit_ratio
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("moe", "eagle3_head"):
+        for key in ("moe", "eagle3_head", "fleet"):
             if data[key] is None:
                 data.pop(key)  # the plan of a dense model without EAGLE-3 is what it was before them
         return data
@@ -287,6 +295,11 @@ def kv_concurrency(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -
     """Whether the spec fits at its TP, and how many requests of `input_len` + `output_len` its KV pool holds."""
     r = _capacity(spec, gpu, input_len, output_len, tp=spec.parallelism.tp)
     return r["fits"], r["concurrent"]
+
+
+def kv_cache_tokens(spec: BuildSpec, gpu: GPU, input_len: int, output_len: int) -> int:
+    """The tokens the spec's target KV pool holds (per replica, at its TP)."""
+    return int(_capacity(spec, gpu, input_len, output_len, tp=spec.parallelism.tp)["tokens"])
 
 
 def moe_placement(spec: BuildSpec) -> dict[str, Any] | None:
@@ -454,13 +467,16 @@ def speculation_loads(spec: BuildSpec, gpu: GPU, *, ceiling: int, price: float, 
 
 def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: int | None = None,
                   acceptance: float | None = None, prefix_hit_ratio: float = 0.0,
-                  tpot_target_ms: float | None = DEFAULT_TPOT_TARGET_MS) -> CapacityPlan:
+                  tpot_target_ms: float | None = DEFAULT_TPOT_TARGET_MS, routing: Routing | None = None
+                  ) -> CapacityPlan:
     """Plan memory fit, KV capacity, concurrency, throughput (estimate and roofline bound) and cost for a spec.
 
     The batch ceiling is the most concurrent requests the KV pool holds (at most max_batch_size); the estimate is
     at the operating point (`operating_point`: the cheapest batch within `tpot_target_ms`; None: the ceiling),
     continuous batching with speculation at `acceptance` per drafted token (None: the spec's mode's default,
-    `speculation_modes.MODES`) and prefix reuse at `prefix_hit_ratio`.
+    `speculation_modes.MODES`) and prefix reuse at `prefix_hit_ratio`: one server's; with the spec's
+    `serving_target` of N > 1 replicas, the fleet's under `routing` (default round-robin, bench's one shared prefix;
+    `pipeline.planning.fleet`), and the plan's `fleet` compares round-robin with KV routing.
     """
     if not 0.0 <= (acceptance or 0.0) <= 1.0 or not 0.0 <= prefix_hit_ratio <= 1.0:
         raise SpecError("plan: --acceptance and --prefix-hit must be within 0..1")
@@ -472,10 +488,17 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
     ceiling = min(spec.max_batch_size, r["concurrent"])
     mode = spec.speculation_mode
     rate = acceptances(spec, acceptance)[mode] if mode is not None else None
+    routing = routing or Routing()
+    cache = fleet_cache(spec, replicas=replicas_of(spec), kv_tokens=r["tokens"], ceiling=ceiling, input_len=input_len, output_len=output_len,
+                        prefix_hit_ratio=prefix_hit_ratio)
+    hit = fleet_hit_ratio(prefix_hit_ratio, cache, routing) if cache is not None else prefix_hit_ratio
     terms: dict[str, Any] = dict(tp=tp, input_len=input_len, output_len=output_len, acceptance=rate,
-                                 prefix_hit_ratio=prefix_hit_ratio)
+                                 prefix_hit_ratio=hit)
     batch, why = operating_point(spec, gpu, ceiling=ceiling, tpot_target_ms=tpot_target_ms, **terms)
     est, active = serving_estimate(spec, gpu, batch=batch, **terms)
+    fleet = None if cache is None else fleet_prefix(
+        spec, gpu, cache, routing, h1=prefix_hit_ratio, batch=batch,
+        **{k: v for k, v in terms.items() if k != "prefix_hit_ratio"}).as_dict()
     # with speculation the bound counts every expected token of a target step and the drafting as free
     bound = decode_bound(target, gpu, batch=batch, input_len=input_len, output_len=output_len)
     bound *= est.tokens_per_target_step
@@ -504,7 +527,7 @@ def plan_capacity(spec: BuildSpec, *, input_len: int | None = None, output_len: 
         per_node=[n.model_dump() for n in r["placement"].per_node] if "placement" in r else None,
         moe=moe_placement(spec), speculation_mode=mode, draft_len=spec.draft_len,
         speculation_loads=[asdict(x) for x in speculation_loads(spec, gpu, ceiling=ceiling, price=price, **terms)]
-        or None, eagle3_head=head_fields(eagle3_head(spec), target), **_draft_fields(spec, r),
+        or None, eagle3_head=head_fields(eagle3_head(spec), target), fleet=fleet, **_draft_fields(spec, r),
     )
 
 
@@ -563,7 +586,8 @@ def _usd(value: float | None) -> str:
 
 def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
     """The throughput and cost rows of the plan table."""
-    terms = [f"prefix hit {p.prefix_hit_ratio:.0%}"]
+    terms = [f"prefix hit {p.estimate_hit_ratio:.0%}" + (f" over {p.fleet['replicas']} replicas, {p.fleet['router']}"
+                                                          if p.fleet else "")]
     if p.acceptance_rate is not None:
         mode = "" if p.speculation_mode in (None, "draft-target") else f"{p.speculation_mode} "
         length = expected_tokens_per_step(p.acceptance_rate, p.draft_len)
@@ -578,8 +602,13 @@ def estimate_rows(p: CapacityPlan) -> list[tuple[str, str]]:
         (f"cost per 1M output tokens @ ${p.gpu_price_per_hour:.2f}/GPU-h",
          f"{_usd(p.cost_per_1m_output_tokens_usd)} (at the bound: {_usd(p.cost_per_1m_output_tokens_usd_at_bound)})"),
         *_load_rows(p),
+        *([("KV routing vs round-robin", FleetPrefix(**_fleet_fields(p.fleet)).line())] if p.fleet else []),
         ("GPU price source", p.gpu_price_source),
     ]
+
+
+def _fleet_fields(fleet: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fleet.items() if k not in ("kv_saves_usd_per_1m", "kv_saves_ttft_ms")}
 
 
 def _load_rows(p: CapacityPlan) -> list[tuple[str, str]]:

@@ -27,9 +27,11 @@ from pipeline.core.spec import (
 )
 from pipeline.core.table import format_table
 from pipeline.core.untrusted import parse_json, read_bytes
+from pipeline.planning.fleet import Routing, fleet_hit_ratio
+from pipeline.planning.fleet_plan import fleet_cache
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
-    TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_concurrency, serving_estimate,
+    TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_cache_tokens, kv_concurrency, serving_estimate,
 )
 from pipeline.planning.speculation_modes import MODES, acceptance_for_length
 
@@ -45,6 +47,7 @@ BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 19
 RUNTIMES = ("engine", "pytorch")
 BENCH_REPORT_MAX_BYTES = 16 << 20  # a bench report is a few KB
 LOSSES = ("refused", "does not fit", "misses TTFT", "misses TPOT", "quality unchecked", "costs more")
+MAX_FLEET_RESIZES = 4  # fewer fleet hits -> more replicas -> fewer hits: the count settles in one or two
 REFERENCE_PRECISIONS = ("bf16", "fp16")  # unquantized: what a quality gate compares against, checked by definition
 QUALITY_RANK: dict[str | None, int] = {"checked": 0, "unchecked": 1, "failed": 2}  # the pick prefers the first
 
@@ -65,6 +68,7 @@ class Traffic:
     rate: float | None = None  # requests per second
     acceptance: float | None = None  # per drafted token, of `measured_mode` (None: its default)
     measured_mode: str = DRAFT_TARGET  # the mode `acceptance` was measured in; the others take their defaults
+    routing: Routing = Routing()  # the replicas' router and the prefixes' shape (pipeline.planning.fleet)
 
     def acceptance_for(self, mode: str) -> float:
         """The acceptance rate per drafted token the search assumes for `mode`."""
@@ -118,6 +122,7 @@ class Candidate:
     cost_per_1m_output_tokens_usd: float
     quality: str | None = None  # checked | unchecked | failed (its quality gate); None: not judged
     mode: str | None = None  # the speculation mode (draft-target, eagle3, ngram) or None
+    prefix_hit_ratio: float = 0.0  # the estimate's: the traffic's share, the fleet's with replicas (`_fleet_hit`)
 
     def label(self) -> str:
         return self.structure().label(self.max_batch)
@@ -264,24 +269,44 @@ def _fitting_count(spec: BuildSpec, traffic: Traffic, batches: tuple[int, ...]) 
 
 
 def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, price: float) -> Candidate:
+    """One configuration at `batch`: its estimate, and with a rate the replicas it provisions, paid whether busy
+    or not; with more than one, the estimate is at the fleet's prefix-hit ratio under the traffic's routing (more
+    replicas for fewer hits: re-sized until the count holds)."""
     gpu = GPUS[spec.hardware.gpu]
-    est, active = serving_estimate(spec, gpu, tp=s.tp, batch=batch, input_len=traffic.input_len,
-                                   output_len=traffic.output_len,
-                                   acceptance=traffic.acceptance_for(s.mode) if s.mode else None,
-                                   prefix_hit_ratio=traffic.prefix_share)
+    terms: dict[str, Any] = dict(tp=s.tp, batch=batch, input_len=traffic.input_len, output_len=traffic.output_len,
+                                 acceptance=traffic.acceptance_for(s.mode) if s.mode else None)
+    hit = traffic.prefix_share
+    est, active = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
     gpus = s.tp * s.pp
     replicas = 1
     cost = cost_per_1m(gpus, price, est.output_tokens_per_s) or math.inf
     if traffic.rate:  # provisioned replicas, paid whether busy or not, over the tokens the traffic asks for
         demand = traffic.rate * traffic.output_len
         replicas = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
+        for _ in range(MAX_FLEET_RESIZES):
+            hit = _fleet_hit(spec, batch, traffic, replicas)
+            est, active = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
+            needed = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
+            if needed <= replicas:
+                break
+            replicas = needed
         cost = cost_per_1m(replicas * gpus, price, demand) or math.inf
     return Candidate(
         precision=s.precision, kv_cache=spec.quantization.kv, tp=s.tp, pp=s.pp, max_batch=batch, draft=s.draft,
         draft_len=s.draft_len, runtime=s.runtime, gpus=gpus, ttft_ms=round(est.ttft_ms, 1),
         tpot_ms=round(est.tpot_ms, 2), tokens_per_s=round(est.output_tokens_per_s, 1),
         tokens_per_s_per_gpu=round(est.output_tokens_per_s / gpus, 1), speculation_active=active,
-        replicas=replicas, cost_per_1m_output_tokens_usd=cost, mode=s.mode)
+        replicas=replicas, cost_per_1m_output_tokens_usd=cost, mode=s.mode, prefix_hit_ratio=round(hit, 4))
+
+
+def _fleet_hit(spec: BuildSpec, batch: int, traffic: Traffic, replicas: int) -> float:
+    """The prefix-hit ratio of `replicas` copies of `spec` at `batch` (the traffic's share with one)."""
+    if replicas <= 1 or traffic.prefix_share <= 0:
+        return traffic.prefix_share
+    tokens = kv_cache_tokens(spec, GPUS[spec.hardware.gpu], traffic.input_len, traffic.output_len)
+    cache = fleet_cache(spec, replicas=replicas, kv_tokens=tokens, ceiling=batch, input_len=traffic.input_len,
+                        output_len=traffic.output_len, prefix_hit_ratio=traffic.prefix_share)
+    return traffic.prefix_share if cache is None else fleet_hit_ratio(traffic.prefix_share, cache, traffic.routing)
 
 
 def _structures(spec: BuildSpec, space: _Space, losses: dict[str, Loss]) -> Iterator[tuple[Structure, BuildSpec]]:
@@ -604,6 +629,13 @@ def _draft_cell(c: Candidate) -> str:
     return name + ("" if c.speculation_active else " (gated off)")
 
 
+def _shape_flags(t: Traffic) -> str:
+    """The plan flags that repeat the traffic's prefix shape (the spec does not record it)."""
+    shape = t.routing.shape
+    return (f" --shared-prefixes {shape.prefixes}" if shape.prefixes > 1 else "") + \
+        (f" --prefix-requests {shape.requests_per_prefix:g}" if shape.requests_per_prefix is not None else "")
+
+
 def format_search(r: SloSearch) -> str:
     """The pick, the Pareto front as a table, and one line per kind of loss (count and an example)."""
     t, slo = r.traffic, r.slo
@@ -616,6 +648,12 @@ def format_search(r: SloSearch) -> str:
         lines.append(f"pick: {p.label()}: TTFT {p.ttft_ms:,.0f} ms, TPOT {p.tpot_ms:.1f} ms, "
                      f"{p.tokens_per_s_per_gpu:,.0f} tok/s per GPU, ${p.cost_per_1m_output_tokens_usd:.4f} per 1M "
                      f"output tokens ({p.replicas} x {p.gpus} GPU{'s' if p.gpus > 1 else ''})")
+        if p.replicas > 1 and t.prefix_share > 0:
+            lines.append(f"fleet: {p.replicas} replicas behind {t.routing.router} routing: prefix hit "
+                         f"{p.prefix_hit_ratio:.0%} of one server's {t.prefix_share:.0%} "
+                         f"({t.routing.shape.prefixes} shared prefix{'es' if t.routing.shape.prefixes > 1 else ''}; "
+                         f"`invoke plan --spec PICK --input-len {t.input_len} --output-len {t.output_len} "
+                         f"--prefix-hit {t.prefix_share:g}{_shape_flags(t)}` compares round-robin with KV routing)")
         lines += [r.quality_note] if r.quality_note else []
         lines += [r.speculation_note] if r.speculation_note else []
     head = ("", "precision", "KV", "tp", "pp", "batch", "speculation", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",

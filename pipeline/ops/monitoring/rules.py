@@ -52,7 +52,7 @@ from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.break_even import speculation_break_even
 from pipeline.planning.perf_model import HIT_RATIO_WARNING
-from pipeline.planning.planner import plan_capacity
+from pipeline.planning.planner import CapacityPlan, plan_capacity
 
 Source = Literal["triton", "trtllm-serve"]
 TARGET_MODEL = "tensorrt_llm"
@@ -100,6 +100,7 @@ class WatchPlan:
     gpu_selector: str = ""  # DCGM exporter labels of the deployment's GPUs (empty: every GPU it reports)
     window: str = "15m"
     alert_for: str = "15m"
+    hit_ratio_basis: str = ""  # with replicas: the fleet expectation the hit-ratio floor is ("" for one server)
 
     @property
     def selector(self) -> str:
@@ -116,9 +117,10 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
     planner's speculation break-even; with the spec's `serving_target`, the latency limits are its SLO, the queue
     limit its TTFT, the cost plan its estimate (else the planner's at the traffic's lengths); without one, the
     planner's estimates at the default request lengths (1024 + 256), latency x LATENCY_MARGIN. The hit-ratio alert
-    only where shared prefixes are expected: the traffic's prefix share (its floor) when > 0, else with
-    `prefix_alert` (bench's warning level). trtllm-serve exports no token or draft counters: no cost or
-    speculation watch, and neither does the LLM API (`acceptance_watch`)."""
+    only where shared prefixes are expected: the traffic's prefix share (its floor) when > 0, with replicas the
+    fleet's expectation at it (`hit_ratio_floor`), else with `prefix_alert` (bench's warning level). trtllm-serve
+    exports no token or draft counters: no cost or speculation watch, and neither does the LLM API
+    (`acceptance_watch`)."""
     target = spec.serving_target
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour)
     even = speculation_break_even(spec)
@@ -130,13 +132,12 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
         basis, share = f"{LATENCY_MARGIN:g}x the plan's estimate", 0.0
     else:
         t = target.traffic
-        terms = {} if t.acceptance is None else {"acceptance": t.acceptance}
         plan = plan_capacity(spec, input_len=t.input_len, output_len=t.output_len, prefix_hit_ratio=t.prefix_share,
-                             **terms)
+                             acceptance=t.acceptance)
         queue_ms, ttft, tpot, basis, share = target.ttft_ms, target.ttft_ms, target.tpot_ms, "the SLO", t.prefix_share
         cost = target.estimate.cost_per_1m_output_tokens_usd if target.estimate else \
             plan.cost_per_1m_output_tokens_usd
-    hit_min = share if share > 0 else (HIT_RATIO_WARNING if prefix_alert else None)
+    hit_min, hit_basis = hit_ratio_floor(plan, share, prefix_alert=prefix_alert)
     return WatchPlan(deployment=deployment, gpus=gpus, gpu_price_per_hour=price.usd_per_hour,
                      gpu_price_source=price.source, hit_ratio_min=hit_min, queue_ms_max=max(1.0, round(queue_ms, 1)),
                      ttft_ms_max=max(1.0, round(ttft, 1)), tpot_ms_max=max(0.1, round(tpot, 2)),
@@ -145,7 +146,21 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
                      speculation_note=f"{unwatched}; the planner's break-even is {even.acceptance:.0%} per drafted "
                      f"token at batch {even.batch}" if even is not None and not watched else "",
                      cost_per_1m_plan=cost if source == "triton" else None, source=source,
-                     gpu_selector=gpu_selector, window=window, alert_for=alert_for)
+                     gpu_selector=gpu_selector, window=window, alert_for=alert_for, hit_ratio_basis=hit_basis)
+
+
+def hit_ratio_floor(plan: CapacityPlan, share: float, *, prefix_alert: bool) -> tuple[float | None, str]:
+    """The hit-ratio alert's floor and where it comes from: the traffic's prefix share for one server; with the
+    serving_target's replicas, the fleet's expectation at that share (the plan's `fleet`: round-robin unless the
+    plan was given a router; the recorded ratio sums every replica's tokens, so it is the fleet's); bench's warning
+    level with `prefix_alert` and no declared share; None: no alert."""
+    if share <= 0:
+        return (HIT_RATIO_WARNING if prefix_alert else None), ""
+    if plan.fleet is None:
+        return share, ""
+    floor = round(plan.estimate_hit_ratio, 4)
+    return floor, (f"the fleet's expected ratio over {plan.fleet['replicas']} replicas behind {plan.fleet['router']} "
+                   f"routing, from one server's {share:.0%} (pipeline.planning.fleet)")
 
 
 def acceptance_watch(spec: BuildSpec, source: Source) -> tuple[bool, str]:
@@ -260,7 +275,8 @@ def _alert_rules(w: WatchPlan) -> list[dict[str, Any]]:
             "PrefixCacheHitRatioLow", f"{HIT_RATIO}{{{s}}} < {w.hit_ratio_min:g}", w,
             f"{w.deployment}: prefix-cache hit ratio below {w.hit_ratio_min:.0%} over {r}",
             "Few prompt tokens come from the prefix cache although the traffic shares prefixes: the prompt "
-            "template probably varies before its shared part (put the shared text first)."))
+            "template probably varies before its shared part (put the shared text first)."
+            + (f" The floor is {w.hit_ratio_basis}." if w.hit_ratio_basis else "")))
     if w.acceptance_min is not None:
         alerts.append(_alert(
             "SpeculationBelowBreakEven", f"{ACCEPTANCE}{{{s}}} < {w.acceptance_min:g}", w,

@@ -1,0 +1,44 @@
+"""The prefix-cache hit-ratio alert of a fleet: its floor is the fleet's expectation (pipeline.planning.fleet)."""
+
+from pipeline.core.spec import PlannedTraffic, ServingTarget
+from pipeline.ops.monitoring.rules import hit_ratio_floor, rule_groups, watch_plan
+from pipeline.planning.perf_model import HIT_RATIO_WARNING
+from pipeline.planning.fleet import PrefixShape, Routing
+from pipeline.planning.planner import plan_capacity
+from pipeline.stages.check import resolve_spec
+
+
+def _spec(replicas: int, share: float = 0.7):
+    spec = resolve_spec(model="llama-70b", precision="fp8", tp=4)
+    return spec.model_copy(update={"serving_target": ServingTarget(
+        replicas=replicas, ttft_ms=400.0, tpot_ms=30.0,
+        traffic=PlannedTraffic(input_len=2048, output_len=128, prefix_share=share))})
+
+
+def _alert(w):
+    return next(r for g in rule_groups(w) for r in g["rules"] if r.get("alert") == "PrefixCacheHitRatioLow")
+
+
+def test_one_replica_keeps_the_share_and_the_text():
+    w = watch_plan(_spec(1), deployment="x", gpus=4)
+    assert (w.hit_ratio_min, w.hit_ratio_basis) == (0.7, "")
+    alert = _alert(w)
+    assert alert["expr"].endswith("< 0.7") and "fleet" not in alert["annotations"]["description"]
+
+
+def test_replicas_take_the_fleet_expectation():
+    spec = _spec(4)
+    terms = dict(input_len=2048, output_len=128, prefix_hit_ratio=0.7)
+    many = plan_capacity(spec, routing=Routing("round-robin", PrefixShape(prefixes=500, requests_per_prefix=6)),
+                         **terms)
+    floor, basis = hit_ratio_floor(many, 0.7, prefix_alert=False)
+    assert floor == round(many.fleet["hit_ratio"]["round-robin"], 4) and floor < 0.7
+    assert "4 replicas behind round-robin" in basis
+    kv = plan_capacity(spec, routing=Routing("kv", PrefixShape(prefixes=500, requests_per_prefix=6)), **terms)
+    assert floor < hit_ratio_floor(kv, 0.7, prefix_alert=False)[0] <= 0.7
+    # the spec's traffic (bench's one shared prefix): round-robin keeps one server's ratio; the alert says why
+    w = watch_plan(spec, deployment="x", gpus=16)
+    assert w.hit_ratio_min == 0.7 and "fleet's expected ratio over 4 replicas" in _alert(w)["annotations"][
+        "description"]
+    assert hit_ratio_floor(many, 0.0, prefix_alert=True)[0] == HIT_RATIO_WARNING and hit_ratio_floor(many, 0.0,
+                                                                                       prefix_alert=False)[0] is None
