@@ -8,10 +8,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.planning.fleet import ROUTINGS, FleetCache, Routing, fleet_hit_ratio
+from pipeline.planning.fleet import FleetCache
 
 if TYPE_CHECKING:
-    from pipeline.core.gpus import GPU
     from pipeline.core.spec import BuildSpec
 
 
@@ -64,22 +63,3 @@ class FleetPrefix:
         return (f"prefix hit over {self.replicas} replicas: {h['round-robin']:.0%} round-robin vs {h['kv']:.0%} KV "
                 f"routing ({self.shared_prefixes} shared prefix{'es' if self.shared_prefixes > 1 else ''}); KV "
                 f"routing saves {saving} and {ttft:g} ms TTFT")
-
-
-def fleet_prefix(spec: BuildSpec, gpu: GPU, cache: FleetCache, routing: Routing, *, h1: float,
-                 **terms: Any) -> FleetPrefix:
-    """Both routings' fleet ratio, TTFT and $ per 1M at `terms` (serving_estimate's tp, batch, lengths and
-    acceptance)."""
-    from pipeline.core.gpus import gpu_price
-    from pipeline.planning.planner import cost_per_1m, serving_estimate
-
-    price = gpu_price(gpu.name, spec.hardware.gpu_price_per_hour).usd_per_hour
-    gpus = spec.parallelism.tp * spec.parallelism.pp
-    hits, ttft, cost = {}, {}, {}
-    for router in ROUTINGS:
-        hit = fleet_hit_ratio(h1, cache, Routing(router, routing.shape, routing.spill))
-        est, _ = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
-        hits[router], ttft[router] = round(hit, 4), round(est.ttft_ms, 1)
-        cost[router] = cost_per_1m(gpus, price, est.output_tokens_per_s)
-    return FleetPrefix(cache.replicas, routing.router, routing.shape.prefixes, routing.shape.requests_per_prefix,
-                       routing.spill, hits, ttft, cost)

@@ -12,8 +12,8 @@ from pipeline.core.gpus import GIB, GPU, GPUS, gpu_price
 from pipeline.core.registry import Architecture
 from pipeline.core.table import format_table
 from pipeline.core.trtllm_rules import engine_max_num_tokens
-from pipeline.planning.fleet import Routing, fleet_hit_ratio
-from pipeline.planning.fleet_plan import FleetPrefix, fleet_cache, fleet_prefix, replicas_of
+from pipeline.planning.fleet import ROUTINGS, FleetCache, Routing, fleet_hit_ratio
+from pipeline.planning.fleet_plan import FleetPrefix, fleet_cache, replicas_of
 from pipeline.planning.perf_model import (
     LINEAR_BYTES,
     EngineCost,
@@ -622,3 +622,21 @@ def _load_rows(p: CapacityPlan) -> list[tuple[str, str]]:
                      f"without speculation {x['output_tokens_per_s_without']:,.0f} tok/s, "
                      f"{_usd(x['cost_per_1m_output_tokens_usd_without'])} (x{gain:.2f})"))
     return rows
+
+
+def fleet_prefix(spec: BuildSpec, gpu: GPU, cache: FleetCache, routing: Routing, *, h1: float,
+                 **terms: Any) -> FleetPrefix:
+    """Both routings' fleet ratio, TTFT and $ per 1M at `terms` (serving_estimate's tp, batch, lengths and
+    acceptance)."""
+    from pipeline.core.gpus import gpu_price
+
+    price = gpu_price(gpu.name, spec.hardware.gpu_price_per_hour).usd_per_hour
+    gpus = spec.parallelism.tp * spec.parallelism.pp
+    hits, ttft, cost = {}, {}, {}
+    for router in ROUTINGS:
+        hit = fleet_hit_ratio(h1, cache, Routing(router, routing.shape, routing.spill))
+        est, _ = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
+        hits[router], ttft[router] = round(hit, 4), round(est.ttft_ms, 1)
+        cost[router] = cost_per_1m(gpus, price, est.output_tokens_per_s)
+    return FleetPrefix(cache.replicas, routing.router, routing.shape.prefixes, routing.shape.requests_per_prefix,
+                       routing.spill, hits, ttft, cost)

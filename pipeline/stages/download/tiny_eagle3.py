@@ -191,7 +191,7 @@ def _greedy_data(target, tokenizer, settings: HeadSettings, layers: list[int]):
     by the target: (tokens [N, T], features [N, T, n*H], the target's greedy next token [N, T])."""
     import torch
 
-    from pipeline.stages.download.tinymodel import _as_chat, corpus_split
+    from pipeline.stages.download.tiny_corpus import as_chat, corpus_split
 
     calib, _ = corpus_split()
     texts = iter(calib)
@@ -200,7 +200,7 @@ def _greedy_data(target, tokenizer, settings: HeadSettings, layers: list[int]):
     for p in progress(settings["prompt_tokens"], desc="generate eagle3 head: target data", unit="group"):
         prompts: list[list[int]] = []
         while len(prompts) < per_group:
-            ids = tokenizer(_as_chat(next(texts)))["input_ids"]
+            ids = tokenizer(as_chat(next(texts)))["input_ids"]
             if len(ids) >= p:
                 prompts.append(ids[:p])
         groups.append(_continue(target, torch.tensor(prompts, dtype=torch.long), settings["length"]))
@@ -340,7 +340,7 @@ def generate_head(name: str, out_dir: Path, target_dir: Path, *, steps: int | No
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.stages.download.tinymodel import GENERATOR_VERSION
+    from pipeline.stages.download.tiny_corpus import GENERATOR_VERSION
 
     entry = load_registry()[name]
     assert entry.eagle3 is not None

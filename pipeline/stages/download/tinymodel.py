@@ -11,11 +11,9 @@ while generating goes to `cache_dir()/logs/generate-<name>-<GENERATOR_VERSION>.l
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -24,14 +22,19 @@ from pipeline.core.errors import DownloadError
 from pipeline.core.manifests import GeneratedManifest
 from pipeline.core.registry import load_registry
 from pipeline.core.stage_log import progress, stage_log
+from pipeline.stages.download.tiny_corpus import (  # noqa: F401  (corpus_path, corpus_split: this module's API)
+    GENERATOR_VERSION,
+    as_chat,
+    corpus_path,
+    corpus_sha,
+    corpus_split,
+)
 
-GENERATOR_VERSION = "1"
 GENERATED_MODELS = ("tiny-llama", "tiny-llama-draft")  # the pair every test session trains
 # one tiny model per further family, generated on demand (same tokenizer and training recipe)
 GENERATED_FAMILY_MODELS = ("tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3")
 # EAGLE-3 heads trained on a generated target (pipeline.stages.download.tiny_eagle3), generated on demand
 GENERATED_HEADS = ("tiny-llama-eagle3",)
-HELDOUT_EVERY = 10  # every 10th corpus paragraph is held out for evaluation
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -57,40 +60,6 @@ class TrainSettings(TypedDict):
 # Training recipe (part of the cache key). Steps are fixed, not timed, so the result is deterministic.
 TRAIN: TrainSettings = {"seed": 1234, "steps": 120, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup": 20,
                         "weight_decay": 0.01, "init_std": 0.02}
-
-
-def corpus_path() -> Path:
-    """The bundled, license-clean text corpus (paragraphs separated by blank lines)."""
-    return Path(__file__).parents[2] / "data" / "corpus.txt"
-
-
-@lru_cache(maxsize=1)
-def _paragraphs() -> tuple[str, ...]:
-    text = corpus_path().read_text(encoding="utf-8")
-    return tuple(dict.fromkeys(p.strip() for p in text.split("\n\n") if p.strip()))  # unique, in order
-
-
-def corpus_split() -> tuple[list[str], list[str]]:
-    """Deterministic, disjoint (calibration/training texts, held-out evaluation texts) from the bundled corpus."""
-    paras = _paragraphs()
-    calib = [p for i, p in enumerate(paras) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
-    heldout = [p for i, p in enumerate(paras) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
-    return calib, heldout
-
-
-def _corpus_sha() -> str:
-    return hashlib.sha256(corpus_path().read_bytes()).hexdigest()
-
-
-def _as_chat(paragraph: str) -> str:
-    """Render corpus dialogues ("User: .. Assistant: ..") in the chat-template format so chat prompts work."""
-    if not paragraph.startswith("User: "):
-        return paragraph
-    out = paragraph
-    for role in ("User", "Assistant"):
-        out = out.replace(f"{role}: ", f"<|end|><|{role.lower()}|>")
-    out = out.replace(" <|end|>", "<|end|>")
-    return out.removeprefix("<|end|>") + "<|end|>"
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -176,7 +145,7 @@ def _token_stream(tokenizer, texts: list[str]):
 
     ids: list[int] = []
     for t in texts:
-        ids.extend(tokenizer(_as_chat(t))["input_ids"])  # BOS is added by the post-processor
+        ids.extend(tokenizer(as_chat(t))["input_ids"])  # BOS is added by the post-processor
         ids.append(tokenizer.eos_token_id)
     return torch.tensor(ids, dtype=torch.long)
 
@@ -236,7 +205,7 @@ def generation_key(name: str, *, steps: int | None = None) -> str:
 
     arch = load_registry()[name].architecture
     recipe = dict(TRAIN, steps=TRAIN["steps"] if steps is None else steps)
-    fields = {"generator": GENERATOR_VERSION, "name": name, "recipe": recipe, "corpus": _corpus_sha(),
+    fields = {"generator": GENERATOR_VERSION, "name": name, "recipe": recipe, "corpus": corpus_sha(),
               "architecture": arch.model_dump(), "transformers_format": "4.57"}
     if name in GENERATED_HEADS:  # `steps` is the head's; its target is always the full one
         from pipeline.stages.download import tiny_eagle3
