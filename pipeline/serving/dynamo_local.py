@@ -129,9 +129,10 @@ class LocalGraph:
         """Until the frontend lists the model and has registered every worker (its router metrics count them)."""
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
-            dead = [p.args[2] for p in self.procs if p.poll() is not None]
+            dead = [p.pid for p in self.procs if p.poll() is not None]
             if dead:
-                raise HostError(f"Dynamo process {dead[0]} exited at start-up; see the logs in {self.run_dir}")
+                raise HostError(f"a Dynamo process (PID {dead[0]}) exited at start-up; see the logs in "
+                                f"{self.run_dir}")
             if self._registered() >= workers:
                 return
             time.sleep(0.2)
