@@ -2,9 +2,10 @@
 `dynamo.mocker` workers as local processes (`pipeline.serving.dynamo_local`), driven by the project's own bench
 through the OpenAI route: KV routing keeps each shared prefix on one worker, round-robin splits it.
 
-The workload: 3 system prompts of 1024 tokens (32 KV blocks) shared by 26 requests in turn, each with a short own
-suffix; 200 KV blocks per worker, so nothing is evicted. At concurrency 1, KV routing misses each prefix once
-(3 cold requests), round-robin once per prefix and worker (6). Needs Dynamo's venv (`scripts/setup.sh` installs
+The workload: 3 system prompts of 1024 tokens (32 KV blocks) shared by 30 requests in turn, each with a short own
+suffix, on 4 workers of 200 KV blocks, so nothing is evicted. At concurrency 1, KV routing misses each prefix once
+(3 cold requests), round-robin once per prefix and worker (12); at concurrency 8 the router also weighs load (5
+misses measured, every time). Needs Dynamo's venv (`scripts/setup.sh` installs
 .venv-dynamo; `PIPELINE_DYNAMO_PYTHON` names another); skips only where that install is impossible (its runtime wheel
 is for Linux x86-64).
 """
@@ -29,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(not SUPPORTED, reason="NVIDIA Dynamo 1.6.1's runtime wheel is for Linux x86-64 only: its "
                                              "install is impossible here"),
 ]
-GROUPS, REQUESTS, PREFIX_TOKENS, VOCAB = 3, 26, 1024, 2048
+GROUPS, WORKERS, REQUESTS, PREFIX_TOKENS, VOCAB, KV_BLOCKS = 3, 4, 30, 1024, 2048, 200
 
 
 def _word_model(out: Path) -> Path:
@@ -81,11 +82,11 @@ def fleet(tmp_path_factory):
     return tmp, _word_model(tmp / "model"), _dataset(tmp / "prompts.jsonl")
 
 
-def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = 2) -> bench.BenchReport:
+def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = WORKERS) -> bench.BenchReport:
     tmp, model, data = fleet
     dgd = _graph(tmp, mode, router, replicas)
     run = tmp / f"run-{mode}-{router}-{concurrency}"
-    with LocalGraph(dgd, model, run) as graph:
+    with LocalGraph(dgd, model, run, kv_blocks=KV_BLOCKS) as graph:
         report = bench.run_bench(
             bench.ServerUrls(graph.url, f"{graph.url}/metrics"),
             bench.WorkloadOptions(concurrency=(concurrency,), requests_per_level=REQUESTS, max_tokens=8,
@@ -100,7 +101,7 @@ def test_frontend_and_workers_come_from_the_rendered_graph(fleet):
     tmp, model, _ = fleet
     from pipeline.serving.dynamo_local import frontend_argv, mocker_argv
 
-    comps = {c["name"]: c for c in _graph(tmp, "agg", "kv", 2)["spec"]["components"]}
+    comps = {c["name"]: c for c in _graph(tmp, "agg", "kv", WORKERS)["spec"]["components"]}
     front = frontend_argv(comps["Frontend"], 18000)
     assert front[:2] == ["-m", "dynamo.frontend"] and front[front.index("--router-mode") + 1] == "kv"
     assert "--router-kv-events" in front and front[front.index("--http-port") + 1] == "18000"
@@ -123,7 +124,7 @@ def test_kv_routing_keeps_shared_prefixes_that_round_robin_splits(fleet):
     ratio = {k: r.levels[0].prefix_cache_hit_ratio for k, r in hit.items()}
     assert ratio[("kv", 1)] >= 0.85
     assert ratio[("kv", 1)] >= ratio[("round-robin", 1)] + 0.10
-    assert ratio[("kv", 8)] >= ratio[("round-robin", 8)]
+    assert ratio[("kv", 8)] >= ratio[("round-robin", 8)] + 0.10
     assert time.monotonic() - t0 < 60
 
 
