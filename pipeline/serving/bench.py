@@ -45,6 +45,7 @@ from pipeline.serving import openai_route
 from pipeline.serving.dataset import DatasetRequest, load_dataset
 from pipeline.serving.foreground import built_repo
 from pipeline.serving.llmapi import client as llmapi
+from pipeline.serving.sample import RequestSample
 from pipeline.serving.serve import TritonServer
 from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
 from pipeline.serving.token_count import (PROMPT_CHUNK_CHARS, count_output_tokens, load_tokenizer, prompt_tokens,
@@ -71,30 +72,6 @@ QUESTIONS = (
 
 # ---------------------------------------------------------------------------------------------------------------
 # Statistics (pure).
-
-
-@dataclass
-class RequestSample:
-    ok: bool
-    latency_s: float = 0.0
-    ttft_s: float | None = None
-    output_tokens: int = 0
-    reused_blocks: int | None = None
-    total_blocks: int | None = None
-    accepted_draft_tokens: int | None = None
-    draft_tokens: int | None = None
-    error: str | None = None
-    token_source: str | None = None  # a key of pipeline.serving.token_count.SOURCES
-    speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
-    ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
-    arm: str = "server"  # the level's speculation arm: "server" | "off"
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Time per output token after the first (decode speed seen by one request)."""
-        if self.ttft_s is None or self.output_tokens < 2:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 def percentile(values: Iterable[float | None], q: float) -> float | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import BenchError
+from pipeline.serving.sample import RequestSample
 from pipeline.serving.token_count import count_output_tokens
 
 COMPLETIONS = "/v1/completions"
@@ -184,10 +185,8 @@ class OpenAIClient:
         if doc.get("usage"):
             reply.usage = doc["usage"]
 
-    def request(self, prompt: str, max_tokens: int, rid: str) -> Any:
-        """One bench request as a `pipeline.serving.bench.RequestSample`."""
-        from pipeline.serving.bench import RequestSample
-
+    def request(self, prompt: str, max_tokens: int, rid: str) -> RequestSample:
+        """One bench request, measured."""
         t0 = time.perf_counter()
         reply = self.post(prompt, max_tokens)
         sample = RequestSample(ok=reply.error is None, latency_s=time.perf_counter() - t0, error=reply.error)
