@@ -151,18 +151,29 @@ class LocalGraph:
         return sum(1 for p in instances.glob("*") if "generate" in p.name) if instances.is_dir() else 0
 
     def stop(self) -> None:
-        """SIGTERM each process group by PID, then SIGKILL what is left after 10 s."""
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+        """SIGTERM each process group by PID, then SIGKILL what is left of it after 10 s."""
+        for pid in self.alive():
+            os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for p in self.procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                pass
+        for pid in self.alive():  # the leader or a child of its ignored SIGTERM
+            os.killpg(pid, signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
 
     def alive(self) -> list[int]:
-        """PIDs of the graph's processes still running."""
-        return [p.pid for p in self.procs if p.poll() is None]
+        """PIDs of the graph's processes whose process group still has a member (a child of theirs included)."""
+        out = []
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            out.append(p.pid)
+        return out

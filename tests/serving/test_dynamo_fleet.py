@@ -87,13 +87,18 @@ def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = W
     dgd = _graph(tmp, mode, router, replicas)
     run = tmp / f"run-{mode}-{router}-{concurrency}"
     with LocalGraph(dgd, model, run, kv_blocks=KV_BLOCKS) as graph:
+        before = bench.scrape_metrics(f"{graph.url}/metrics")
         report = bench.run_bench(
             bench.ServerUrls(graph.url, f"{graph.url}/metrics"),
             bench.WorkloadOptions(concurrency=(concurrency,), requests_per_level=REQUESTS, max_tokens=8,
                                   dataset=str(data)),
             sweep=bench.SweepOptions(warmup=False, level_budget_s=60.0, request_timeout_s=30.0),
             tokenizer_dir=str(model))
+        after = bench.scrape_metrics(f"{graph.url}/metrics")
     assert graph.procs and graph.alive() == [], "a Dynamo process outlived its graph"
+    assert before is not None and after is not None
+    from_metrics = bench.metrics_hit_ratio(bench.dynamo_token_counters(before), bench.dynamo_token_counters(after))
+    assert from_metrics == pytest.approx(report.prefix_cache_hit_ratio, abs=0.01)  # the frontend's own counters
     return report
 
 
