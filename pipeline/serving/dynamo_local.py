@@ -98,7 +98,7 @@ class LocalGraph:
         if exe is None:
             raise HostError(f"no Dynamo install: run scripts/setup.sh (it installs .venv-dynamo) or set {PYTHON_ENV}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **LOCAL_ENV, "HOME": str(self.run_dir / "home"),
+        env = {**os.environ, **LOCAL_ENV, "HF_HUB_OFFLINE": "1", "HOME": str(self.run_dir / "home"),
                "DYN_FILE_KV": str(self.run_dir / "discovery"), "TMPDIR": str(self.run_dir)}
         self.port = free_port()
         workers = 0
