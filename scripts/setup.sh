@@ -29,9 +29,9 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
 elif [ ! -f .venv-dynamo/installed-$DYNAMO ]; then
   rm -rf .venv-dynamo
   .venv/bin/python -m venv .venv-dynamo
-  .venv-dynamo/bin/python -m pip install -q "ai-dynamo-runtime==$DYNAMO"
+  .venv-dynamo/bin/python -m pip install -q -c scripts/dynamo-constraints.txt "ai-dynamo-runtime==$DYNAMO"
   .venv-dynamo/bin/python -m pip install -q --no-deps "ai-dynamo==$DYNAMO"
-  .venv-dynamo/bin/python -m pip install -q -r scripts/dynamo-requirements.txt
+  .venv-dynamo/bin/python -m pip install -q -c scripts/dynamo-constraints.txt -r scripts/dynamo-requirements.txt
   touch .venv-dynamo/installed-$DYNAMO
   echo "setup: .venv-dynamo ready (NVIDIA Dynamo $DYNAMO)"
 fi
