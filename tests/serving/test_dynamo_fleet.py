@@ -82,7 +82,9 @@ def fleet(tmp_path_factory):
     return tmp, _word_model(tmp / "model"), _dataset(tmp / "prompts.jsonl")
 
 
-def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = WORKERS) -> bench.BenchReport:
+def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = WORKERS
+           ) -> tuple[bench.BenchReport, dict]:
+    """The bench report of one level through the graph's frontend, and the frontend's metrics after it."""
     tmp, model, data = fleet
     dgd = _graph(tmp, mode, router, replicas)
     run = tmp / f"run-{mode}-{router}-{concurrency}"
@@ -99,7 +101,7 @@ def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = W
     assert before is not None and after is not None
     from_metrics = bench.metrics_hit_ratio(bench.dynamo_token_counters(before), bench.dynamo_token_counters(after))
     assert from_metrics == pytest.approx(report.prefix_cache_hit_ratio, abs=0.01)  # the frontend's own counters
-    return report
+    return report, after
 
 
 def test_frontend_and_workers_come_from_the_rendered_graph(fleet):
@@ -119,7 +121,7 @@ def test_frontend_and_workers_come_from_the_rendered_graph(fleet):
 
 def test_kv_routing_keeps_shared_prefixes_that_round_robin_splits(fleet):
     t0 = time.monotonic()
-    hit = {(router, c): _bench(fleet, "agg", router, c) for router in ("kv", "round-robin") for c in (1, 8)}
+    hit = {(router, c): _bench(fleet, "agg", router, c)[0] for router in ("kv", "round-robin") for c in (1, 8)}
     for (router, c), report in hit.items():
         lv = report.levels[0]
         assert lv.errors == 0 and lv.requests == REQUESTS, (router, c, report.notes)
@@ -134,6 +136,8 @@ def test_kv_routing_keeps_shared_prefixes_that_round_robin_splits(fleet):
 
 
 def test_disaggregated_prefill_decode_pair_completes_every_request(fleet):
-    report = _bench(fleet, "disagg", "kv", 4, replicas=1)
+    report, metrics = _bench(fleet, "disagg", "kv", 4, replicas=1)
     assert report.levels[0].requests == REQUESTS and report.failed == 0
     assert report.levels[0].output_tokens == 8 * REQUESTS
+    routed = {dict(labels).get("phase"): v for (name, labels), v in metrics.items() if name == bench.DYNAMO_PROMPT}
+    assert routed.get("prefill", 0) > 0  # the prompts went to the prefill worker, then to the decode worker
