@@ -21,3 +21,17 @@ fi
 .venv/bin/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
 .venv/bin/python -m pip install -q -c constraints-cpu.txt -e '.[dev]'
 echo "setup: .venv ready ($(.venv/bin/python --version))"
+# NVIDIA Dynamo 1.6.1 in its own venv, for the fleet test (tests/serving/test_dynamo_fleet.py): its Rust core ships
+# for x86-64 Linux only; `pip install ai-dynamo` fails (see scripts/dynamo-requirements.txt), so it goes in 3 steps
+DYNAMO=1.6.1
+if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
+  echo "setup: skipping Dynamo $DYNAMO (its runtime wheel is for Linux x86-64 only; the fleet test skips)"
+elif [ ! -f .venv-dynamo/installed-$DYNAMO ]; then
+  rm -rf .venv-dynamo
+  .venv/bin/python -m venv .venv-dynamo
+  .venv-dynamo/bin/python -m pip install -q -c scripts/dynamo-constraints.txt "ai-dynamo-runtime==$DYNAMO"
+  .venv-dynamo/bin/python -m pip install -q --no-deps "ai-dynamo==$DYNAMO"
+  .venv-dynamo/bin/python -m pip install -q -c scripts/dynamo-constraints.txt -r scripts/dynamo-requirements.txt
+  touch .venv-dynamo/installed-$DYNAMO
+  echo "setup: .venv-dynamo ready (NVIDIA Dynamo $DYNAMO)"
+fi

@@ -265,9 +265,11 @@ OPTIONS: dict[str, Option] = {
     "prompt": Option("prompt text"),
     "num_draft_tokens": _count("draft tokens per step for the BLS route (default: the repo's K)", MAX_DRAFT_LEN),
     # bench
-    "url": Option("gRPC address of a running server (127.0.0.1:PORT); default: start tritonserver on the build's "
+    "url": Option("gRPC address of a running Triton server (127.0.0.1:PORT), or an OpenAI-compatible server's "
+                  "(http://127.0.0.1:PORT: Dynamo's frontend, trtllm-serve); default: start tritonserver on the build's "
                   "repo"),
-    "metrics_url": Option("Triton metrics URL (http://127.0.0.1:PORT/metrics) for the prefix-cache hit ratio"),
+    "metrics_url": Option("metrics URL (http://127.0.0.1:PORT/metrics: Triton's, Dynamo's frontend's) for the "
+                          "prefix-cache hit ratio"),
     "bench.repo": Option("model repository to serve (default: the build's Triton repo)"),
     "model_name": Option("model to call (default: tensorrt_llm_bls when served, else ensemble)"),
     "concurrency": Option("concurrency levels, repeatable or comma-separated (default 1,2,4)", list),

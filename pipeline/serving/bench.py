@@ -1,4 +1,5 @@
-"""Benchmark a running Triton repo: concurrency sweep, TTFT, time per output token, tok/s, p50/p99, $ per 1M tokens.
+"""Benchmark a running Triton repo (or any OpenAI-compatible server: `openai_route`): concurrency sweep, TTFT, time
+per output token, tok/s, p50/p99, $ per 1M tokens.
 
 Requests go over gRPC streams (one per concurrent client) to the ensemble — or to the BLS model for draft-target
 speculation, or to the LLM-API `tensorrt_llm` model of a runtime-pytorch repository — streaming when the route is
@@ -40,9 +41,11 @@ from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.core.table import format_table
 from pipeline.planning.perf_model import HIT_RATIO_WARNING
+from pipeline.serving import openai_route
 from pipeline.serving.dataset import DatasetRequest, load_dataset
 from pipeline.serving.foreground import built_repo
 from pipeline.serving.llmapi import client as llmapi
+from pipeline.serving.sample import RequestSample
 from pipeline.serving.serve import TritonServer
 from pipeline.serving.token_count import SOURCES as TOKEN_SOURCES
 from pipeline.serving.token_count import (PROMPT_CHUNK_CHARS, count_output_tokens, load_tokenizer, prompt_tokens,
@@ -69,30 +72,6 @@ QUESTIONS = (
 
 # ---------------------------------------------------------------------------------------------------------------
 # Statistics (pure).
-
-
-@dataclass
-class RequestSample:
-    ok: bool
-    latency_s: float = 0.0
-    ttft_s: float | None = None
-    output_tokens: int = 0
-    reused_blocks: int | None = None
-    total_blocks: int | None = None
-    accepted_draft_tokens: int | None = None
-    draft_tokens: int | None = None
-    error: str | None = None
-    token_source: str | None = None  # a key of pipeline.serving.token_count.SOURCES
-    speculated: bool | None = None  # total_draft_tokens > 0 (None: the route reports no draft tokens)
-    ttft_source: str | None = None  # "stream" (client-observed) | "server" (the server's token timestamps)
-    arm: str = "server"  # the level's speculation arm: "server" | "off"
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Time per output token after the first (decode speed seen by one request)."""
-        if self.ttft_s is None or self.output_tokens < 2:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 def percentile(values: Iterable[float | None], q: float) -> float | None:
@@ -265,6 +244,21 @@ def kv_block_counters(metrics: dict[tuple[str, frozenset], float], model: str = 
         if kind:
             out[kind] = out.get(kind, 0.0) + value
     return out
+
+
+DYNAMO_CACHED = "dynamo_frontend_cached_tokens_sum"  # prompt tokens found cached on the worker each request went to
+DYNAMO_PROMPT = "dynamo_component_router_input_sequence_tokens_sum"  # prompt tokens routed, per worker and phase
+
+
+def dynamo_token_counters(metrics: dict[tuple[str, frozenset], float]) -> dict[str, float]:
+    """Dynamo's frontend counters as reused/missed prompt tokens, over the whole fleet (a prefill/decode pair counts
+    its prompt once, at the prefill); {} when the endpoint exports neither."""
+    cached = [v for (name, _), v in metrics.items() if name == DYNAMO_CACHED]
+    routed = [v for (name, labels), v in metrics.items()
+              if name == DYNAMO_PROMPT and dict(labels).get("phase") != "decode"]
+    if not cached or not routed:
+        return {}
+    return {"reused": sum(cached), "missed": sum(routed) - sum(cached)}
 
 
 def metrics_hit_ratio(before: dict[str, float], after: dict[str, float]) -> float | None:
@@ -628,6 +622,28 @@ class _Route:
     timeout_s: float
     tokenizer: Any = None
 
+    def worker(self, mode: str) -> _Worker:
+        """A client for one of a level's concurrent streams; `mode` "off" asks for no draft tokens (the LLM-API model
+        takes no per-request draft length: its "off" arm is the plain build's server)."""
+        return _Worker(self, 0 if mode == "off" and not self.info.llmapi else None)
+
+
+class _Client(Protocol):
+    """One of a level's concurrent clients (`_Worker`, `pipeline.serving.openai_route.OpenAIClient`)."""
+
+    def request(self, prompt: str, max_tokens: int, rid: str) -> RequestSample: ...
+
+    def close(self) -> None: ...
+
+
+class _AnyRoute(Protocol):
+    """How a level's clients reach the server (`_Route`: Triton gRPC; `openai_route.OpenAIRoute`: OpenAI HTTP)."""
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    def worker(self, mode: str) -> _Client: ...
+
 
 class _Worker:
     """One gRPC client with its own stream; sends requests one after another."""
@@ -755,20 +771,19 @@ def server_ttft_s(stamps: dict[str, int]) -> float | None:
     return (first - start) / 1e9 if first and start and first >= start else None
 
 
-def _level(route: _Route, plan: LevelPlan, budget_s: float) -> tuple[list[RequestSample], float]:
+def _level(route: _AnyRoute, plan: LevelPlan, budget_s: float) -> tuple[list[RequestSample], float]:
     """Send the plan's requests with at most `plan.concurrency` in flight: min(concurrency, requests) clients, one
     thread each; request i asks for `plan.max_tokens[i]` tokens and, with `plan.arrivals`, is sent no earlier than
     `arrivals[i]` seconds after the level starts (later when every client is busy); (samples, wall seconds)."""
     texts, max_tokens, arrivals, concurrency = plan.texts, plan.max_tokens, plan.arrivals, plan.concurrency
     n_requests = len(texts)
-    draft_tokens = 0 if plan.mode == "off" and not route.info.llmapi else None  # llmapi: the plain build's server
-    workers = [_Worker(route, draft_tokens) for _ in range(clients_for(concurrency, n_requests))]
+    workers = [route.worker(plan.mode) for _ in range(clients_for(concurrency, n_requests))]
     samples: list[RequestSample] = []
     lock = threading.Lock()
     next_idx = [0]
     start = time.perf_counter()
 
-    def run(w: _Worker, wid: int) -> None:
+    def run(w: _Client, wid: int) -> None:
         while True:
             with lock:
                 i = next_idx[0]
@@ -820,7 +835,8 @@ def tokenizer_dir_of(repo: str | Path) -> str | None:
 
 @dataclass(frozen=True)
 class ServerUrls:
-    """The running server a bench calls, on 127.0.0.1: its gRPC address (the requests), its metrics endpoint
+    """The running server a bench calls, on 127.0.0.1: its gRPC address (the requests; an `http://` address is an
+    OpenAI-compatible server's, `openai_route`), its metrics endpoint
     (prefix-cache counters, optional) and its HTTP address (for a second opinion, optional)."""
 
     grpc: str
@@ -935,24 +951,25 @@ def run_bench(
     check_local(server.grpc)
     tokenizer = load_tokenizer(tokenizer_dir)
     levels = planned or plan_workload(workload, tokenizer=tokenizer)
-    info = _served_model(server.grpc, sweep.model)
-    stream = _stream_mode(info, sweep.stream, workload.speculation, plain_server=plain_server is not None)
+    if openai_route.is_openai_url(server.grpc):
+        _check_openai(workload, plain_server, second_opinion)
+        oa = openai_route.OpenAIRoute.connect(server.grpc, sweep.model, stream=sweep.stream is not False,
+                                              timeout_s=sweep.request_timeout_s, tokenizer=tokenizer)
+        routes: dict[str, _AnyRoute] = {"server": oa, "off": oa}
+        name, stream, exact = oa.model, oa.stream, False
+    else:
+        routes, name, stream, exact = _triton_routes(server, plain_server, sweep, workload.speculation, tokenizer)
+    route = routes["server"]
     w = workload
-    report = BenchReport(server.grpc, info.name, stream, w.max_tokens, w.requests_per_level, pricing.gpus,
+    report = BenchReport(server.grpc, name, stream, w.max_tokens, w.requests_per_level, pricing.gpus,
                          pricing.usd_per_gpu_hour, gpu_price_source=pricing.source,
                          shared_prefix_tokens=w.shared_prefix_tokens,
                          shared_prefix_share=w.shared_prefix_share if w.shared_prefix_tokens else 0.0,
                          request_rate=w.request_rate, dataset=str(w.dataset) if w.dataset is not None else None,
-                         min_tokens=info.exact_lengths, seed=w.seed)
+                         min_tokens=exact, seed=w.seed)
     tokenizer_path = str(tokenizer_dir) if tokenizer_dir is not None else None
     if second_opinion is not None:
         second_opinion.check(report, http_url=server.http, tokenizer_dir=tokenizer_path)
-    route = _Route(server.grpc, info, stream, sweep.request_timeout_s, tokenizer)
-    routes = {"server": route, "off": route}
-    if plain_server is not None:  # the LLM-API arms: the speculative build's server and the plain build's
-        check_local(plain_server.grpc)
-        plain = _served_model(plain_server.grpc, info.name)
-        routes["off"] = _Route(plain_server.grpc, plain, stream, sweep.request_timeout_s, tokenizer)
     if sweep.warmup:
         for mode in dict.fromkeys(lv.mode for lv in levels if routes[lv.mode] is not route or lv.mode == "server"):
             _level(routes[mode], LevelPlan(1, "server", [WARMUP_PROMPT], [min(4, w.max_tokens)]), sweep.level_budget_s)
@@ -966,6 +983,32 @@ def run_bench(
     if second_opinion is not None:
         _second_opinion(second_opinion, report, levels, server.http, tokenizer_path, sweep.level_budget_s)
     return report
+
+
+def _triton_routes(server: ServerUrls, plain_server: ServerUrls | None, sweep: SweepOptions, speculation: str,
+                   tokenizer: Any) -> tuple[dict[str, _AnyRoute], str, bool, bool]:
+    """The routes of each arm to a Triton server (the "off" arm to `plain_server` where given), the model's name,
+    whether it streams and whether its requests get exact lengths (min_tokens)."""
+    info = _served_model(server.grpc, sweep.model)
+    stream = _stream_mode(info, sweep.stream, speculation, plain_server=plain_server is not None)
+    route = _Route(server.grpc, info, stream, sweep.request_timeout_s, tokenizer)
+    routes: dict[str, _AnyRoute] = {"server": route, "off": route}
+    if plain_server is not None:  # the LLM-API arms: the speculative build's server and the plain build's
+        check_local(plain_server.grpc)
+        plain = _served_model(plain_server.grpc, info.name)
+        routes["off"] = _Route(plain_server.grpc, plain, stream, sweep.request_timeout_s, tokenizer)
+    return routes, info.name, stream, info.exact_lengths
+
+
+def _check_openai(workload: WorkloadOptions, plain_server: ServerUrls | None,
+                  second_opinion: SecondOpinion | None) -> None:
+    """BenchError for what the OpenAI route cannot do: a per-request draft length, a second opinion."""
+    if workload.speculation != "server" or plain_server is not None:
+        raise BenchError(f"--speculation {workload.speculation}: an OpenAI endpoint takes no per-request draft "
+                         "length; drop --speculation (or bench Triton's gRPC port)")
+    if second_opinion is not None:
+        raise BenchError("--second-opinion aiperf drives Triton's generate endpoint, not an OpenAI --url; drop "
+                         "--second-opinion")
 
 
 def _second_opinion(other: SecondOpinion, report: BenchReport, levels: list[LevelPlan], http_url: str | None,
@@ -1183,7 +1226,7 @@ def _stream_mode(info: _ModelInfo, stream: bool | None, speculation: str, *, pla
     return stream
 
 
-def _sweep(report: BenchReport, routes: dict[str, _Route], workload: list[LevelPlan], level_budget_s: float
+def _sweep(report: BenchReport, routes: dict[str, _AnyRoute], workload: list[LevelPlan], level_budget_s: float
            ) -> list[RequestSample]:
     """Every planned level in order, each on its arm's route; appends each level's stats to `report`."""
     samples: list[RequestSample] = []
@@ -1222,7 +1265,8 @@ def _prefix_cache_ratio(report: BenchReport, ok: list[RequestSample], before: di
     if per_request is not None:
         report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(per_request), "per-request outputs"
     elif after is not None:
-        hit = metrics_hit_ratio(kv_block_counters(before or {}), kv_block_counters(after))
+        counters = [kv_block_counters(m) or dynamo_token_counters(m) for m in (before or {}, after)]
+        hit = metrics_hit_ratio(*counters)
         if hit is not None:
             report.prefix_cache_hit_ratio, report.prefix_cache_source = _round(hit), "metrics endpoint"
         else:
