@@ -367,13 +367,8 @@ def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
     if spec.draft_model is not None:
         raise SpecError(f"speculation.draft={spec.draft_model.name} with speculative_decoding=ngram: n-gram drafts "
                         "come from the request's own tokens, no model; drop --draft or use draft-target")
-    if not runtime_of(spec).llmapi:
-        raise SpecError("speculation.speculative_decoding=ngram runs on TensorRT-LLM's PyTorch backend only (1.2.1 "
-                        "llm_args.py NGramDecodingConfig.supports_backend: backend == 'pytorch'); pass --runtime "
-                        "pytorch, or --draft NAME for draft-target engines")
-    if spec.limits.max_beam_width != 1:
-        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: n-gram speculation rewinds rejected "
-                        "drafts out of the KV cache, which beam search does not allow; use 1")
+    _check_pytorch_mode(spec, "ngram", "n-gram speculation", "1.2.1 llm_args.py NGramDecodingConfig.supports_backend: backend == "
+                        "'pytorch'", "--draft NAME for draft-target engines")
     k = spec.draft_len
     if k < 1:
         raise SpecError(f"speculation.draft_len={k}: must be >= 1 (upstream's n-gram examples use 3-5)")
@@ -386,6 +381,18 @@ def _check_speculation_mode(spec: BuildSpec, warnings: list[str]) -> None:
             f"AUTO mode turns it off at batch 32); it runs up to batch {sp.max_batch_for_speculation} "
             "(max_concurrency), plain decoding above"
         )
+
+
+def _check_pytorch_mode(spec: BuildSpec, mode: str, label: str, source: str, engine_fix: str) -> None:
+    """`mode` (`label` in words) runs on TensorRT-LLM's PyTorch backend only (`source` says why); its rejected
+    drafts are rewound out of the KV cache, which the C++ KV cache manager refuses under beam search
+    (kvCacheManager.cpp: "Remove token is not supported with beam search")."""
+    if not runtime_of(spec).llmapi:
+        raise SpecError(f"speculation.speculative_decoding={mode} runs on TensorRT-LLM's PyTorch backend only "
+                        f"({source}); pass --runtime pytorch, or {engine_fix}")
+    if spec.limits.max_beam_width != 1:
+        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: {label} rewinds rejected drafts out "
+                        "of the KV cache, which beam search does not allow; use 1")
 
 
 def _check_eagle3(spec: BuildSpec, warnings: list[str]) -> None:
@@ -410,16 +417,12 @@ def _check_eagle3(spec: BuildSpec, warnings: list[str]) -> None:
         raise SpecError(f"speculation.draft={head.name}: its vocabulary ({head.tokenizer_family}, "
                         f"{_tokens(head)}) is not {target.name}'s ({target.tokenizer_family}, {_tokens(target)}); "
                         "fix the head's registry entry")
-    if not runtime_of(spec).llmapi:
-        raise SpecError("speculation.speculative_decoding=eagle3 runs on TensorRT-LLM's PyTorch backend only (1.2.1's "
-                        "engine path builds EAGLE-1/2: examples/eagle/README.md, trtllm-build --speculative_decoding_"
-                        "mode eagle); pass --runtime pytorch, or --speculative-decoding draft-target for engines")
+    _check_pytorch_mode(spec, "eagle3", "EAGLE-3", "1.2.1's engine path builds EAGLE-1/2: examples/eagle/README.md, "
+                        "trtllm-build --speculative_decoding_mode eagle", "--speculative-decoding draft-target for "
+                        "engines")
     if spec.parallelism.pp != 1:
         raise SpecError(f"parallelism.pp={spec.parallelism.pp} with eagle3: TensorRT-LLM 1.2.1 runs EAGLE-3 without "
                         "pipeline parallelism (docs/source/features/feature-combination-matrix.md); use --tp")
-    if spec.limits.max_beam_width != 1:
-        raise SpecError(f"limits.max_beam_width={spec.limits.max_beam_width}: EAGLE-3 rewinds rejected drafts out "
-                        "of the KV cache, which beam search does not allow; use 1")
     if sp.draft_precision is not None:
         raise SpecError(f"speculation.draft_precision={sp.draft_precision}: an EAGLE-3 head is served in its own "
                         "dtype (TensorRT-LLM 1.2.1 loads its weight quantization from the head's checkpoint, the "
