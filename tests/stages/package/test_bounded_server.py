@@ -4,6 +4,7 @@ and the server stays ready and keeps answering; a killed stub makes the server r
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -211,5 +212,8 @@ def test_a_killed_stub_makes_the_server_not_ready(served):
         time.sleep(0.2)
     assert srv.dead_stubs() == ["tensorrt_llm_0_0"]
     assert not srv.is_ready()
-    status, body = _generate(srv, "ensemble", text_input=PROMPT, max_tokens=4)
+    try:
+        status, body = _generate(srv, "ensemble", text_input=PROMPT, max_tokens=4)
+    except http.client.RemoteDisconnected:  # on a loaded host tritonserver may drop the request with no reply
+        return  # not served either, which is what the readiness above has to warn of
     assert status != 200 and "not healthy" in body.get("error", ""), body  # what tritonserver alone would serve
