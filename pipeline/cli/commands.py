@@ -87,16 +87,18 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
         c = compare_plans(spec, **terms)
         print(json.dumps(c.as_dict(), indent=2) if f["json"] else format_comparison(c))
         return
-    _plan_one(spec, planner.plan_capacity(spec, routing=routing, **terms), estimator=bool(f["estimator"]),
-              as_json=f["json"])
+    _plan_one(spec, planner.plan_capacity(spec, routing=routing or _routing(f, spec), **terms),
+              estimator=bool(f["estimator"]), as_json=f["json"])
 
 
-def _routing(f: dict[str, Any]):
-    """`--router`, `--shared-prefixes`, `--prefix-requests` as the fleet model's routing (None: none given)."""
-    from pipeline.planning.fleet import PrefixShape, Routing
+def _routing(f: dict[str, Any], spec: BuildSpec | None = None):
+    """`--router`, `--shared-prefixes`, `--prefix-requests` as the fleet model's routing, else the prefix shape the
+    spec's serving_target recorded (None: neither)."""
+    from pipeline.planning.fleet import PrefixShape, Routing, traffic_routing
 
     if f["router"] is None and f["shared_prefixes"] is None and f["prefix_requests"] is None:
-        return None
+        target = spec.serving_target if spec is not None else None
+        return traffic_routing(target.traffic) if target is not None else None
     return Routing(f["router"] or "round-robin", PrefixShape(f["shared_prefixes"] or 1, f["prefix_requests"]))
 
 

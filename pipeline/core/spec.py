@@ -282,6 +282,18 @@ class PlannedTraffic(BaseModel):
     acceptance: float | None = Field(None, ge=0, le=1, description="draft acceptance rate (default: the planner's)")
     rate: float | None = Field(None, gt=0, le=MAX_RATE,
                                description="requests per second to serve (default: one replica, fully loaded)")
+    shared_prefixes: int = Field(1, ge=1, le=MAX_REQUEST_TOKENS,
+                                 description="distinct shared prefixes the prefix share is spread over (fleet hits)")
+    requests_per_prefix: float | None = Field(None, gt=0, le=1e12,
+                                              description="requests that reuse each shared prefix (default: unbounded)")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("shared_prefixes") == 1 and data.get("requests_per_prefix") is None:
+            data.pop("shared_prefixes", None)  # bench's one shared prefix: written (and read back) as before
+            data.pop("requests_per_prefix", None)
+        return data
 
 
 class PlannedEstimate(BaseModel):

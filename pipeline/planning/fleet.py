@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.core.errors import SpecError
 
@@ -104,3 +105,8 @@ def fleet_hit_ratio(h1: float, cache: FleetCache, routing: Routing) -> float:
         return spread
     pooled = h1 * held(n * cache.cache_tokens, working_set) * _warm(m, 1.0)
     return (1.0 - routing.spill) * pooled + routing.spill * spread
+
+
+def traffic_routing(traffic: Any, router: str = "round-robin") -> Routing:
+    """`router` over the prefix shape a spec's planned traffic recorded (`serving_target.traffic`)."""
+    return Routing(router, PrefixShape(traffic.shared_prefixes, traffic.requests_per_prefix))

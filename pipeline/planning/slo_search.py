@@ -529,7 +529,9 @@ def serving_target(r: SloSearch) -> ServingTarget:
     return ServingTarget(
         replicas=p.replicas, ttft_ms=r.slo.ttft_ms, tpot_ms=r.slo.tpot_ms,
         traffic=PlannedTraffic(input_len=t.input_len, output_len=t.output_len, prefix_share=t.prefix_share,
-                               acceptance=t.acceptance_for(p.mode or t.measured_mode), rate=t.rate),
+                               acceptance=t.acceptance_for(p.mode or t.measured_mode), rate=t.rate,
+                               shared_prefixes=t.routing.shape.prefixes,
+                               requests_per_prefix=t.routing.shape.requests_per_prefix),
         estimate=PlannedEstimate(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s=p.tokens_per_s,
                                  cost_per_1m_output_tokens_usd=round(p.cost_per_1m_output_tokens_usd, 6)))
 
@@ -630,7 +632,7 @@ def _draft_cell(c: Candidate) -> str:
 
 
 def _shape_flags(t: Traffic) -> str:
-    """The plan flags that repeat the traffic's prefix shape (the spec does not record it)."""
+    """The plan flags that repeat the traffic's prefix shape (also recorded in the written spec's traffic)."""
     shape = t.routing.shape
     return (f" --shared-prefixes {shape.prefixes}" if shape.prefixes > 1 else "") + \
         (f" --prefix-requests {shape.requests_per_prefix:g}" if shape.requests_per_prefix is not None else "")

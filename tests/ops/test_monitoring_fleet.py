@@ -42,3 +42,23 @@ def test_replicas_take_the_fleet_expectation():
         "description"]
     assert hit_ratio_floor(many, 0.0, prefix_alert=True)[0] == HIT_RATIO_WARNING and hit_ratio_floor(many, 0.0,
                                                                                        prefix_alert=False)[0] is None
+
+
+def test_the_spec_records_the_prefix_shape_and_the_alert_and_plan_read_it_back(capsys):
+    from pipeline.cli.commands import plan_command
+    from pipeline.core.spec import spec_from_document
+
+    shaped = PlannedTraffic(input_len=2048, output_len=128, prefix_share=0.7, shared_prefixes=500,
+                            requests_per_prefix=6)
+    assert {"shared_prefixes": 500, "requests_per_prefix": 6.0}.items() <= shaped.model_dump().items()
+    assert "shared_prefixes" not in _spec(4).serving_target.traffic.model_dump()  # one prefix: dumped as before
+    spec = _spec(4).model_copy(update={"serving_target": _spec(4).serving_target.model_copy(
+        update={"traffic": shaped})})
+    again = spec_from_document(spec.model_dump(mode="json"))
+    assert again.serving_target.traffic.shared_prefixes == 500
+    w = watch_plan(again, deployment="x", gpus=16)
+    expected = plan_capacity(again, input_len=2048, output_len=128, prefix_hit_ratio=0.7,
+                             routing=Routing("round-robin", PrefixShape(prefixes=500, requests_per_prefix=6)))
+    assert w.hit_ratio_min == round(expected.fleet["hit_ratio"]["round-robin"], 4) < 0.7
+    plan_command(again, input_len="2048", output_len="128", prefix_hit="0.7")  # no shape flags: the spec's
+    assert "(500 shared prefixes)" in capsys.readouterr().out

@@ -115,6 +115,9 @@ def test_slo_search_sizes_the_fleet_at_its_hit_ratio():
         text = ss.format_search(r)
         assert f"behind {routing.router} routing" in text
         assert ("--shared-prefixes 2000 --prefix-requests 4`" in text) == (routing.shape == shape)
+        recorded = ss.serving_target(r).traffic  # the written spec keeps the shape the fleet was sized for
+        assert (recorded.shared_prefixes, recorded.requests_per_prefix) == (routing.shape.prefixes,
+                                                                            routing.shape.requests_per_prefix)
     assert picks["one prefix"].prefix_hit_ratio == 0.75  # steady state, one prefix: one server's ratio
     assert picks["round-robin"].prefix_hit_ratio < picks["kv"].prefix_hit_ratio < 0.75
     assert picks["round-robin"].cost_per_1m_output_tokens_usd >= picks["kv"].cost_per_1m_output_tokens_usd \

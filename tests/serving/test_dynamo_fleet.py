@@ -31,6 +31,7 @@ pytestmark = [
                                              "install is impossible here"),
 ]
 GROUPS, WORKERS, REQUESTS, PREFIX_TOKENS, VOCAB, KV_BLOCKS = 3, 4, 30, 1024, 2048, 200
+DISAGG_REQUESTS = 100  # the 1 prefill + 1 decode pair must complete every one of them
 
 
 def _word_model(out: Path) -> Path:
@@ -82,7 +83,7 @@ def fleet(tmp_path_factory):
     return tmp, _word_model(tmp / "model"), _dataset(tmp / "prompts.jsonl")
 
 
-def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = WORKERS
+def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = WORKERS, requests: int = REQUESTS
            ) -> tuple[bench.BenchReport, dict]:
     """The bench report of one level through the graph's frontend, and the frontend's metrics after it."""
     tmp, model, data = fleet
@@ -92,7 +93,7 @@ def _bench(fleet, mode: str, router: str, concurrency: int, *, replicas: int = W
         before = bench.scrape_metrics(f"{graph.url}/metrics")
         report = bench.run_bench(
             bench.ServerUrls(graph.url, f"{graph.url}/metrics"),
-            bench.WorkloadOptions(concurrency=(concurrency,), requests_per_level=REQUESTS, max_tokens=8,
+            bench.WorkloadOptions(concurrency=(concurrency,), requests_per_level=requests, max_tokens=8,
                                   dataset=str(data)),
             sweep=bench.SweepOptions(warmup=False, level_budget_s=60.0, request_timeout_s=30.0),
             tokenizer_dir=str(model))
@@ -136,8 +137,8 @@ def test_kv_routing_keeps_shared_prefixes_that_round_robin_splits(fleet):
 
 
 def test_disaggregated_prefill_decode_pair_completes_every_request(fleet):
-    report, metrics = _bench(fleet, "disagg", "kv", 4, replicas=1)
-    assert report.levels[0].requests == REQUESTS and report.failed == 0
-    assert report.levels[0].output_tokens == 8 * REQUESTS
+    report, metrics = _bench(fleet, "disagg", "kv", 4, replicas=1, requests=DISAGG_REQUESTS)
+    assert report.levels[0].requests == DISAGG_REQUESTS and report.failed == 0
+    assert report.levels[0].output_tokens == 8 * DISAGG_REQUESTS
     routed = {dict(labels).get("phase"): v for (name, labels), v in metrics.items() if name == bench.DYNAMO_PROMPT}
     assert routed.get("prefill", 0) > 0  # the prompts went to the prefill worker, then to the decode worker

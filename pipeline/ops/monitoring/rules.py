@@ -51,6 +51,7 @@ from pipeline.core.gpus import gpu_price
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.spec import BuildSpec
 from pipeline.planning.break_even import speculation_break_even
+from pipeline.planning.fleet import traffic_routing
 from pipeline.planning.perf_model import HIT_RATIO_WARNING
 from pipeline.planning.planner import CapacityPlan, plan_capacity
 
@@ -133,7 +134,7 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
     else:
         t = target.traffic
         plan = plan_capacity(spec, input_len=t.input_len, output_len=t.output_len, prefix_hit_ratio=t.prefix_share,
-                             acceptance=t.acceptance)
+                             acceptance=t.acceptance, routing=traffic_routing(t))
         queue_ms, ttft, tpot, basis, share = target.ttft_ms, target.ttft_ms, target.tpot_ms, "the SLO", t.prefix_share
         cost = target.estimate.cost_per_1m_output_tokens_usd if target.estimate else \
             plan.cost_per_1m_output_tokens_usd
