@@ -66,8 +66,8 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
 
     f = parse_flags("plan", flags)
     if f["slo"]:
-        if f["compare"] or f["estimator"]:
-            raise SpecError("--slo searches on its own: drop --compare / --estimator (run them on its pick)")
+        if f["compare"]:
+            raise SpecError("--slo searches on its own: drop --compare (run it on its pick)")
         return _plan_slo(spec, f)
     if any(f[name] not in (None, False) for name in _SLO_ONLY):
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
@@ -142,11 +142,20 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
     if f["write_spec"]:
         check_pick_path(f["write_spec"])  # before the search
     result = slo_plan(spec, request)
+    other = None
+    if f["estimator"]:
+        from pipeline.planning.aiconfigurator_modes import second_opinion
+        from pipeline.stages.check import resolve_checked_spec
+
+        other = second_opinion(spec, result, check=resolve_checked_spec)
     written = write_pick(spec, result, f["write_spec"]) if f["write_spec"] else None
     if f["json"]:
-        print(json.dumps(result.as_dict() | {"spec_file": str(written) if written else None}, indent=2))
+        print(json.dumps(result.as_dict() | {"spec_file": str(written) if written else None}
+                         | ({"aiconfigurator": other} if other else {}), indent=2))
         return
     print(format_search(result))
+    if other:
+        print(f"\naggregated vs disaggregated, AIConfigurator's own search beside ours\n{other}")
     if written:
         p = _program()
         print(f"spec: {written} (`{p} check --spec {shlex.quote(str(written))}`, then `{p} build --spec ...`)")

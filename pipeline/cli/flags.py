@@ -200,13 +200,15 @@ OPTIONS: dict[str, Option] = {
     "prefix_requests": _count("requests that reuse each shared prefix over its life, e.g. a chat session's turns "
                               "(default: unbounded)", 10_000_000),
     "estimator": Option("also run NVIDIA AIConfigurator 0.12 on the same case (installed into its own venv under the "
-                        "pipeline cache on first use) and print both estimates side by side",
+                        "pipeline cache on first use) and print both estimates side by side; with --slo, its own "
+                        "aggregated-vs-disaggregated search (`cli default`) beside ours at the pick's precision",
                         choices=("aiconfigurator",), refusal="{flag} {value!r}: the only second estimator is "
                         "'aiconfigurator'; drop the flag for the built-in estimate alone"),
     "slo": _switch("search precision x TP x PP x max batch x draft/K (x runtime) for the cheapest configuration "
                    "meeting --ttft-ms and --tpot-ms at this traffic; print it, the Pareto front and why the others "
-                   "lose (exit 2 naming the nearest miss when none meets the SLO). Flags the spec sets (--precision, "
-                   "--tp, ...) stay fixed"),
+                   "lose (exit 2 naming the nearest miss when none meets the SLO), then the cheapest disaggregated "
+                   "unit (prefill + decode workers) and which serves the SLO cheaper. Flags the spec sets "
+                   "(--precision, --tp, ...) stay fixed"),
     "ttft_ms": _count("--slo: time to first token to meet, ms", MAX_SLO_MS, minimum=1e-9, kind=float),
     "tpot_ms": _count("--slo: time per output token to meet, ms", MAX_SLO_MS, minimum=1e-9, kind=float),
     "prefix_share": _share("--slo: share of each prompt a cached prefix covers, 0..1 (default: --bench-report's hit "

@@ -46,7 +46,7 @@ class SloRequest:
 def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
     """The cheapest configuration of `spec`'s model meeting the SLO (pipeline.planning.slo_search); SpecError naming
     the nearest miss when none does."""
-    from pipeline.planning import slo_search
+    from pipeline.planning import disagg, slo_search
     from pipeline.stages.calibrate.quality_records import quality_verdicts
     from pipeline.stages.check import resolve_checked_spec
 
@@ -76,6 +76,7 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
                         f"{goal.ttft_ms:g} ms and TPOT <= {goal.tpot_ms:g} ms{nearest}; relax the SLO or allow more "
                         "GPUs (--gpu-count, --nodes)")
+    result.serving_modes = disagg.serving_modes(spec, result, check=resolve_checked_spec)
     return result
 
 

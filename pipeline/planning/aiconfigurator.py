@@ -234,21 +234,26 @@ class AicPick(BaseModel):
     tpot_ms: float
 
 
+def top_row(stdout: str, title: str) -> dict[str, str] | None:
+    """Rank 1 of the first table after `title` in a `cli default` report, by its header's names (None: no row)."""
+    table = stdout.partition(title)[2] if title else stdout
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.strip().startswith("|")]
+    return dict(zip(rows[0], rows[1])) if len(rows) >= 2 else None
+
+
 def parse_search_report(stdout: str) -> AicPick:
     """Rank 1 of the "agg Top Configurations" table of `cli default` (its TPOT from "Overall Best Configuration").
 
     Raises:
         RunError: the report has no such table or row (no configuration met the SLO, or another version's layout).
     """
-    table = stdout.partition("agg Top Configurations")[2]
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in table.splitlines() if line.strip().startswith("|")]
-    if len(rows) < 2:
+    first = top_row(stdout, "agg Top Configurations")
+    if first is None:
         raise RunError("aiconfigurator: its search report has no agg configuration (none met the SLO?)")
-    head, first = rows[0], dict(zip(rows[0], rows[1]))
     parallel = re.fullmatch(r"tp(\d+)pp(\d+)", first.get("parallel", ""))
     tpot = re.search(r"Overall Best Configuration:.*?TPOT:\s+([\d,.]+)\s*ms", stdout, re.S)
-    if parallel is None or tpot is None or not {"tokens/s/gpu", "TTFT", "bs", "replicas"} <= set(head):
+    if parallel is None or tpot is None or not {"tokens/s/gpu", "TTFT", "bs", "replicas"} <= set(first):
         raise RunError(f"aiconfigurator: cannot read its search report's best row; is it {AIC_REQUIREMENT}?")
     return AicPick(tp=int(parallel.group(1)), pp=int(parallel.group(2)), batch=int(first["bs"]),
                    replicas=int(first["replicas"]), tokens_per_s_per_gpu=float(first["tokens/s/gpu"]),

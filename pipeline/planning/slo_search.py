@@ -37,6 +37,7 @@ from pipeline.planning.speculation_modes import MODES, acceptance_for_length
 
 if TYPE_CHECKING:
     from pipeline.core.manifests import PrecisionSearch
+    from pipeline.planning.disagg import ServingModes
     from pipeline.core.spec import BuildSpec
 
 SEARCH_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
@@ -122,7 +123,7 @@ class Candidate:
     cost_per_1m_output_tokens_usd: float
     quality: str | None = None  # checked | unchecked | failed (its quality gate); None: not judged
     mode: str | None = None  # the speculation mode (draft-target, eagle3, ngram) or None
-    prefix_hit_ratio: float = 0.0  # the estimate's: the traffic's share, the fleet's with replicas (`_fleet_hit`)
+    prefix_hit_ratio: float = 0.0  # the estimate's: the traffic's share, the fleet's with replicas (`fleet_hit`)
 
     def label(self) -> str:
         return self.structure().label(self.max_batch)
@@ -154,6 +155,7 @@ class SloSearch:
     precision_source: str = "searched"  # or the quality record whose passing set they are
     quality_note: str = ""  # how quality weighed in the pick ("" when not judged)
     speculation_note: str = ""  # why the pick's speculation mode: the best of each other mode, or why unsearched
+    serving_modes: ServingModes | None = None  # the pick beside the cheapest disaggregated unit (pipeline.planning.disagg)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,11 +234,11 @@ def _structure_spec(spec: BuildSpec, s: Structure) -> BuildSpec:
     return resolve_spec(**layout_overrides(spec, s, batch=1))
 
 
-def _with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
+def with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
     return spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_batch_size": batch})})
 
 
-def _fit(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:
+def fit_reason(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:
     """Why `spec` at max batch `batch` does not serve `batch` requests of the traffic's lengths; None if it does."""
     gpu = GPUS[spec.hardware.gpu]
     if fit_shortfall(spec, *engine_shapes(spec), gpu) > 0:
@@ -261,7 +263,7 @@ def _fitting_count(spec: BuildSpec, traffic: Traffic, batches: tuple[int, ...]) 
     low, high = 0, len(batches)
     while low < high:
         mid = (low + high) // 2
-        if _fit(_with_batch(spec, batches[mid]), traffic, batches[mid]) is None:
+        if fit_reason(with_batch(spec, batches[mid]), traffic, batches[mid]) is None:
             low = mid + 1
         else:
             high = mid
@@ -284,7 +286,7 @@ def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, pric
         demand = traffic.rate * traffic.output_len
         replicas = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
         for _ in range(MAX_FLEET_RESIZES):
-            hit = _fleet_hit(spec, batch, traffic, replicas)
+            hit = fleet_hit(spec, batch, traffic, replicas)
             est, active = serving_estimate(spec, gpu, prefix_hit_ratio=hit, **terms)
             needed = max(1, math.ceil(demand / est.output_tokens_per_s - 1e-9))
             if needed <= replicas:
@@ -299,7 +301,7 @@ def _candidate(spec: BuildSpec, s: Structure, batch: int, traffic: Traffic, pric
         replicas=replicas, cost_per_1m_output_tokens_usd=cost, mode=s.mode, prefix_hit_ratio=round(hit, 4))
 
 
-def _fleet_hit(spec: BuildSpec, batch: int, traffic: Traffic, replicas: int) -> float:
+def fleet_hit(spec: BuildSpec, batch: int, traffic: Traffic, replicas: int) -> float:
     """The prefix-hit ratio of `replicas` copies of `spec` at `batch` (the traffic's share with one)."""
     if replicas <= 1 or traffic.prefix_share <= 0:
         return traffic.prefix_share
@@ -395,9 +397,9 @@ def search(spec: BuildSpec, slo: Slo, traffic: Traffic, *, check: Callable[..., 
         fits = _fitting_count(sspec, traffic, batches)
         if fits < len(batches):  # larger batches fit less: count them all, evaluate none
             first = batches[fits]
-            why = _fit(_with_batch(sspec, first), traffic, first)
+            why = fit_reason(with_batch(sspec, first), traffic, first)
             _lose(losses, "does not fit", f"{s.label(first)}: {why}", len(batches) - fits)
-        fitting += [_candidate(_with_batch(sspec, b), s, b, traffic, price.usd_per_hour) for b in batches[:fits]]
+        fitting += [_candidate(with_batch(sspec, b), s, b, traffic, price.usd_per_hour) for b in batches[:fits]]
     if quality is not None:
         for c in fitting:
             c.quality = quality_of(c.precision, quality)
@@ -658,6 +660,7 @@ def format_search(r: SloSearch) -> str:
                          f"--prefix-hit {t.prefix_share:g}{_shape_flags(t)}` compares round-robin with KV routing)")
         lines += [r.quality_note] if r.quality_note else []
         lines += [r.speculation_note] if r.speculation_note else []
+        lines += r.serving_modes.lines() if r.serving_modes else []
     head = ("", "precision", "KV", "tp", "pp", "batch", "speculation", "runtime", "TTFT ms", "TPOT ms", "tok/s/GPU",
             "$/1M tok", "SLO", "quality")
     rows = [head]
