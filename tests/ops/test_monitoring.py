@@ -82,8 +82,8 @@ def test_rules_take_thresholds_from_the_spec_and_planner():
 
 
 def test_short_window_and_for_are_parameters():
-    w = watch_plan(resolve_spec(model="tiny-llama", precision="fp8"), deployment="t", gpus=1, window="20s",
-                   alert_for="0s")
+    w = watch_plan(resolve_spec(model="tiny-llama", precision="fp8"), deployment="t", gpus=1,
+                   timing=("20s", "0s"))
     by = _by_name(rule_groups(w))
     assert "[20s]" in by[rules.HIT_RATIO]["expr"] and by["TargetDown"]["for"] == "0s"
 

@@ -62,3 +62,13 @@ def test_the_spec_records_the_prefix_shape_and_the_alert_and_plan_read_it_back(c
     assert w.hit_ratio_min == round(expected.fleet["hit_ratio"]["round-robin"], 4) < 0.7
     plan_command(again, input_len="2048", output_len="128", prefix_hit="0.7")  # no shape flags: the spec's
     assert "(500 shared prefixes)" in capsys.readouterr().out
+
+
+def test_the_alert_expects_the_deployments_router():
+    shaped = PlannedTraffic(input_len=2048, output_len=128, prefix_share=0.7, shared_prefixes=500,
+                            requests_per_prefix=6)
+    spec = _spec(4).model_copy(update={"serving_target": _spec(4).serving_target.model_copy(
+        update={"traffic": shaped})})
+    rr, kv = (watch_plan(spec, deployment="x", gpus=16, router=r) for r in ("round-robin", "kv"))
+    assert rr.hit_ratio_min < kv.hit_ratio_min <= 0.7
+    assert "behind kv routing" in _alert(kv)["annotations"]["description"]

@@ -237,7 +237,7 @@ def watched(prometheus_installed, tiny_reference_repo, tmp_path_factory):
 
     repo = tiny_reference_repo("watch")
     d = tmp_path_factory.mktemp("prometheus")
-    w = _plan(window="20s", alert_for="10s")
+    w = _plan(timing=("20s", "10s"))
     with TritonServer(repo, ready_timeout_s=300) as server:
         host = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
         scrape = scrape_config(JOB, str(_targets_file(d, host)))

@@ -114,7 +114,8 @@ def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runt
         return {}
     platform = PLATFORMS[o.platform]
     w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * copies(o), source=rt.scrape.source,
-                   prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o))
+                   prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o),
+                   router=o.router if o.platform == "dynamo" else "round-robin")
     return platform.monitoring_files(o, p, rt.scrape, w, directory)
 
 

@@ -113,13 +113,15 @@ class WatchPlan:
 
 
 def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = "triton", prefix_alert: bool = False,
-               gpu_selector: str = "", window: str = "15m", alert_for: str = "15m") -> WatchPlan:
+               gpu_selector: str = "", router: str = "round-robin", timing: tuple[str, str] = ("15m", "15m")
+               ) -> WatchPlan:
     """Thresholds for `spec` served as `deployment` on `gpus` GPUs (all replicas): the spec's GPU price and the
     planner's speculation break-even; with the spec's `serving_target`, the latency limits are its SLO, the queue
     limit its TTFT, the cost plan its estimate (else the planner's at the traffic's lengths); without one, the
     planner's estimates at the default request lengths (1024 + 256), latency x LATENCY_MARGIN. The hit-ratio alert
     only where shared prefixes are expected: the traffic's prefix share (its floor) when > 0, with replicas the
-    fleet's expectation at it (`hit_ratio_floor`), else with `prefix_alert` (bench's warning level). trtllm-serve
+    fleet's expectation at it behind `router` (`hit_ratio_floor`), else with `prefix_alert` (bench's warning
+    level). `timing`: the rate window and how long a condition holds before it fires. trtllm-serve
     exports no token or draft counters: no cost or speculation watch, and neither does the LLM API
     (`acceptance_watch`)."""
     target = spec.serving_target
@@ -134,7 +136,7 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
     else:
         t = target.traffic
         plan = plan_capacity(spec, input_len=t.input_len, output_len=t.output_len, prefix_hit_ratio=t.prefix_share,
-                             acceptance=t.acceptance, routing=traffic_routing(t))
+                             acceptance=t.acceptance, routing=traffic_routing(t, router))
         queue_ms, ttft, tpot, basis, share = target.ttft_ms, target.ttft_ms, target.tpot_ms, "the SLO", t.prefix_share
         cost = target.estimate.cost_per_1m_output_tokens_usd if target.estimate else \
             plan.cost_per_1m_output_tokens_usd
@@ -147,13 +149,13 @@ def watch_plan(spec: BuildSpec, *, deployment: str, gpus: int, source: Source = 
                      speculation_note=f"{unwatched}; the planner's break-even is {even.acceptance:.0%} per drafted "
                      f"token at batch {even.batch}" if even is not None and not watched else "",
                      cost_per_1m_plan=cost if source == "triton" else None, source=source,
-                     gpu_selector=gpu_selector, window=window, alert_for=alert_for, hit_ratio_basis=hit_basis)
+                     gpu_selector=gpu_selector, window=timing[0], alert_for=timing[1], hit_ratio_basis=hit_basis)
 
 
 def hit_ratio_floor(plan: CapacityPlan, share: float, *, prefix_alert: bool) -> tuple[float | None, str]:
     """The hit-ratio alert's floor and where it comes from: the traffic's prefix share for one server; with the
-    serving_target's replicas, the fleet's expectation at that share (the plan's `fleet`: round-robin unless the
-    plan was given a router; the recorded ratio sums every replica's tokens, so it is the fleet's); bench's warning
+    serving_target's replicas, the fleet's expectation at that share (the plan's `fleet`, behind the deployment's
+    router; the recorded ratio sums every replica's tokens, so it is the fleet's); bench's warning
     level with `prefix_alert` and no declared share; None: no alert."""
     if share <= 0:
         return (HIT_RATIO_WARNING if prefix_alert else None), ""

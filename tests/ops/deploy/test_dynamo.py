@@ -255,3 +255,19 @@ def test_kubernetes_scheduling_flags_reach_every_component(tmp_path):
         assert ("tolerations" in pod) == (name != "Frontend")
         env = {e["name"]: e.get("value") for e in _main(c).get("env", [])}
         assert (env.get("NCCL_IB_HCA") == "mlx5") == (name != "Frontend")
+
+
+def test_the_hit_ratio_alert_expects_the_graphs_router(tmp_path):
+    spec = _spec("llama-8b", replicas=4)
+    traffic = spec.serving_target.traffic.model_copy(update={"shared_prefixes": 500, "requests_per_prefix": 6})
+    spec = spec.model_copy(update={"serving_target": spec.serving_target.model_copy(update={"traffic": traffic})})
+    floors = {}
+    for router in ("kv", "round-robin"):
+        _, out, _ = _render(tmp_path, spec, name=router, router=router)
+        rules = next(o for o in yaml.safe_load_all((out / "monitoring.yaml").read_text())
+                     if o["kind"] == "PrometheusRule")
+        alert = next(r for g in rules["spec"]["groups"] for r in g["rules"]
+                     if r.get("alert") == "PrefixCacheHitRatioLow")
+        assert f"behind {router} routing" in alert["annotations"]["description"]
+        floors[router] = float(alert["expr"].rsplit("<", 1)[1].split()[0])
+    assert floors["round-robin"] < floors["kv"] <= 0.5
