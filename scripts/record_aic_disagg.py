@@ -3,9 +3,10 @@
     PIPELINE_AICONFIGURATOR=/path/to/aiconfigurator python scripts/record_aic_disagg.py [NAME ...]
 
 For each case of `CASES` (or those named): run `aiconfigurator cli default --serving-mode auto`
-(pipeline.planning.aiconfigurator_modes.ModesSearch), write its report to tests/data/aiconfigurator_disagg/NAME.stdout
-and the index (command, its verdict) to tests/data/aiconfigurator_disagg.json; print ours beside it. Offline: it
-reads its bundled configs and databases (~20-40 s a case).
+(pipeline.planning.aiconfigurator_modes.modes_search), write its report to
+tests/data/aiconfigurator_disagg/NAME.stdout and the index (command, its verdict) to
+tests/data/aiconfigurator_disagg.json; print ours beside it. Offline: it reads its bundled configs and databases
+(~20-40 s a case).
 """
 
 from __future__ import annotations

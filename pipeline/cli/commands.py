@@ -55,7 +55,7 @@ def check_command(spec: BuildSpec, **flags: Any) -> None:
 
 
 _SLO_ONLY = ("ttft_ms", "tpot_ms", "prefix_share", "rate", "bench_report", "write_spec", "precision_search",
-             "accept_foreign_bench_report")
+             "accept_foreign_bench_report", "serving_mode")
 
 
 def plan_command(spec: BuildSpec, **flags: Any) -> None:
@@ -71,7 +71,8 @@ def plan_command(spec: BuildSpec, **flags: Any) -> None:
         return _plan_slo(spec, f)
     if any(f[name] not in (None, False) for name in _SLO_ONLY):
         raise SpecError("--ttft-ms, --tpot-ms, --prefix-share, --rate, --bench-report, --write-spec, "
-                        "--precision-search and --accept-foreign-bench-report belong to --slo; add --slo")
+                        "--precision-search, --accept-foreign-bench-report and --serving-mode belong to --slo; add "
+                        "--slo")
     terms = dict(input_len=f["input_len"], output_len=f["output_len"],
                  acceptance=f["acceptance"],
                  prefix_hit_ratio=f["prefix_hit"] or 0.0)
@@ -138,7 +139,8 @@ def _plan_slo(spec: BuildSpec, f: dict[str, Any]) -> None:
                          output_len=f["output_len"], rate=f["rate"], acceptance=f["acceptance"],
                          prefix_share=f["prefix_hit"] if f["prefix_share"] is None else f["prefix_share"],
                          bench_report=f["bench_report"], precision_search=f["precision_search"],
-                         accept_foreign_bench_report=f["accept_foreign_bench_report"], routing=_routing(f))
+                         accept_foreign_bench_report=f["accept_foreign_bench_report"], routing=_routing(f),
+                         disagg=f["serving_mode"] != "agg")
     if f["write_spec"]:
         check_pick_path(f["write_spec"])  # before the search
     result = slo_plan(spec, request)

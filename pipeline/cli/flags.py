@@ -192,6 +192,9 @@ OPTIONS: dict[str, Option] = {
     "acceptance": _share("acceptance rate per drafted token of the spec's speculation mode, 0..1 (default: the "
                          "mode's, 0.7 draft-target, 0.27 ngram; `bench` measures it)"),
     "prefix_hit": _share("prefix-cache hit ratio for the estimate, 0..1 (default 0)"),
+    "serving_mode": Option("--slo: auto (default: aggregated replicas and disaggregated prefill/decode units are "
+                           "both searched; --write-spec writes the cheaper) or agg (aggregated replicas only, for "
+                           "--platform k8s/slurm)", choices=("auto", "agg")),
     "plan.router": Option("with the spec's serving_target replicas (or --slo's): the router in front of them, "
                           "round-robin (default: k8s Services, Slurm) or kv (Dynamo's KV-aware router); the estimate "
                           "takes the fleet's prefix-hit ratio under it", choices=("round-robin", "kv")),
@@ -375,7 +378,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "check": ("skip_host_check",),
     "plan": ("input_len", "output_len", "json", "compare", "acceptance", "prefix_hit", "estimator", "slo", "ttft_ms",
              "tpot_ms", "prefix_share", "rate", "bench_report", "write_spec", "precision_search",
-             "accept_foreign_bench_report", "router", "shared_prefixes", "prefix_requests"),
+             "accept_foreign_bench_report", "router", "shared_prefixes", "prefix_requests", "serving_mode"),
     "download": ("revision", "update", "offline", "verify", "endpoint"),
     "calibrate": ("force",),
     "compile": ("dry_run", "checkpoint_dir", "draft_checkpoint_dir", "force", "json"),

@@ -59,6 +59,8 @@ MAX_SLO_MS = 3_600_000.0  # a TTFT/TPOT target: an hour
 MAX_RATE = 1_000_000.0  # requests per second
 MAX_NODES = 256
 MAX_REPLICAS = 10_000
+MAX_TP = 64
+MAX_UNIT_WORKERS = 32  # workers of one role in a disaggregated unit (pipeline.planning.disagg.MAX_WORKERS)
 
 
 def _sha256(data: Any) -> str:
@@ -120,7 +122,7 @@ class QuantizationSpec(_Section):
 class ParallelSpec(_Section):
     model_config = _Strict
 
-    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
+    tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel size")
     pp: int = Field(1, ge=1, le=64, description="pipeline-parallel size")
     moe_ep: int | None = Field(
         None, ge=1, le=64, description="MoE models: expert-parallel size within the TP group (moe_tp = tp / moe_ep; "
@@ -197,7 +199,7 @@ class SpeculationSpec(_Section):
         8, gt=0, le=MAX_BATCH,
         description="batch up to which speculation pays: warn above it; the draft engine's default max batch"
     )
-    draft_tp: int = Field(1, ge=1, le=64, description="tensor-parallel size of the draft engine (pp is 1)")
+    draft_tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel size of the draft engine (pp is 1)")
     draft_max_batch_size: int | None = Field(
         None, gt=0, le=MAX_BATCH,
         description="draft engine max batch (default: min(max_batch_for_speculation, max_batch_size))"
@@ -307,17 +309,30 @@ class PlannedEstimate(BaseModel):
     cost_per_1m_output_tokens_usd: float = Field(gt=0, le=1e9, description="$ per 1M output tokens at the traffic")
 
 
+class DisaggTarget(BaseModel):
+    """A disaggregated unit (`plan --slo` when disaggregation pays; `deploy --platform dynamo` renders it): prefill
+    workers of `prefill_tp` GPUs and decode workers of the spec's own tp x pp at its max batch."""
+
+    model_config = _Strict
+
+    prefill_workers: int = Field(ge=1, le=MAX_UNIT_WORKERS, description="prefill workers per unit")
+    prefill_tp: int = Field(ge=1, le=MAX_TP, description="GPUs (TP) of a prefill worker")
+    decode_workers: int = Field(ge=1, le=MAX_UNIT_WORKERS, description="decode workers per unit (the spec's tp x pp)")
+
+
 class ServingTarget(BaseModel):
     """What a deployment is for (`plan --slo --write-spec` writes it; `deploy` renders its replicas and alerts on
     its SLO and traffic). Never part of a spec identity: it changes no artifact."""
 
     model_config = _Strict
 
-    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="serving replicas (each tp x pp GPUs)")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="serving replicas (each tp x pp GPUs; with disagg, "
+                                                                    "units)")
     ttft_ms: float = Field(gt=0, le=MAX_SLO_MS, description="SLO: time to first token, ms")
     tpot_ms: float = Field(gt=0, le=MAX_SLO_MS, description="SLO: time per output token, ms")
     traffic: PlannedTraffic
     estimate: PlannedEstimate | None = None
+    disagg: DisaggTarget | None = None  # None: aggregated replicas
 
 
 @dataclass(frozen=True)

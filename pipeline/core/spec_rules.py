@@ -56,6 +56,8 @@ class BuildSpec(Protocol):
     def serving(self) -> Any: ...
     @property
     def hardware(self) -> Any: ...
+    @property
+    def serving_target(self) -> Any: ...
 
     @property
     def draft_len(self) -> int: ...
@@ -158,8 +160,8 @@ def _check_parallel(spec: BuildSpec, model: ModelEntry, role: str, precision: st
     """TP must split heads (and divide or cover KV heads), PP at most the layers, AWQ blocks whole per rank
     (TensorRT-LLM's checkpoint mapping / ModelOpt export)."""
     a = model.architecture
-    flag = "--draft-tp" if role == "draft" else "--tp"
-    field = "speculation.draft_tp" if role == "draft" else "parallelism.tp"
+    flag, field = {"draft": ("--draft-tp", "speculation.draft_tp"),
+                   "prefill": ("prefill_tp", "serving_target.disagg.prefill_tp")}.get(role, ("--tp", "parallelism.tp"))
     if a.num_heads % tp:
         raise SpecError(
             f"{field}={tp}: {role} {model.name} has {a.num_heads} attention heads, not divisible by tp; "
@@ -542,4 +544,22 @@ def validate_spec(spec: BuildSpec) -> list[str]:
     if spec.draft_model and not backend.llmapi:
         _check_draft_placement(spec)
     _check_limits(spec, warnings)
+    _check_disagg_target(spec)
     return warnings
+
+
+def _check_disagg_target(spec: BuildSpec) -> None:
+    """A planned disaggregated unit (`serving_target.disagg`) runs on Dynamo's TensorRT-LLM workers: the PyTorch
+    runtime, no speculation (the planner sized the workers without it), a prefill TP this model and hardware take."""
+    target = spec.serving_target
+    disagg = target.disagg if target is not None else None
+    if disagg is None:
+        return
+    fix = "or drop serving_target.disagg (re-plan with `plan --slo --serving-mode agg`)"
+    if not runtime_of(spec).llmapi:
+        raise SpecError(f"serving_target.disagg: Dynamo's TensorRT-LLM workers run the PyTorch runtime; build with "
+                        f"--runtime pytorch, {fix}")
+    if spec.speculation_mode is not None:
+        raise SpecError(f"serving_target.disagg: the unit was planned without speculation, and this spec drafts "
+                        f"({spec.speculation_mode}); drop --draft/--speculative-decoding, {fix}")
+    _check_parallel(spec, spec.model, "prefill", spec.quantization.precision, tp=disagg.prefill_tp, pp=1)

@@ -41,6 +41,7 @@ class SloRequest:
     accept_foreign_bench_report: bool = False
     precision_search: str | None = None
     routing: Routing | None = None  # the replicas' router and the prefixes' shape (None: round-robin, 1 prefix)
+    disagg: bool = True  # also search disaggregated units (`--serving-mode auto`)
 
 
 def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
@@ -76,7 +77,8 @@ def slo_plan(spec: BuildSpec, r: SloRequest) -> SloSearch:
         raise SpecError(f"plan --slo: no configuration of {spec.model.name} on {spec.hardware.gpu} meets TTFT <= "
                         f"{goal.ttft_ms:g} ms and TPOT <= {goal.tpot_ms:g} ms{nearest}; relax the SLO or allow more "
                         "GPUs (--gpu-count, --nodes)")
-    result.serving_modes = disagg.serving_modes(spec, result, check=resolve_checked_spec)
+    if r.disagg:
+        result.serving_modes = disagg.serving_modes(spec, result, check=resolve_checked_spec)
     return result
 
 
@@ -119,16 +121,23 @@ def write_pick(spec: BuildSpec, result: SloSearch, path: str) -> Path:
     `check --spec` would refuse is never left behind). SpecError when the search picked nothing."""
     import yaml
 
-    from pipeline.planning import slo_search
+    from pipeline.planning import disagg, slo_search
     from pipeline.stages.check import resolve_checked_spec
 
     pick = result.pick
     if pick is None:
         raise SpecError(f"--write-spec {path}: the search picked no configuration, so there is no spec to write")
     dest = check_pick_path(path)
-    doc = slo_search.spec_document(slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch))
-    doc["serving_target"] = slo_search.serving_target(result).model_dump(mode="json", exclude_none=True)
-    text = "# plan --slo pick: " + pick.label() + "\n" + yaml.safe_dump(doc, sort_keys=False)
+    modes = result.serving_modes
+    if modes is not None and modes.disagg is not None and modes.winner == "disagg":
+        overrides, target = disagg.written_unit(spec, result, modes.disagg)
+        label = "disaggregated " + modes.disagg.label()
+    else:
+        overrides = slo_search.layout_overrides(spec, pick.structure(), batch=pick.max_batch)
+        target, label = slo_search.serving_target(result), pick.label()
+    doc = slo_search.spec_document(overrides)
+    doc["serving_target"] = target.model_dump(mode="json", exclude_none=True)
+    text = "# plan --slo pick: " + label + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
     def write(tmp: Path) -> None:
         tmp.write_text(text)

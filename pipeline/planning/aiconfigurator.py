@@ -205,7 +205,8 @@ def format_side_by_side(plan: CapacityPlan, other: SecondOpinion) -> str:
 # Its configuration search (`cli default`, aggregated serving) beside `plan --slo`'s.
 
 class AicSearch(BaseModel):
-    """One `aiconfigurator cli default` run restricted to aggregated serving: the best configuration for an SLO."""
+    """One `aiconfigurator cli default` run: the best configuration for an SLO, aggregated serving only (`agg`) or
+    aggregated and disaggregated compared (`auto`, pipeline.planning.aiconfigurator_modes)."""
 
     model_path: str
     system: str
@@ -214,12 +215,13 @@ class AicSearch(BaseModel):
     osl: int
     ttft_ms: float
     tpot_ms: float
+    serving_mode: Literal["agg", "auto"] = "agg"
 
     def argv(self, exe: str) -> list[str]:
         return [exe, "cli", "default", "--model-path", self.model_path, "--system", self.system, "--backend",
-                "trtllm", "--serving-mode", "agg", "--total-gpus", str(self.total_gpus), "--isl", str(self.isl),
-                "--osl", str(self.osl), "--ttft", f"{self.ttft_ms:g}", "--tpot", f"{self.tpot_ms:g}", "--top-n", "5",
-                "--no-color"]
+                "trtllm", "--serving-mode", self.serving_mode, "--total-gpus", str(self.total_gpus), "--isl",
+                str(self.isl), "--osl", str(self.osl), "--ttft", f"{self.ttft_ms:g}", "--tpot", f"{self.tpot_ms:g}",
+                "--top-n", "5", "--no-color"]
 
 
 class AicPick(BaseModel):

@@ -28,24 +28,6 @@ CHECKPOINTS = {("llama-70b", "bf16"): "meta-llama/Meta-Llama-3.1-70B",
 GPUS_PER_NODE = 8  # its systems' nodes (h100_sxm.yaml, h200_sxm.yaml)
 
 
-class ModesSearch(BaseModel):
-    """One `aiconfigurator cli default` run comparing aggregated and disaggregated serving for an SLO."""
-
-    model_path: str
-    system: str
-    total_gpus: int
-    isl: int
-    osl: int
-    ttft_ms: float
-    tpot_ms: float
-
-    def argv(self, exe: str) -> list[str]:
-        return [exe, "cli", "default", "--model-path", self.model_path, "--system", self.system, "--backend",
-                "trtllm", "--serving-mode", "auto", "--total-gpus", str(self.total_gpus), "--isl", str(self.isl),
-                "--osl", str(self.osl), "--ttft", f"{self.ttft_ms:g}", "--tpot", f"{self.tpot_ms:g}", "--top-n", "5",
-                "--no-color"]
-
-
 class ModesVerdict(BaseModel):
     """Its best of each mode (tokens/s/gpu; None: no configuration met the SLO) and the winner."""
 
@@ -80,13 +62,14 @@ def parse_modes_report(stdout: str) -> ModesVerdict:
         layout = (f"{disagg_row['(p)workers']} x prefill {disagg_row['(p)parallel']} + {disagg_row['(d)workers']} x "
                   f"decode {disagg_row['(d)parallel']} bs {disagg_row['(d)bs']}") if disagg_row else ""
     except (KeyError, ValueError) as exc:
-        raise RunError(f"aiconfigurator: cannot read its agg/disagg rows ({exc}); is it {aic.AIC_REQUIREMENT}?") from exc
+        raise RunError(f"aiconfigurator: cannot read its agg/disagg rows ({exc}); is it "
+                       f"{aic.AIC_REQUIREMENT}?") from exc
     return ModesVerdict(agg_tokens_per_s_per_gpu=agg, disagg_tokens_per_s_per_gpu=dis, winner=chosen.group(1),
                         disagg_layout=layout)
 
 
 def modes_search(*, model: str, precision: str, gpu: str, total_gpus: int, lengths: tuple[int, int],
-                 slo: slo_search.Slo) -> ModesSearch | str:
+                 slo: slo_search.Slo) -> aic.AicSearch | str:
     """Its run for a plan, or why it has none (a model, precision or GPU outside its data)."""
     path = CHECKPOINTS.get((model, precision))
     if path is None:
@@ -96,11 +79,11 @@ def modes_search(*, model: str, precision: str, gpu: str, total_gpus: int, lengt
         return f"AIConfigurator has no data for GPU {gpu!r}"
     if total_gpus < 2:
         return "AIConfigurator compares disaggregated serving on 2 GPUs or more"
-    return ModesSearch(model_path=path, system=aic.SYSTEMS[gpu], total_gpus=total_gpus, isl=lengths[0],
-                       osl=lengths[1], ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms)
+    return aic.AicSearch(model_path=path, system=aic.SYSTEMS[gpu], total_gpus=total_gpus, isl=lengths[0],
+                         osl=lengths[1], ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, serving_mode="auto")
 
 
-def ours_in_its_space(search: ModesSearch, *, model: str, gpu: str, precision: str,
+def ours_in_its_space(search: aic.AicSearch, *, model: str, gpu: str, precision: str,
                       check: Callable[..., BuildSpec]) -> disagg.ServingModes:
     """`plan --slo`'s agg and disagg bests at its precision, without a draft or prefix reuse, on its GPUs.
 
@@ -119,7 +102,7 @@ def ours_in_its_space(search: ModesSearch, *, model: str, gpu: str, precision: s
     return modes
 
 
-def run(search: ModesSearch, exe: str) -> tuple[str, ModesVerdict]:
+def run(search: aic.AicSearch, exe: str) -> tuple[str, ModesVerdict]:
     """Run its comparison; the report's text and its verdict."""
     done = aic.run_offline(search.argv(exe), 2 * aic.RUN_TIMEOUT_S)
     if done.returncode != 0:

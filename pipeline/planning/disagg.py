@@ -29,12 +29,15 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import SpecError
+from pipeline.core.runtimes import runtime_of
 from pipeline.core.gpus import GPUS, gpu_price
+from pipeline.core.spec import DisaggTarget, PlannedEstimate, ServingTarget
 from pipeline.planning.perf_model import CALIBRATION, INTERCONNECT_GB_S, EngineCost, kv_bytes_per_token
 from pipeline.planning.placement import capacity, node_gpus
-from pipeline.planning.planner import TP_CHOICES, cost_per_1m
+from pipeline.planning.planner import cost_per_1m
 from pipeline.planning.slo_search import (
-    Candidate, Slo, SloSearch, Structure, Traffic, fit_reason, fleet_hit, layout_overrides, with_batch,
+    Candidate, Slo, SloSearch, Structure, Traffic, fit_reason, fleet_hit, layout_overrides, search_space,
+    serving_target, with_batch,
 )
 
 if TYPE_CHECKING:
@@ -197,10 +200,10 @@ def _unit(p: Worker, d: Worker, matched: tuple[int, int, float], traffic: Traffi
                            cost_per_1m(replicas * gpus, price, tokens) or math.inf)
 
 
-def _decode_workers(one: BuildSpec, traffic: Traffic, slo: Slo) -> list[Worker]:
+def _decode_workers(one: BuildSpec, traffic: Traffic, slo: Slo, batches: tuple[int, ...]) -> list[Worker]:
     """Decode workers of `one`'s layout at each batch that fits and meets the TPOT (both fail from some batch on)."""
     found: list[Worker] = []
-    for batch in DECODE_BATCHES:
+    for batch in batches:
         sized = with_batch(one, batch)
         if fit_reason(sized, traffic, batch) is not None:
             break
@@ -219,16 +222,18 @@ def _prefill_for(one: BuildSpec, traffic: Traffic, x: int, replicas: int) -> Wor
 def search(spec: BuildSpec, slo: Slo, traffic: Traffic, precisions: tuple[str, ...], *,
            check: Callable[..., BuildSpec]) -> DisaggCandidate | None:
     """The cheapest disaggregated unit meeting `slo`: each precision's prefill and decode workers of every TP that
-    fits and meets its half of the SLO, matched (with a prefix share: matched again at the prefill workers' fleet
+    fits and meets its half of the SLO (the spec's TP and max batch when it sets them), matched (with a prefix share: matched again at the prefill workers' fleet
     hit ratio); None when none does."""
     sizes = unit_sizes(spec)
     price = gpu_price(spec.hardware.gpu, spec.hardware.gpu_price_per_hour).usd_per_hour
+    space = search_space(spec, speculation=False)  # a TP or max batch the spec sets stays fixed
+    batches = space.batches if len(space.batches) == 1 else DECODE_BATCHES
     best: DisaggCandidate | None = None
     for precision in precisions:
-        layouts = [one for tp in TP_CHOICES if tp <= capacity(spec.hardware)
+        layouts = [one for tp in space.tps
                    if (one := _worker_spec(spec, precision, tp, check)) is not None
                    and fit_reason(one, traffic, 1) is None]
-        decodes = [d for one in layouts for d in _decode_workers(one, traffic, slo)]
+        decodes = [d for one in layouts for d in _decode_workers(one, traffic, slo, batches)]
         for one in layouts:
             first = _prefill_for(one, traffic, 1, 1)
             if first.latency_ms > slo.ttft_ms:
@@ -263,9 +268,24 @@ def serving_modes(spec: BuildSpec, result: SloSearch, *, check: Callable[..., Bu
                         note=refusal or ("" if best else "no disaggregated unit meets the SLO within the spec's GPUs"))
 
 
+def written_unit(spec: BuildSpec, result: SloSearch, d: DisaggCandidate) -> tuple[dict[str, Any], ServingTarget]:
+    """`--write-spec` of a disaggregated win: the decode workers' layout (the PyTorch runtime, their TP and batch)
+    and a `serving_target` of `d.replicas` units with the unit (`disagg`) and its estimate."""
+    overrides = layout_overrides(spec, Structure(d.decode.precision, d.decode.tp, 1, None, None, RUNTIME, None),
+                                 batch=d.decode.batch)
+    planned = serving_target(result)
+    estimate = PlannedEstimate(ttft_ms=d.ttft_ms, tpot_ms=d.tpot_ms,
+                               tokens_per_s=round(d.requests_per_s * result.traffic.output_len, 1),
+                               cost_per_1m_output_tokens_usd=round(d.cost_per_1m_output_tokens_usd, 6))
+    unit = DisaggTarget(prefill_workers=d.prefill_workers, prefill_tp=d.prefill.tp, decode_workers=d.decode_workers)
+    traffic = planned.traffic.model_copy(update={"acceptance": None})  # the unit does not speculate
+    return overrides, planned.model_copy(update={"replicas": d.replicas, "traffic": traffic, "estimate": estimate,
+                                                 "disagg": unit})
+
+
 def _unsearched(spec: BuildSpec) -> str:
     """Why the spec leaves disaggregation out ("" when it does not)."""
-    if "runtime" in spec.model_fields_set and spec.runtime != RUNTIME:
+    if "runtime" in spec.model_fields_set and not runtime_of(spec).deploys_on("dynamo"):
         return (f"disaggregation not searched: Dynamo's TensorRT-LLM worker runs the pytorch runtime, the spec fixes "
                 f"{spec.runtime}")
     if capacity(spec.hardware) < 2:

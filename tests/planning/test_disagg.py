@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.cli.commands import plan_command
 from pipeline.cli.flags import spec_from_flags
+from pipeline.core.errors import SpecError
 from pipeline.planning import disagg
 from pipeline.planning import slo_search as ss
 from pipeline.planning.fleet import PrefixShape, Routing
@@ -114,3 +115,33 @@ def test_estimator_with_slo_outside_its_data_is_one_line(capsys):
                  estimator="aiconfigurator")
     out = capsys.readouterr().out
     assert "aiconfigurator: no agg-vs-disagg comparison: AIConfigurator has no checkpoint of qwen2.5-7b at fp8" in out
+
+
+def test_write_spec_writes_the_disaggregated_unit_when_it_pays_and_the_pick_with_serving_mode_agg(tmp_path, capsys):
+    from pipeline.core.spec import resolve_spec
+
+    spec = spec_from_flags({"model": "llama-70b", "gpu": "h100-sxm", "precision": "fp8"})
+    flags = dict(slo=True, ttft_ms="1000", tpot_ms="30", input_len="4000", output_len="500", rate="10")
+    plan_command(spec, write_spec=str(tmp_path / "unit.yaml"), **flags)
+    unit = resolve_checked_spec(spec_file=tmp_path / "unit.yaml")
+    d = unit.serving_target.disagg
+    assert unit.runtime == "pytorch" and unit.speculation_mode is None and d is not None
+    assert unit.serving_target.traffic.acceptance is None and unit.serving_target.replicas >= 1
+    assert (tmp_path / "unit.yaml").read_text().startswith("# plan --slo pick: disaggregated ")
+    printed = capsys.readouterr().out
+    assert f"{d.prefill_workers} x prefill fp8 tp={d.prefill_tp} + {d.decode_workers} x decode fp8 " \
+           f"tp={unit.parallelism.tp} batch {unit.max_batch_size}" in printed
+    plan_command(spec, write_spec=str(tmp_path / "agg.yaml"), serving_mode="agg", **flags)
+    agg = resolve_checked_spec(spec_file=tmp_path / "agg.yaml")
+    assert agg.serving_target.disagg is None and "serving mode:" not in capsys.readouterr().out
+    target = unit.serving_target.model_dump(mode="json", exclude_none=True)
+    doc = {"model": "llama-70b", "quantization": {"precision": "fp8"}, "serving_target": target}
+    with pytest.raises(SpecError, match="Dynamo's TensorRT-LLM workers run the PyTorch runtime"):
+        resolve_spec(spec_data={**doc, "runtime": "engine"})
+    with pytest.raises(SpecError, match="the unit was planned without speculation"):
+        resolve_spec(spec_data={**doc, "runtime": "pytorch", "speculation": {"speculative_decoding": "ngram"}})
+    bad = {**target, "disagg": {**target["disagg"], "prefill_tp": 3}}
+    with pytest.raises(SpecError, match="serving_target.disagg.prefill_tp=3"):
+        resolve_spec(spec_data={**doc, "runtime": "pytorch", "serving_target": bad})
+    with pytest.raises(SpecError, match="belong to --slo"):
+        plan_command(spec, serving_mode="agg")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import RunError
+from pipeline.planning import aiconfigurator as aic
 from pipeline.planning import aiconfigurator_modes as modes
 from pipeline.planning.slo_search import Slo
 from pipeline.stages.check import resolve_checked_spec
@@ -26,7 +27,7 @@ def _report(name: str) -> str:
 
 
 def _ours(case: dict) -> modes.disagg.ServingModes:
-    search = modes.ModesSearch(**case["search"])
+    search = aic.AicSearch(**case["search"])
     return modes.ours_in_its_space(search, model=case["model"], gpu=case["gpu"], precision=case["precision"],
                                    check=resolve_checked_spec)
 
@@ -40,7 +41,7 @@ def test_the_recorded_runs_cover_both_winners_and_the_issues_cases():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_same_winner_and_ratio_within_25_percent(name):
     case = CASES[name]
-    search = modes.ModesSearch(**case["search"])
+    search = aic.AicSearch(**case["search"])
     assert " ".join(search.argv("aiconfigurator")) == case["command"]
     assert search == modes.modes_search(model=case["model"], precision=case["precision"], gpu=case["gpu"],
                                         total_gpus=search.total_gpus, lengths=(search.isl, search.osl),
@@ -78,11 +79,11 @@ def test_a_plan_outside_its_data_gets_one_line():
 
 @pytest.mark.slow
 def test_agreement_live():
-    exe = modes.aic.TOOL.located()
+    exe = aic.TOOL.located()
     if exe is None:
-        pytest.skip(f"no AIConfigurator venv (set {modes.aic.AIC_ENV} or run `invoke plan --estimator aiconfigurator`)")
+        pytest.skip(f"no AIConfigurator venv (set {aic.AIC_ENV} or run `invoke plan --estimator aiconfigurator`)")
     case = CASES["70b-fp8-8g-1024-256"]
-    _, theirs = modes.run(modes.ModesSearch(**case["search"]), exe)
+    _, theirs = modes.run(aic.AicSearch(**case["search"]), exe)
     ours = _ours(case)
     assert ours.winner == theirs.winner and theirs.ratio is not None and ours.ratio is not None
     assert abs(ours.ratio / theirs.ratio - 1) <= RATIO_TOLERANCE

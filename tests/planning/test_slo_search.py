@@ -109,7 +109,7 @@ def test_no_slo_met_exits_2_naming_the_nearest_miss(capsys):
 def test_write_spec_loads_back_through_the_spec_loader_and_check(tmp_path, capsys):
     out = tmp_path / "best.yaml"
     plan_command(_spec(), slo=True, ttft_ms="500", tpot_ms="40", input_len="2048", output_len="512",
-                 write_spec=str(out), json_=True)
+                 write_spec=str(out), json_=True, serving_mode="agg")  # the aggregated pick (disagg: test_disagg.py)
     data = json.loads(capsys.readouterr().out)
     pick = data["pick"]
     assert data["spec_file"] == str(out)

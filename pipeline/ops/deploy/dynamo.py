@@ -13,8 +13,13 @@ What is rendered (`dynamo.yaml`, validated by `pipeline.ops.deploy.dynamo_valida
   [--publish-kv-events] --publish-metrics`), each worker the spec's TP x PP on one node or, across nodes, through
   the component's own `multinode.nodeCount`.
 
-Refused with the fix: engine builds (Dynamo's TRT-LLM worker runs the PyTorch backend only), a draft-model build
-(its draft checkpoint path is only known on the node), KV routing with block reuse off, a disaggregated worker YAML
+A speculative build's draft checkpoint or EAGLE-3 head travels in the release: fetch-verify links it as
+`/work/serve/<name>.draft`, the `speculative_model_dir` of every worker role (Dynamo's own TensorRT-LLM EAGLE
+example gives prefill and decode workers the same `speculative_config`: examples/backends/trtllm/engine_configs/
+llama4/eagle/).
+
+Refused with the fix: engine builds (Dynamo's TRT-LLM worker runs the PyTorch backend only), KV routing with block
+reuse off, a disaggregated worker YAML
 without cache transfer, and a Dynamo version outside `RELEASES` (one row per version: CRD apiVersion and schema, the
 runtime image, the TensorRT-LLM its `[trtllm]` extra pins, the router flags it takes and those the next release
 removes, which are never rendered).
@@ -29,13 +34,14 @@ from typing import Any
 import yaml
 
 from pipeline.core.runtimes import runtime_of
-from pipeline.core.errors import DeployError
+from pipeline.core.errors import DeployError, SpecError
 from pipeline.core.spec import BuildSpec
-from pipeline.ops.deploy import k8s
+from pipeline.ops.deploy import k8s, scheduling, topology
 from pipeline.ops.deploy.dynamo_validate import DGD_KIND, DGD_SCHEMA, MAIN_CONTAINER, validate_dgd
 from pipeline.ops.deploy.runtime import CONFIG, HTTP_PORT, SERVE_DIR, WORK
+from pipeline.ops.deploy.serve_inputs import DRAFT_SUFFIX
 from pipeline.ops.deploy.validate import validate_objects
-from pipeline.planning.placement import Placement
+from pipeline.planning.placement import Placement, place
 from pipeline.stages.package.llmapi_options import llm_api_options
 
 MODES = ("agg", "disagg")
@@ -89,10 +95,6 @@ def check_build(spec: BuildSpec) -> None:
         raise DeployError(f"--platform dynamo: Dynamo's TRT-LLM worker runs TensorRT-LLM's PyTorch backend only, and "
                           f"this build is --runtime {spec.runtime} --target {spec.target}; build it with --runtime "
                           "pytorch, or deploy the engines with --platform k8s")
-    if spec.draft_model is not None:
-        raise DeployError(f"--platform dynamo: the {spec.speculation_mode} build's {spec.draft_model.name} is not "
-                          "delivered to Dynamo's workers yet; deploy it with --platform k8s, or build with "
-                          "--speculative-decoding ngram")
 
 
 def publishes_kv_events(role: str, router: str) -> bool:
@@ -100,10 +102,12 @@ def publishes_kv_events(role: str, router: str) -> bool:
     return router == "kv" and role != "decode"
 
 
-def worker_options(spec: BuildSpec, role: str, router: str) -> dict[str, Any]:
-    """The LLM-API options of a worker `role` (agg, prefill, decode) behind `router`: the build's own, with what the
-    mode needs (see the module doc), checked by `check_worker_options`."""
-    options = llm_api_options(spec, draft_dir=None).as_dict()
+def worker_options(spec: BuildSpec, role: str, router: str, served: str) -> dict[str, Any]:
+    """The LLM-API options of a worker `role` (agg, prefill, decode) behind `router`: the build's own (a draft or
+    EAGLE-3 head at the link fetch-verify makes for model `served`), with what the mode needs (see the module doc),
+    checked by `check_worker_options`."""
+    draft = f"{WORK}/{SERVE_DIR}/{served}{DRAFT_SUFFIX}" if spec.draft_model is not None else None
+    options = llm_api_options(spec, draft_dir=draft).as_dict()
     kv = dict(options["kv_cache_config"])
     if publishes_kv_events(role, router):
         kv["event_buffer_max_size"] = KV_EVENT_BUFFER
@@ -143,13 +147,48 @@ def options_yaml(options: dict[str, Any], release: DynamoRelease, role: str) -> 
 
 
 @dataclass(frozen=True)
+class Role:
+    """One worker role of the graph (agg, prefill or decode): its spec (TP, limits), placement and copies."""
+
+    name: str
+    spec: BuildSpec
+    placement: Placement
+    copies: int
+
+
+def worker_roles(spec: BuildSpec, placement: Placement, mode: str, replicas: int) -> tuple[Role, ...]:
+    """The graph's worker roles: `replicas` aggregated workers, or prefill and decode workers: the spec's planned
+    unit (`serving_target.disagg`: its prefill TP, each role's workers per unit, `replicas` units) or `replicas` of
+    each at the spec's layout.
+
+    Raises:
+        DeployError: the planned prefill TP does not fit or place on this hardware.
+    """
+    disagg = spec.serving_target.disagg if spec.serving_target is not None else None
+    if mode == "agg":
+        return (Role("agg", spec, placement, replicas),)
+    if disagg is None:
+        return Role("prefill", spec, placement, replicas), Role("decode", spec, placement, replicas)
+    try:
+        prefill = topology.with_parallelism(spec, disagg.prefill_tp, 1, 1)
+        prefill_placement = place(disagg.prefill_tp, 1, prefill.hardware)
+    except SpecError as exc:
+        raise DeployError(f"serving_target.disagg.prefill_tp={disagg.prefill_tp}: {exc}") from None
+    return (Role("prefill", prefill, prefill_placement, replicas * disagg.prefill_workers),
+            Role("decode", spec, placement, replicas * disagg.decode_workers))
+
+
+def role_gpus(roles: tuple[Role, ...]) -> int:
+    """GPUs the workers hold: each role's copies x its world size."""
+    return sum(r.copies * r.placement.world_size for r in roles)
+
+
+@dataclass(frozen=True)
 class Graph:
     """What the graph serves and how: `k` the Kubernetes options (names, images, release, scheduling)."""
 
     k: k8s.K8sOptions
-    spec: BuildSpec
-    placement: Placement
-    mode: str
+    roles: tuple[Role, ...]
     router: str
     release: DynamoRelease
     image: str
@@ -167,9 +206,11 @@ def _frontend(g: Graph) -> dict[str, Any]:
             "podTemplate": {"metadata": {"labels": _labels(g)}, "spec": {"containers": [main], **k8s._placement(g.k, 0)}}}
 
 
-def _worker(g: Graph, role: str, served: str) -> dict[str, Any]:
-    """One worker component (`role` agg -> type worker) of `g.k.replicas` copies, each `placement` wide."""
-    p, gpus = g.placement, g.placement.ranks_per_node
+def _worker(g: Graph, r: Role, served: str) -> dict[str, Any]:
+    """One worker component (role agg -> type worker) of `r.copies` copies, each `r.placement` wide."""
+    role, p, gpus = r.name, r.placement, r.placement.ranks_per_node
+    k = g.k if g.k.memory_bytes is None else g.k.model_copy(update={  # this role's pod: its ranks' CPUs and memory
+        "cpus": scheduling.host_cpus(p), "memory_bytes": scheduling.host_memory_bytes(r.spec, p)})
     args = ["--model-path", f"{WORK}/{SERVE_DIR}/{served}", "--served-model-name", served,
             "--extra-engine-args", f"{CONFIG}/{options_file(role)}"]
     if role != "agg":
@@ -181,7 +222,7 @@ def _worker(g: Graph, role: str, served: str) -> dict[str, Any]:
             "env": [{"name": "WORK", "value": WORK}, {"name": "DYN_SYSTEM_PORT", "value": str(SYSTEM_PORT)},
                     *({"name": k, "value": v} for k, v in g.k.nccl_env.items())],
             "ports": [{"name": SYSTEM_PORT_NAME, "containerPort": SYSTEM_PORT}],
-            "resources": k8s._server_resources(g.k, gpus),
+            "resources": k8s._server_resources(k, gpus),
             "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "config", "mountPath": CONFIG}]}
     if g.k.extra_resources:  # RDMA registers (pins) memory
         main["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -195,20 +236,11 @@ def _worker(g: Graph, role: str, served: str) -> dict[str, Any]:
            "volumes": volumes, **k8s._placement(g.k, gpus)}
     component: dict[str, Any] = {
         "name": {"agg": "TRTLLMWorker", "prefill": "prefill", "decode": "decode"}[role],
-        "type": "worker" if role == "agg" else role, "replicas": g.k.replicas,
+        "type": "worker" if role == "agg" else role, "replicas": r.copies,
         "podTemplate": {"metadata": {"labels": _labels(g, **WORKER_LABEL)}, "spec": pod}}
     if p.multi_node:
         component["multinode"] = {"nodeCount": p.nodes}
     return component
-
-
-def roles(mode: str) -> tuple[str, ...]:
-    return ("agg",) if mode == "agg" else ("prefill", "decode")
-
-
-def worker_copies(mode: str, replicas: int) -> int:
-    """Worker groups of the graph, each the placement's world size: `replicas` per role."""
-    return replicas * len(roles(mode))
 
 
 def graph_deployment(g: Graph) -> dict[str, Any]:
@@ -216,25 +248,26 @@ def graph_deployment(g: Graph) -> dict[str, Any]:
     return {"apiVersion": g.release.api_version, "kind": DGD_KIND,
             "metadata": {"name": g.k.name, "namespace": g.k.namespace, "labels": _labels(g)},
             "spec": {"backendFramework": "trtllm",
-                     "components": [_frontend(g), *(_worker(g, r, served) for r in roles(g.mode))]}}
+                     "components": [_frontend(g), *(_worker(g, r, served) for r in g.roles)]}}
 
 
 def render_graph(g: Graph, fetch_verify: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the ConfigMap and the DynamoGraphDeployment, both validated; a summary for dynamo.json)."""
     data = {"fetch-verify.sh": fetch_verify}
-    for role in roles(g.mode):
-        data[options_file(role)] = options_yaml(worker_options(g.spec, role, g.router), g.release, role)
+    for r in g.roles:
+        data[options_file(r.name)] = options_yaml(worker_options(r.spec, r.name, g.router, g.k.name), g.release,
+                                                  r.name)
     config = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": {"name": f"{g.k.name}-dynamo", "namespace": g.k.namespace, "labels": _labels(g)},
               "data": data}
     dgd = graph_deployment(g)
     validate_objects([config])
     validate_dgd(dgd, api_version=g.release.api_version, schema=g.release.schema)
-    workers = worker_copies(g.mode, g.k.replicas)
-    summary = {"dynamo_version": g.release.version, "api_version": g.release.api_version, "mode": g.mode,
-               "router": g.router, "image": g.image, "worker_trtllm": g.release.trtllm,
+    summary = {"dynamo_version": g.release.version, "api_version": g.release.api_version,
+               "mode": "agg" if g.roles[0].name == "agg" else "disagg", "router": g.router, "image": g.image,
+               "worker_trtllm": g.release.trtllm,
                "components": {c["name"]: c["replicas"] for c in dgd["spec"]["components"]},
-               "worker_gpus": workers * g.placement.world_size,
+               "worker_tp": {r.name: r.placement.tp for r in g.roles}, "worker_gpus": role_gpus(g.roles),
                "note": f"the LLM-API YAMLs are the build's options; Dynamo {g.release.version}'s workers run "
                        f"TensorRT-LLM {g.release.trtllm}: they must be valid for that version"}
     return [config, dgd], summary

@@ -187,8 +187,8 @@ class Dynamo(Kubernetes):
     def serving_files(self, o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime, scripts: dict[str, str],
                       server: str, pipe: str, directory: Path) -> tuple[str, dict[str, str]]:
         release = dynamo.release_for(o.dynamo_version)
-        graph = dynamo.Graph(_k8s_options(o, src, server, pipe, src.spec.hardware.gpu, p), src.spec, p, o.mode,
-                             o.router, release, server)
+        graph = dynamo.Graph(_k8s_options(o, src, server, pipe, src.spec.hardware.gpu, p),
+                             dynamo.worker_roles(src.spec, p, o.mode, o.replicas), o.router, release, server)
         objects, summary = dynamo.render_graph(graph, scripts["fetch-verify.sh"])
         return dynamo.DGD_KIND, {"dynamo.yaml": yaml.safe_dump_all(objects, sort_keys=False),
                                  "dynamo.json": json.dumps(summary, indent=2) + "\n"}

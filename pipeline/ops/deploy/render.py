@@ -66,17 +66,23 @@ def replicas_for(spec: BuildSpec, given: int | None) -> int:
     return spec.serving_target.replicas if spec.serving_target else 1
 
 
-def copies(o: DeployOptions) -> int:
-    """Serving copies, each of the placement's world size: the replicas; Dynamo disagg: prefill plus decode."""
-    return dynamo.worker_copies(o.mode, o.replicas) if o.platform == "dynamo" else o.replicas
+def copies(o: DeployOptions, spec: BuildSpec, p: Placement) -> tuple[int, int]:
+    """(serving copies, the GPUs they hold): the replicas, each of the placement's world size; Dynamo: its worker
+    roles' (`dynamo.worker_roles`)."""
+    if o.platform != "dynamo":
+        return o.replicas, o.replicas * p.world_size
+    roles = dynamo.worker_roles(spec, p, o.mode, o.replicas)
+    return sum(r.copies for r in roles), dynamo.role_gpus(roles)
 
 
-def _summary(src: DeploySource, p: Placement, rt: Runtime, image: str, kind: str, replicas: int) -> dict[str, Any]:
+def _summary(src: DeploySource, p: Placement, rt: Runtime, image: str, kind: str, held: tuple[int, int]
+             ) -> dict[str, Any]:
     """deploy.json: `image` is what the ranks run, `gpus` what the deployment holds (0: the CPU reference server)."""
+    replicas, gpus = held
     return {"kind": kind, "model": src.spec.model.name, "precision": src.spec.quantization.precision,
             "target": src.spec.target, "runtime": src.spec.runtime, "replicas": replicas, "tp": p.tp, "pp": p.pp,
             "world_size": p.world_size, "nodes": p.nodes,
-            "ranks_per_node": p.ranks_per_node, "gpus": p.world_size * replicas if rt.gpus else 0, "image": image,
+            "ranks_per_node": p.ranks_per_node, "gpus": gpus if rt.gpus else 0, "image": image,
             "trtllm_version": src.trtllm_version,
             "release_file": src.release_file, "sha256": src.sha256, "origin": src.origin,
             "summary": src.spec.summary()}
@@ -100,7 +106,7 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     kind, files = platform.serving_files(o, src, p, rt, scripts, server, pipe, directory)
     files |= monitoring_files(o, src, p, rt, directory)
     image = pipe if rt.pipeline_image else server
-    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, copies(o)) | {"server": rt.name}, indent=2) + "\n"
+    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, copies(o, src.spec, p)) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
@@ -113,7 +119,7 @@ def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runt
     if rt.scrape is None:
         return {}
     platform = PLATFORMS[o.platform]
-    w = watch_plan(src.spec, deployment=o.name, gpus=p.world_size * copies(o), source=rt.scrape.source,
+    w = watch_plan(src.spec, deployment=o.name, gpus=copies(o, src.spec, p)[1], source=rt.scrape.source,
                    prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o),
                    router=o.router if o.platform == "dynamo" else "round-robin")
     return platform.monitoring_files(o, p, rt.scrape, w, directory)

@@ -163,7 +163,8 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
         src = source.from_spec(chosen, r.release_version or __version__)
     else:
         src = src.model_copy(update={"spec": chosen})
-    o = deploy_options(r, r.name or render.default_name(chosen), render.replicas_for(chosen, r.replicas))
+    o = deploy_options(_planned_mode(r, chosen), r.name or render.default_name(chosen),
+                       render.replicas_for(chosen, r.replicas))
     if r.platform == "slurm" and r.release_volume and not r.release_url:
         source.check_released(r.release_volume, src)
     dest = render.deploy_dir(r.output, o.name, o.platform)
@@ -173,8 +174,29 @@ def deploy(spec: BuildSpec | None, r: DeployRequest) -> Deployed:
     copies = f"{summary['replicas']} replicas x " if summary["replicas"] > 1 else ""
     shape = (f"{placement.nodes} node(s) x {placement.ranks_per_node} GPUs (tp={placement.tp}, pp={placement.pp}, "
              f"{placement.world_size} ranks)") if summary["gpus"] else f"one CPU process ({summary['server']})"
+    if o.platform == "dynamo":
+        role = "aggregated" if o.mode == "agg" else "decode"
+        copies = (f"{summary['replicas']} {o.mode} workers on {summary['gpus']} GPUs (each role's TP: dynamo.json), "
+                  f"each {role} worker ")
     line = f"ok: {dest}: {summary['kind']}, {copies}{shape}, image {summary['image']}"
     return Deployed(summary, tuple(chosen.warnings), line)
+
+
+def _planned_mode(r: DeployRequest, spec: BuildSpec) -> DeployRequest:
+    """`r` with Dynamo's mode the spec's plan sets: disagg for a planned disaggregated unit (`serving_target.disagg`),
+    which only Dynamo deploys and `--mode agg` contradicts."""
+    disagg = spec.serving_target.disagg if spec.serving_target is not None else None
+    if disagg is None:
+        return r
+    unit = (f"serving_target.disagg: {disagg.prefill_workers} prefill (tp={disagg.prefill_tp}) + "
+            f"{disagg.decode_workers} decode workers per unit")
+    if r.platform != "dynamo":
+        raise DeployError(f"the spec plans disaggregated serving ({unit}): deploy it with --platform dynamo, or "
+                          "re-plan with `plan --slo --serving-mode agg` for aggregated replicas")
+    if r.mode == "agg":
+        raise DeployError(f"--mode agg: the spec plans disaggregated serving ({unit}); drop --mode, or re-plan with "
+                          "`plan --slo --serving-mode agg`")
+    return replace(r, mode="disagg")
 
 
 def _deploy_matrix(spec: BuildSpec | None, r: DeployRequest, matrix: str) -> Deployed:

@@ -2,7 +2,9 @@
 
 After `invoke install-repo` the repository holds absolute paths on this node. Runtime pytorch (the `llmapi`
 repository): from its model.yaml this writes `OUT/llm_api_options.yaml` (validated against `LlmApiOptions`) and the
-link `OUT/NAME` to the Hugging Face checkpoint (trtllm-serve names the served model after the directory it loads).
+link `OUT/NAME` to the Hugging Face checkpoint (trtllm-serve names the served model after the directory it loads);
+a speculative build's draft checkpoint or EAGLE-3 head is also linked as `OUT/NAME.draft` (a path known before the
+node exists: Dynamo's worker options name it, pipeline.ops.deploy.dynamo).
 An engine release served by trtllm-serve (`--engine`): from the `tensorrt_llm` and `preprocessing` configs it links
 `OUT/NAME` to the engine directory and `OUT/tokenizer` to the tokenizer, and writes the engine's runtime options
 (`EngineServeOptions`: the KV-cache share, reuse and chunked context the packaged repository settled on). Both add
@@ -32,6 +34,7 @@ OPTIONS_FILE = "llm_api_options.yaml"
 PERF_METRICS = {"return_perf_metrics": True}  # trtllm-serve's Prometheus metrics (monitoring.rules)
 PYTORCH_METRICS = {**PERF_METRICS, "enable_iter_perf_stats": True}  # and its KV-cache gauges (TorchLlmArgs only)
 TOKENIZER_LINK = "tokenizer"  # OUT/tokenizer: an engine's tokenizer
+DRAFT_SUFFIX = ".draft"  # OUT/NAME.draft: a speculative build's draft checkpoint or EAGLE-3 head
 
 
 def _absolute_dir(value: object, key: str, path: Path) -> Path:
@@ -56,9 +59,11 @@ def write_serve_inputs(repo: Path, out: Path, name: str) -> tuple[Path, Path]:
     if tokenizer and Path(str(tokenizer)) != model:
         raise DeployError(f"{path}: tokenizer {tokenizer!r} is not the checkpoint's own; trtllm-serve is given the "
                           "checkpoint only, so export the tokenizer into it (`invoke build --runtime pytorch`)")
+    links = {name: model}
     if isinstance(options.speculative_config, (DraftTargetConfig, EagleConfig)):  # n-gram names no model
-        _absolute_dir(options.speculative_config.speculative_model_dir, "speculative_model_dir", path)
-    return _write(Path(out), {name: model}, {**options.as_dict(), **PYTORCH_METRICS})
+        links[name + DRAFT_SUFFIX] = _absolute_dir(options.speculative_config.speculative_model_dir,
+                                                   "speculative_model_dir", path)
+    return _write(Path(out), links, {**options.as_dict(), **PYTORCH_METRICS})
 
 
 def _write(out: Path, links: dict[str, Path], options: dict) -> tuple[Path, Path]:

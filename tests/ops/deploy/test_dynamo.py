@@ -145,18 +145,18 @@ def test_round_robin_keeps_a_builds_reuse_off_but_kv_routing_refuses_it(tmp_path
 def test_disagg_worker_options_without_cache_transfer_are_refused():
     spec = _spec("llama-8b")
     for role in ("prefill", "decode"):
-        options = dynamo.worker_options(spec, role, "kv" if role == "prefill" else "round-robin")
+        options = dynamo.worker_options(spec, role, "kv" if role == "prefill" else "round-robin", "x")
         assert options["cache_transceiver_config"] == {"backend": "DEFAULT"}
         del options["cache_transceiver_config"]
         with pytest.raises(DeployError, match="no cache_transceiver_config"):
             dynamo.check_worker_options(options, role, "round-robin")
-    prefill = dynamo.worker_options(spec, "prefill", "kv")
+    prefill = dynamo.worker_options(spec, "prefill", "kv", "x")
     del prefill["kv_cache_config"]["event_buffer_max_size"]
     with pytest.raises(DeployError, match="event_buffer_max_size"):
         dynamo.check_worker_options(prefill, "prefill", "kv")
 
 
-def test_engine_draft_and_other_platform_requests_are_refused(tmp_path):
+def test_engine_and_other_platform_requests_are_refused(tmp_path):
     with pytest.raises(DeployError, match="PyTorch backend only"):
         _render(tmp_path, resolve_spec(model="llama-8b", precision="fp8"))
     with pytest.raises(DeployError, match="Dynamo options"):
@@ -271,3 +271,48 @@ def test_the_hit_ratio_alert_expects_the_graphs_router(tmp_path):
         assert f"behind {router} routing" in alert["annotations"]["description"]
         floors[router] = float(alert["expr"].rsplit("<", 1)[1].split()[0])
     assert floors["round-robin"] < floors["kv"] <= 0.5
+
+
+def test_a_planned_disaggregated_unit_reaches_the_graph(tmp_path):
+    from pipeline.core.spec import DisaggTarget
+
+    spec = _spec("llama-70b", replicas=3, tp=2, max_batch_size=44)
+    unit = DisaggTarget(prefill_workers=2, prefill_tp=1, decode_workers=1)
+    spec = spec.model_copy(update={"serving_target": spec.serving_target.model_copy(update={"disagg": unit})})
+    summary, out, objects = _render(tmp_path, spec)  # no --mode: the plan's
+    comps = _components(objects[dynamo.DGD_KIND])
+    assert (comps["prefill"]["replicas"], comps["decode"]["replicas"]) == (6, 3)
+    options = {role: yaml.safe_load(objects["ConfigMap"]["data"][dynamo.options_file(role)])
+               for role in ("prefill", "decode")}
+    assert (options["prefill"]["tensor_parallel_size"], options["decode"]["tensor_parallel_size"]) == (1, 2)
+    limits = {role: _main(comps[role])["resources"]["limits"] for role in ("prefill", "decode")}
+    assert (limits["prefill"]["nvidia.com/gpu"], limits["decode"]["nvidia.com/gpu"]) == ("1", "2")
+    requested = {role: _main(comps[role])["resources"]["requests"] for role in ("prefill", "decode")}
+    assert int(requested["prefill"]["cpu"]) < int(requested["decode"]["cpu"])  # one rank's pod, not two
+    side = json.loads((out / "dynamo.json").read_text())
+    assert side["worker_tp"] == {"prefill": 1, "decode": 2} and side["worker_gpus"] == 6 * 1 + 3 * 2
+    assert (summary["replicas"], summary["gpus"]) == (9, 12)
+    for flags, text in (({"mode": "agg"}, "--mode agg: the spec plans disaggregated serving"),):
+        with pytest.raises(DeployError, match=text):
+            _render(tmp_path, spec, name="agg", **flags)
+    with pytest.raises(DeployError, match="deploy it with --platform dynamo"):
+        deploy_command(spec, platform="k8s", pipeline_image=PIPELINE_IMAGE, release_volume="releases",
+                       output=str(tmp_path / "k8s"))
+    assert not (tmp_path / "agg").exists() and not (tmp_path / "k8s").exists()
+
+
+@pytest.mark.parametrize("mode", ["agg", "disagg"])
+@pytest.mark.parametrize("speculation", [
+    dict(model="llama3.3-70b", draft="auto", speculative_decoding="eagle3", tp=4),
+    dict(model="llama-70b", draft="llama-1b", speculative_decoding="draft-target", tp=4),
+])
+def test_a_speculative_build_names_its_draft_at_the_link_fetch_verify_makes(tmp_path, mode, speculation):
+    spec = resolve_spec(precision="fp8", runtime="pytorch", **speculation)
+    _, _, objects = _render(tmp_path, spec, name="spec", mode=mode)
+    config = objects["ConfigMap"]["data"]
+    for role in (("agg",) if mode == "agg" else ("prefill", "decode")):
+        draft = yaml.safe_load(config[dynamo.options_file(role)])["speculative_config"]
+        name = objects[dynamo.DGD_KIND]["metadata"]["name"]
+        assert draft["speculative_model_dir"] == f"/work/serve/{name}.draft"
+        assert draft["decoding_type"] == ("Eagle" if spec.speculation_mode == "eagle3" else "DraftTarget")
+    assert "pipeline.ops.deploy.serve_inputs" in config["fetch-verify.sh"]

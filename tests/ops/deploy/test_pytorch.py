@@ -155,6 +155,7 @@ def test_serve_inputs_link_the_checkpoint_and_write_the_release_options(tmp_path
     assert link.name == "tiny-llama-fp8" and link.resolve() == ckpt.resolve()
     written = _release_options(options_file)
     assert written == options and written.speculative_config.speculative_model_dir == str(draft_dir)
+    assert (link.parent / "tiny-llama-fp8.draft").resolve() == draft_dir.resolve()  # Dynamo's workers name it
     # no model/backend/triton_config; the metrics switches the monitoring rules need
     assert set(yaml.safe_load(options_file.read_text())) == set(options.as_dict()) | set(PYTORCH_METRICS)
     write_serve_inputs(repo, tmp_path / "work" / "serve", "tiny-llama-fp8")  # a rerun replaces the link
@@ -231,3 +232,4 @@ def test_serve_inputs_check_the_eagle3_head_directory(tmp_path):
     _, options_file = write_serve_inputs(repo, tmp_path / "work", "tiny-llama-fp8")
     written = _release_options(options_file)
     assert written == options and written.speculative_config.decoding_type == "Eagle"
+    assert (tmp_path / "work" / "tiny-llama-fp8.draft").resolve() == head.resolve()
