@@ -116,9 +116,9 @@ class ServingModes:
         lines = [f"disaggregated best: {d.label()} x {d.replicas}: TTFT {d.ttft_ms:,.0f} ms, TPOT {d.tpot_ms:.1f} ms, "
                  f"{d.tokens_per_s_per_gpu:,.0f} tok/s per GPU, ${d.cost_per_1m_output_tokens_usd:.4f} per 1M"]
         if self.winner == "disagg":
-            verdict = (f"disaggregated pays: {ratio:.2f}x cheaper than aggregated {self.agg} (build with "
-                       f"--runtime pytorch --precision {d.prefill.precision}, then `invoke deploy --platform dynamo "
-                       f"--mode disagg`)")
+            verdict = (f"disaggregated pays: {ratio:.2f}x cheaper than aggregated {self.agg} (`--write-spec FILE` "
+                       "writes the unit, `invoke build --spec FILE` builds it, `invoke deploy --platform dynamo --spec "
+                       "FILE` renders it)")
         else:
             verdict = f"aggregated wins: {1 / ratio:.2f}x cheaper than disaggregated" if ratio else "aggregated wins"
         if abs(ratio - 1) < CLOSE:

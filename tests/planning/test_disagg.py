@@ -102,7 +102,7 @@ def test_plan_slo_prints_and_records_the_verdict(capsys):
     plan_command(spec, **flags)
     out = capsys.readouterr().out
     assert "\ndisaggregated best: " in out and "\nserving mode: disaggregated pays: " in out
-    assert "--runtime pytorch --precision fp8, then `invoke deploy --platform dynamo --mode disagg`" in out
+    assert "`--write-spec FILE` writes the unit" in out and "`invoke deploy --platform dynamo --spec FILE`" in out
     plan_command(spec, json=True, **flags)
     data = json.loads(capsys.readouterr().out)
     assert data["serving_modes"]["winner"] == "disagg" and data["serving_modes"]["disagg"]["prefill"]["role"] == \
