@@ -129,7 +129,7 @@ def write_pick(spec: BuildSpec, result: SloSearch, path: str) -> Path:
         raise SpecError(f"--write-spec {path}: the search picked no configuration, so there is no spec to write")
     dest = check_pick_path(path)
     modes = result.serving_modes
-    if modes is not None and modes.disagg is not None and modes.winner == "disagg":
+    if isinstance(modes, disagg.ServingModes) and modes.disagg is not None and modes.winner == "disagg":
         overrides, target = disagg.written_unit(spec, result, modes.disagg)
         label = "disaggregated " + modes.disagg.label()
     else:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.core.runtimes import runtime_of, runtime_named
 from pipeline.core.errors import SpecError
@@ -37,7 +37,6 @@ from pipeline.planning.speculation_modes import MODES, acceptance_for_length
 
 if TYPE_CHECKING:
     from pipeline.core.manifests import PrecisionSearch
-    from pipeline.planning.disagg import ServingModes
     from pipeline.core.spec import BuildSpec
 
 SEARCH_PRECISIONS = ("bf16", "fp8", "int4_awq", "w4a8_awq")
@@ -132,6 +131,13 @@ class Candidate:
         return Structure(self.precision, self.tp, self.pp, self.draft, self.draft_len, self.runtime, self.mode)
 
 
+class ModeVerdict(Protocol):
+    """Aggregated vs disaggregated serving for the pick (`pipeline.planning.disagg.ServingModes`, which imports this
+    module): its lines under the pick."""
+
+    def lines(self) -> list[str]: ...
+
+
 @dataclass
 class Loss:
     count: int = 0
@@ -155,7 +161,7 @@ class SloSearch:
     precision_source: str = "searched"  # or the quality record whose passing set they are
     quality_note: str = ""  # how quality weighed in the pick ("" when not judged)
     speculation_note: str = ""  # why the pick's speculation mode: the best of each other mode, or why unsearched
-    serving_modes: ServingModes | None = None  # the pick beside the cheapest disaggregated unit (pipeline.planning.disagg)
+    serving_modes: ModeVerdict | None = None  # the pick beside the cheapest disaggregated unit (planning.disagg)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
