@@ -60,7 +60,7 @@ MAX_RATE = 1_000_000.0  # requests per second
 MAX_NODES = 256
 MAX_REPLICAS = 10_000
 MAX_TP = 64
-MAX_UNIT_WORKERS = 32  # workers of one role in a disaggregated unit (pipeline.planning.disagg.MAX_WORKERS)
+MAX_UNIT_WORKERS = 32  # workers of one role in a disaggregated unit (the planner searches up to it)
 
 
 def _sha256(data: Any) -> str:

@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import SpecError
 from pipeline.core.runtimes import runtime_of
 from pipeline.core.gpus import GPUS, gpu_price
-from pipeline.core.spec import DisaggTarget, PlannedEstimate, ServingTarget
+from pipeline.core.spec import MAX_UNIT_WORKERS, DisaggTarget, PlannedEstimate, ServingTarget
+from pipeline.planning.limits_choice import with_batch
 from pipeline.planning.perf_model import CALIBRATION, INTERCONNECT_GB_S, EngineCost, kv_bytes_per_token
 from pipeline.planning.placement import capacity, node_gpus
 from pipeline.planning.planner import cost_per_1m
 from pipeline.planning.slo_search import (
     Candidate, Slo, SloSearch, Structure, Traffic, fit_reason, fleet_hit, layout_overrides, search_space,
-    serving_target, with_batch,
+    serving_target,
 )
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ PREFILL_QUEUE = 1.8  # AIConfigurator's TTFT factor for prompts queueing at a bu
 STEP_CORRECTION = {"prefill": 1.1, "decode": 1.08}  # its latency corrections of disaggregated workers
 PREFILL_PAIRING = 0.9  # its rate-matching shares: pipeline bubbles on prefill ...
 DECODE_PAIRING = 0.92  # ... and decode batch slots not kept full
-MAX_WORKERS = 32  # per role in a unit (its default too)
+MAX_WORKERS = MAX_UNIT_WORKERS  # per role in a unit (AIConfigurator's default too)
 CLOSE = 0.10  # a winner by less than this share is within the estimate's error: say so
 RUNTIME = "pytorch"
 # A decode worker's batch is its own max batch, set per deployment: searched finely (its rate rises with the batch

@@ -22,14 +22,15 @@ UPSTREAM_MAX_NUM_TOKENS = 8192  # its default max_num_tokens
 BATCH_STEP = 8  # a chosen batch is rounded down to a multiple of this (when at least 2 steps)
 
 
-def _with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
+def with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
+    """`spec` at max batch `batch` (no rule applied again)."""
     return spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_batch_size": batch})})
 
 
 def _fitting_batch(spec: BuildSpec) -> tuple[int | None, str]:
     """The batch the KV pool holds at the plan's typical request with a batch-`UPSTREAM_MAX_BATCH` engine, or None
     with the reason when not even one request fits."""
-    at_cap = plan_capacity(_with_batch(spec, UPSTREAM_MAX_BATCH))
+    at_cap = plan_capacity(with_batch(spec, UPSTREAM_MAX_BATCH))
     where = (f"{spec.parallelism.world_size} x {spec.hardware.gpu} at tp={spec.parallelism.tp} "
              f"pp={spec.parallelism.pp}")
     if not at_cap.fits or at_cap.max_concurrent_requests < 1:
@@ -80,7 +81,7 @@ def choose_limits(spec: BuildSpec, *, validate: bool = True) -> BuildSpec:
                              else "heavier traffic through the plain ensemble")
                     why += (f"; {spec.speculation_mode} speculation runs up to batch "
                             f"{spec.speculation.max_batch_for_speculation}, {above}")
-                chosen = _with_batch(chosen, batch)
+                chosen = with_batch(chosen, batch)
                 reasons["max_batch_size"] = why
     chosen = chosen.with_notes(limit_reasons=reasons)
     if chosen.max_batch_size != spec.max_batch_size and validate:

@@ -29,6 +29,7 @@ from pipeline.core.table import format_table
 from pipeline.core.untrusted import parse_json, read_bytes
 from pipeline.planning.fleet import Routing, fleet_hit_ratio
 from pipeline.planning.fleet_plan import fleet_cache
+from pipeline.planning.limits_choice import with_batch
 from pipeline.planning.placement import capacity
 from pipeline.planning.planner import (
     TP_CHOICES, cost_per_1m, engine_shapes, fit_shortfall, kv_cache_tokens, kv_concurrency, serving_estimate,
@@ -238,10 +239,6 @@ def _structure_spec(spec: BuildSpec, s: Structure) -> BuildSpec:
         SpecError: a rule of the spec refuses the structure.
     """
     return resolve_spec(**layout_overrides(spec, s, batch=1))
-
-
-def with_batch(spec: BuildSpec, batch: int) -> BuildSpec:
-    return spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_batch_size": batch})})
 
 
 def fit_reason(spec: BuildSpec, traffic: Traffic, batch: int) -> str | None:

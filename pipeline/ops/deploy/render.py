@@ -104,22 +104,24 @@ def render_serving(o: DeployOptions, src: DeploySource, p: Placement, directory:
     rt = runtime_for(src.spec, o.name, placement=p, platform=o.platform, serve_mode=o.serve_mode)
     scripts = {"fetch-verify.sh": fetch_verify_script(rt), "rank.sh": rt.rank_script}
     kind, files = platform.serving_files(o, src, p, rt, scripts, server, pipe, directory)
-    files |= monitoring_files(o, src, p, rt, directory)
+    held = copies(o, src.spec, p)
+    files |= monitoring_files(o, src, p, rt, directory, gpus=held[1])
     image = pipe if rt.pipeline_image else server
-    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, copies(o, src.spec, p)) | {"server": rt.name}, indent=2) + "\n"
+    files[MARKER] = json.dumps(_summary(src, p, rt, image, kind, held) | {"server": rt.name}, indent=2) + "\n"
     return files
 
 
-def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime,
-                     directory: Path) -> dict[str, str]:
+def monitoring_files(o: DeployOptions, src: DeploySource, p: Placement, rt: Runtime, directory: Path, *,
+                     gpus: int) -> dict[str, str]:
     """Prometheus rules, how Prometheus scrapes the server as `job="<name>"` (Triton's metrics port, or trtllm-serve's
     `/prometheus/metrics`), and the Grafana dashboard. k8s: a PrometheusRule, a PodMonitor and a dashboard ConfigMap
     (validated), labelled with `o.monitoring_labels` for the operator's selectors; Slurm: a plain rules file and a
-    `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON."""
+    `scrape_configs` snippet reading the target file serve.sbatch writes. Both: the dashboard's JSON. `gpus`: what
+    the serving copies hold (`copies`)."""
     if rt.scrape is None:
         return {}
     platform = PLATFORMS[o.platform]
-    w = watch_plan(src.spec, deployment=o.name, gpus=copies(o, src.spec, p)[1], source=rt.scrape.source,
+    w = watch_plan(src.spec, deployment=o.name, gpus=gpus, source=rt.scrape.source,
                    prefix_alert=o.prefix_cache_alert, gpu_selector=platform.gpu_selector(o),
                    router=o.router if o.platform == "dynamo" else "round-robin")
     return platform.monitoring_files(o, p, rt.scrape, w, directory)
